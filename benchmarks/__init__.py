@@ -1,0 +1,1 @@
+"""Benchmark programs and the report (`python -m benchmarks.report`)."""

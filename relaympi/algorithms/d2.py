@@ -1,0 +1,53 @@
+"""D² (Tang et al. 2018) with local momentum and time-varying step size (paper appendix, Algorithm "D² with momentum")."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from relaympi.algorithms.base import Algorithm, AlgorithmError, round_id
+from relaympi.algorithms.gossip import GossipMixer, mixing_matrix_for
+
+MIN_EIGENVALUE = -1.0 / 3.0
+
+
+def d2_mixing_matrix(topology, exact_diffusion: bool, force: bool) -> np.ndarray:
+    """The gossip matrix D² uses; refuses one whose smallest eigenvalue is below -1/3."""
+    w = mixing_matrix_for(topology)
+    if exact_diffusion:
+        w = (w + np.eye(w.shape[0])) / 2  # Exact Diffusion's matrix, as the paper uses on the social network
+    smallest = float(np.linalg.eigvalsh((w + w.T) / 2).min())
+    if smallest < MIN_EIGENVALUE - 1e-12 and not force:
+        raise AlgorithmError(
+            f"D² needs a gossip matrix with smallest eigenvalue >= -1/3, but {topology.name!r} with "
+            f"{w.shape[0]} workers has {smallest:.4f}; use --d2-exact-diffusion (W+I)/2, another topology, "
+            "or --d2-force to run it anyway"
+        )
+    return w
+
+
+class D2(Algorithm):
+    """u = local (momentum) update;  x(t+1/2) = x(t) + u + c;  x(t+1) = W x(t+1/2);
+    c(t+1) = x(t+1) - x(t) - u  (= c + x(t+1) - x(t+1/2), so x(t) need not be kept)."""
+
+    name = "d2"
+    default_topology = "ring"
+
+    def __init__(self, comm, topology, optimizer, x0, options):
+        super().__init__(comm, topology, optimizer, x0, options)
+        w = d2_mixing_matrix(topology, options.d2_exact_diffusion, options.d2_force)
+        self.mixer = GossipMixer(comm, w, topology.neighbors(comm.rank), self.numel, x0)
+        self.correction = torch.zeros_like(x0)
+        self._half = torch.zeros_like(x0)
+
+    def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
+        x.add_(self.optimizer.update(grad, x, lr)).add_(self.correction)  # x(t+1/2)
+        self._half.copy_(x)
+        self.mixer.mix(x, round_id(step))
+        self.correction.add_(x).sub_(self._half)
+
+    def state_dict(self):
+        return {"correction": self.correction}
+
+    def load_state_dict(self, state):
+        self.correction.copy_(state["correction"])

@@ -1,0 +1,21 @@
+"""D-PSGD (Lian et al. 2017): a local step, then gossip averaging with Metropolis-Hastings weights."""
+
+from __future__ import annotations
+
+import torch
+
+from relaympi.algorithms.base import Algorithm, round_id
+from relaympi.algorithms.gossip import GossipMixer, mixing_matrix_for
+
+
+class DPSGD(Algorithm):
+    name = "dpsgd"
+    default_topology = "ring"
+
+    def __init__(self, comm, topology, optimizer, x0, options):
+        super().__init__(comm, topology, optimizer, x0, options)
+        self.mixer = GossipMixer(comm, mixing_matrix_for(topology), topology.neighbors(comm.rank), self.numel, x0)
+
+    def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
+        x.add_(self.optimizer.update(grad, x, lr))  # x(t+1/2), paper eq. (DP-SGD)
+        self.mixer.mix(x, round_id(step))

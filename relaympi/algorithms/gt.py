@@ -1,0 +1,42 @@
+"""Gradient tracking (Lorenzo & Scutari 2016) in the paper's update/correction form, one packed message per edge."""
+
+from __future__ import annotations
+
+import torch
+
+from relaympi.algorithms.base import Algorithm, round_id
+from relaympi.algorithms.gossip import GossipMixer, mixing_matrix_for
+
+
+class GradientTracking(Algorithm):
+    """x(t+1) = W (x(t) + u(t) + c(t)),  c(t+1) = W (c(t) + u(t)) - u(t).
+
+    (The appendix's correction line has a typo; this is the standard form: y = u + c then
+    follows y(t+1) = W y(t) + u(t+1) - u(t).) Both products use one exchange of [x+u+c, c+u].
+    """
+
+    name = "gt"
+    default_topology = "ring"
+
+    def __init__(self, comm, topology, optimizer, x0, options):
+        super().__init__(comm, topology, optimizer, x0, options)
+        n = self.numel
+        self.packed = torch.zeros(2 * n, dtype=x0.dtype, device=x0.device)
+        self.correction = torch.zeros_like(x0)
+        self.mixer = GossipMixer(comm, mixing_matrix_for(topology), topology.neighbors(comm.rank), 2 * n, x0)
+
+    def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
+        n = self.numel
+        u = self.optimizer.update(grad, x, lr)
+        model, corr = self.packed[:n], self.packed[n:]
+        torch.add(x, u, out=model).add_(self.correction)
+        torch.add(self.correction, u, out=corr)
+        self.mixer.mix(self.packed, round_id(step))
+        x.copy_(model)
+        torch.sub(corr, u, out=self.correction)
+
+    def state_dict(self):
+        return {"correction": self.correction}
+
+    def load_state_dict(self, state):
+        self.correction.copy_(state["correction"])

@@ -1,0 +1,52 @@
+"""D-PSGD with quasi-global momentum (Lin et al. 2021): the momentum buffer tracks the model's change after gossip."""
+
+from __future__ import annotations
+
+import torch
+
+from relaympi.algorithms.base import Algorithm, AlgorithmError, round_id
+from relaympi.algorithms.gossip import GossipMixer, mixing_matrix_for
+
+
+class QuasiGlobalMomentum(Algorithm):
+    """x(t+1/2) = x(t) - lr (g + beta (beta m + g))  (Nesterov form; heavy ball: x - lr (beta m + g)),
+    gossip, then  m <- beta m + (1 - beta) (x(t) - x(t+1)) / lr.
+
+    The buffer m is never updated from the local gradient alone: it follows the averaged
+    model's motion, which is what makes it robust to heterogeneous data.
+    """
+
+    name = "qgm"
+    default_topology = "ring"
+
+    def __init__(self, comm, topology, optimizer, x0, options):
+        super().__init__(comm, topology, optimizer, x0, options)
+        cfg = optimizer.config
+        if cfg.name != "sgd" or cfg.momentum <= 0:
+            raise AlgorithmError(
+                f"qgm is quasi-global *momentum* SGD: it needs --optimizer sgd with --momentum > 0 "
+                f"(got optimizer {cfg.name!r}, momentum {cfg.momentum}); use dpsgd for plain or Adam local steps"
+            )
+        self.beta = cfg.momentum
+        self.mixer = GossipMixer(comm, mixing_matrix_for(topology), topology.neighbors(comm.rank), self.numel, x0)
+        self.momentum_buffer = torch.zeros_like(x0)
+        self._x_before = torch.zeros_like(x0)
+        self._direction = torch.zeros_like(x0)
+
+    def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
+        cfg, beta, m, d = self.optimizer.config, self.beta, self.momentum_buffer, self._direction
+        g = grad.add(x, alpha=cfg.weight_decay) if cfg.weight_decay else grad
+        torch.add(g, m, alpha=beta, out=d)  # beta m + g
+        if cfg.nesterov:
+            d.mul_(beta).add_(g)  # g + beta (beta m + g)
+        self._x_before.copy_(x)
+        x.add_(d, alpha=-lr)
+        self.mixer.mix(x, round_id(step))
+        if lr > 0:  # during a warm-up from lr = 0 the model did not move: keep m
+            m.mul_(beta).add_(self._x_before.sub_(x), alpha=(1 - beta) / lr)
+
+    def state_dict(self):
+        return {"momentum_buffer": self.momentum_buffer}
+
+    def load_state_dict(self, state):
+        self.momentum_buffer.copy_(state["momentum_buffer"])

@@ -1,0 +1,73 @@
+"""Per-rank checkpoints: written atomically, loaded safely (torch.load with weights_only=True)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used for this run."""
+
+
+# A checkpoint of step s is rank{r}.step{s}.pt on every rank plus meta.json naming s, written
+# by rank 0 only after every rank saved: a run killed mid-checkpoint resumes from the previous
+# complete one, never from a mix of steps.
+
+
+def _path(directory: Path, rank: int, step: int) -> Path:
+    return Path(directory) / f"rank{rank:05d}.step{step:010d}.pt"
+
+
+def save(directory: Path, rank: int, step: int, state: dict[str, Any]) -> None:
+    """Write rank's state for ``step`` (atomic rename; older files stay until prune())."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = _path(directory, rank, step)
+    tmp = target.with_suffix(".tmp")
+    torch.save({"format_version": FORMAT_VERSION, "step": step, **state}, tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
+
+
+def prune(directory: Path, rank: int, keep_step: int) -> None:
+    """Delete this rank's checkpoints of other steps (call once meta.json names keep_step)."""
+    for path in Path(directory).glob(f"rank{rank:05d}.step*.pt"):
+        if path != _path(Path(directory), rank, keep_step):
+            path.unlink(missing_ok=True)
+
+
+def load(directory: Path, rank: int, step: int) -> dict[str, Any]:
+    """This rank's checkpoint of ``step`` (the step meta.json names)."""
+    path = _path(Path(directory), rank, step)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint directory {directory} names step {step} but {path.name} is missing")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same error to the user
+        raise CheckpointError(f"checkpoint {path} cannot be loaded safely: {exc}") from exc
+    if state.get("format_version") != FORMAT_VERSION or state.get("step") != step:
+        raise CheckpointError(f"checkpoint {path} has format {state.get('format_version')}, expected {FORMAT_VERSION}")
+    return state
+
+
+def write_meta(directory: Path, meta: dict[str, Any]) -> None:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / "meta.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
+    os.replace(tmp, directory / "meta.json")
+
+
+def read_meta(directory: Path) -> dict[str, Any] | None:
+    path = Path(directory) / "meta.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())

@@ -1,0 +1,30 @@
+"""Communication: the Communicator interface and its MPI and in-process backends."""
+
+from relaympi.comm.base import Communicator, CommError, DropPolicy, RemoteFailure, Request
+from relaympi.comm.buffers import BufferError, FlatBuffer, flatten_module, query_cuda_aware_mpi
+from relaympi.comm.local import LocalCommunicator, LocalWorld, WorldAborted, run_local
+
+
+def mpi_communicator(drops: DropPolicy | None = None, cuda_aware: bool | None = None) -> Communicator:
+    """The MPI backend over COMM_WORLD (imports mpi4py only when called)."""
+    from relaympi.comm.mpi import MPICommunicator
+
+    return MPICommunicator(drops=drops, cuda_aware=cuda_aware)
+
+
+__all__ = [
+    "BufferError",
+    "CommError",
+    "Communicator",
+    "DropPolicy",
+    "FlatBuffer",
+    "LocalCommunicator",
+    "LocalWorld",
+    "RemoteFailure",
+    "Request",
+    "WorldAborted",
+    "flatten_module",
+    "mpi_communicator",
+    "query_cuda_aware_mpi",
+    "run_local",
+]

@@ -1,0 +1,151 @@
+"""The Communicator interface: nonblocking neighbour exchange, collectives, byte counts, drops."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from relaympi.comm import buffers
+
+
+class CommError(RuntimeError):
+    """Communication failed (an aborted world, a peer outside the world, mismatched buffers)."""
+
+
+class RemoteFailure(CommError):
+    """Another rank failed (or the world was aborted) while this rank was waiting for it."""
+
+
+class DropPolicy:
+    """Seeded, reproducible simulated message loss.
+
+    Whether the message from ``src`` to ``dst`` in communication round ``round`` (with
+    ``tag``) is lost is a pure function of (seed, round, tag, src, dst): sender and receiver
+    decide identically without talking, a resumed run drops the same messages, and the
+    decision does not depend on the backend or on the order in which ranks ask.
+    """
+
+    def __init__(self, prob: float = 0.0, seed: int = 0):
+        if not 0.0 <= prob < 1.0:
+            raise ValueError(f"drop probability must be in [0, 1), got {prob}")
+        self.prob = float(prob)
+        self.seed = int(seed)
+
+    def dropped(self, round: int, tag: int, src: int, dst: int) -> bool:
+        if self.prob == 0.0:
+            return False
+        rng = np.random.default_rng([self.seed, 0x5EED, round, tag, src, dst])
+        return bool(rng.random() < self.prob)
+
+
+class Request(ABC):
+    """Outstanding sends and receives of one exchange; wait() completes them all."""
+
+    @abstractmethod
+    def wait(self) -> frozenset[int]:
+        """Block until every posted transfer completed; return the peers whose message was received."""
+
+    @abstractmethod
+    def test(self) -> bool:
+        """Whether wait() would return without blocking."""
+
+
+class Communicator(ABC):
+    """What algorithms may use to talk to other workers.
+
+    Everything above this interface (algorithms, the training loop) runs unchanged on every
+    backend. Buffers are numpy arrays, torch tensors (CPU or CUDA) or cupy arrays; receive
+    buffers must be contiguous. Messages between a pair of ranks with the same tag arrive in
+    the order they were posted.
+    """
+
+    def __init__(self, rank: int, world_size: int, drops: DropPolicy | None = None):
+        self.rank = rank
+        self.world_size = world_size
+        self.drops = drops or DropPolicy()
+        # bytes actually handed to the transport, per destination rank (dropped messages excluded)
+        self.bytes_sent = np.zeros(world_size, dtype=np.int64)
+
+    # -- point to point -------------------------------------------------------------------
+    def exchange(
+        self,
+        sends: Mapping[int, Any],
+        recvs: Mapping[int, Any],
+        *,
+        tag: int = 0,
+        round: int = 0,
+    ) -> Request:
+        """Post nonblocking sends of ``sends[peer]`` and receives into ``recvs[peer]``.
+
+        ``round`` identifies the communication round for simulated drops (the same number
+        on both sides). A dropped message is neither sent nor received: the receive buffer
+        keeps its content and the peer is missing from ``wait()``'s result.
+        """
+        for peer in (*sends, *recvs):
+            if not 0 <= peer < self.world_size or peer == self.rank:
+                raise CommError(f"rank {self.rank}: peer {peer} is not another rank of a world of size {self.world_size}")
+        for peer, buf in recvs.items():
+            buffers.check_transferable(buf, f"receive buffer for peer {peer}")
+        live_sends = {p: b for p, b in sends.items() if not self.drops.dropped(round, tag, self.rank, p)}
+        live_recvs = {p: b for p, b in recvs.items() if not self.drops.dropped(round, tag, p, self.rank)}
+        for peer, buf in live_sends.items():
+            self.bytes_sent[peer] += buffers.nbytes(buf)
+        return self._post(live_sends, live_recvs, tag)
+
+    @abstractmethod
+    def _post(self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int) -> Request: ...
+
+    # -- collectives ----------------------------------------------------------------------
+    @abstractmethod
+    def allreduce_sum(self, buf: Any) -> None:
+        """In place: buf <- sum over ranks of buf."""
+
+    def allreduce_mean(self, buf: Any) -> None:
+        """In place: buf <- mean over ranks of buf."""
+        self.allreduce_sum(buf)
+        if self.world_size > 1:
+            buf /= self.world_size
+
+    @abstractmethod
+    def allreduce_flags(self, values: np.ndarray) -> np.ndarray:
+        """Element-wise max over ranks of a small host float64 array (stop/diverged flags)."""
+
+    @abstractmethod
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Small picklable objects to rank 0 (list by rank there, None elsewhere)."""
+
+    @abstractmethod
+    def gather_rows(self, row: np.ndarray) -> np.ndarray | None:
+        """Equal-length float64 vectors to rank 0, stacked by rank ([world_size, k] there, None elsewhere)."""
+
+    @abstractmethod
+    def report_failure(self, message: str) -> None:
+        """Tell the other ranks this rank failed, so none of them waits for it forever.
+
+        Rank 0 then sees RemoteFailure(message) in its next blocking call.
+        """
+
+    @abstractmethod
+    def bcast(self, obj: Any) -> Any:
+        """A small picklable object from rank 0 to every rank."""
+
+    @abstractmethod
+    def barrier(self) -> None: ...
+
+    @abstractmethod
+    def abort(self, code: int = 1) -> None:
+        """Tear the whole world down now: no rank may be left waiting in a receive."""
+
+    @property
+    def backend(self) -> str:
+        return type(self).__name__
+
+    def describe(self) -> dict[str, Any]:
+        """Provenance of the transport (library versions, CUDA-awareness)."""
+        return {"backend": self.backend}
+
+    def _sum_bytes_sent(self) -> int:
+        return int(self.bytes_sent.sum())

@@ -1,0 +1,195 @@
+"""In-process backend: n ranks as threads of one process, with the MPI backend's semantics."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict, deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from relaympi.comm import buffers
+from relaympi.comm.base import Communicator, DropPolicy, RemoteFailure, Request
+
+
+class WorldAborted(RemoteFailure):
+    """Raised in every rank's blocking call once some rank of the local world failed."""
+
+
+class LocalWorld:
+    """Shared mailboxes and collective rendezvous for ``world_size`` in-process ranks.
+
+    Sends are buffered (the payload is copied when posted), so a send never blocks and
+    a receive completes once the matching message was posted, as with MPI's eager protocol.
+    Collectives reduce in rank order, so results do not depend on thread scheduling.
+    """
+
+    def __init__(self, world_size: int, drops: DropPolicy | None = None):
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        self.world_size = world_size
+        self.drops = drops or DropPolicy()
+        self._cond = threading.Condition()
+        self._mail: dict[tuple[int, int, int], deque] = defaultdict(deque)
+        self._aborted: str | None = None
+        self._slots: list[Any] = [None] * world_size
+        self._arrived = 0
+        self._generation = 0
+        self._result: Any = None
+
+    def communicator(self, rank: int) -> LocalCommunicator:
+        return LocalCommunicator(self, rank)
+
+    def abort(self, reason: str) -> None:
+        with self._cond:
+            if self._aborted is None:
+                self._aborted = reason
+            self._cond.notify_all()
+
+    def _check(self) -> None:
+        if self._aborted is not None:
+            raise WorldAborted(f"local world aborted: {self._aborted}")
+
+    def _deliver(self, src: int, dst: int, tag: int, payload: Any) -> None:
+        with self._cond:
+            self._mail[(src, dst, tag)].append(payload)
+            self._cond.notify_all()
+
+    def _take(self, src: int, dst: int, tag: int, block: bool) -> Any:
+        key = (src, dst, tag)
+        with self._cond:
+            while not self._mail[key]:
+                self._check()
+                if not block:
+                    return None
+                self._cond.wait(timeout=1.0)
+            return self._mail[key].popleft()
+
+    def _has(self, src: int, dst: int, tag: int) -> bool:
+        with self._cond:
+            return bool(self._mail[(src, dst, tag)])
+
+    def _collective(self, rank: int, value: Any, combine: Callable[[list[Any]], Any]) -> Any:
+        with self._cond:
+            self._check()
+            generation = self._generation
+            self._slots[rank] = value
+            self._arrived += 1
+            if self._arrived == self.world_size:
+                self._result = combine(list(self._slots))
+                self._slots = [None] * self.world_size
+                self._arrived = 0
+                self._generation += 1
+                self._cond.notify_all()
+            else:
+                while self._generation == generation:
+                    self._check()
+                    self._cond.wait(timeout=1.0)
+            return self._result
+
+
+class _LocalRequest(Request):
+    def __init__(self, comm: LocalCommunicator, recvs: Mapping[int, Any], tag: int):
+        self._comm = comm
+        self._pending = dict(recvs)
+        self._tag = tag
+        self._done: set[int] = set()
+
+    def wait(self) -> frozenset[int]:
+        world, rank = self._comm.world, self._comm.rank
+        for peer in sorted(self._pending):
+            buffers.copy_into(self._pending[peer], world._take(peer, rank, self._tag, block=True))
+            self._done.add(peer)
+        self._pending.clear()
+        return frozenset(self._done)
+
+    def test(self) -> bool:
+        world, rank = self._comm.world, self._comm.rank
+        world._check()
+        return all(world._has(peer, rank, self._tag) for peer in self._pending)
+
+
+class LocalCommunicator(Communicator):
+    """One rank of a LocalWorld."""
+
+    def __init__(self, world: LocalWorld, rank: int):
+        super().__init__(rank, world.world_size, world.drops)
+        self.world = world
+
+    def _post(self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int) -> Request:
+        for peer, buf in sends.items():
+            self.world._deliver(self.rank, peer, tag, buffers.clone(buf))
+        return _LocalRequest(self, recvs, tag)
+
+    def allreduce_sum(self, buf: Any) -> None:
+        def total(values: list[Any]) -> Any:
+            acc = buffers.clone(values[0])
+            for v in values[1:]:
+                acc += v
+            return acc
+
+        buffers.copy_into(buf, self.world._collective(self.rank, buffers.clone(buf), total))
+
+    def allreduce_flags(self, values: np.ndarray) -> np.ndarray:
+        values = np.asarray(values, dtype=np.float64)
+        return self.world._collective(self.rank, values.copy(), lambda vs: np.max(np.stack(vs), axis=0)).copy()
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        result = self.world._collective(self.rank, obj, list)
+        return list(result) if self.rank == 0 else None
+
+    def gather_rows(self, row: np.ndarray) -> np.ndarray | None:
+        row = np.asarray(row, dtype=np.float64).copy()
+        result = self.world._collective(self.rank, row, lambda vs: np.stack(vs))
+        return result.copy() if self.rank == 0 else None
+
+    def report_failure(self, message: str) -> None:
+        self.world.abort(f"rank {self.rank} failed: {message}")
+
+    def bcast(self, obj: Any) -> Any:
+        return self.world._collective(self.rank, obj, lambda vs: vs[0])
+
+    def barrier(self) -> None:
+        self.world._collective(self.rank, None, lambda vs: None)
+
+    def abort(self, code: int = 1) -> None:
+        self.world.abort(f"rank {self.rank} called abort({code})")
+
+    @property
+    def backend(self) -> str:
+        return "local"
+
+
+def run_local(world_size: int, fn: Callable[..., Any], *args: Any, drops: DropPolicy | None = None, **kwargs: Any) -> list[Any]:
+    """Run ``fn(comm, *args, **kwargs)`` on ``world_size`` in-process ranks; return their results by rank.
+
+    If any rank raises, the world is aborted (every other rank's blocking call raises
+    WorldAborted instead of hanging) and the first real exception is re-raised here.
+    """
+    world = LocalWorld(world_size, drops)
+    results: list[Any] = [None] * world_size
+    errors: list[tuple[int, BaseException]] = []
+    lock = threading.Lock()
+
+    def body(rank: int) -> None:
+        try:
+            results[rank] = fn(world.communicator(rank), *args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - every failure must release the other ranks
+            with lock:
+                errors.append((rank, exc))
+            world.abort(f"rank {rank} raised {type(exc).__name__}: {exc}")
+
+    if world_size == 1:
+        body(0)
+    else:
+        threads = [threading.Thread(target=body, args=(r,), name=f"relaympi-rank{r}", daemon=True) for r in range(world_size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if errors:
+        real = [e for e in errors if not isinstance(e[1], WorldAborted)] or errors
+        rank, exc = real[0]
+        raise exc
+    return results

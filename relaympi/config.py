@@ -1,0 +1,252 @@
+"""Typed, validated run configuration and the command line of `python -m relaympi.train`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BACKENDS = ("mpi", "local")
+RELAY_MODES = ("counts", "previous", "initial")
+OPTIMIZERS = ("sgd", "adam")
+
+
+class ConfigError(ValueError):
+    """A bad flag value or combination; the CLI exits with status 2."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines a run. ``None`` means "the task's default" until resolve()."""
+
+    task: str = "digits"
+    algo: str = "relay"
+    topology: str | None = None
+    alpha: float = 1.0  # Dirichlet heterogeneity (smaller = more heterogeneous)
+    lr: float | None = None  # per worker and step, before warm-up/decay
+    momentum: float | None = None
+    nesterov: bool = True
+    optimizer: str | None = None
+    weight_decay: float | None = None
+    batch_size: int | None = None  # samples per worker per step
+    epochs: float | None = None
+    steps: int | None = None
+    warmup_epochs: float | None = None
+    milestones: tuple[float, ...] | None = None  # epochs at which the lr is divided by 10
+    seed: int = 0
+    drop_prob: float = 0.0
+    relay_mode: str = "counts"
+    relay_lr_correction: bool = False  # scale lr by RelaySGD's topology correction 1/(alpha n)
+    d2_force: bool = False
+    d2_exact_diffusion: bool = False
+    eval_every: int | None = None  # steps between evaluations (default: every task eval epoch)
+    checkpoint_every: int | None = None  # steps between periodic checkpoints (default: every eval)
+    backend: str = "mpi"
+    workers: int | None = None  # in-process backend only
+    out: Path | None = None
+    overwrite: bool = False
+    checkpoint_dir: Path | None = None
+    data_dir: Path | None = None
+    model_dir: Path | None = None
+    device: str = "cpu"
+    threads: int | None = None  # torch intra-op threads per worker
+    loader_workers: int = 2
+    eval_batch_size: int = 256
+    log_every: int = 0  # steps between progress log lines (0: only at evaluations)
+    # quadratics
+    problem_file: Path | None = None
+    save_problem: Path | None = None
+    record_params: bool = False
+    dim: int = 50
+    mu: float = 0.5
+    L: float = 1.0
+    zeta2: float = 1.0
+    r0: float = 10.0
+    sigma2: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Path):
+                value = str(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"unknown config keys {unknown}; allowed: {sorted(names)}")
+        kwargs = dict(data)
+        for key in ("out", "checkpoint_dir", "data_dir", "model_dir", "problem_file", "save_problem"):
+            if kwargs.get(key) is not None:
+                kwargs[key] = Path(kwargs[key])
+        if kwargs.get("milestones") is not None:
+            kwargs["milestones"] = tuple(float(m) for m in kwargs["milestones"])
+        return cls(**kwargs)
+
+
+def _positive(name: str, value: float | None, allow_zero: bool = False) -> None:
+    if value is None:
+        return
+    bad = (value < 0) if allow_zero else (value <= 0)
+    if bad or (isinstance(value, float) and math.isnan(value)):
+        raise ConfigError(f"--{name.replace('_', '-')} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def validate(cfg: RunConfig) -> None:
+    """Checks that need no topology or data; the CLI turns failures into exit status 2."""
+    from relaympi.algorithms import ALGORITHM_NAMES
+    from relaympi.tasks import TASK_NAMES
+
+    if cfg.task not in TASK_NAMES:
+        raise ConfigError(f"unknown task {cfg.task!r}; choose one of {', '.join(TASK_NAMES)}")
+    if cfg.algo not in ALGORITHM_NAMES:
+        raise ConfigError(f"unknown algorithm {cfg.algo!r}; choose one of {', '.join(ALGORITHM_NAMES)}")
+    if cfg.topology is not None:
+        from relaympi.topology import TOPOLOGY_NAMES
+
+        base = cfg.topology.split(":", 1)[0]
+        if cfg.topology not in TOPOLOGY_NAMES and base not in ("spanning-tree", "edge-list"):
+            raise ConfigError(f"unknown topology {cfg.topology!r}; choose one of {', '.join(TOPOLOGY_NAMES)}, spanning-tree:<name> or edge-list:<file>")
+    if not cfg.alpha > 0:
+        raise ConfigError(f"--alpha must be > 0 (Dirichlet concentration; smaller = more heterogeneous), got {cfg.alpha}")
+    _positive("lr", cfg.lr)
+    if cfg.momentum is not None and not 0 <= cfg.momentum < 1:
+        raise ConfigError(f"--momentum must be in [0, 1), got {cfg.momentum}")
+    if cfg.optimizer is not None and cfg.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer {cfg.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+    _positive("weight_decay", cfg.weight_decay, allow_zero=True)
+    if cfg.batch_size is not None and cfg.batch_size < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {cfg.batch_size}")
+    if cfg.epochs is not None and cfg.steps is not None:
+        raise ConfigError("give either --epochs or --steps, not both")
+    _positive("epochs", cfg.epochs)
+    if cfg.steps is not None and cfg.steps < 1:
+        raise ConfigError(f"--steps must be >= 1, got {cfg.steps}")
+    if cfg.task == "quadratics" and cfg.steps is None:
+        raise ConfigError("quadratics runs need --steps (there is no data set, so no epochs)")
+    if not 0 <= cfg.drop_prob < 1:
+        raise ConfigError(f"--drop-prob must be in [0, 1), got {cfg.drop_prob}")
+    if cfg.relay_mode not in RELAY_MODES:
+        raise ConfigError(f"unknown --relay-mode {cfg.relay_mode!r}; choose one of {', '.join(RELAY_MODES)}")
+    if cfg.backend not in BACKENDS:
+        raise ConfigError(f"unknown --backend {cfg.backend!r}; choose one of {', '.join(BACKENDS)}")
+    if cfg.backend == "local":
+        if cfg.workers is None or cfg.workers < 1:
+            raise ConfigError(f"--backend local needs --workers N with N >= 1, got {cfg.workers}")
+    elif cfg.workers is not None:
+        raise ConfigError("--workers is for --backend local; under mpirun/srun the world size is the number of ranks")
+    for name in ("eval_every", "checkpoint_every"):
+        value = getattr(cfg, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if cfg.out is not None:
+        parent = Path(cfg.out).resolve().parent
+        if not parent.is_dir():
+            raise ConfigError(f"output directory {parent} does not exist (for --out {cfg.out}); create it first")
+        if Path(cfg.out).is_dir():
+            raise ConfigError(f"--out {cfg.out} is a directory; give a file path such as {Path(cfg.out) / 'run.h5'}")
+    if cfg.data_dir is not None and not Path(cfg.data_dir).is_dir():
+        raise ConfigError(f"--data-dir {cfg.data_dir} is not a readable directory")
+    if cfg.problem_file is not None and not Path(cfg.problem_file).is_file():
+        raise ConfigError(f"--problem-file {cfg.problem_file} does not exist")
+    if cfg.task == "quadratics":
+        if cfg.dim < 1:
+            raise ConfigError(f"--dim must be >= 1, got {cfg.dim}")
+        if not 0 < cfg.mu <= cfg.L:
+            raise ConfigError(f"need 0 < --mu <= --L, got mu={cfg.mu}, L={cfg.L}")
+        for name in ("zeta2", "r0", "sigma2"):
+            _positive(name, getattr(cfg, name), allow_zero=True)
+    if cfg.threads is not None and cfg.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {cfg.threads}")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse misuse: exit 2 with a one-line reason
+        self.print_usage()
+        self.exit(2, f"error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from relaympi.algorithms import ALGORITHM_NAMES
+    from relaympi.tasks import TASK_NAMES
+
+    p = _Parser(
+        prog="python -m relaympi.train",
+        description="Train with a decentralized algorithm: one worker per MPI rank (mpirun/srun), "
+        "or --backend local --workers N in one process. Writes one HDF5 run file.",
+    )
+    a = p.add_argument
+    a("--config", type=Path, help="JSON file of saved flags (as written in a run file's config); flags given on the command line win")
+    a("--task", choices=TASK_NAMES, help="workload (default digits: the embedded scikit-learn digits)")
+    a("--algo", choices=ALGORITHM_NAMES, help="decentralized algorithm (default relay)")
+    a("--topology", help="communication graph (default per algorithm: relay double-binary-trees, dpsgd/qgm/d2/gt ring, sgp exponential, allreduce fully-connected)")
+    a("--alpha", type=float, help="Dirichlet data heterogeneity, > 0; smaller is more heterogeneous (default 1.0)")
+    a("--lr", type=float, help="learning rate per worker (default: the task's per-algorithm default)")
+    a("--momentum", type=float, help="local momentum (Nesterov form of the paper unless --no-nesterov)")
+    a("--no-nesterov", dest="nesterov", action="store_false", default=None, help="heavy-ball instead of Nesterov momentum")
+    a("--optimizer", choices=OPTIMIZERS, help="local optimizer")
+    a("--weight-decay", type=float, help="L2 weight decay")
+    a("--batch-size", type=int, help="samples per worker per step")
+    a("--epochs", type=float, help="training length in epochs (one epoch = the whole training set once over all workers)")
+    a("--steps", type=int, help="training length in steps (instead of --epochs)")
+    a("--warmup-epochs", type=float, help="linear lr warm-up length (applies when workers > 1)")
+    a("--milestones", type=lambda s: tuple(float(v) for v in s.split(",") if v), help="comma-separated epochs at which the lr is divided by 10")
+    a("--seed", type=int)
+    a("--drop-prob", type=float, help="simulated message loss probability in [0, 1)")
+    a("--relay-mode", choices=RELAY_MODES, help="RelaySGD normalization: counts (Algorithm 1), previous (robust rule), initial")
+    a("--relay-lr-correction", action="store_true", default=None, help="scale the lr by RelaySGD's topology correction factor")
+    a("--d2-force", action="store_true", default=None, help="run D² even if the gossip matrix has an eigenvalue < -1/3")
+    a("--d2-exact-diffusion", action="store_true", default=None, help="D² with the Exact Diffusion matrix (W+I)/2")
+    a("--eval-every", type=int, help="steps between evaluations")
+    a("--checkpoint-every", type=int, help="steps between periodic checkpoints (default: at every evaluation)")
+    a("--backend", choices=BACKENDS, help="mpi (one worker per rank, default) or local (--workers threads in one process)")
+    a("--workers", type=int, help="number of workers for --backend local")
+    a("--out", type=Path, help="HDF5 run file to write (default results/<task>-<algo>-<topology>-n<N>-s<seed>.h5)")
+    a("--overwrite", action="store_true", default=None, help="replace an existing completed run file")
+    a("--checkpoint-dir", type=Path, help="directory for per-rank checkpoints; re-running the command resumes from it")
+    a("--data-dir", type=Path, help="data set directory (cifar10, imagenet, agnews)")
+    a("--model-dir", type=Path, help="pretrained model directory (agnews)")
+    a("--device", help="torch device for models (cpu, cuda, cuda:0; 'cuda' picks local rank modulo GPU count)")
+    a("--threads", type=int, help="torch intra-op threads per worker")
+    a("--loader-workers", type=int, help="data-loading worker processes (imagenet)")
+    a("--eval-batch-size", type=int)
+    a("--log-every", type=int, help="steps between progress lines (0: at evaluations only)")
+    q = p.add_argument_group("quadratics")
+    q.add_argument("--problem-file", type=Path, help="HDF5 problem file (datasets A [n,d,d], b [n,d])")
+    q.add_argument("--save-problem", type=Path, help="write the generated problem to this HDF5 file")
+    q.add_argument("--record-params", action="store_true", default=None, help="record every worker's iterate at every evaluation")
+    q.add_argument("--dim", type=int)
+    q.add_argument("--mu", type=float)
+    q.add_argument("--L", type=float)
+    q.add_argument("--zeta2", type=float, help="heterogeneity 1/n sum ||grad f_i(x*)||^2")
+    q.add_argument("--r0", type=float, help="initial distance to the optimum")
+    q.add_argument("--sigma2", type=float, help="gradient noise variance")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> RunConfig:
+    """RunConfig from the command line (raises ConfigError for bad values; argparse misuse exits 2)."""
+    args = build_parser().parse_args(argv)
+    given = {k: v for k, v in vars(args).items() if v is not None and k != "config"}
+    base: dict[str, Any] = {}
+    if args.config is not None:
+        try:
+            base = json.loads(Path(args.config).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"--config {args.config}: cannot read a JSON object: {exc}") from exc
+        if not isinstance(base, dict):
+            raise ConfigError(f"--config {args.config} must hold a JSON object of flags")
+    cfg = RunConfig.from_dict({**base, **given})
+    validate(cfg)
+    return cfg

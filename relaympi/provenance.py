@@ -1,0 +1,56 @@
+"""Where a result came from: code version, libraries, hosts, scheduler job."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import relaympi
+
+_SLURM_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NAME", "SLURM_JOB_PARTITION", "SLURM_NNODES", "SLURM_NTASKS")
+
+
+def git_commit() -> str:
+    """The commit of the relaympi checkout (with '-dirty' for local changes), or 'unknown'."""
+    root = Path(relaympi.__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return commit + ("-dirty" if dirty else "")
+
+
+def collect(transport: dict[str, Any], hosts: list[str] | None = None) -> dict[str, Any]:
+    import h5py
+    import numpy
+
+    info: dict[str, Any] = {
+        "relaympi_version": relaympi.__version__,
+        "git_commit": git_commit(),
+        "python": sys.version.split()[0],
+        "numpy": numpy.__version__,
+        "h5py": h5py.__version__,
+        "platform": platform.platform(),
+        "hosts": sorted(set(hosts or [socket.gethostname()])),
+        "command": " ".join(sys.argv),
+        "start_time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **{f"transport_{k}": v for k, v in transport.items()},
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["cuda"] = torch.version.cuda or "none"
+    except ImportError:
+        info["torch"] = "not installed"
+    for var in _SLURM_VARS:
+        if var in os.environ:
+            info[var.lower()] = os.environ[var]
+    return info

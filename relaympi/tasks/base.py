@@ -1,0 +1,103 @@
+"""The Task interface: data, model and defaults of one training workload."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TaskDefaults:
+    """A task's default hyper-parameters (the paper's settings for that workload).
+
+    Learning rates are per worker and per step; ``lr_by_algo`` overrides ``lr`` for an
+    algorithm (an explicit ``--lr`` always wins over both).
+    """
+
+    epochs: float = 10
+    batch_size: int = 32  # samples per worker per step
+    lr: float = 0.1
+    lr_by_algo: dict[str, float] = field(default_factory=dict)
+    optimizer: str = "sgd"  # sgd | adam
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    milestones: tuple[float, ...] = ()  # epochs at which the lr is divided by 10
+    warmup_epochs: float = 0.0  # linear warm-up (from warmup_from * lr) when n > 1
+    warmup_from: float = 0.0
+    eval_every_epochs: float = 1.0
+    metric: str = "worst"  # the paper's reported metric: "worst" worker or "mean" of workers
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """What the command line tells every task (each task uses what it needs)."""
+
+    data_dir: Path | None = None
+    model_dir: Path | None = None
+    seed: int = 0
+    eval_batch_size: int = 256
+    num_loader_workers: int = 2
+    device: str = "cpu"
+
+
+class TaskError(ValueError):
+    """Bad task input (missing data, unreadable files); the CLI turns it into exit status 2."""
+
+
+class Task(ABC):
+    """One classification workload.
+
+    A task owns its data and model definition; it knows nothing of workers or
+    communication. Training data is addressed by sample index: the training loop decides
+    which indices a worker sees at which step (``relaympi.tasks.partition``), so a run's data
+    order is a pure function of (seed, rank, step) and resumes exactly.
+    """
+
+    name: ClassVar[str]
+    defaults: ClassVar[TaskDefaults]
+
+    def __init__(self, options: TaskOptions):
+        self.options = options
+
+    @property
+    @abstractmethod
+    def num_classes(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def train_labels(self) -> np.ndarray:
+        """int64 label of every training sample, in index order (for Dirichlet partitioning)."""
+
+    @abstractmethod
+    def build_model(self, seed: int) -> Any:
+        """A fresh torch.nn.Module; the same seed gives bit-identical initial weights."""
+
+    @abstractmethod
+    def train_batch(self, indices: np.ndarray, rng: np.random.Generator) -> tuple[Any, Any]:
+        """(inputs, targets) tensors for these training samples, augmented with ``rng``."""
+
+    @abstractmethod
+    def test_batches(self, batch_size: int) -> Iterator[tuple[Any, Any]]:
+        """(inputs, targets) over the full test set, in a fixed order, no augmentation."""
+
+    def train_batches(
+        self, batch_indices: Iterator[np.ndarray], rngs: Iterator[np.random.Generator]
+    ) -> Iterator[tuple[Any, Any]]:
+        """Batches for a stream of index arrays. Tasks with costly decoding override this
+        to prefetch with worker processes; the result must not depend on how it is done."""
+        for indices, rng in zip(batch_indices, rngs, strict=False):
+            yield self.train_batch(indices, rng)
+
+    def loss(self, outputs: Any, targets: Any) -> Any:
+        import torch.nn.functional as F
+
+        return F.cross_entropy(outputs, targets)
+
+    def forward(self, model: Any, inputs: Any) -> Any:
+        """Model outputs (logits) for a batch; tasks with structured inputs override this."""
+        return model(inputs)

@@ -1,0 +1,584 @@
+"""Train with a decentralized algorithm and record the run in one HDF5 file.
+
+Launch one worker per MPI rank, or all workers as threads of one process:
+
+    mpirun -n 16 python -m relaympi.train --algo relay --task cifar10 --data-dir data/cifar10
+    python -m relaympi.train --task digits --backend local --workers 16 --algo relay --alpha 0.01
+    python -m relaympi.train --task quadratics --backend local --workers 8 --algo relay --topology chain --steps 200
+
+Exit status: 0 completed, 1 failed, 2 misuse, 3 diverged (recorded), 4 preempted (checkpoint saved).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from relaympi.config import ConfigError, RunConfig, parse_args
+
+log = logging.getLogger("relaympi.train")
+
+EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE, EXIT_DIVERGED, EXIT_PREEMPTED = 0, 1, 2, 3, 4
+
+_STOP = threading.Event()  # set by SIGTERM/SIGUSR1: checkpoint at the next step boundary and exit
+
+
+def _request_stop(signum: int, frame: Any) -> None:
+    _STOP.set()
+
+
+@dataclass
+class Plan:
+    """The resolved run: every default filled in, every derived quantity computed once."""
+
+    cfg: RunConfig
+    world_size: int
+    topology: Any
+    total_steps: int
+    steps_per_epoch: int
+    eval_every: int
+    checkpoint_every: int
+    lr: float
+    warmup_steps: int
+    warmup_from: float
+    milestone_steps: tuple[int, ...]
+    optimizer: Any
+    task_defaults: Any = None
+    problem: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up (per step) then /10 at each milestone."""
+        factor = 1.0
+        if self.warmup_steps > 0 and step < self.warmup_steps:
+            factor = self.warmup_from + (1.0 - self.warmup_from) * step / self.warmup_steps
+        decays = sum(step >= m for m in self.milestone_steps)
+        return self.lr * factor * 0.1**decays
+
+    def epoch_at(self, step: int) -> float:
+        return step / self.steps_per_epoch
+
+
+def resolve(cfg: RunConfig, world_size: int) -> Plan:
+    """Fill defaults from the task and algorithm, build the topology, check every combination."""
+    from relaympi.algorithms import AlgorithmError, default_topology, get_algorithm_class
+    from relaympi.optim import OptimizerConfig
+    from relaympi.tasks import TaskDefaults, get_task_class
+    from relaympi.topology import TopologyError, build, lr_correction
+
+    if cfg.task == "quadratics":
+        defaults = TaskDefaults(epochs=1, batch_size=1, lr=0.1, momentum=0.0, eval_every_epochs=1)
+        task_cls = None
+    else:
+        task_cls = get_task_class(cfg.task)
+        defaults = task_cls.defaults
+    topo_name = cfg.topology or getattr(task_cls, "default_topology_by_algo", {}).get(cfg.algo) or default_topology(cfg.algo)
+    try:
+        topology = build(topo_name, world_size)
+    except TopologyError as exc:
+        raise ConfigError(f"topology {topo_name!r} with {world_size} workers: {exc}") from exc
+    cfg = replace(
+        cfg,
+        topology=topo_name,
+        lr=cfg.lr if cfg.lr is not None else defaults.lr_by_algo.get(cfg.algo, defaults.lr),
+        momentum=cfg.momentum if cfg.momentum is not None else defaults.momentum,
+        optimizer=cfg.optimizer or defaults.optimizer,
+        weight_decay=cfg.weight_decay if cfg.weight_decay is not None else defaults.weight_decay,
+        batch_size=cfg.batch_size or defaults.batch_size,
+        warmup_epochs=cfg.warmup_epochs if cfg.warmup_epochs is not None else (0.0 if cfg.task == "quadratics" else defaults.warmup_epochs),
+        milestones=cfg.milestones if cfg.milestones is not None else (() if cfg.task == "quadratics" else defaults.milestones),
+    )
+    if cfg.steps is None and cfg.epochs is None:
+        cfg = replace(cfg, epochs=defaults.epochs)
+    try:
+        optimizer = OptimizerConfig(name=cfg.optimizer, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    problem = None
+    if cfg.task == "quadratics":
+        from relaympi.tasks import quadratics
+
+        try:
+            if cfg.problem_file is not None:
+                problem = quadratics.load(cfg.problem_file, world_size)
+            else:
+                spec = quadratics.QuadraticsSpec(cfg.dim, cfg.mu, cfg.L, cfg.zeta2, cfg.r0, cfg.sigma2)
+                problem = quadratics.generate(world_size, spec, cfg.seed)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+    plan = Plan(
+        cfg=cfg,
+        world_size=world_size,
+        topology=topology,
+        total_steps=0,
+        steps_per_epoch=1,
+        eval_every=1,
+        checkpoint_every=1,
+        lr=float(cfg.lr),
+        warmup_steps=0,
+        warmup_from=defaults.warmup_from,
+        milestone_steps=(),
+        optimizer=optimizer,
+        task_defaults=defaults,
+        problem=problem,
+    )
+    try:
+        get_algorithm_class(cfg.algo)
+        _check_combination(cfg, topology, world_size)
+    except AlgorithmError as exc:
+        raise ConfigError(str(exc)) from exc
+    if cfg.relay_lr_correction:
+        if cfg.algo != "relay":
+            raise ConfigError("--relay-lr-correction applies to --algo relay only")
+        plan.lr *= lr_correction(topology)
+    return plan
+
+
+def _check_combination(cfg: RunConfig, topology: Any, world_size: int) -> None:
+    """Refuse invalid algorithm x topology pairs before any worker starts (the same check on every rank)."""
+    from relaympi.algorithms import AlgorithmError
+    from relaympi.algorithms.d2 import d2_mixing_matrix
+
+    if cfg.algo in ("relay", "relay-grad") and not topology.is_tree:
+        raise AlgorithmError(
+            f"{cfg.algo} relays over spanning trees; topology {topology.name!r} is not a tree. Choose chain, star, "
+            "binary-tree, double-binary-trees, social-network-tree or spanning-tree:<graph>"
+        )
+    if cfg.algo == "sgp" and topology.name != "exponential":
+        raise AlgorithmError(f"sgp runs on the time-varying 'exponential' topology, not {topology.name!r}")
+    if cfg.algo in ("dpsgd", "qgm", "d2", "gt") and topology.num_layers != 1:
+        raise AlgorithmError(f"{cfg.algo} gossips over one graph; {topology.name!r} has {topology.num_layers} layers (use ring, chain, binary-tree, ...)")
+    if cfg.algo in ("dpsgd", "qgm", "d2", "gt") and topology.name == "exponential":
+        raise AlgorithmError(f"{cfg.algo} needs a fixed graph; 'exponential' is SGP's time-varying schedule")
+    if cfg.algo == "d2":
+        d2_mixing_matrix(topology, cfg.d2_exact_diffusion, cfg.d2_force)
+    if cfg.algo == "qgm" and (cfg.optimizer != "sgd" or not cfg.momentum):
+        raise AlgorithmError(f"qgm needs --optimizer sgd with --momentum > 0 (got {cfg.optimizer}, momentum {cfg.momentum})")
+
+
+def finish_plan(plan: Plan, steps_per_epoch: int) -> Plan:
+    """Step counts that depend on the data set size (known once a worker loaded its task)."""
+    cfg = plan.cfg
+    plan.steps_per_epoch = steps_per_epoch
+    plan.total_steps = cfg.steps if cfg.steps is not None else max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    if cfg.eval_every is not None:
+        plan.eval_every = cfg.eval_every
+    elif cfg.task == "quadratics":
+        plan.eval_every = max(1, plan.total_steps // 200)
+    else:
+        plan.eval_every = max(1, round(plan.task_defaults.eval_every_epochs * steps_per_epoch))
+    plan.checkpoint_every = cfg.checkpoint_every or plan.eval_every
+    plan.warmup_steps = round(cfg.warmup_epochs * steps_per_epoch) if plan.world_size > 1 else 0
+    plan.milestone_steps = tuple(round(m * steps_per_epoch) for m in cfg.milestones)
+    return plan
+
+
+def default_out(cfg: RunConfig, world_size: int) -> Path:
+    return Path("results") / f"{cfg.task}-{cfg.algo}-{cfg.topology}-n{world_size}-a{cfg.alpha:g}-s{cfg.seed}.h5"
+
+
+class _Stop(Exception):
+    def __init__(self, status: str, step: int, detail: str = ""):
+        super().__init__(f"{status} at step {step} {detail}".strip())
+        self.status, self.step, self.detail = status, step, detail
+
+
+def _device_for(cfg: RunConfig, rank: int) -> str:
+    if cfg.device == "cuda":
+        import torch
+
+        count = torch.cuda.device_count()
+        if count == 0:
+            raise ConfigError("--device cuda but torch sees no GPU")
+        local = int(os.environ.get("MPI_LOCALRANKID", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("SLURM_LOCALID", rank))))
+        return f"cuda:{local % count}"
+    return cfg.device
+
+
+def _make_workload(plan: Plan, rank: int) -> Any:
+    from relaympi.tasks import TaskOptions, get_task_class
+    from relaympi.workloads import ModelWorkload, QuadraticWorkload
+
+    cfg = plan.cfg
+    if cfg.task == "quadratics":
+        return QuadraticWorkload(plan.problem, cfg, rank)
+    options = TaskOptions(
+        data_dir=cfg.data_dir, model_dir=cfg.model_dir, seed=cfg.seed, eval_batch_size=cfg.eval_batch_size,
+        num_loader_workers=cfg.loader_workers, device=cfg.device,
+    )
+    task = get_task_class(cfg.task)(options)
+    return ModelWorkload(task, cfg, rank, plan.world_size, cfg.batch_size)
+
+
+class Worker:
+    """One worker's run: the one training loop shared by every algorithm and task."""
+
+    def __init__(self, comm: Any, plan: Plan, out: Path, writer_factory: Any):
+        from relaympi.algorithms import AlgorithmOptions, make_algorithm
+        from relaympi.optim import make_optimizer
+
+        self.comm, self.plan, self.out = comm, plan, out
+        self.rank, self.n = comm.rank, comm.world_size
+        cfg = replace(plan.cfg, device=_device_for(plan.cfg, comm.rank))
+        self.cfg = cfg
+        self.workload = _make_workload(replace(plan, cfg=cfg), self.rank)
+        finish_plan(plan, self.workload.steps_per_epoch)
+        x = self.workload.x
+        self.optimizer = make_optimizer(plan.optimizer, x)
+        options = AlgorithmOptions(relay_mode=cfg.relay_mode, d2_force=cfg.d2_force, d2_exact_diffusion=cfg.d2_exact_diffusion)
+        self.algorithm = make_algorithm(cfg.algo, comm, plan.topology, self.optimizer, x, options)
+        self.writer_factory = writer_factory
+        self.writer = None
+        self.start_step = 0
+        self.loss_sum, self.loss_count = 0.0, 0
+        self.time_compute = self.time_comm = 0.0
+        self.wall_offset = 0.0  # seconds run before a resume
+        self.model_finite = True
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def _state(self, step: int) -> dict[str, Any]:
+        import torch
+
+        return {
+            "x": self.workload.x.detach().cpu(),
+            "optimizer": {k: (v.detach().cpu() if hasattr(v, "detach") else v) for k, v in self.optimizer.state_dict().items()},
+            "algorithm": {k: v.detach().cpu() for k, v in self.algorithm.state_dict().items()},
+            "loss_sum": torch.tensor(self.loss_sum, dtype=torch.float64),
+            "loss_count": torch.tensor(self.loss_count),
+            "bytes_sent": torch.from_numpy(self.comm.bytes_sent.copy()),
+            "timers": torch.tensor([self.time_compute, self.time_comm, self._elapsed()], dtype=torch.float64),
+        }
+
+    def save_checkpoint(self, step: int) -> None:
+        from relaympi import checkpoint
+
+        directory = self.cfg.checkpoint_dir
+        checkpoint.save(directory, self.rank, step, self._state(step))
+        self.comm.barrier()
+        if self.rank == 0:
+            checkpoint.write_meta(directory, {"step": step, "world_size": self.n, "config": _resume_key(self.cfg)})
+        self.comm.barrier()
+        checkpoint.prune(directory, self.rank, step)
+
+    def try_resume(self) -> int:
+        """Load the checkpoint named by meta.json, if any; return the step to continue from."""
+        from relaympi import checkpoint
+
+        directory = self.cfg.checkpoint_dir
+        if directory is None:
+            return 0
+        meta = checkpoint.read_meta(directory)
+        if meta is None:
+            return 0
+        if meta.get("world_size") != self.n or meta.get("config") != _resume_key(self.cfg):
+            raise ConfigError(
+                f"checkpoint in {directory} belongs to a different run (world size {meta.get('world_size')}, config {meta.get('config')}); "
+                "use another --checkpoint-dir or delete it"
+            )
+        step = int(meta["step"])
+        state = checkpoint.load(directory, self.rank, step)
+        self.workload.x.copy_(state["x"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.loss_sum, self.loss_count = float(state["loss_sum"]), int(state["loss_count"])
+        self.comm.bytes_sent[:] = state["bytes_sent"].numpy()
+        self.time_compute, self.time_comm, self.wall_offset = (float(v) for v in state["timers"])
+        return step
+
+    # -- evaluation ------------------------------------------------------------------------
+    def _elapsed(self) -> float:
+        return self.wall_offset + (time.perf_counter() - self.t0)
+
+    def evaluate(self, step: int) -> None:
+        import torch
+
+        metrics = self.workload.evaluate()
+        train_loss = self.loss_sum / self.loss_count if self.loss_count else self.workload_loss()
+        self.loss_sum, self.loss_count = 0.0, 0
+        self.model_finite = bool(torch.isfinite(self.workload.x).all())
+        row = [train_loss, metrics.get("test_loss", math.nan), metrics.get("test_accuracy", math.nan), float(self.comm.bytes_sent.sum()), self.time_compute, self.time_comm]
+        table = self.comm.gather_rows(np.asarray(row))
+        params = self.comm.gather_rows(self.workload.x.detach().cpu().numpy()) if self.cfg.task == "quadratics" else None
+        if self.rank != 0:
+            return
+        out = {
+            "step": step,
+            "epoch": self.plan.epoch_at(step),
+            "time_s": self._elapsed(),
+            "lr": self.plan.lr_at(step),
+            "train_loss": table[:, 0],
+            "bytes_sent": table[:, 3],
+            "time_compute_s": table[:, 4],
+            "time_comm_s": table[:, 5],
+        }
+        if self.cfg.task != "quadratics":
+            out["test_loss"], out["test_accuracy"] = table[:, 1], table[:, 2]
+        else:
+            out.update(self.workload.summarize(params))
+            if self.cfg.record_params:
+                out["params"] = params
+        self.writer.append(out)
+        self._log_eval(step, out)
+
+    def workload_loss(self) -> float:
+        return self.workload.local_loss() if hasattr(self.workload, "local_loss") else math.nan
+
+    def _log_eval(self, step: int, row: dict[str, Any]) -> None:
+        total = self.plan.total_steps
+        elapsed = self._elapsed()
+        done = max(step - self.start_step, 1)
+        eta = (total - step) * (time.perf_counter() - self.t0) / done if step > self.start_step else math.nan
+        parts = [f"step {step}/{total}", f"epoch {row['epoch']:.2f}", f"train_loss {np.nanmean(row['train_loss']):.4f}"]
+        if "test_accuracy" in row:
+            acc = row["test_accuracy"]
+            parts.append(f"test_acc worst {np.min(acc):.4f} mean {np.mean(acc):.4f}")
+        if "suboptimality" in row:
+            parts.append(f"subopt {row['suboptimality']:.3e} consensus {row['consensus_distance']:.3e}")
+        if step > self.start_step:
+            samples = done * self.cfg.batch_size * self.n
+            parts.append(f"{samples / max(time.perf_counter() - self.t0, 1e-9):.0f} samples/s")
+            parts.append(f"eta {eta:.0f}s")
+        parts.append(f"elapsed {elapsed:.1f}s")
+        log.info(" | ".join(parts))
+
+    # -- the loop --------------------------------------------------------------------------
+    def run(self) -> str:
+        import torch
+
+        self.t0 = time.perf_counter()
+        self.start_step = self.try_resume()
+        plan, cfg = self.plan, self.cfg
+        hosts = self.comm.gather(socket.gethostname())
+        if self.rank == 0:
+            self.writer = self.writer_factory(self.start_step, hosts, self.comm.describe())
+        self.t0 = time.perf_counter()
+        sync = torch.cuda.synchronize if self.workload.x.is_cuda else (lambda: None)
+        step = self.start_step
+        try:
+            while True:
+                if step % plan.eval_every == 0 or step == plan.total_steps:
+                    self.evaluate(step)
+                if step == plan.total_steps:
+                    break
+                if cfg.checkpoint_dir is not None and step > self.start_step and step % plan.checkpoint_every == 0:
+                    self.save_checkpoint(step)
+                t = time.perf_counter()
+                loss = self.workload.gradient(step)
+                sync()
+                t_mid = time.perf_counter()
+                self.algorithm.step(self.workload.x, self.workload.grad, plan.lr_at(step), step)
+                sync()
+                self.time_compute += t_mid - t
+                self.time_comm += time.perf_counter() - t_mid
+                self.loss_sum += loss
+                self.loss_count += 1
+                bad = not (math.isfinite(loss) and self.model_finite)
+                flags = self.comm.allreduce_flags(np.array([1.0 if _STOP.is_set() else 0.0, 1.0 if bad else 0.0]))
+                step += 1
+                if flags[1] > 0:
+                    raise _Stop("diverged", step if math.isfinite(loss) else step - 1, "non-finite loss or model")
+                if flags[0] > 0 and step < plan.total_steps:
+                    raise _Stop("preempted", step)
+                if cfg.log_every and step % cfg.log_every == 0 and self.rank == 0:
+                    log.info("step %d/%d loss %.4f lr %.4g", step, plan.total_steps, loss, plan.lr_at(step))
+            if not bool(torch.isfinite(self.workload.x).all()):
+                raise _Stop("diverged", step, "non-finite model")
+        except _Stop as stop:
+            if stop.status == "preempted" and cfg.checkpoint_dir is not None:
+                self.save_checkpoint(stop.step)
+            if self.rank == 0:
+                attrs = {"stopped_step": stop.step, "stopped_epoch": plan.epoch_at(stop.step)}
+                if stop.status == "diverged":
+                    attrs = {"diverged_step": stop.step, "diverged_epoch": plan.epoch_at(stop.step)}
+                self.writer.set_status(stop.status, **attrs)
+            return stop.status
+        if self.rank == 0:
+            self.writer.set_status("completed", total_steps=plan.total_steps, time_compute_s=self.time_compute, time_comm_s=self.time_comm)
+        return "completed"
+
+
+def _resume_key(cfg: RunConfig) -> dict[str, Any]:
+    """The config fields that must match for a checkpoint to be resumed."""
+    d = cfg.to_dict()
+    for key in ("out", "overwrite", "checkpoint_dir", "backend", "workers", "log_every", "threads", "loader_workers", "device", "eval_batch_size"):
+        d.pop(key, None)
+    return d
+
+
+def _writer_factory(plan: Plan, out: Path) -> Any:
+    from relaympi import provenance
+    from relaympi.results import RunExistsError, RunWriter, run_status
+
+    def make(start_step: int, hosts: list[str], transport: dict[str, Any]) -> Any:
+        if start_step > 0 and run_status(out) in ("running", "preempted", "failed"):
+            return RunWriter.reopen(out, resume_step=start_step - 1)
+        try:
+            return RunWriter.create(
+                out, config=plan.cfg.to_dict() | {"world_size": plan.world_size, "lr_effective": plan.lr, "total_steps": plan.total_steps},
+                provenance=provenance.collect(transport, hosts), world_size=plan.world_size, overwrite=plan.cfg.overwrite,
+            )
+        except RunExistsError as exc:
+            raise ConfigError(f"{out} already holds a finished run; pass --overwrite to replace it ({exc})") from exc
+
+    return make
+
+
+_USAGE_ERRORS: tuple[type[BaseException], ...] = (ConfigError,)
+
+
+def _usage_errors() -> tuple[type[BaseException], ...]:
+    from relaympi.checkpoint import CheckpointError
+    from relaympi.tasks import TaskError
+
+    return (ConfigError, TaskError, CheckpointError)
+
+
+def _run_rank(comm: Any, plan: Plan, out: Path) -> str:
+    """One rank's whole run; a failure is recorded (rank 0) or reported to rank 0 (others)."""
+    import copy
+
+    plan = copy.copy(plan)
+    worker = None
+    try:
+        worker = Worker(comm, plan, out, _writer_factory(plan, out))
+    except _usage_errors() as exc:
+        # setup errors are the same on every rank; agree on them so none waits for the others
+        comm.allreduce_flags(np.array([1.0]))
+        raise exc
+    if comm.allreduce_flags(np.array([0.0]))[0] > 0:
+        raise ConfigError("another rank failed to set up (see its error above)")
+    try:
+        return worker.run()
+    except BaseException as exc:
+        message = f"{type(exc).__name__}: {exc}"
+        if comm.rank == 0 and worker.writer is not None:
+            worker.writer.set_status("failed", error=message, traceback=traceback.format_exc()[-20000:])
+        elif comm.rank != 0 and not isinstance(exc, _usage_errors()):
+            comm.report_failure(message)
+        raise
+    finally:
+        if comm.rank == 0 and worker.writer is not None:
+            worker.writer.close()
+
+
+_EXIT = {"completed": EXIT_COMPLETED, "diverged": EXIT_DIVERGED, "preempted": EXIT_PREEMPTED}
+
+
+def _summary(out: Path, status: str) -> None:
+    from relaympi.results import read_run
+
+    try:
+        run = read_run(out)
+    except Exception:  # noqa: BLE001 - a summary must never turn success into failure
+        log.info("%s: %s", status, out)
+        return
+    line = f"{status}: {out}"
+    if "test_accuracy" in run.data and len(run.data["test_accuracy"]):
+        acc = run.data["test_accuracy"][-1]
+        line += f" | final test accuracy worst worker {np.min(acc):.4f}, mean {np.mean(acc):.4f}, best {np.max(acc):.4f}"
+    if "suboptimality" in run.data and len(run.data["suboptimality"]):
+        line += f" | final suboptimality {run.data['suboptimality'][-1]:.3e}"
+    print(line, flush=True)
+
+
+def _configure(cfg: RunConfig, rank: int, local_size: int) -> None:
+    import torch
+
+    threads = cfg.threads or max(1, (os.cpu_count() or 1) // max(local_size, 1))
+    torch.set_num_threads(threads)
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    signal.signal(signal.SIGTERM, _request_stop)
+    signal.signal(signal.SIGUSR1, _request_stop)
+
+
+def _main_local(cfg: RunConfig) -> int:
+    from relaympi.comm import DropPolicy, run_local
+
+    _configure(cfg, 0, cfg.workers if cfg.workers > 1 else 1)
+    plan = resolve(cfg, cfg.workers)
+    out = Path(cfg.out) if cfg.out else default_out(plan.cfg, plan.world_size)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plan.cfg = replace(plan.cfg, out=out)
+    statuses = run_local(plan.world_size, _run_rank, plan, out, drops=DropPolicy(cfg.drop_prob, cfg.seed))
+    _summary(out, statuses[0])
+    return _EXIT[statuses[0]]
+
+
+def _local_size() -> int:
+    for var in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"):
+        value = os.environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    return 1
+
+
+def _main_mpi(cfg: RunConfig) -> int:
+    from relaympi.comm.mpi import world_size
+
+    size = world_size()
+    if size == 1:
+        raise ConfigError(
+            "this is one process, so there is only one worker. Launch one worker per rank: "
+            "`mpirun -n 16 python -m relaympi.train ...` (or srun under SLURM), or run all workers in this "
+            "process with `--backend local --workers 16`"
+        )
+    from relaympi.comm import DropPolicy, mpi_communicator
+
+    comm = mpi_communicator(drops=DropPolicy(cfg.drop_prob, cfg.seed))
+    _configure(cfg, comm.rank, _local_size())
+    try:
+        plan = resolve(cfg, size)
+        out = Path(cfg.out) if cfg.out else default_out(plan.cfg, size)
+        if comm.rank == 0:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        plan.cfg = replace(plan.cfg, out=out)
+    except ConfigError as exc:
+        if comm.rank == 0:
+            print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        status = _run_rank(comm, plan, out)
+    except _usage_errors() as exc:
+        if comm.rank == 0:
+            print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BaseException as exc:  # noqa: BLE001 - tear the whole job down: no rank may wait forever
+        print(f"rank {comm.rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        if comm.rank != 0:
+            time.sleep(5.0)  # let rank 0 record the failure first; it aborts the job when it sees it
+        comm.abort(EXIT_FAILED)
+        return EXIT_FAILED
+    if comm.rank == 0:
+        _summary(out, status)
+    return _EXIT[status]
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = parse_args(argv)
+        if cfg.backend == "local":
+            return _main_local(cfg)
+        return _main_mpi(cfg)
+    except _usage_errors() as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as exc:  # noqa: BLE001
+        traceback.print_exc()
+        print(f"failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""What a worker trains: a task's model on its data shard, or one random quadratic f_i."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from relaympi.comm import flatten_module
+from relaympi.config import RunConfig
+from relaympi.tasks.base import Task
+
+
+class ModelWorkload:
+    """A classification task's model; parameters and gradients live in flat buffers."""
+
+    def __init__(self, task: Task, cfg: RunConfig, rank: int, world_size: int, batch_size: int):
+        from relaympi.tasks.partition import ShardSampler, dirichlet_partition, steps_per_epoch
+
+        self.task, self.rank, self.world_size = task, rank, world_size
+        self.device = torch.device(cfg.device)
+        self.model = task.build_model(cfg.seed).to(self.device)
+        self.x, self.grad = flatten_module(self.model)
+        labels = task.train_labels
+        parts = dirichlet_partition(labels, world_size, cfg.alpha, cfg.seed)
+        self.shard_size = len(parts[rank])
+        self.sampler = ShardSampler(parts[rank], batch_size, cfg.seed, rank)
+        self.steps_per_epoch = steps_per_epoch(len(labels), world_size, batch_size)
+        self.batch_size = batch_size
+        self.eval_batch_size = cfg.eval_batch_size
+        self._batches: Iterator | None = None
+        self._next_step = -1
+
+    def gradient(self, step: int) -> float:
+        """Fill self.grad with the minibatch gradient at step ``step``; return the minibatch loss."""
+        if self._batches is None or step != self._next_step:
+            self._batches = self.task.train_batches(
+                (self.sampler.batch(s) for s in range(step, 1 << 62)), (self.sampler.rng(s) for s in range(step, 1 << 62))
+            )
+        inputs, targets = next(self._batches)
+        self._next_step = step + 1
+        self.model.train()
+        self.grad.zero_()
+        loss = self.task.loss(self.task.forward(self.model, _to(inputs, self.device)), _to(targets, self.device))
+        loss.backward()
+        return float(loss.detach())
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """This worker's own model on the full test set."""
+        self.model.eval()
+        total_loss, correct, count = 0.0, 0, 0
+        for inputs, targets in self.task.test_batches(self.eval_batch_size):
+            targets = _to(targets, self.device)
+            outputs = self.task.forward(self.model, _to(inputs, self.device))
+            total_loss += float(torch.nn.functional.cross_entropy(outputs, targets, reduction="sum"))
+            correct += int((outputs.argmax(dim=1) == targets).sum())
+            count += int(targets.shape[0])
+        return {"test_loss": total_loss / max(count, 1), "test_accuracy": correct / max(count, 1)}
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to(v, device) for v in value)
+    return value
+
+
+class QuadraticWorkload:
+    """Worker i minimizes f_i(x) = 1/2 ||A_i x - b_i||^2 (float64), starting from x(0) = 0."""
+
+    def __init__(self, problem: Any, cfg: RunConfig, rank: int):
+        self.problem, self.rank, self.seed = problem, rank, cfg.seed
+        self.AtA = torch.from_numpy(problem.AtA[rank])
+        self.Atb = torch.from_numpy(problem.Atb[rank])
+        self.x = torch.zeros(problem.dim, dtype=torch.float64)
+        self.grad = torch.zeros_like(self.x)
+        self.steps_per_epoch = 1
+
+    def gradient(self, step: int) -> float:
+        torch.mv(self.AtA, self.x, out=self.grad)
+        self.grad.sub_(self.Atb)
+        if self.problem.sigma2:
+            self.grad.add_(torch.from_numpy(self.problem.noise(self.seed, step, self.rank)))
+        return self.local_loss()
+
+    def local_loss(self) -> float:
+        r = self.problem.A[self.rank] @ self.x.numpy() - self.problem.b[self.rank]
+        return float(0.5 * r @ r)
+
+    def evaluate(self) -> dict[str, float]:
+        return {}
+
+    def summarize(self, X: np.ndarray) -> dict[str, Any]:
+        """Rank 0: metrics of all workers' iterates X [n, d]."""
+        mean = X.mean(axis=0)
+        return {
+            "suboptimality": self.problem.suboptimality(X),
+            "consensus_distance": float(np.mean(np.sum((X - mean) ** 2, axis=1))),
+        }
+
+
+def is_finite(x: torch.Tensor) -> bool:
+    return bool(torch.isfinite(x).all())
+
+
+def finite_loss(value: float) -> bool:
+    return math.isfinite(value)

@@ -1,0 +1,69 @@
+"""Shared fixtures: `spmd` runs one test body on every backend's ranks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCAL_WORLD = 4
+
+
+def _with_mpi(config: pytest.Config) -> bool:
+    return bool(config.getoption("with_mpi", default=False))
+
+
+@pytest.fixture(scope="session")
+def mpi_comm(request):
+    from relaympi.comm import mpi_communicator
+
+    return mpi_communicator()
+
+
+@pytest.fixture
+def spmd(request):
+    """Run ``body(comm, *args)`` as an SPMD program and return this process's results.
+
+    Plain pytest: on LOCAL_WORLD in-process ranks (returns every rank's result). Under
+    ``mpirun -n K python -m pytest --with-mpi -m spmd``: on this MPI rank (returns [result]).
+    Test bodies must work for any world size >= 2.
+    """
+    if _with_mpi(request.config):
+        comm = request.getfixturevalue("mpi_comm")
+
+        def run(body, *args, drops=None, world_size=None):
+            if drops is not None:
+                comm.drops = drops
+            try:
+                return [body(comm, *args)]
+            finally:
+                from relaympi.comm import DropPolicy
+
+                comm.drops = DropPolicy()
+
+        return run
+    from relaympi.comm import run_local
+
+    def run(body, *args, drops=None, world_size=LOCAL_WORLD):
+        return run_local(world_size, body, *args, drops=drops)
+
+    return run
+
+
+def mpirun_path() -> str | None:
+    exe = Path(sys.executable).parent / "mpirun"
+    return str(exe) if exe.exists() else shutil.which("mpirun")
+
+
+requires_mpirun = pytest.mark.skipif(mpirun_path() is None, reason="no mpirun on PATH (pip install mpich, or load your MPI module)")
+
+
+def env_for_subprocess() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
