@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Create .venv and install relaympi with everything its tests need. Safe to re-run.
+#   - torch: the pinned CPU build (torch==2.13.0) only where the venv has no torch yet
+#     (on a GPU cluster, install your CUDA torch into .venv first and it is kept);
+#   - MPI: the mpich wheel only where no mpirun is on PATH (on a cluster, load your MPI
+#     module first: the user's own, CUDA-aware MPI is then used and mpi4py is built against it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+PIP=(.venv/bin/python -m pip install --disable-pip-version-check -q)
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  "${PIP[@]}" "torch==2.13.0"
+fi
+if command -v mpirun >/dev/null 2>&1 && [ "$(command -v mpirun)" != "$PWD/.venv/bin/mpirun" ]; then
+  echo "setup: using the MPI on PATH ($(command -v mpirun)); building mpi4py against it" >&2
+  .venv/bin/python -c "import mpi4py" 2>/dev/null || "${PIP[@]}" --no-binary mpi4py mpi4py
+else
+  "${PIP[@]}" mpich mpi4py
+fi
+"${PIP[@]}" -e ".[test,nlp]"
+echo "setup: done (.venv/bin/python, $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))" >&2

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The test command: set up, then the whole suite in plain pytest, the SPMD tests again under
+# mpirun with 4 ranks, and the sweeps against a real single-node SLURM cluster where one can be
+# started (root + apt-get; skipped with a reason otherwise).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export PATH="$PWD/.venv/bin:$PATH"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+slurm_started=0
+if [ "${RELAYMPI_TEST_SLURM:-1}" = "1" ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+  if bash jobs/local_cluster.sh install && bash jobs/local_cluster.sh start; then
+    slurm_started=1
+    export SLURM_CONF="${RELAYMPI_SLURM_DIR:-/tmp/relaympi-slurm}/slurm.conf"
+  else
+    echo "test: could not start the local SLURM cluster; SLURM tests will be skipped" >&2
+  fi
+fi
+cleanup() { if [ "$slurm_started" = 1 ]; then bash jobs/local_cluster.sh stop || true; fi; }
+trap cleanup EXIT
+python -m pytest -q tests
+mpirun -n 4 python -m pytest -q --with-mpi -m spmd -p no:cacheprovider tests

@@ -1,0 +1,237 @@
+"""Message-passing algorithms against the matrix-form oracle, hand-derived trajectories, and refusals."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from relaympi.algorithms import AlgorithmError, AlgorithmOptions, make_algorithm
+from relaympi.algorithms.matrix import make_matrix_algorithm
+from relaympi.algorithms.relaysum import RelaySum
+from relaympi.comm import run_local
+from relaympi.optim import OptimizerConfig, make_optimizer
+from relaympi.tasks.quadratics import QuadraticsSpec, generate
+from relaympi.topology import build
+
+STEPS = 12
+SGD = OptimizerConfig()
+MOMENTUM = OptimizerConfig(momentum=0.9, weight_decay=1e-3)
+HEAVY_BALL = OptimizerConfig(momentum=0.5, nesterov=False)
+ADAM = OptimizerConfig(name="adam", weight_decay=1e-3)
+
+# (algorithm, topology, optimizer, relay mode): every algorithm on its topologies, with each local optimizer
+CASES = [
+    ("allreduce", "fully-connected", MOMENTUM, "counts"),
+    ("allreduce", "fully-connected", ADAM, "counts"),
+    ("dpsgd", "ring", SGD, "counts"),
+    ("dpsgd", "binary-tree", MOMENTUM, "counts"),
+    ("dpsgd", "chain", ADAM, "counts"),
+    ("qgm", "ring", MOMENTUM, "counts"),
+    ("qgm", "chain", HEAVY_BALL, "counts"),
+    ("d2", "ring", SGD, "counts"),
+    ("d2", "chain", MOMENTUM, "counts"),
+    ("gt", "ring", SGD, "counts"),
+    ("gt", "binary-tree", MOMENTUM, "counts"),
+    ("sgp", "exponential", SGD, "counts"),
+    ("sgp", "exponential", MOMENTUM, "counts"),
+    ("relay-grad", "chain", SGD, "counts"),
+    ("relay-grad", "double-binary-trees", SGD, "counts"),
+] + [
+    ("relay", topo, opt, mode)
+    for topo in ("chain", "binary-tree", "double-binary-trees", "star")
+    for mode in ("counts", "previous", "initial")
+    for opt in ((SGD, MOMENTUM) if mode == "counts" else (SGD,))
+] + [("relay", "double-binary-trees", ADAM, "counts")]
+
+
+def _case_id(case):
+    algo, topo, opt, mode = case
+    tag = opt.name if opt.name == "adam" else ("sgd" if opt.momentum == 0 else f"mom{opt.momentum}")
+    return f"{algo}-{topo}-{tag}-{mode}"
+
+
+def _problem(n):
+    return generate(n, QuadraticsSpec(dim=7, zeta2=2.0, r0=3.0), seed=11)
+
+
+def _message_passing(comm, algo, topo_name, opt, mode, x0):
+    n = comm.world_size
+    topology = build(topo_name, n)
+    problem = _problem(n)
+    x = torch.tensor(x0, dtype=torch.float64)
+    optimizer = make_optimizer(opt, x)
+    algorithm = make_algorithm(algo, comm, topology, optimizer, x, AlgorithmOptions(relay_mode=mode))
+    AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]), torch.from_numpy(problem.Atb[comm.rank])
+    trajectory = []
+    for t in range(STEPS):
+        grad = AtA @ x - Atb
+        algorithm.step(x, grad, 0.05 + 0.01 * t, t)  # time-varying lr, as warm-up produces
+        trajectory.append(x.numpy().copy())
+    return comm.rank, np.array(trajectory)
+
+
+def _oracle(algo, topo_name, opt, mode, n, x0):
+    topology = build(topo_name, n)
+    problem = _problem(n)
+    engine = make_matrix_algorithm(algo, topology, n, x0, opt, relay_mode=mode)
+    X = np.repeat(x0[None], n, axis=0)
+    trajectory = []
+    for t in range(STEPS):
+        X = engine.step(X, problem.gradients(X), 0.05 + 0.01 * t, t)
+        trajectory.append(X.copy())
+    return np.array(trajectory)  # [T, n, d]
+
+
+@pytest.mark.spmd
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_message_passing_matches_matrix_oracle(spmd, case):
+    algo, topo, opt, mode = case
+    x0 = np.linspace(-1.0, 1.0, 7)
+    results = spmd(_message_passing, algo, topo, opt, mode, x0)
+    n = None
+    for rank, trajectory in results:
+        n = n or (len(results) if len(results) > 1 else _world_size_of(results))
+        expected = _oracle(algo, topo, opt, mode, n, x0)[:, rank]
+        np.testing.assert_allclose(trajectory, expected, rtol=0, atol=1e-10)
+
+
+def _world_size_of(results):
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_size()
+
+
+def test_relay_hand_derived_chain_trajectory():
+    """Chain of 3, only worker 0 has a constant update +1 (derivation in the docstring of the expected values).
+
+    t=0: x(1/2) = (1,0,0); n-bar = (2,3,2); x(1) = (1/2, 1/3, 0).
+    t=1: x(3/2) = (3/2, 1/3, 0); m_{1->2} = 1/3 + m_{0->1}(0) = 4/3; x(2) = (11/18, 11/18, 4/9).
+    t=2: x(5/2) = (29/18, 11/18, 8/18); m_{1->0} = 11/18, m_{1->2} = 11/18 + 3/2 = 38/18;
+         x(3) = (20/27, 8/9, 23/27).
+    """
+    expected = [
+        [Fraction(1, 2), Fraction(1, 3), Fraction(0)],
+        [Fraction(11, 18), Fraction(11, 18), Fraction(4, 9)],
+        [Fraction(20, 27), Fraction(8, 9), Fraction(23, 27)],
+    ]
+
+    def body(comm):
+        topology = build("chain", 3)
+        x = torch.zeros(1, dtype=torch.float64)
+        algorithm = make_algorithm("relay", comm, topology, make_optimizer(SGD, x), x)
+        out = []
+        for t in range(3):
+            grad = torch.full((1,), -1.0 if comm.rank == 0 else 0.0, dtype=torch.float64)
+            algorithm.step(x, grad, 1.0, t)
+            out.append(float(x[0]))
+        return out
+
+    got = run_local(3, body)
+    for t in range(3):
+        for rank in range(3):
+            assert got[rank][t] == pytest.approx(float(expected[t][rank]), abs=1e-15)
+
+
+@pytest.mark.parametrize("topo", ["chain", "binary-tree", "double-binary-trees", "star", "social-network-tree"])
+def test_relaysum_delivers_exact_delayed_sums(topo):
+    """s_i(t) = sum_j p_j(t - max(tau_ij - 1, 0)) once t >= tau_max - 1, and n-bar = n."""
+    n = 32 if topo.startswith("social") else 9
+    topology = build(topo, n)
+    rounds = topology.diameter + 3
+
+    def parcel(j, t):
+        return torch.tensor([1000.0 * j + t, -(j + 1) * (t + 1.0), 0.5 * j, t], dtype=torch.float64)
+
+    def body(comm):
+        relay = RelaySum(comm, topology, 4, torch.zeros(4, dtype=torch.float64))
+        sums, counts = [], []
+        for t in range(rounds):
+            p = parcel(comm.rank, t)
+            relay.exchange(p, t)
+            total = p.clone()
+            relay.add_received(total)
+            sums.append(total.numpy())
+            counts.append(relay.counts())
+        return sums, counts
+
+    results = run_local(n, body)
+    L = topology.num_layers
+    for i, (sums, counts) in enumerate(results):
+        for t in range(rounds):
+            for layer in range(L):
+                tau = np.maximum(topology.delays(layer)[i] - 1, 0)
+                coords = list(range(layer, 4, L))
+                present = [j for j in range(n) if tau[j] <= t]
+                want = sum(parcel(j, t - tau[j]).numpy()[coords] for j in present)
+                np.testing.assert_array_equal(sums[t][coords], want)
+                assert counts[t][layer] == len(present)
+        assert all(c == n for c in counts[-1])
+
+
+def test_relaysum_counts_converge_under_drops():
+    """With lost messages the counters say exactly how many parcels a sum holds."""
+    from relaympi.comm import DropPolicy
+
+    n, topology = 8, build("binary-tree", 8)
+
+    def body(comm):
+        relay = RelaySum(comm, topology, 1, torch.zeros(1, dtype=torch.float64))
+        ok = []
+        for t in range(30):
+            relay.exchange(torch.ones(1, dtype=torch.float64), t)
+            total = torch.ones(1, dtype=torch.float64)
+            relay.add_received(total)
+            ok.append(float(total[0]) == relay.counts()[0])  # each parcel is 1: sum == count
+        return all(ok)
+
+    assert all(run_local(n, body, drops=DropPolicy(0.2, seed=3)))
+
+
+@pytest.mark.parametrize(
+    "algo, topo, n, message",
+    [
+        ("relay", "ring", 6, "not a tree"),
+        ("relay-grad", "fully-connected", 4, "not a tree"),
+        ("sgp", "ring", 4, "exponential"),
+        ("d2", "social-network", 32, "-1/3"),
+    ],
+)
+def test_invalid_combinations_are_refused(algo, topo, n, message):
+    def body(comm):
+        x = torch.zeros(3, dtype=torch.float64)
+        with pytest.raises(AlgorithmError, match=message):
+            make_algorithm(algo, comm, build(topo, n), make_optimizer(SGD, x), x)
+        return True
+
+    assert all(run_local(n, body))
+
+
+def test_qgm_refuses_adam_and_plain_sgd():
+    def body(comm):
+        x = torch.zeros(3, dtype=torch.float64)
+        for cfg in (SGD, ADAM):
+            with pytest.raises(AlgorithmError, match="--momentum"):
+                make_algorithm("qgm", comm, build("ring", 3), make_optimizer(cfg, x), x)
+        return True
+
+    assert all(run_local(3, body))
+
+
+def test_d2_force_and_exact_diffusion_on_social_network():
+    def body(comm, options):
+        x = torch.zeros(2, dtype=torch.float64)
+        make_algorithm("d2", comm, build("social-network", 32), make_optimizer(SGD, x), x, options)
+        return True
+
+    assert all(run_local(32, body, AlgorithmOptions(d2_force=True)))
+    assert all(run_local(32, body, AlgorithmOptions(d2_exact_diffusion=True)))
+
+
+def test_sgp_refuses_non_power_of_two_world():
+    from relaympi.topology import TopologyError
+
+    with pytest.raises((TopologyError, AlgorithmError), match="power of two"):
+        build("exponential", 6)
