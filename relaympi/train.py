@@ -207,8 +207,21 @@ def _device_for(cfg: RunConfig, rank: int) -> str:
     return cfg.device
 
 
+_SHARED: dict[tuple, Any] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared(key: tuple, make: Any) -> Any:
+    """One instance per process of read-only setup (data sets, partitions), shared by in-process ranks."""
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = make()
+        return _SHARED[key]
+
+
 def _make_workload(plan: Plan, rank: int) -> Any:
     from relaympi.tasks import TaskOptions, get_task_class
+    from relaympi.tasks.partition import dirichlet_partition
     from relaympi.workloads import ModelWorkload, QuadraticWorkload
 
     cfg = plan.cfg
@@ -218,8 +231,9 @@ def _make_workload(plan: Plan, rank: int) -> Any:
         data_dir=cfg.data_dir, model_dir=cfg.model_dir, seed=cfg.seed, eval_batch_size=cfg.eval_batch_size,
         num_loader_workers=cfg.loader_workers, device=cfg.device,
     )
-    task = get_task_class(cfg.task)(options)
-    return ModelWorkload(task, cfg, rank, plan.world_size, cfg.batch_size)
+    task = _shared(("task", cfg.task, options), lambda: get_task_class(cfg.task)(options))
+    parts = _shared(("parts", cfg.task, options, plan.world_size, cfg.alpha), lambda: dirichlet_partition(task.train_labels, plan.world_size, cfg.alpha, cfg.seed))
+    return ModelWorkload(task, cfg, rank, plan.world_size, cfg.batch_size, parts[rank])
 
 
 class Worker:
@@ -246,6 +260,7 @@ class Worker:
         self.time_compute = self.time_comm = 0.0
         self.wall_offset = 0.0  # seconds run before a resume
         self.model_finite = True
+        self.inject = _fault_injection()
 
     # -- checkpoints -----------------------------------------------------------------------
     def _state(self, step: int) -> dict[str, Any]:
@@ -374,6 +389,8 @@ class Worker:
                     break
                 if cfg.checkpoint_dir is not None and step > self.start_step and step % plan.checkpoint_every == 0:
                     self.save_checkpoint(step)
+                if self.inject is not None and self.inject == (self.rank, step):
+                    raise RuntimeError(f"injected failure on rank {self.rank} at step {step} ({FAULT_ENV})")
                 t = time.perf_counter()
                 loss = self.workload.gradient(step)
                 sync()
@@ -407,6 +424,21 @@ class Worker:
         if self.rank == 0:
             self.writer.set_status("completed", total_steps=plan.total_steps, time_compute_s=self.time_compute, time_comm_s=self.time_comm)
         return "completed"
+
+
+FAULT_ENV = "RELAYMPI_INJECT_FAILURE"
+
+
+def _fault_injection() -> tuple[int, int] | None:
+    """RELAYMPI_INJECT_FAILURE=RANK:STEP makes that rank raise at that step (to test failure handling)."""
+    value = os.environ.get(FAULT_ENV, "")
+    if not value:
+        return None
+    try:
+        rank, step = (int(v) for v in value.split(":"))
+    except ValueError as exc:
+        raise ConfigError(f"{FAULT_ENV}={value!r}; expected RANK:STEP, e.g. 1:5") from exc
+    return rank, step
 
 
 def _resume_key(cfg: RunConfig) -> dict[str, Any]:
@@ -473,6 +505,13 @@ def _run_rank(comm: Any, plan: Plan, out: Path) -> str:
             worker.writer.close()
 
 
+def _save_problem(plan: Plan) -> None:
+    if plan.cfg.save_problem is not None and plan.problem is not None:
+        if not Path(plan.cfg.save_problem).resolve().parent.is_dir():
+            raise ConfigError(f"--save-problem {plan.cfg.save_problem}: its directory does not exist")
+        plan.problem.save(plan.cfg.save_problem)
+
+
 _EXIT = {"completed": EXIT_COMPLETED, "diverged": EXIT_DIVERGED, "preempted": EXIT_PREEMPTED}
 
 
@@ -511,6 +550,7 @@ def _main_local(cfg: RunConfig) -> int:
     out = Path(cfg.out) if cfg.out else default_out(plan.cfg, plan.world_size)
     out.parent.mkdir(parents=True, exist_ok=True)
     plan.cfg = replace(plan.cfg, out=out)
+    _save_problem(plan)
     statuses = run_local(plan.world_size, _run_rank, plan, out, drops=DropPolicy(cfg.drop_prob, cfg.seed))
     _summary(out, statuses[0])
     return _EXIT[statuses[0]]
@@ -543,6 +583,7 @@ def _main_mpi(cfg: RunConfig) -> int:
         out = Path(cfg.out) if cfg.out else default_out(plan.cfg, size)
         if comm.rank == 0:
             out.parent.mkdir(parents=True, exist_ok=True)
+            _save_problem(plan)
         plan.cfg = replace(plan.cfg, out=out)
     except ConfigError as exc:
         if comm.rank == 0:

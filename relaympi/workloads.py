@@ -17,17 +17,16 @@ from relaympi.tasks.base import Task
 class ModelWorkload:
     """A classification task's model; parameters and gradients live in flat buffers."""
 
-    def __init__(self, task: Task, cfg: RunConfig, rank: int, world_size: int, batch_size: int):
-        from relaympi.tasks.partition import ShardSampler, dirichlet_partition, steps_per_epoch
+    def __init__(self, task: Task, cfg: RunConfig, rank: int, world_size: int, batch_size: int, shard: np.ndarray):
+        from relaympi.tasks.partition import ShardSampler, steps_per_epoch
 
         self.task, self.rank, self.world_size = task, rank, world_size
         self.device = torch.device(cfg.device)
         self.model = task.build_model(cfg.seed).to(self.device)
         self.x, self.grad = flatten_module(self.model)
         labels = task.train_labels
-        parts = dirichlet_partition(labels, world_size, cfg.alpha, cfg.seed)
-        self.shard_size = len(parts[rank])
-        self.sampler = ShardSampler(parts[rank], batch_size, cfg.seed, rank)
+        self.shard_size = len(shard)
+        self.sampler = ShardSampler(shard, batch_size, cfg.seed, rank)
         self.steps_per_epoch = steps_per_epoch(len(labels), world_size, batch_size)
         self.batch_size = batch_size
         self.eval_batch_size = cfg.eval_batch_size

@@ -1,0 +1,244 @@
+"""`python -m relaympi.train` end to end: contracts, both backends, resume, failures, bad input."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from relaympi.results import read_run, run_status
+from tests.conftest import ROOT, env_for_subprocess, mpirun_path, requires_mpirun
+
+PY = sys.executable
+
+
+def train(args, *, mpi: int | None = None, env=None, timeout=300, check=None):
+    cmd = [PY, "-m", "relaympi.train", *map(str, args)]
+    if mpi:
+        cmd = [mpirun_path(), "-n", str(mpi), *cmd]
+    proc = subprocess.run(cmd, cwd=ROOT, env={**env_for_subprocess(), **(env or {})}, capture_output=True, text=True, timeout=timeout)
+    if check is not None:
+        assert proc.returncode == check, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+QUAD = ["--task", "quadratics", "--lr", "0.1", "--steps", "15", "--eval-every", "1", "--record-params", "--dim", "6"]
+DIGITS = ["--task", "digits", "--alpha", "0.1", "--steps", "24", "--eval-every", "6", "--seed", "3"]
+
+
+# -- the quadratics contract ------------------------------------------------------------------
+@pytest.mark.parametrize("algo, topo", [("relay", "chain"), ("relay", "double-binary-trees"), ("d2", "ring"), ("sgp", "exponential"), ("gt", "ring")])
+def test_quadratics_run_file_matches_the_matrix_oracle(tmp_path, algo, topo):
+    from relaympi.algorithms.matrix import make_matrix_algorithm
+    from relaympi.optim import OptimizerConfig
+    from relaympi.tasks import quadratics
+    from relaympi.topology import build
+
+    problem_file, out = tmp_path / "problem.h5", tmp_path / "run.h5"
+    quadratics.generate(8, quadratics.QuadraticsSpec(dim=6, zeta2=1.0, r0=5.0), seed=4).save(problem_file)
+    train(["--backend", "local", "--workers", 8, "--algo", algo, "--topology", topo, "--momentum", 0, *QUAD,
+           "--problem-file", problem_file, "--out", out], check=0)
+    run = read_run(out)
+    assert run.status == "completed" and run.config["algo"] == algo
+    params, steps = run.data["params"], run.data["step"]
+    assert steps.tolist() == list(range(16)) and params.shape == (16, 8, 6)
+    problem = quadratics.load(problem_file)
+    engine = make_matrix_algorithm(algo, build(topo, 8), 8, np.zeros(6), OptimizerConfig())
+    X = np.zeros((8, 6))
+    np.testing.assert_array_equal(params[0], X)
+    for t in range(15):
+        X = engine.step(X, problem.gradients(X), 0.1, t)
+        np.testing.assert_allclose(params[t + 1], X, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(run.data["suboptimality"][-1], problem.suboptimality(X), rtol=1e-9)
+
+
+def test_save_problem_then_reuse(tmp_path):
+    train(["--backend", "local", "--workers", 4, "--algo", "relay", "--topology", "chain", *QUAD, "--zeta2", 3,
+           "--save-problem", tmp_path / "p.h5", "--out", tmp_path / "a.h5"], check=0)
+    with h5py.File(tmp_path / "p.h5") as f:
+        assert f["A"].shape == (4, 6, 6) and f["b"].shape == (4, 6) and "f_star" in f.attrs
+    train(["--backend", "local", "--workers", 4, "--algo", "relay", "--topology", "chain", *QUAD,
+           "--problem-file", tmp_path / "p.h5", "--out", tmp_path / "b.h5"], check=0)
+    np.testing.assert_array_equal(read_run(tmp_path / "a.h5").data["params"], read_run(tmp_path / "b.h5").data["params"])
+
+
+# -- both backends give the same numbers -------------------------------------------------------
+@requires_mpirun
+@pytest.mark.parametrize("args", [
+    ["--algo", "relay", *DIGITS],
+    ["--algo", "dpsgd", "--momentum", "0.9", *DIGITS],
+    ["--algo", "relay", "--topology", "chain", "--drop-prob", "0.1", "--relay-mode", "previous", *QUAD],
+], ids=["digits-relay", "digits-dpsgd", "quadratics-relay-drops"])
+def test_mpi_and_local_backends_agree(tmp_path, args):
+    train(["--backend", "local", "--workers", 4, *args, "--out", tmp_path / "local.h5"], check=0)
+    train([*args, "--out", tmp_path / "mpi.h5"], mpi=4, check=0)
+    local, mpi = read_run(tmp_path / "local.h5"), read_run(tmp_path / "mpi.h5")
+    for key in ("train_loss", "test_accuracy", "test_loss", "params", "bytes_sent"):
+        if key in local.data:
+            np.testing.assert_array_equal(local.data[key], mpi.data[key], err_msg=key)
+    assert mpi.provenance["transport_backend"] == "mpi" and mpi.provenance["transport_mpi_library"]
+    assert local.provenance["transport_backend"] == "local"
+
+
+# -- preemption and resume ---------------------------------------------------------------------
+def _run_and_terminate(cmd, after_line: str, env=None, timeout=240):
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**env_for_subprocess(), **(env or {})}, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if after_line in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+        assert time.monotonic() < deadline, "".join(seen)
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, "".join(seen) + err
+
+
+@pytest.mark.parametrize("algo", ["relay", "d2"])
+def test_sigterm_then_rerun_equals_uninterrupted_run(tmp_path, algo):
+    args = ["--backend", "local", "--workers", 4, "--algo", algo, "--task", "digits", "--alpha", "0.1", "--momentum", "0.9",
+            "--steps", 300, "--eval-every", 10, "--seed", 1]
+    train([*args, "--out", tmp_path / "full.h5"], check=0)
+    cmd = [PY, "-m", "relaympi.train", *map(str, args), "--out", str(tmp_path / "resumed.h5"), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    code, log = _run_and_terminate(cmd, "step 100/300")
+    assert code == 4, log
+    assert run_status(tmp_path / "resumed.h5") == "preempted"
+    assert (tmp_path / "ckpt" / "meta.json").exists()
+    train(args + ["--out", tmp_path / "resumed.h5", "--checkpoint-dir", tmp_path / "ckpt"], check=0)
+    full, resumed = read_run(tmp_path / "full.h5"), read_run(tmp_path / "resumed.h5")
+    assert resumed.status == "completed" and resumed.attrs.get("resumed_at_steps")
+    for key in ("step", "epoch", "train_loss", "test_loss", "test_accuracy", "bytes_sent", "lr"):
+        np.testing.assert_array_equal(full.data[key], resumed.data[key], err_msg=key)
+
+
+@requires_mpirun
+def test_mpi_sigterm_checkpoint_and_resume(tmp_path):
+    args = ["--algo", "relay", "--task", "quadratics", "--topology", "chain", "--steps", 3000, "--lr", "0.05", "--eval-every", 100, "--dim", 6]
+    train(["--backend", "local", "--workers", 2, *args, "--out", tmp_path / "full.h5"], check=0)
+    cmd = [mpirun_path(), "-n", "2", PY, "-m", "relaympi.train", *map(str, args), "--out", str(tmp_path / "r.h5"), "--checkpoint-dir", str(tmp_path / "ckpt"), "--log-every", "50"]
+    code, log = _run_and_terminate(cmd, "step 200/3000")
+    assert code != 0 and run_status(tmp_path / "r.h5") == "preempted", log
+    train([*args, "--out", tmp_path / "r.h5", "--checkpoint-dir", tmp_path / "ckpt"], mpi=2, check=0)
+    np.testing.assert_array_equal(read_run(tmp_path / "full.h5").data["suboptimality"], read_run(tmp_path / "r.h5").data["suboptimality"])
+
+
+# -- failures ----------------------------------------------------------------------------------
+@requires_mpirun
+def test_sigkill_of_one_rank_ends_the_job(tmp_path):
+    cmd = [mpirun_path(), "-n", "3", PY, "-m", "relaympi.train", "--task", "quadratics", "--algo", "relay", "--topology", "chain",
+           "--steps", "100000000", "--eval-every", "1000", "--out", str(tmp_path / "k.h5")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env_for_subprocess(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while run_status(tmp_path / "k.h5") != "running":
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    time.sleep(1.0)
+    victims = subprocess.run(["pgrep", "-f", f"relaympi.train.*{tmp_path / 'k.h5'}"], capture_output=True, text=True).stdout.split()
+    victims = [int(p) for p in victims if int(p) != proc.pid]
+    assert victims, "no rank processes found"
+    killed_at = time.monotonic()
+    os.kill(max(victims), signal.SIGKILL)
+    code = proc.wait(timeout=60)
+    assert code != 0 and time.monotonic() - killed_at < 60
+
+
+@requires_mpirun
+def test_exception_on_one_rank_fails_the_whole_job_and_is_recorded(tmp_path):
+    start = time.monotonic()
+    proc = train(["--task", "quadratics", "--algo", "relay", "--topology", "chain", "--steps", 100000, "--eval-every", 1000,
+                  "--out", tmp_path / "f.h5"], mpi=3, env={"RELAYMPI_INJECT_FAILURE": "2:50"}, timeout=120)
+    assert proc.returncode != 0 and time.monotonic() - start < 90
+    run = read_run(tmp_path / "f.h5")
+    assert run.status == "failed" and "injected failure on rank 2 at step 50" in run.attrs["error"]
+
+
+def test_exception_in_local_backend_is_recorded(tmp_path):
+    proc = train(["--backend", "local", "--workers", 3, "--task", "quadratics", "--algo", "dpsgd", "--steps", 100, "--out", tmp_path / "f.h5"],
+                 env={"RELAYMPI_INJECT_FAILURE": "1:7"})
+    assert proc.returncode == 1
+    run = read_run(tmp_path / "f.h5")
+    assert run.status == "failed" and "rank 1" in run.attrs["error"]
+
+
+def test_divergence_stops_cleanly(tmp_path):
+    proc = train(["--backend", "local", "--workers", 4, "--task", "quadratics", "--algo", "dpsgd", "--lr", "50", "--steps", 2000,
+                  "--eval-every", 10, "--out", tmp_path / "d.h5"])
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    run = read_run(tmp_path / "d.h5")
+    assert run.status == "diverged" and 0 < run.attrs["diverged_step"] < 2000
+
+
+# -- bad input ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("args, message", [
+    (["--algo", "nope"], "invalid choice"),
+    (["--alpha", "0"], "--alpha must be > 0"),
+    (["--alpha", "-1"], "--alpha must be > 0"),
+    (["--lr", "-0.1"], "--lr must be > 0"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--epochs", "2", "--steps", "3"], "either --epochs or --steps"),
+    (["--task", "quadratics"], "need --steps"),
+    (["--out", "/nonexistent-dir/run.h5"], "does not exist"),
+    (["--topology", "moebius"], "unknown topology"),
+    (["--algo", "relay", "--topology", "ring"], "not a tree"),
+    (["--algo", "sgp", "--workers", "6"], "power of two"),
+    (["--task", "cifar10", "--data-dir", "/nonexistent"], "not a readable directory"),
+    (["--drop-prob", "1.5"], "--drop-prob"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_bad_input_exits_2_without_a_results_file(tmp_path, args, message):
+    workers = [] if "--workers" in args else ["--workers", "4"]
+    out = [] if "--out" in args else ["--out", tmp_path / "bad.h5"]
+    length = [] if {"--epochs", "--steps"} & set(args) or "quadratics" in args else ["--steps", "2"]
+    proc = train(["--backend", "local", *workers, *length, *args, *out])
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert not (tmp_path / "bad.h5").exists()
+
+
+def test_cifar10_without_files_says_what_is_expected(tmp_path):
+    proc = train(["--backend", "local", "--workers", 2, "--task", "cifar10", "--data-dir", tmp_path, "--steps", 3, "--out", tmp_path / "c.h5"])
+    assert proc.returncode == 2 and "data_batch_1" in proc.stderr
+    assert run_status(tmp_path / "c.h5") in ("missing",)
+
+
+def test_world_size_one_says_how_to_launch():
+    proc = train(["--task", "digits", "--steps", "2"])
+    assert proc.returncode == 2 and "mpirun -n" in proc.stderr and "--backend local" in proc.stderr
+
+
+def test_completed_run_is_not_overwritten(tmp_path):
+    args = ["--backend", "local", "--workers", 2, "--task", "quadratics", "--algo", "relay", "--topology", "chain", "--steps", 5, "--out", tmp_path / "r.h5"]
+    train(args, check=0)
+    before = (tmp_path / "r.h5").read_bytes()
+    proc = train(args)
+    assert proc.returncode == 2 and "--overwrite" in proc.stderr
+    assert (tmp_path / "r.h5").read_bytes() == before
+    train([*args, "--overwrite"], check=0)
+
+
+def test_config_file_round_trip(tmp_path):
+    args = ["--backend", "local", "--workers", 2, "--task", "quadratics", "--algo", "relay", "--topology", "chain", "--steps", 5, "--dim", 4]
+    train([*args, "--out", tmp_path / "a.h5"], check=0)
+    config = read_run(tmp_path / "a.h5").config
+    saved = {k: v for k, v in config.items() if k in ("task", "algo", "topology", "steps", "dim", "lr", "backend", "workers")}
+    (tmp_path / "c.json").write_text(__import__("json").dumps(saved))
+    train(["--config", tmp_path / "c.json", "--out", tmp_path / "b.h5"], check=0)
+    np.testing.assert_array_equal(read_run(tmp_path / "a.h5").data["suboptimality"], read_run(tmp_path / "b.h5").data["suboptimality"])
+
+
+def test_cifar10_contract_runs_on_generated_files(tmp_path):
+    from tests.data_factories import write_cifar10_binary
+
+    write_cifar10_binary(tmp_path / "data", n_per_batch=20)
+    train(["--task", "cifar10", "--data-dir", tmp_path / "data", "--backend", "local", "--workers", 2, "--steps", 3,
+           "--out", tmp_path / "run.h5"], check=0, timeout=600)
+    run = read_run(tmp_path / "run.h5")
+    assert run.status == "completed" and run.data["test_accuracy"].shape[1] == 2
+    assert ((0 <= run.data["test_accuracy"]) & (run.data["test_accuracy"] <= 1)).all()
