@@ -61,40 +61,40 @@ def _raw_exchange(comm, relay: RelaySum, payloads: list[dict[int, torch.Tensor]]
     return run
 
 
-def bench(comm, sizes: list[int], warmup: int, reps: int) -> list[dict]:
+def _cases(comm, numel: int) -> dict:
+    """The timed operations for one message size (closures over this size's buffers)."""
     n, rank = comm.world_size, comm.rank
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
+    cases = {}
+    for topo_name in ("chain", "double-binary-trees"):
+        relay = RelaySum(comm, build(topo_name, n), numel, x)
+        cases[f"relaysum {topo_name}"] = lambda i, relay=relay: relay.exchange(x, i)
+        shapes = [{j: torch.zeros(relay.sizes[k] + 1) for j in relay.neighbors[k]} for k in range(relay.num_layers)]
+        recv = [{j: torch.zeros(relay.sizes[k] + 1) for j in relay.neighbors[k]} for k in range(relay.num_layers)]
+        cases[f"raw isend/irecv {topo_name}"] = _raw_exchange(comm, relay, shapes, recv)
+    if n >= 3:
+        ring = build("ring", n)
+        mixer = GossipMixer(comm, ring.mixing_matrix(0), ring.neighbors(rank), numel, x)
+        y = x.clone()
+        cases["gossip ring"] = lambda i: mixer.mix(y, i)
+    if n & (n - 1) == 0:
+        schedule = ExponentialSchedule(n)
+        received, z = torch.zeros_like(x), x.clone()
+
+        def sgp_round(i: int) -> None:
+            comm.exchange({schedule.send_peer(i, rank): z}, {schedule.recv_peer(i, rank): received}, round=i).wait()
+            z.add_(received).mul_(0.5)
+
+        cases["sgp round"] = sgp_round
+    w = x.clone()
+    cases["allreduce"] = lambda i: comm.allreduce_sum(w)
+    return cases
+
+
+def bench(comm, sizes: list[int], warmup: int, reps: int) -> list[dict]:
     rows = []
     for numel in sizes:
-        x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
-        cases = {}
-        for topo_name in ("chain", "double-binary-trees"):
-            topo = build(topo_name, n)
-            relay = RelaySum(comm, topo, numel, x)
-            cases[f"relaysum {topo_name}"] = lambda i, relay=relay: relay.exchange(x, i)
-            sizes_per_layer = relay.sizes
-            payloads = [{j: torch.zeros(sizes_per_layer[k] + 1) for j in relay.neighbors[k]} for k in range(relay.num_layers)]
-            recv = [{j: torch.zeros(sizes_per_layer[k] + 1) for j in relay.neighbors[k]} for k in range(relay.num_layers)]
-            cases[f"raw isend/irecv {topo_name}"] = _raw_exchange(comm, relay, payloads, recv)
-        if n >= 3:
-            ring = build("ring", n)
-            mixer = GossipMixer(comm, ring.mixing_matrix(0), ring.neighbors(rank), numel, x)
-            y = x.clone()
-            cases["gossip ring"] = lambda i: mixer.mix(y, i)
-        if n & (n - 1) == 0:
-            schedule = ExponentialSchedule(n)
-            received = torch.zeros_like(x)
-            z = x.clone()
-
-            def sgp_round(i: int) -> None:
-                req = comm.exchange({schedule.send_peer(i, rank): z}, {schedule.recv_peer(i, rank): received}, round=i)
-                req.wait()
-                z.add_(received).mul_(0.5)
-
-            cases["sgp round"] = sgp_round
-        w = x.clone()
-        cases["allreduce"] = lambda i: comm.allreduce_sum(w)
-        comm.bytes_sent[:] = 0
-        for name, fn in cases.items():
+        for name, fn in _cases(comm, numel).items():
             before = int(comm.bytes_sent.sum())
             seconds = _time(comm, fn, warmup, reps)
             sent = (int(comm.bytes_sent.sum()) - before) / (warmup + reps)

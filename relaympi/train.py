@@ -257,7 +257,7 @@ class Worker:
         self.writer = None
         self.start_step = 0
         self.loss_sum, self.loss_count = 0.0, 0
-        self.time_compute = self.time_comm = 0.0
+        self.time_compute = self.time_comm = self.time_eval = self.time_sync = 0.0
         self.wall_offset = 0.0  # seconds run before a resume
         self.model_finite = True
         self.inject = _fault_injection()
@@ -273,7 +273,7 @@ class Worker:
             "loss_sum": torch.tensor(self.loss_sum, dtype=torch.float64),
             "loss_count": torch.tensor(self.loss_count),
             "bytes_sent": torch.from_numpy(self.comm.bytes_sent.copy()),
-            "timers": torch.tensor([self.time_compute, self.time_comm, self._elapsed()], dtype=torch.float64),
+            "timers": torch.tensor([self.time_compute, self.time_comm, self.time_eval, self.time_sync, self._elapsed()], dtype=torch.float64),
         }
 
     def save_checkpoint(self, step: int) -> None:
@@ -309,7 +309,7 @@ class Worker:
         self.algorithm.load_state_dict(state["algorithm"])
         self.loss_sum, self.loss_count = float(state["loss_sum"]), int(state["loss_count"])
         self.comm.bytes_sent[:] = state["bytes_sent"].numpy()
-        self.time_compute, self.time_comm, self.wall_offset = (float(v) for v in state["timers"])
+        self.time_compute, self.time_comm, self.time_eval, self.time_sync, self.wall_offset = (float(v) for v in state["timers"])
         return step
 
     # -- evaluation ------------------------------------------------------------------------
@@ -323,7 +323,8 @@ class Worker:
         train_loss = self.loss_sum / self.loss_count if self.loss_count else self.workload_loss()
         self.loss_sum, self.loss_count = 0.0, 0
         self.model_finite = bool(torch.isfinite(self.workload.x).all())
-        row = [train_loss, metrics.get("test_loss", math.nan), metrics.get("test_accuracy", math.nan), float(self.comm.bytes_sent.sum()), self.time_compute, self.time_comm]
+        row = [train_loss, metrics.get("test_loss", math.nan), metrics.get("test_accuracy", math.nan), float(self.comm.bytes_sent.sum()),
+               self.time_compute, self.time_comm, self.time_eval, self.time_sync]
         table = self.comm.gather_rows(np.asarray(row))
         params = self.comm.gather_rows(self.workload.x.detach().cpu().numpy()) if self.cfg.task == "quadratics" else None
         if self.rank != 0:
@@ -337,6 +338,8 @@ class Worker:
             "bytes_sent": table[:, 3],
             "time_compute_s": table[:, 4],
             "time_comm_s": table[:, 5],
+            "time_eval_s": table[:, 6],
+            "time_sync_s": table[:, 7],
         }
         if self.cfg.task != "quadratics":
             out["test_loss"], out["test_accuracy"] = table[:, 1], table[:, 2]
@@ -384,7 +387,9 @@ class Worker:
         try:
             while True:
                 if step % plan.eval_every == 0 or step == plan.total_steps:
+                    t_eval = time.perf_counter()
                     self.evaluate(step)
+                    self.time_eval += time.perf_counter() - t_eval
                 if step == plan.total_steps:
                     break
                 if cfg.checkpoint_dir is not None and step > self.start_step and step % plan.checkpoint_every == 0:
@@ -402,7 +407,9 @@ class Worker:
                 self.loss_sum += loss
                 self.loss_count += 1
                 bad = not (math.isfinite(loss) and self.model_finite)
+                t_sync = time.perf_counter()
                 flags = self.comm.allreduce_flags(np.array([1.0 if _STOP.is_set() else 0.0, 1.0 if bad else 0.0]))
+                self.time_sync += time.perf_counter() - t_sync
                 step += 1
                 if flags[1] > 0:
                     raise _Stop("diverged", step if math.isfinite(loss) else step - 1, "non-finite loss or model")

@@ -6,8 +6,17 @@ import numpy as np
 import pytest
 import torch
 
-from relaympi.comm import BufferError, CommError, DropPolicy, FlatBuffer, LocalWorld, WorldAborted, flatten_module, run_local
-from relaympi.comm import buffers
+from relaympi.comm import (
+    BufferError,
+    CommError,
+    DropPolicy,
+    FlatBuffer,
+    LocalWorld,
+    WorldAborted,
+    buffers,
+    flatten_module,
+    run_local,
+)
 
 pytestmark = pytest.mark.spmd
 
@@ -133,7 +142,7 @@ def test_flatten_module_backward_fills_flat_gradient():
     reference = [p.detach().clone() for p in model.parameters()]
     x, g = flatten_module(model)
     assert x.numel() == sum(p.numel() for p in model.parameters())
-    for p, ref in zip(model.parameters(), reference):
+    for p, ref in zip(model.parameters(), reference, strict=False):
         assert torch.equal(p, ref)
     inputs = torch.randn(5, 3)
     model(inputs).square().sum().backward()

@@ -56,5 +56,5 @@ class Algorithm(ABC):
         """Everything besides x needed to resume exactly (in-flight messages, counters, corrections)."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - stateless algorithms keep the default
         pass
