@@ -93,7 +93,8 @@ def resolve(cfg: RunConfig, world_size: int) -> Plan:
         cfg,
         topology=topo_name,
         lr=cfg.lr if cfg.lr is not None else defaults.lr_by_algo.get(cfg.algo, defaults.lr),
-        momentum=cfg.momentum if cfg.momentum is not None else defaults.momentum,
+        # quasi-global *momentum* is meaningless without momentum: 0.9 where the task's default is 0
+        momentum=cfg.momentum if cfg.momentum is not None else (0.9 if cfg.algo == "qgm" and not defaults.momentum else defaults.momentum),
         optimizer=cfg.optimizer or defaults.optimizer,
         weight_decay=cfg.weight_decay if cfg.weight_decay is not None else defaults.weight_decay,
         batch_size=cfg.batch_size or defaults.batch_size,
@@ -325,6 +326,8 @@ class Worker:
         self.model_finite = bool(torch.isfinite(self.workload.x).all())
         row = [train_loss, metrics.get("test_loss", math.nan), metrics.get("test_accuracy", math.nan), float(self.comm.bytes_sent.sum()),
                self.time_compute, self.time_comm, self.time_eval, self.time_sync]
+        if self.workload.x.is_cuda:
+            row.append(float(torch.cuda.max_memory_allocated(self.workload.x.device)))
         table = self.comm.gather_rows(np.asarray(row))
         params = self.comm.gather_rows(self.workload.x.detach().cpu().numpy()) if self.cfg.task == "quadratics" else None
         if self.rank != 0:
@@ -341,6 +344,8 @@ class Worker:
             "time_eval_s": table[:, 6],
             "time_sync_s": table[:, 7],
         }
+        if table.shape[1] > 8:
+            out["gpu_max_memory_bytes"] = table[:, 8]
         if self.cfg.task != "quadratics":
             out["test_loss"], out["test_accuracy"] = table[:, 1], table[:, 2]
         else:

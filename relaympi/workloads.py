@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +15,11 @@ from relaympi.config import RunConfig
 from relaympi.tasks.base import Task
 
 
+# In-process ranks are threads: model construction seeds torch's global RNG (fork_rng +
+# manual_seed), so two ranks building at once would draw from each other's seed.
+_BUILD_LOCK = threading.Lock()
+
+
 class ModelWorkload:
     """A classification task's model; parameters and gradients live in flat buffers."""
 
@@ -22,7 +28,8 @@ class ModelWorkload:
 
         self.task, self.rank, self.world_size = task, rank, world_size
         self.device = torch.device(cfg.device)
-        self.model = task.build_model(cfg.seed).to(self.device)
+        with _BUILD_LOCK:
+            self.model = task.build_model(cfg.seed).to(self.device)
         self.x, self.grad = flatten_module(self.model)
         labels = task.train_labels
         self.shard_size = len(shard)

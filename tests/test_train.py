@@ -86,6 +86,16 @@ def test_mpi_and_local_backends_agree(tmp_path, args):
     assert local.provenance["transport_backend"] == "local"
 
 
+def test_allreduce_workers_hold_identical_models(tmp_path):
+    """All-reduce keeps every model identical: in-process ranks must not share RNG state while building models."""
+    train(["--backend", "local", "--workers", 8, "--algo", "allreduce", "--task", "digits", "--alpha", "0.01", "--steps", 60,
+           "--eval-every", 12, "--out", tmp_path / "a.h5"], check=0)
+    run = read_run(tmp_path / "a.h5")
+    for key in ("test_accuracy", "test_loss"):
+        values = run.data[key]
+        np.testing.assert_array_equal(values, np.repeat(values[:, :1], values.shape[1], axis=1), err_msg=key)
+
+
 # -- preemption and resume ---------------------------------------------------------------------
 def _run_and_terminate(cmd, after_line: str, env=None, timeout=240):
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**env_for_subprocess(), **(env or {})}, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
