@@ -363,7 +363,7 @@ class Worker:
         elapsed = self._elapsed()
         done = max(step - self.start_step, 1)
         eta = (total - step) * (time.perf_counter() - self.t0) / done if step > self.start_step else math.nan
-        parts = [f"step {step}/{total}", f"epoch {row['epoch']:.2f}", f"train_loss {np.nanmean(row['train_loss']):.4f}"]
+        parts = [f"step {step}/{total}", f"epoch {row['epoch']:.2f}", f"train_loss {_nanmean(row['train_loss']):.4f}"]
         if "test_accuracy" in row:
             acc = row["test_accuracy"]
             parts.append(f"test_acc worst {np.min(acc):.4f} mean {np.mean(acc):.4f}")
@@ -451,6 +451,11 @@ def _fault_injection() -> tuple[int, int] | None:
     except ValueError as exc:
         raise ConfigError(f"{FAULT_ENV}={value!r}; expected RANK:STEP, e.g. 1:5") from exc
     return rank, step
+
+
+def _nanmean(values: np.ndarray) -> float:
+    finite = values[~np.isnan(values)]
+    return float(finite.mean()) if finite.size else math.nan
 
 
 def _resume_key(cfg: RunConfig) -> dict[str, Any]:

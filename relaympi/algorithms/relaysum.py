@@ -54,11 +54,17 @@ class RelaySum:
             p = self._coords(parcel, layer)
             received, outgoing = self.received[layer], self._outgoing[layer]
             for j, out in outgoing.items():
-                out[:-1].copy_(p)
-                out[-1] = 1.0
-                for k in self.neighbors[layer]:  # sorted: the same summation order on every backend
-                    if k != j:
+                # out = [p, 1] + sum of the other neighbours' last messages, with the first addition
+                # fused into the copy (one pass over the model per term)
+                others = [k for k in self.neighbors[layer] if k != j]  # sorted: one summation order on every backend
+                if others:
+                    torch.add(p, received[others[0]][:-1], out=out[:-1])
+                    out[-1] = 1.0 + received[others[0]][-1]
+                    for k in others[1:]:
                         out.add_(received[k])
+                else:
+                    out[:-1].copy_(p)
+                    out[-1] = 1.0
             self._requests.append(self.comm.exchange(outgoing, received, tag=layer, round=round))
 
     def wait(self) -> None:

@@ -1,6 +1,6 @@
 """Communication: the Communicator interface and its MPI and in-process backends."""
 
-from relaympi.comm.base import Communicator, CommError, DropPolicy, RemoteFailure, Request
+from relaympi.comm.base import CommError, Communicator, DropPolicy, RemoteFailure, Request
 from relaympi.comm.buffers import BufferError, FlatBuffer, flatten_module, query_cuda_aware_mpi
 from relaympi.comm.local import LocalCommunicator, LocalWorld, WorldAborted, run_local
 

@@ -152,12 +152,26 @@ def synchronize_stream(x: Any) -> None:
         cupy.cuda.get_current_stream().synchronize()
 
 
+def loaded_libmpi() -> str | None:
+    """Path of the MPI library loaded in this process (mpi4py opens it RTLD_LOCAL, so its
+    symbols are invisible to dlsym(NULL) and must be looked up through the library itself)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1]
+                if os.path.basename(path).startswith("libmpi") and ".so" in path:
+                    return path
+    except OSError:
+        pass
+    return None
+
+
 def query_cuda_aware_mpi(libmpi_path: str | None = None) -> bool:
     """Whether the loaded MPI library is CUDA-aware.
 
     The environment variable RELAYMPI_CUDA_AWARE=1/0 forces the answer. Otherwise ask the
     library through ``MPIX_Query_cuda_support`` (MPICH and Open MPI export it; mpi4py has no
-    query); a library without the symbol counts as not CUDA-aware.
+    query); a library without the symbol, or none loaded, counts as not CUDA-aware.
     """
     forced = os.environ.get(CUDA_AWARE_ENV)
     if forced is not None and forced.strip() != "":
@@ -167,9 +181,11 @@ def query_cuda_aware_mpi(libmpi_path: str | None = None) -> bool:
         if value in ("0", "false", "no", "off"):
             return False
         raise ValueError(f"{CUDA_AWARE_ENV}={forced!r}; expected 1/0 (or true/false, yes/no, on/off)")
+    path = libmpi_path or loaded_libmpi()
+    if path is None:
+        return False
     try:
-        lib = ctypes.CDLL(libmpi_path, mode=ctypes.RTLD_GLOBAL) if libmpi_path else ctypes.CDLL(None)
-        query = lib.MPIX_Query_cuda_support
+        query = ctypes.CDLL(path).MPIX_Query_cuda_support
     except (OSError, AttributeError):
         return False
     query.restype = ctypes.c_int

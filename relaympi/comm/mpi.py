@@ -50,7 +50,7 @@ class _Staging:
 
 
 class _MPIRequest(Request):
-    def __init__(self, comm: "MPICommunicator", requests: list, delivered: frozenset[int], on_complete: list):
+    def __init__(self, comm: MPICommunicator, requests: list, delivered: frozenset[int], on_complete: list):
         self._comm = comm
         self._requests = requests
         self._delivered = delivered

@@ -1,0 +1,555 @@
+"""The HDF5 run file: its schema, the writer used by training and the reader used by reports."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+SCHEMA_VERSION = 1
+STATUSES = ("running", "completed", "diverged", "failed", "preempted")
+TERMINAL_STATUSES = ("completed", "diverged", "failed", "preempted")
+FINISHED_STATUSES = ("completed", "diverged")  # results that must not be overwritten by accident
+RESUMABLE_STATUSES = ("running", "preempted", "failed")
+
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+_STR = h5py.string_dtype("utf-8")
+_CHUNK_BYTES = 1 << 16  # target bytes per chunk for small rows
+_MAX_CHUNK_ROWS = 1024
+# Root attributes the writer owns; set_attrs() may not overwrite them.
+_RESERVED_ATTRS = ("schema_version", "config", "provenance", "status", "world_size")
+# Terminal attributes cleared when a run is reopened for resume.
+_TERMINAL_ATTRS = ("end_time", "error", "diverged_step", "diverged_epoch")
+
+
+class RunFileError(Exception):
+    """A run file that cannot be read: not HDF5, empty, truncated, corrupt or of an unknown schema."""
+
+    def __init__(self, path: str | os.PathLike, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = Path(path)
+        self.reason = reason
+
+
+class RunExistsError(FileExistsError):
+    """Refusing to overwrite (or resume) a run that already finished (completed or diverged)."""
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"cannot store {type(value).__name__} in a run file's JSON attribute")
+
+
+def _to_json(value: Mapping[str, Any], name: str) -> str:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a dict, got {type(value).__name__}")
+    return json.dumps(dict(value), sort_keys=True, default=_json_default, allow_nan=True)
+
+
+def _set_attr(attrs: h5py.AttributeManager, name: str, value: Any) -> None:
+    """Store one attribute: str as variable-length UTF-8, numbers as scalars, sequences as arrays."""
+    if isinstance(value, (str, os.PathLike)):
+        attrs.create(name, os.fspath(value), dtype=_STR)
+    elif isinstance(value, (bool, np.bool_)):
+        attrs.create(name, np.bool_(value))
+    elif isinstance(value, (int, np.integer)):
+        attrs.create(name, np.int64(value))
+    elif isinstance(value, (float, np.floating)):
+        attrs.create(name, np.float64(value))
+    elif isinstance(value, (list, tuple, np.ndarray)):
+        array = np.asarray(value)
+        if array.dtype.kind in "US" or (
+            array.dtype == object and all(isinstance(v, str) for v in array.flat)
+        ):
+            attrs.create(name, [str(v) for v in array.flat], dtype=_STR)
+        elif array.dtype.kind in "biuf":
+            attrs.create(name, array.astype(np.int64 if array.dtype.kind in "biu" else np.float64))
+        else:
+            raise TypeError(f"attribute {name!r}: cannot store a sequence of {array.dtype}")
+    elif value is None:
+        raise TypeError(f"attribute {name!r}: cannot store None (omit the attribute instead)")
+    else:
+        raise TypeError(
+            f"attribute {name!r}: cannot store {type(value).__name__} (use str, int, float, bool "
+            "or a sequence of numbers or strings; JSON-encode anything else)"
+        )
+
+
+def _decode_attr(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind in "OS":
+            return [_decode_attr(v) for v in value.tolist()]
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _chunks(row_shape: tuple[int, ...], itemsize: int) -> tuple[int, ...] | bool:
+    row_bytes = max(1, int(np.prod(row_shape, dtype=np.int64)) * itemsize)
+    if row_bytes > 16 * _CHUNK_BYTES:
+        return True  # let h5py split large rows (e.g. params [n, d]) into chunks
+    rows = max(1, min(_MAX_CHUNK_ROWS, _CHUNK_BYTES // row_bytes))
+    return (rows, *row_shape)
+
+
+class RunWriter:
+    """Writes one run file: one process (rank 0) appends one row per evaluation and flushes.
+
+    The file is written in place, so a run killed at any point keeps every row it appended;
+    see results/README.md for the schema.
+    """
+
+    def __init__(self, file: h5py.File, path: Path) -> None:
+        self._file = file
+        self.path = path
+        self.world_size = int(file.attrs["world_size"])
+        self._datasets: dict[str, h5py.Dataset] = _row_datasets(file)
+
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike,
+        *,
+        config: Mapping[str, Any],
+        provenance: Mapping[str, Any],
+        world_size: int,
+        overwrite: bool = False,
+    ) -> RunWriter:
+        """Start a new run file at ``path`` with status "running".
+
+        An existing completed or diverged run is only replaced when ``overwrite`` is true; any
+        other existing file (running, failed, preempted, corrupt) is replaced.
+        """
+        path = Path(path)
+        if not path.parent.is_dir():
+            raise FileNotFoundError(f"directory for the run file does not exist: {path.parent}")
+        if (
+            isinstance(world_size, bool)
+            or not isinstance(world_size, (int, np.integer))
+            or world_size < 1
+        ):
+            raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+        config_json = _to_json(config, "config")
+        provenance_json = _to_json(provenance, "provenance")
+        if not overwrite:
+            status = run_status(path)
+            if status in FINISHED_STATUSES:
+                raise RunExistsError(
+                    f"{path} holds a {status} run; pass overwrite=True (--overwrite) to replace it"
+                )
+        file = h5py.File(path, "w", locking="best-effort")
+        try:
+            attrs = file.attrs
+            attrs.create("schema_version", np.int64(SCHEMA_VERSION))
+            attrs.create("config", config_json, dtype=_STR)
+            attrs.create("provenance", provenance_json, dtype=_STR)
+            attrs.create("status", "running", dtype=_STR)
+            attrs.create("world_size", np.int64(world_size))
+            attrs.create("start_time", _utc_now(), dtype=_STR)
+            file.flush()
+        except BaseException:
+            file.close()
+            raise
+        return cls(file, path)
+
+    @classmethod
+    def reopen(cls, path: str | os.PathLike, *, resume_step: int) -> RunWriter:
+        """Reopen a running, preempted or failed run to resume it after step ``resume_step``.
+
+        Rows with step > resume_step are dropped (they are recomputed after the resume), the
+        status goes back to "running", and resume_step and the time are appended to the
+        ``resumed_at_steps`` / ``resumed_at_times`` attributes.
+        """
+        path = Path(path)
+        status = run_status(path)
+        if status == "missing":
+            raise FileNotFoundError(f"no run file to resume: {path}")
+        if status == "corrupt":
+            read_run(path)  # raises RunFileError with the reason
+        if status not in RESUMABLE_STATUSES:
+            raise RunExistsError(
+                f"{path} holds a {status} run; only {RESUMABLE_STATUSES} runs resume"
+            )
+        file = h5py.File(path, "r+", locking="best-effort")
+        try:
+            _truncate_rows(file, int(resume_step))
+            attrs = file.attrs
+            for name in _TERMINAL_ATTRS:
+                if name in attrs:
+                    del attrs[name]
+            steps = (
+                list(_decode_attr(attrs["resumed_at_steps"])) if "resumed_at_steps" in attrs else []
+            )
+            times = (
+                list(_decode_attr(attrs["resumed_at_times"])) if "resumed_at_times" in attrs else []
+            )
+            _set_attr(attrs, "resumed_at_steps", [*steps, int(resume_step)])
+            _set_attr(attrs, "resumed_at_times", [*times, _utc_now()])
+            _set_attr(attrs, "status", "running")
+            file.flush()
+        except BaseException:
+            file.close()
+            raise
+        return cls(file, path)
+
+    def append(self, row: Mapping[str, float | int | np.ndarray]) -> None:
+        """Append one evaluation; the first row fixes the dataset names and per-row shapes."""
+        self.extend({name: np.asarray(value)[np.newaxis] for name, value in row.items()})
+
+    def extend(self, rows: Mapping[str, np.ndarray]) -> None:
+        """Append k evaluations at once, given column-wise: every value has k on its first axis.
+
+        Same rules as ``append`` (which calls this); one flush for all k rows. For importers
+        and test factories; a training loop appends one row per evaluation.
+        """
+        if "step" not in rows:
+            raise KeyError("every row needs a 'step'")
+        values = {name: np.asarray(value) for name, value in rows.items()}
+        counts = {value.shape[0] if value.ndim else -1 for value in values.values()}
+        if len(counts) != 1 or -1 in counts:
+            raise ValueError(
+                f"every column needs the same number of rows on its first axis, got {counts}"
+            )
+        (count,) = counts
+        if count == 0 and not self._datasets:
+            return  # nothing to define the datasets from yet
+        if self._datasets:
+            unknown = sorted(set(values) - set(self._datasets))
+            if unknown:
+                raise KeyError(
+                    f"row has keys {unknown} that earlier rows did not have; "
+                    f"known keys: {sorted(self._datasets)}"
+                )
+        else:
+            self._create_datasets({name: value[0] for name, value in values.items()})
+        # Check every shape before growing anything, so a bad row leaves the file untouched.
+        for name, value in values.items():
+            row_shape = self._datasets[name].shape[1:]
+            if value.shape[1:] != row_shape:
+                raise ValueError(f"{name!r}: expecting shape {row_shape}, got {value.shape[1:]}")
+        if count == 0:
+            return
+        # Write "step" last: a row whose step was not written reads as incomplete.
+        for name, dataset in sorted(self._datasets.items(), key=lambda item: item[0] == "step"):
+            n = dataset.shape[0]
+            dataset.resize(n + count, axis=0)
+            if name in values:
+                dataset[n : n + count] = values[name]
+            # missing keys keep the fill value (NaN)
+        self._file.flush()
+
+    def _create_datasets(self, values: Mapping[str, np.ndarray]) -> None:
+        for name, value in values.items():
+            if "/" in name or not name:
+                raise ValueError(
+                    f"dataset names must be non-empty and contain no '/', got {name!r}"
+                )
+            if name == "step":
+                if value.shape != () or value.dtype.kind not in "iu":
+                    raise ValueError(
+                        f"'step' must be an integer scalar, got {value.dtype} {value.shape}"
+                    )
+                dtype, fill = np.int64, -1
+            else:
+                if value.dtype.kind not in "biuf":
+                    raise TypeError(f"{name!r}: expecting numbers, got {value.dtype}")
+                dtype, fill = np.float64, np.nan
+            self._file.create_dataset(
+                name,
+                shape=(0, *value.shape),
+                maxshape=(None, *value.shape),
+                dtype=dtype,
+                chunks=_chunks(value.shape, 8),
+                fillvalue=fill,
+            )
+        self._datasets = _row_datasets(self._file)
+
+    def set_status(self, status: str, **attrs: Any) -> None:
+        """Set the run's status (and extra attributes); terminal statuses also record end_time."""
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+        self.set_attrs(**attrs)
+        _set_attr(self._file.attrs, "status", status)
+        if status in TERMINAL_STATUSES:
+            _set_attr(self._file.attrs, "end_time", _utc_now())
+        self._file.flush()
+
+    def set_attrs(self, **attrs: Any) -> None:
+        """Set extra root attributes (str, int, float, bool, or sequences of numbers/strings)."""
+        reserved = sorted(set(attrs) & set(_RESERVED_ATTRS))
+        if reserved:
+            raise ValueError(f"attributes {reserved} are owned by the writer")
+        for name, value in attrs.items():
+            _set_attr(self._file.attrs, name, value)
+        self._file.flush()
+
+    @property
+    def num_rows(self) -> int:
+        return int(self._file["step"].shape[0]) if "step" in self._file else 0
+
+    def close(self) -> None:
+        if self._file.id.valid:
+            self._file.close()
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _row_datasets(file: h5py.File) -> dict[str, h5py.Dataset]:
+    return {name: obj for name, obj in file.items() if isinstance(obj, h5py.Dataset)}
+
+
+def _complete_rows(datasets: Mapping[str, h5py.Dataset]) -> int:
+    """Rows present in every dataset (a run killed mid-append may leave one partial row)."""
+    if not datasets:
+        return 0
+    n = min(int(ds.shape[0]) for ds in datasets.values())
+    if "step" in datasets and n > 0 and int(datasets["step"][n - 1]) < 0:
+        n -= 1  # step is written last: a fill value means the row never completed
+    return n
+
+
+def _truncate_rows(file: h5py.File, resume_step: int) -> None:
+    datasets = _row_datasets(file)
+    if not datasets:
+        return
+    if "step" not in datasets:
+        raise RunFileError(file.filename, "datasets without a 'step' dataset")
+    n = _complete_rows(datasets)
+    steps = datasets["step"][:n]
+    keep = (steps <= resume_step) & (steps >= 0)
+    if keep.all():
+        for ds in datasets.values():
+            ds.resize(n, axis=0)
+        return
+    if keep[: int(keep.sum())].all():  # the usual case: steps increase, cut the tail
+        for ds in datasets.values():
+            ds.resize(int(keep.sum()), axis=0)
+        return
+    for ds in datasets.values():  # steps out of order: keep the matching rows in their order
+        kept = ds[:n][keep]
+        ds.resize(len(kept), axis=0)
+        ds[...] = kept
+
+
+@dataclass
+class Run:
+    """One run file, read: config, provenance, status, other root attributes and datasets."""
+
+    path: Path
+    schema_version: int
+    status: str
+    config: dict[str, Any]
+    provenance: dict[str, Any]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def metric(self, name: str) -> np.ndarray:
+        try:
+            return self.data[name]
+        except KeyError:
+            raise KeyError(
+                f"{self.path} has no dataset {name!r}; it has {sorted(self.data)}"
+            ) from None
+
+    @property
+    def world_size(self) -> int:
+        return int(self.attrs["world_size"])
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.data["step"]) if "step" in self.data else 0
+
+
+def _precheck(path: Path) -> None:
+    """Give the common failures a clear reason before HDF5 gives an obscure one."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+    except FileNotFoundError:
+        raise RunFileError(path, "no such file") from None
+    except IsADirectoryError:
+        raise RunFileError(path, "is a directory") from None
+    except OSError as error:
+        raise RunFileError(path, f"cannot read: {error.strerror or error}") from None
+    if size == 0:
+        raise RunFileError(path, "empty file (0 bytes)")
+    if head != _HDF5_SIGNATURE and not h5py.is_hdf5(path):
+        raise RunFileError(path, f"not an HDF5 file ({size} bytes, no HDF5 signature)")
+
+
+def _open_for_reading(path: Path) -> h5py.File:
+    _precheck(path)
+    try:
+        try:
+            # locking=False: a live writer holds a lock, and readers must still see its flushed rows.
+            return h5py.File(path, "r", locking=False)
+        except OSError as error:
+            if "locking flag" not in str(error):
+                raise
+            # This very process has the file open for writing: HDF5 shares that handle.
+            return h5py.File(path, "r", locking="best-effort")
+    except OSError as error:
+        message = str(error)
+        if "truncated" in message:
+            raise RunFileError(path, f"truncated HDF5 file ({message})") from None
+        raise RunFileError(path, f"unreadable HDF5 file ({message})") from None
+
+
+def _read_header(path: Path, file: h5py.File) -> tuple[int, str, dict[str, Any]]:
+    attrs = {name: _decode_attr(file.attrs[name]) for name in file.attrs}
+    if "schema_version" not in attrs:
+        raise RunFileError(path, "not a relaympi run file: no 'schema_version' attribute")
+    version = attrs.pop("schema_version")
+    if not isinstance(version, int) or version != SCHEMA_VERSION:
+        raise RunFileError(
+            path,
+            f"unknown schema_version {version!r} (this relaympi reads version {SCHEMA_VERSION})",
+        )
+    for name in ("status", "config", "provenance", "world_size"):
+        if name not in attrs:
+            raise RunFileError(path, f"missing attribute {name!r}")
+    status = attrs.pop("status")
+    if status not in STATUSES:
+        raise RunFileError(path, f"unknown status {status!r}")
+    return version, status, attrs
+
+
+def _parse_json(path: Path, attrs: dict[str, Any], name: str) -> dict[str, Any]:
+    raw = attrs.pop(name)
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError) as error:
+        raise RunFileError(path, f"attribute {name!r} is not valid JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise RunFileError(path, f"attribute {name!r} is not a JSON object")
+    return value
+
+
+def read_run(path: str | os.PathLike, *, datasets: Iterable[str] | None = None) -> Run:
+    """Read a run file; ``datasets`` limits which datasets are loaded (default: all).
+
+    Raises RunFileError, with the reason, for a missing, empty, non-HDF5, truncated or
+    corrupt file, missing attributes or an unknown schema_version.
+    """
+    path = Path(path)
+    file = _open_for_reading(path)
+    try:
+        version, status, attrs = _read_header(path, file)
+        config = _parse_json(path, attrs, "config")
+        provenance = _parse_json(path, attrs, "provenance")
+        available = _row_datasets(file)
+        if available and "step" not in available:
+            raise RunFileError(path, f"datasets {sorted(available)} without a 'step' dataset")
+        n = _complete_rows(available)
+        wanted = (
+            available if datasets is None else {k: available[k] for k in datasets if k in available}
+        )
+        data = {name: ds[:n] for name, ds in wanted.items()}
+    except RunFileError:
+        raise
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError) as error:
+        raise RunFileError(path, f"corrupt run file ({type(error).__name__}: {error})") from None
+    finally:
+        file.close()
+    return Run(path, version, status, config, provenance, attrs, data)
+
+
+def run_status(path: str | os.PathLike) -> str:
+    """ "missing", "corrupt" (unreadable, or not a version-1 run file) or the run's status; reads attrs only."""
+    path = Path(path)
+    if not path.exists():
+        return "missing"
+    try:
+        file = _open_for_reading(path)
+    except RunFileError:
+        return "corrupt"
+    try:
+        version = _decode_attr(file.attrs.get("schema_version"))
+        status = _decode_attr(file.attrs.get("status"))
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError):
+        return "corrupt"
+    finally:
+        file.close()
+    if version != SCHEMA_VERSION or status not in STATUSES:
+        return "corrupt"
+    return status
+
+
+def _show(path: Path) -> int:
+    try:
+        run = read_run(path)
+    except RunFileError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"path: {run.path}")
+    print(f"schema_version: {run.schema_version}")
+    print(f"status: {run.status}")
+    for name, value in sorted(run.attrs.items()):
+        print(f"{name}: {value}")
+    print("config:")
+    for name, value in sorted(run.config.items()):
+        print(f"  {name}: {json.dumps(value)}")
+    print("provenance:")
+    for name, value in sorted(run.provenance.items()):
+        print(f"  {name}: {json.dumps(value)}")
+    print(f"datasets ({run.num_rows} rows):")
+    for name, value in sorted(run.data.items()):
+        last = value[-1] if len(value) else None
+        summary = (
+            ""
+            if last is None or value.ndim > 2
+            else f"  last={np.array2string(np.asarray(last), precision=4, threshold=8)}"
+        )
+        print(f"  {name}: {value.dtype} {list(value.shape)}{summary}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m relaympi.results", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    status = commands.add_parser(
+        "status", help="print each file's status (missing, corrupt or the run's)"
+    )
+    status.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+    show = commands.add_parser(
+        "show", help="print a run file's config, provenance, status and datasets"
+    )
+    show.add_argument("path", type=Path, metavar="PATH")
+    args = parser.parse_args(argv)
+    if args.command == "status":
+        for path in args.paths:
+            print(run_status(path) if len(args.paths) == 1 else f"{run_status(path)}\t{path}")
+        return 0
+    return _show(args.path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

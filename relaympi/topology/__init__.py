@@ -1,0 +1,46 @@
+"""Pure graph topologies for decentralized learning: graphs, spanning trees, schedules, gossip weights."""
+
+from .core import Topology
+from .errors import TopologyError
+from .graphs import (
+    binary_tree,
+    chain,
+    double_binary_trees,
+    exponential,
+    from_edge_list,
+    from_graph,
+    fully_connected,
+    hypercube,
+    ring,
+    social_network,
+    star,
+)
+from .mixing import metropolis_hastings, min_eigenvalue, spectral_gap
+from .registry import TOPOLOGY_NAMES, build
+from .relay import lr_correction
+from .schedule import ExponentialSchedule
+from .trees import spanning_tree
+
+__all__ = [
+    "TOPOLOGY_NAMES",
+    "ExponentialSchedule",
+    "Topology",
+    "TopologyError",
+    "binary_tree",
+    "build",
+    "chain",
+    "double_binary_trees",
+    "exponential",
+    "from_edge_list",
+    "from_graph",
+    "fully_connected",
+    "hypercube",
+    "lr_correction",
+    "metropolis_hastings",
+    "min_eigenvalue",
+    "ring",
+    "social_network",
+    "spanning_tree",
+    "spectral_gap",
+    "star",
+]

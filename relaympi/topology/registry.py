@@ -1,0 +1,124 @@
+"""Build any topology by name: the names the command lines accept."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from .core import Topology
+from .errors import TopologyError
+from .graphs import (
+    SOCIAL_NETWORK_SIZE,
+    binary_tree,
+    chain,
+    double_binary_trees,
+    exponential,
+    from_edge_list,
+    fully_connected,
+    hypercube,
+    ring,
+    social_network,
+    star,
+)
+from .trees import spanning_tree
+
+__all__ = ["TOPOLOGY_NAMES", "SPANNING_TREE_PREFIX", "EDGE_LIST", "build"]
+
+TOPOLOGY_NAMES = (
+    "ring",
+    "chain",
+    "star",
+    "binary-tree",
+    "double-binary-trees",
+    "fully-connected",
+    "hypercube",
+    "social-network",
+    "social-network-tree",
+    "exponential",
+)
+SPANNING_TREE_PREFIX = "spanning-tree:"
+EDGE_LIST = "edge-list"
+
+
+def _social_network(world_size: int) -> Topology:
+    if world_size != SOCIAL_NETWORK_SIZE:
+        raise TopologyError(
+            f"social-network has exactly {SOCIAL_NETWORK_SIZE} ranks (18 women and 14 events "
+            f"of the Davis Southern Women graph), got world_size={world_size!r}"
+        )
+    return social_network()
+
+
+def _social_network_tree(world_size: int, root: int | None) -> Topology:
+    tree = spanning_tree(_social_network(world_size), root=root)
+    return Topology("social-network-tree", tree.world_size, tree.layers)
+
+
+_GENERATORS: dict[str, Callable[[int], Topology]] = {
+    "ring": ring,
+    "chain": chain,
+    "star": star,
+    "binary-tree": binary_tree,
+    "double-binary-trees": double_binary_trees,
+    "fully-connected": fully_connected,
+    "hypercube": hypercube,
+    "social-network": _social_network,
+    "exponential": exponential,
+}
+
+
+def _allowed() -> str:
+    return (
+        ", ".join(TOPOLOGY_NAMES)
+        + f", {EDGE_LIST} (with an edge list file), {SPANNING_TREE_PREFIX}<name>"
+    )
+
+
+def build(
+    name: str,
+    world_size: int,
+    *,
+    root: int | None = None,
+    edge_list: str | Path | None = None,
+) -> Topology:
+    """The topology called `name` over world_size ranks.
+
+    Besides TOPOLOGY_NAMES, accepts "edge-list" with edge_list=<file> and
+    "spanning-tree:<name>" for the Spanning Tree Protocol tree of any single-layer
+    topology (root = lowest rank unless given). `root` applies only to spanning trees
+    (including "social-network-tree"), `edge_list` only to "edge-list" bases.
+    """
+    if not isinstance(name, str):
+        raise TopologyError(f"topology name must be a string, got {name!r}; allowed: {_allowed()}")
+    if name.startswith(SPANNING_TREE_PREFIX):
+        base_name = name[len(SPANNING_TREE_PREFIX) :]
+        if not base_name:
+            raise TopologyError(
+                f"{name!r} names no base topology; e.g. '{SPANNING_TREE_PREFIX}social-network'"
+            )
+        return spanning_tree(build(base_name, world_size, edge_list=edge_list), root=root)
+    if name == "social-network-tree":
+        _no_edge_list(name, edge_list)
+        return _social_network_tree(world_size, root)
+    if root is not None:
+        raise TopologyError(
+            f"root={root!r} only applies to spanning trees ('{SPANNING_TREE_PREFIX}<name>', "
+            f"'social-network-tree'), not to {name!r}"
+        )
+    if name == EDGE_LIST:
+        if edge_list is None:
+            raise TopologyError(
+                f"topology {EDGE_LIST!r} needs an edge list file (edge_list=PATH, --edge-list FILE)"
+            )
+        return from_edge_list(edge_list, world_size)
+    _no_edge_list(name, edge_list)
+    if name not in _GENERATORS:
+        raise TopologyError(f"unknown topology {name!r}; allowed: {_allowed()}")
+    return _GENERATORS[name](world_size)
+
+
+def _no_edge_list(name: str, edge_list: str | Path | None) -> None:
+    if edge_list is not None:
+        raise TopologyError(
+            f"an edge list file only applies to topology {EDGE_LIST!r}, not to {name!r}"
+        )

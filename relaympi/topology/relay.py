@@ -1,0 +1,131 @@
+"""RelaySGD's learning-rate correction, computed by simulating Algorithm 1 on a scalar model."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import networkx as nx
+import numpy as np
+
+from .errors import TopologyError
+
+if TYPE_CHECKING:
+    from .core import Topology
+
+__all__ = ["lr_correction"]
+
+# The simulation stops when no worker's value moved by more than _TOLERANCE within a window
+# of steps. Rounding can leave a tree cycling at ~1e-13 forever (the exact dynamics converge,
+# the floating-point ones need not), so it also stops when the largest change is below
+# _FLOOR and has not halved for a quarter of the steps taken so far: a linearly converging
+# simulation halves its change in a few percent of the steps it needed to get there.
+_TOLERANCE = 1e-14
+_FLOOR = 1e-11
+# Workers must agree on the limit to this precision, or something is wrong with the tree.
+_AGREEMENT = 1e-9
+
+
+def lr_correction(topology: Topology | nx.Graph) -> float:
+    """RelaySGD's learning-rate correction factor 1 / (alpha n) (paper appendix "Learning-rate correction").
+
+    For every layer (a tree), simulate Algorithm 1 (RelaySum/Model with counters) on a scalar
+    model per worker that starts at 0 and receives one update of +1 on every worker, then no
+    further updates, until all workers settle on a common value. That value is alpha n, the
+    weight (times n) with which an update ends up in every model; all-reduce and gossip keep
+    weight 1. With several layers (double binary trees) the result is the mean over layers.
+
+    The update is applied once the counters have converged (after diameter steps of zero models):
+    the correction is for training in steady state, where every worker divides by n. At t = 0
+    the counters' normalization makes any all-equal input exact, which would give alpha n = 1.
+    """
+    layers = (topology,) if isinstance(topology, nx.Graph) else tuple(topology.layers)
+    name = getattr(topology, "name", "graph")
+    factors = []
+    for index, layer in enumerate(layers):
+        n = layer.number_of_nodes()
+        if n == 0 or set(layer.nodes) != set(range(n)):
+            raise TopologyError(
+                f"lr_correction needs nodes exactly 0..n-1 (layer {index} of {name!r})"
+            )
+        if not nx.is_tree(layer):
+            raise TopologyError(
+                f"lr_correction needs a tree (RelaySGD relays over spanning trees), but layer {index} "
+                f"of {name!r} has {layer.number_of_edges()} edges on {n} nodes and is not a tree; "
+                f"use a spanning tree, e.g. 'spanning-tree:{name}'"
+            )
+        edges = tuple(sorted((min(i, j), max(i, j)) for i, j in layer.edges()))
+        factors.append(1.0 / _settled_value(n, edges))
+    return float(np.mean(factors))
+
+
+class _DirectedEdges:
+    """Index arrays over the 2(n-1) directed edges i->j of a tree, for vectorized message passing."""
+
+    def __init__(self, tree: nx.Graph) -> None:
+        pairs = sorted(tree.edges()) + sorted((j, i) for i, j in tree.edges())
+        index = {pair: e for e, pair in enumerate(pairs)}
+        self.source = np.array([i for i, _ in pairs], dtype=np.int64)
+        self.target = np.array([j for _, j in pairs], dtype=np.int64)
+        self.reverse = np.array([index[(j, i)] for i, j in pairs], dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=128)
+def _settled_value(n: int, tree_edges: tuple[tuple[int, int], ...]) -> float:
+    """Common limit of Algorithm 1 on a scalar model after one +1 update on every worker."""
+    if n == 1:
+        return 1.0
+    tree = nx.Graph()
+    tree.add_nodes_from(range(n))
+    tree.add_edges_from(tree_edges)
+    edges = _DirectedEdges(tree)
+    diameter = nx.diameter(tree)
+    update_step = diameter  # counters c^(t) have reached their final values by then
+    window = max(diameter + 1, 16)  # a message needs up to diameter steps to cross the tree
+    max_steps = update_step + 100 * window + 400 * n * n  # generous: chains need ~4 n^2
+
+    def inbox(values: np.ndarray) -> np.ndarray:  # sum over j of values_{j->i}, per rank i
+        return np.bincount(edges.target, weights=values, minlength=n)
+
+    x = np.zeros(n)  # x_i^(t)
+    messages = np.zeros(len(edges.source))  # m_{i->j}^(t-1)
+    counters = np.zeros(len(edges.source))  # c_{i->j}^(t-1)
+    received = inbox(messages)
+    counted = inbox(counters)
+    n_bar = 1.0 + counted
+    counters_settled = False
+    window_change, best_change, best_step = 0.0, np.inf, update_step
+    for step in range(max_steps):
+        x_half = x + 1.0 if step == update_step else x  # x_i^(t+1/2): the single update
+        # Algorithm 1, lines 5-6: own model (count 1) plus what the other neighbours k != j
+        # sent last step, i.e. everything received minus what came from j itself.
+        messages = x_half[edges.source] + received[edges.source] - messages[edges.reverse]
+        received = inbox(messages)
+        if not counters_settled:  # counters do not depend on models: once fixed, they stay fixed
+            new_counters = 1.0 + counted[edges.source] - counters[edges.reverse]
+            counters_settled = bool(np.array_equal(new_counters, counters))
+            counters = new_counters
+            counted = inbox(counters)
+            n_bar = 1.0 + counted  # line 9
+        new_x = (x_half + received) / n_bar  # line 10
+        if step == update_step and not np.all(n_bar == n):
+            raise RuntimeError(f"RelaySum counters did not reach n={n} after {step} steps: {n_bar}")
+        window_change = max(window_change, float(np.abs(new_x - x).max()))
+        x = new_x
+        steps_after = step - update_step
+        if steps_after > 0 and steps_after % window == 0:
+            if window_change <= _TOLERANCE:
+                break
+            if window_change < best_change / 2:
+                best_change, best_step = window_change, step
+            elif best_change <= _FLOOR and step - best_step >= max(steps_after // 4, 4 * window):
+                break  # at the rounding floor
+            window_change = 0.0
+    else:
+        raise RuntimeError(
+            f"RelaySum simulation on {n} workers did not settle in {max_steps} steps"
+        )
+    spread = float(np.max(x) - np.min(x))
+    if spread > _AGREEMENT:
+        raise RuntimeError(f"RelaySum workers settled on different values (spread {spread:.3g})")
+    return float(np.mean(x))

@@ -1,0 +1,48 @@
+"""Spanning trees in the style of the Spanning Tree Protocol: elect a root, follow shortest paths to it."""
+
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+
+from .core import Topology
+from .errors import TopologyError
+from .graphs import from_graph
+
+__all__ = ["spanning_tree"]
+
+
+def spanning_tree(graph_or_topology: Topology | nx.Graph, root: int | None = None) -> Topology:
+    """Spanning tree of a single-layer topology or graph, as the Spanning Tree Protocol builds it.
+
+    The root is elected as the lowest rank unless given; every other rank attaches to the
+    neighbour that is one hop closer to the root, the lowest such rank on ties. The result
+    is deterministic, keeps every rank's distance to the root, and is named
+    "spanning-tree:<base name>".
+    """
+    base = (
+        graph_or_topology
+        if isinstance(graph_or_topology, Topology)
+        else from_graph(graph_or_topology)
+    )
+    if base.num_layers != 1:
+        raise TopologyError(
+            f"spanning_tree needs a single-layer topology, got {base.name!r} with {base.num_layers} layers"
+        )
+    n = base.world_size
+    if root is None:
+        root = 0  # the elected root: lowest id
+    if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
+        raise TopologyError(f"root must be an integer rank, got {root!r}")
+    if not 0 <= root < n:
+        raise TopologyError(f"root must be a rank in [0, {n}), got {root}")
+    graph = base.layers[0]
+    distance = nx.single_source_shortest_path_length(graph, int(root))
+    tree = nx.Graph()
+    tree.add_nodes_from(range(n))
+    for rank in range(n):
+        if rank == root:
+            continue
+        parent = min(peer for peer in graph.neighbors(rank) if distance[peer] == distance[rank] - 1)
+        tree.add_edge(parent, rank)
+    return Topology(f"spanning-tree:{base.name}", n, (tree,))
