@@ -389,6 +389,7 @@ class Worker:
         self.t0 = time.perf_counter()
         sync = torch.cuda.synchronize if self.workload.x.is_cuda else (lambda: None)
         step = self.start_step
+        bar = _progress_bar(plan.total_steps, step) if self.rank == 0 else None
         try:
             while True:
                 if step % plan.eval_every == 0 or step == plan.total_steps:
@@ -416,6 +417,8 @@ class Worker:
                 flags = self.comm.allreduce_flags(np.array([1.0 if _STOP.is_set() else 0.0, 1.0 if bad else 0.0]))
                 self.time_sync += time.perf_counter() - t_sync
                 step += 1
+                if bar is not None:
+                    bar.update(1)
                 if flags[1] > 0:
                     raise _Stop("diverged", step if math.isfinite(loss) else step - 1, "non-finite loss or model")
                 if flags[0] > 0 and step < plan.total_steps:
@@ -425,6 +428,8 @@ class Worker:
             if not bool(torch.isfinite(self.workload.x).all()):
                 raise _Stop("diverged", step, "non-finite model")
         except _Stop as stop:
+            if bar is not None:
+                bar.close()
             if stop.status == "preempted" and cfg.checkpoint_dir is not None:
                 self.save_checkpoint(stop.step)
             if self.rank == 0:
@@ -433,6 +438,8 @@ class Worker:
                     attrs = {"diverged_step": stop.step, "diverged_epoch": plan.epoch_at(stop.step)}
                 self.writer.set_status(stop.status, **attrs)
             return stop.status
+        if bar is not None:
+            bar.close()
         if self.rank == 0:
             self.writer.set_status("completed", total_steps=plan.total_steps, time_compute_s=self.time_compute, time_comm_s=self.time_comm)
         return "completed"
@@ -451,6 +458,15 @@ def _fault_injection() -> tuple[int, int] | None:
     except ValueError as exc:
         raise ConfigError(f"{FAULT_ENV}={value!r}; expected RANK:STEP, e.g. 1:5") from exc
     return rank, step
+
+
+def _progress_bar(total: int, initial: int) -> Any:
+    """A tqdm bar on rank 0 when stderr is a terminal (log lines alone otherwise)."""
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, leave=False)
 
 
 def _nanmean(values: np.ndarray) -> float:
@@ -544,6 +560,9 @@ def _summary(out: Path, status: str) -> None:
     if "test_accuracy" in run.data and len(run.data["test_accuracy"]):
         acc = run.data["test_accuracy"][-1]
         line += f" | final test accuracy worst worker {np.min(acc):.4f}, mean {np.mean(acc):.4f}, best {np.max(acc):.4f}"
+        epoch = run.data["epoch"]
+        recent = run.data["test_accuracy"][epoch > epoch[-1] - 5].mean(axis=0)  # the paper's last-5-epochs window
+        line += f" | last 5 epochs: worst worker {recent.min():.4f}, mean {recent.mean():.4f}"
     if "suboptimality" in run.data and len(run.data["suboptimality"]):
         line += f" | final suboptimality {run.data['suboptimality'][-1]:.3e}"
     print(line, flush=True)

@@ -99,7 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "name",
         metavar="NAME",
-        help=f"one of {', '.join(TOPOLOGY_NAMES)}, {EDGE_LIST}, or {SPANNING_TREE_PREFIX}<name>",
+        help=f"one of {', '.join(TOPOLOGY_NAMES)}, {EDGE_LIST} (with --edge-list), "
+        f"{EDGE_LIST}:<file>, or {SPANNING_TREE_PREFIX}<name>",
     )
     parser.add_argument("-n", "--world-size", type=int, required=True, help="number of ranks")
     parser.add_argument(

@@ -183,7 +183,10 @@ _COMMENT = re.compile(r"#.*")
 
 
 def from_edge_list(path: str | Path, world_size: int) -> Topology:
-    """Topology read from a text file with one "i j" pair of ranks per line ('#' starts a comment)."""
+    """Topology read from a text file with one "i j" pair of ranks per line ('#' starts a comment).
+
+    It is named "edge-list:<path>", a name build() accepts.
+    """
     n = check_world_size(world_size, what="edge-list world_size", minimum=1)
     path = Path(path)
     try:
@@ -214,4 +217,4 @@ def from_edge_list(path: str | Path, world_size: int) -> Topology:
         raise TopologyError(
             f"edge list {str(path)!r} leaves ranks {shown} without any edge; the graph must connect all {n} ranks"
         )
-    return Topology(f"edge-list:{path.name}", n, (_graph(n, edges),))
+    return Topology(f"edge-list:{path}", n, (_graph(n, edges),))

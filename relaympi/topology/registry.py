@@ -70,7 +70,7 @@ _GENERATORS: dict[str, Callable[[int], Topology]] = {
 def _allowed() -> str:
     return (
         ", ".join(TOPOLOGY_NAMES)
-        + f", {EDGE_LIST} (with an edge list file), {SPANNING_TREE_PREFIX}<name>"
+        + f", {EDGE_LIST} (with an edge list file), {EDGE_LIST}:<file>, {SPANNING_TREE_PREFIX}<name>"
     )
 
 
@@ -83,7 +83,8 @@ def build(
 ) -> Topology:
     """The topology called `name` over world_size ranks.
 
-    Besides TOPOLOGY_NAMES, accepts "edge-list" with edge_list=<file> and
+    Besides TOPOLOGY_NAMES, accepts "edge-list" with edge_list=<file> (or "edge-list:<file>",
+    the name such a topology gets, so every topology's name can be built again) and
     "spanning-tree:<name>" for the Spanning Tree Protocol tree of any single-layer
     topology (root = lowest rank unless given). `root` applies only to spanning trees
     (including "social-network-tree"), `edge_list` only to "edge-list" bases.
@@ -105,6 +106,12 @@ def build(
             f"root={root!r} only applies to spanning trees ('{SPANNING_TREE_PREFIX}<name>', "
             f"'social-network-tree'), not to {name!r}"
         )
+    if name.startswith(EDGE_LIST + ":"):
+        if edge_list is not None:
+            raise TopologyError(
+                f"{name!r} already names its file; do not pass edge_list={edge_list!r} too"
+            )
+        name, edge_list = EDGE_LIST, name[len(EDGE_LIST) + 1 :]
     if name == EDGE_LIST:
         if edge_list is None:
             raise TopologyError(

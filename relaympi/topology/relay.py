@@ -16,18 +16,20 @@ if TYPE_CHECKING:
 __all__ = ["lr_correction"]
 
 # The simulation stops when no worker's value moved by more than _TOLERANCE within a window
-# of steps. Rounding can leave a tree cycling at ~1e-13 forever (the exact dynamics converge,
-# the floating-point ones need not), so it also stops when the largest change is below
-# _FLOOR and has not halved for a quarter of the steps taken so far: a linearly converging
-# simulation halves its change in a few percent of the steps it needed to get there.
+# of steps. Rounding can leave the floating-point dynamics cycling at a floor that grows like
+# n^2 (~1e-11 on a 512-star) although the exact dynamics converge, so it also stops when the
+# largest change is below _floor(n) and has not halved for a quarter of the steps taken so
+# far: a linearly converging simulation halves its change in a few percent of the steps it
+# took to get there. Workers must then agree on the limit to _floor(n).
 _TOLERANCE = 1e-14
-_FLOOR = 1e-11
-# Workers must agree on the limit to this precision, or something is wrong with the tree.
-_AGREEMENT = 1e-9
+
+
+def _floor(n: int) -> float:
+    return max(1e-9, 1e-13 * n * n)
 
 
 def lr_correction(topology: Topology | nx.Graph) -> float:
-    """RelaySGD's learning-rate correction factor 1 / (alpha n) (paper appendix "Learning-rate correction").
+    """RelaySGD's learning-rate correction 1 / (alpha n) (paper appendix "Learning-rate correction").
 
     For every layer (a tree), simulate Algorithm 1 (RelaySum/Model with counters) on a scalar
     model per worker that starts at 0 and receives one update of +1 on every worker, then no
@@ -118,7 +120,7 @@ def _settled_value(n: int, tree_edges: tuple[tuple[int, int], ...]) -> float:
                 break
             if window_change < best_change / 2:
                 best_change, best_step = window_change, step
-            elif best_change <= _FLOOR and step - best_step >= max(steps_after // 4, 4 * window):
+            elif best_change <= _floor(n) and step - best_step >= max(steps_after // 4, 4 * window):
                 break  # at the rounding floor
             window_change = 0.0
     else:
@@ -126,6 +128,6 @@ def _settled_value(n: int, tree_edges: tuple[tuple[int, int], ...]) -> float:
             f"RelaySum simulation on {n} workers did not settle in {max_steps} steps"
         )
     spread = float(np.max(x) - np.min(x))
-    if spread > _AGREEMENT:
+    if spread > _floor(n):
         raise RuntimeError(f"RelaySum workers settled on different values (spread {spread:.3g})")
     return float(np.mean(x))
