@@ -28,7 +28,15 @@ _MAX_CHUNK_ROWS = 1024
 # Root attributes the writer owns; set_attrs() may not overwrite them.
 _RESERVED_ATTRS = ("schema_version", "config", "provenance", "status", "world_size")
 # Terminal attributes cleared when a run is reopened for resume.
-_TERMINAL_ATTRS = ("end_time", "error", "diverged_step", "diverged_epoch")
+_TERMINAL_ATTRS = (
+    "end_time",
+    "error",
+    "traceback",
+    "diverged_step",
+    "diverged_epoch",
+    "stopped_step",
+    "stopped_epoch",
+)
 
 
 class RunFileError(Exception):

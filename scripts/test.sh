@@ -9,9 +9,9 @@ export PATH="$PWD/.venv/bin:$PATH"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 slurm_started=0
 if [ "${RELAYMPI_TEST_SLURM:-1}" = "1" ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-  if bash jobs/local_cluster.sh install && bash jobs/local_cluster.sh start; then
+  if bash jobs/local_cluster.sh install && exports="$(bash jobs/local_cluster.sh start)"; then
     slurm_started=1
-    export SLURM_CONF="${RELAYMPI_SLURM_DIR:-/tmp/relaympi-slurm}/slurm.conf"
+    eval "$exports"
   else
     echo "test: could not start the local SLURM cluster; SLURM tests will be skipped" >&2
   fi

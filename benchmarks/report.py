@@ -1,0 +1,202 @@
+"""The paper's tables (and plots) from a set of run files: `python -m benchmarks.report results/`.
+
+    python -m benchmarks.report [DIR_OR_FILE ...] [--format text|markdown|csv|latex] [--out OUTDIR]
+
+Reads every *.h5 under the given directories (recursively) through relaympi.results and
+prints the accuracy, scaling, robustness, learning-rate and quadratics tables that the runs
+allow. Unfinished, failed or unreadable files are listed under "Problems". Exit status: 0
+with at least one finished run, 1 when there is none, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.report_format import (
+    FORMATS,
+    Problem,
+    latex_table,
+    render,
+    render_problems,
+    table_csv,
+)
+from benchmarks.report_tables import DATASETS, RunSummary, Settings, Table, all_tables, summarize
+from relaympi.results import RunFileError, read_run
+
+
+def find_run_files(paths: Iterable[Path]) -> list[Path]:
+    files: set[Path] = set()
+    for path in paths:
+        if path.is_file():
+            files.add(path)
+        else:
+            files.update(p for p in path.rglob("*.h5") if p.is_file())
+    return sorted(files)
+
+
+def _unfinished_reason(run) -> str:
+    steps = run.data.get("step")
+    epochs = run.data.get("epoch")
+    where = ""
+    if steps is not None and len(steps):
+        where = f", last evaluation at step {int(steps[-1])}"
+        if epochs is not None and len(epochs) and np.isfinite(epochs[-1]):
+            where += f" (epoch {epochs[-1]:.3g})"
+    reason = f"status {run.status}{where}"
+    if run.status == "failed" and run.attrs.get("error"):
+        reason += f": {str(run.attrs['error']).strip().splitlines()[-1][:200]}"
+    return reason
+
+
+def load_runs(files: Sequence[Path], settings: Settings) -> tuple[list[RunSummary], list[Problem]]:
+    """Summaries of finished runs, and (path, reason) for every file left out."""
+    runs: list[RunSummary] = []
+    problems: list[Problem] = []
+    seen: dict[tuple, Path] = {}
+    for path in files:
+        try:
+            run = read_run(path, datasets=DATASETS)
+        except RunFileError as error:
+            problems.append((path, error.reason))
+            continue
+        if run.status not in ("completed", "diverged"):
+            problems.append((path, _unfinished_reason(run)))
+            continue
+        try:
+            summary = summarize(run, settings)
+        except (ValueError, TypeError, KeyError) as error:
+            problems.append((path, f"cannot summarize: {error}"))
+            continue
+        if summary.identity in seen:
+            problems.append(
+                (
+                    path,
+                    f"duplicate of {seen[summary.identity]} (same configuration and seed); ignored",
+                )
+            )
+            continue
+        seen[summary.identity] = path
+        runs.append(summary)
+    return runs, problems
+
+
+def write_outputs(
+    tables: Sequence[Table], problems: Sequence[Problem], out_dir: Path, plots: bool
+) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for table in tables:
+        for suffix, text in ((".csv", table_csv(table)), (".tex", latex_table(table) + "\n")):
+            path = out_dir / f"{table.name}{suffix}"
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
+    if problems:
+        path = out_dir / "problems.txt"
+        path.write_text(render_problems(problems, "text") + "\n", encoding="utf-8")
+        written.append(path)
+    if plots:
+        from benchmarks.report_plots import write_plots
+
+        written += write_plots(tables, out_dir)
+    return written
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.report",
+        description="Print the paper's tables from relaympi run files (*.h5, searched recursively).",
+    )
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        type=Path,
+        metavar="DIR",
+        help="directories (searched recursively) or run files; default: results",
+    )
+    parser.add_argument(
+        "--format", choices=FORMATS, default="text", help="output format (default: text)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="OUTDIR",
+        help="also write every table as CSV and LaTeX, and PNG plots, into OUTDIR",
+    )
+    parser.add_argument("--no-plots", action="store_true", help="with --out: skip the PNG plots")
+    parser.add_argument(
+        "--target",
+        type=float,
+        default=1e-6,
+        help="quadratics: suboptimality to reach (default: 1e-6)",
+    )
+    parser.add_argument(
+        "--last-epochs",
+        type=float,
+        default=5.0,
+        help="accuracy is averaged over the evaluations of the last this many epochs (default: 5)",
+    )
+    parser.add_argument(
+        "--metric",
+        choices=("auto", "worst", "mean"),
+        default="auto",
+        help="worst worker or mean of workers; auto: by task as in the paper (default)",
+    )
+    parser.add_argument(
+        "--split-by",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="a further config key whose values get separate tables (repeatable)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    paths = args.paths or [Path("results")]
+    missing = [p for p in paths if not p.exists()]
+    if missing:
+        parser.error(f"no such file or directory: {', '.join(map(str, missing))}")
+    if not args.target > 0:
+        parser.error(f"--target must be positive, got {args.target}")
+    if not args.last_epochs > 0:
+        parser.error(f"--last-epochs must be positive, got {args.last_epochs}")
+    settings = Settings(
+        last_epochs=args.last_epochs,
+        metric=args.metric,
+        target=args.target,
+        split_by=tuple(args.split_by),
+    )
+
+    files = find_run_files(paths)
+    if not files:
+        print(f"error: no run files (*.h5) under {', '.join(map(str, paths))}", file=sys.stderr)
+        return 1
+    runs, problems = load_runs(files, settings)
+    diverged = sum(r.status == "diverged" for r in runs)
+    summary = (
+        f"{len(files)} run file(s): {len(runs) - diverged} completed, {diverged} diverged, "
+        f"{len(problems)} with problems"
+    )
+    tables = all_tables(runs, settings)
+    sys.stdout.write(render(tables, problems, args.format, summary))
+    if args.out is not None:
+        written = write_outputs(tables, problems, args.out, plots=not args.no_plots)
+        print(f"wrote {len(written)} file(s) to {args.out}", file=sys.stderr)
+    if not runs:
+        print(
+            f"error: none of the {len(files)} run file(s) holds a finished (completed or diverged) run",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

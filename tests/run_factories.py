@@ -1,0 +1,138 @@
+"""Hand-made run files for tests and benchmarks: known curves, and broken files of every kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from relaympi.results import RunWriter
+
+BASE_CONFIG: dict[str, Any] = {
+    "task": "cifar10",
+    "algo": "relay",
+    "topology": "double-binary-trees",
+    "alpha": 0.1,
+    "lr": 0.1,
+    "momentum": 0.0,
+    "optimizer": "sgd",
+    "world_size": 4,
+    "seed": 0,
+    "drop_prob": 0.0,
+    "epochs": 10,
+    "steps": None,
+    "batch_size": 32,
+    "relay_mode": None,
+}
+
+
+def make_config(**overrides: Any) -> dict[str, Any]:
+    config = dict(BASE_CONFIG)
+    config.update(overrides)
+    return config
+
+
+def write_classification_run(
+    path: Path,
+    accuracy: np.ndarray,
+    epochs: np.ndarray | None = None,
+    *,
+    status: str = "completed",
+    diverged_epoch: float | None = None,
+    **config: Any,
+) -> Path:
+    """A run whose test_accuracy is ``accuracy`` [evals, workers] at ``epochs`` (default 1..evals)."""
+    accuracy = np.asarray(accuracy, dtype=float)
+    evals, workers = accuracy.shape
+    epochs = (
+        np.arange(1, evals + 1, dtype=float) if epochs is None else np.asarray(epochs, dtype=float)
+    )
+    config = make_config(world_size=workers, **config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with RunWriter.create(
+        path, config=config, provenance={"factory": "tests"}, world_size=workers, overwrite=True
+    ) as writer:
+        writer.extend(
+            {
+                "step": np.round(epochs * 100).astype(np.int64),
+                "epoch": epochs,
+                "time_s": np.arange(evals, dtype=float),
+                "train_loss": np.repeat(1.0 / np.arange(1, evals + 1), workers).reshape(
+                    evals, workers
+                ),
+                "test_accuracy": accuracy,
+            }
+        )
+        if status == "diverged":
+            writer.set_status(
+                "diverged",
+                diverged_epoch=float(diverged_epoch if diverged_epoch is not None else epochs[-1]),
+                diverged_step=int(round(epochs[-1] * 100)),
+            )
+        elif status != "running":
+            writer.set_status(status)
+    return path
+
+
+def write_quadratics_run(
+    path: Path,
+    suboptimality: np.ndarray,
+    steps: np.ndarray | None = None,
+    *,
+    status: str = "completed",
+    **config: Any,
+) -> Path:
+    suboptimality = np.asarray(suboptimality, dtype=float)
+    steps = np.arange(len(suboptimality)) * 10 if steps is None else np.asarray(steps)
+    config = make_config(task="quadratics", alpha=None, epochs=None, steps=int(steps[-1]), **config)
+    workers = int(config["world_size"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with RunWriter.create(
+        path, config=config, provenance={"factory": "tests"}, world_size=workers, overwrite=True
+    ) as writer:
+        writer.extend(
+            {
+                "step": steps.astype(np.int64),
+                "suboptimality": suboptimality,
+                "consensus_distance": suboptimality / 2,
+            }
+        )
+        if status != "running":
+            writer.set_status(status)
+    return path
+
+
+def write_empty_file(path: Path) -> Path:
+    path.write_bytes(b"")
+    return path
+
+
+def write_not_hdf5(path: Path) -> Path:
+    path.write_text("this is not an HDF5 file\n")
+    return path
+
+
+def write_truncated_file(path: Path, source: Path) -> Path:
+    """The first half of a valid run file, as left by a full disk or an interrupted copy."""
+    data = source.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def write_unknown_schema(path: Path, version: int = 99) -> Path:
+    with h5py.File(path, "w") as file:
+        file.attrs["schema_version"] = version
+        file.attrs["status"] = "completed"
+        file.attrs["config"] = "{}"
+        file.attrs["provenance"] = "{}"
+        file.attrs["world_size"] = 2
+    return path
+
+
+def write_foreign_hdf5(path: Path) -> Path:
+    """A valid HDF5 file that is not a run file."""
+    with h5py.File(path, "w") as file:
+        file["x"] = np.arange(3)
+    return path

@@ -1,0 +1,472 @@
+"""SLURM sweeps: the grid and dry runs (anywhere), then real submissions to a local cluster (marker slurm).
+
+The slurm tests need a reachable cluster: `bash jobs/local_cluster.sh install && bash
+jobs/local_cluster.sh start` and the printed `export SLURM_CONF=...`.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import importlib.util
+import io
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from relaympi.results import read_run, run_status
+
+ROOT = Path(__file__).resolve().parent.parent
+JOBS = ROOT / "jobs"
+SWEEPS = (
+    "sweep_alpha",
+    "sweep_workers",
+    "sweep_lr",
+    "sweep_drop",
+    "sweep_imagenet",
+    "sweep_agnews",
+)
+HAVE_TRAIN = importlib.util.find_spec("relaympi.train") is not None
+
+
+def clean_env(**settings: str) -> dict[str, str]:
+    """The environment without the caller's RELAYMPI_* settings, plus ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYMPI_") and k != "DRY_RUN"}
+    env["PYTHONPATH"] = str(ROOT)
+    env.update(settings)
+    return env
+
+
+def grid(*args: str, **settings: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(JOBS / "grid.py"), *args],
+        capture_output=True,
+        text=True,
+        env=clean_env(**settings),
+        cwd=ROOT,
+    )
+
+
+def bash(script: str, *args: str, cwd: Path = ROOT, **settings: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(JOBS / script), *args],
+        capture_output=True,
+        text=True,
+        env=clean_env(**settings),
+        cwd=cwd,
+    )
+
+
+QUADRATICS = {  # a tiny sweep: 3 algorithms x 1 alpha x 1 seed, 2 workers in one process
+    "RELAYMPI_TASK": "quadratics",
+    "RELAYMPI_LAUNCHER": "local",
+    "RELAYMPI_WORKERS": "2",
+    "RELAYMPI_STEPS": "30",
+    "RELAYMPI_EVAL_EVERY": "5",
+    "RELAYMPI_SEEDS": "0",
+    "RELAYMPI_ALGOS": "relay sgp allreduce",
+    "RELAYMPI_ALPHAS": "0.1",
+    "RELAYMPI_MOMENTA": "0",
+}
+
+
+# ------------------------------------------------------------------------------ grid, anywhere
+
+
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_header_array_matches_default_grid(sweep: str) -> None:
+    header = (JOBS / f"{sweep}.sh").read_text()
+    match = re.search(r"^#SBATCH --array=0-(\d+)$", header, re.MULTILINE)
+    assert match, f"{sweep}.sh has no #SBATCH --array=0-N line"
+    count = grid("count", sweep)
+    assert count.returncode == 0, count.stderr
+    assert int(match.group(1)) + 1 == int(count.stdout)
+    assert "#SBATCH --requeue" in header and "#SBATCH --signal=B:USR1@" in header
+
+
+def test_paper_grids() -> None:
+    out = grid("list", "sweep_alpha").stdout
+    assert "90 configurations" in out
+    commands = [line.strip() for line in out.splitlines() if line.startswith("    ")]
+    assert len(commands) == 90
+    relay = [
+        c
+        for c in commands
+        if "--algo relay " in c and "--alpha 0.01 " in c and "--momentum 0.9 " in c
+    ]
+    assert len(relay) == 3 and all(
+        "--lr 0.15 " in c and "--topology double-binary-trees" in c for c in relay
+    )
+    assert all(c.startswith("srun --ntasks=16 ") for c in commands)
+    assert not [c for c in commands if "--algo qgm" in c and "--momentum 0 " in c]
+    drop = grid("list", "sweep_drop").stdout
+    assert "--drop-prob 0.1 " in drop and "--algo qgm --topology ring" in drop
+    agnews = grid("list", "sweep_agnews").stdout
+    assert "--algo relay --topology chain" in agnews and "--optimizer adam" in agnews
+    assert "--lr 0.0009 " in agnews and "<set RELAYMPI_DATA_DIR>" in agnews
+    workers = grid("plan", "sweep_workers", "--all").stdout
+    assert [line.split("\t")[1] for line in workers.splitlines() if line.startswith("group")] == [
+        "16",
+        "32",
+        "64",
+    ]
+
+
+def test_lr_grid_and_overrides(tmp_path: Path) -> None:
+    out = grid(
+        "list",
+        "sweep_lr",
+        RELAYMPI_TASK="digits",
+        RELAYMPI_ALGOS="relay",
+        RELAYMPI_ALPHAS="0.1",
+        RELAYMPI_MOMENTA="0",
+        RELAYMPI_SEEDS="0",
+        RELAYMPI_LR_CENTER="0.1",
+        RELAYMPI_LR_KMIN="-1",
+        RELAYMPI_LR_KMAX="2",
+    ).stdout
+    assert re.findall(r"--lr (\S+)", out) == ["0.05", "0.1", "0.2", "0.4"]
+    missing = grid("list", "sweep_lr", RELAYMPI_TASK="digits")
+    assert missing.returncode == 2 and "RELAYMPI_LR_CENTER" in missing.stderr
+    bad = grid("list", "sweep_alpha", RELAYMPI_SEEDS="zero")
+    assert bad.returncode == 2 and "RELAYMPI_SEEDS='zero'" in bad.stderr
+
+
+def test_config_file_and_environment(tmp_path: Path) -> None:
+    config = tmp_path / "site config.env"
+    config.write_text(
+        "# site settings\nexport RELAYMPI_SEEDS='0 1'\nRELAYMPI_ALGOS=relay\n"
+        'RELAYMPI_LAUNCHER_ARGS="--mpi=pmix --cpu-bind=cores"\nRELAYMPI_PARTITION=gpu\n'
+    )
+    out = grid("list", "sweep_alpha", RELAYMPI_JOBS_CONFIG=str(config)).stdout
+    assert "12 configurations" in out  # 2 seeds x relay (with and without momentum) x 3 alphas
+    assert "srun --ntasks=16 --mpi=pmix --cpu-bind=cores " in out
+    out = grid("list", "sweep_alpha", RELAYMPI_JOBS_CONFIG=str(config), RELAYMPI_SEEDS="5").stdout
+    assert out.count("seed=5") == 6  # the environment wins over the file
+    # the bash side reads the same file the same way
+    probe = (
+        f"source {shlex.quote(str(JOBS / 'lib.sh'))}; relaympi_cfg RELAYMPI_LAUNCHER_ARGS; echo; "
+        "relaympi_cfg RELAYMPI_SEEDS; echo; relaympi_cfg RELAYMPI_TIME 1:00:00"
+    )
+    proc = subprocess.run(
+        ["bash", "-c", probe],
+        capture_output=True,
+        text=True,
+        env=clean_env(RELAYMPI_JOBS_CONFIG=str(config)),
+    )
+    assert proc.stdout.splitlines() == ["--mpi=pmix --cpu-bind=cores", "0 1", "1:00:00"]
+    dry = bash(
+        "submit.sh",
+        "sweep_alpha",
+        "--dry-run",
+        RELAYMPI_JOBS_CONFIG=str(config),
+        RELAYMPI_RESULTS_DIR=str(tmp_path / "r"),
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert "--partition=gpu" in dry.stderr and "--array=0-11 " in dry.stderr
+
+
+def test_dry_run_lists_exact_commands(tmp_path: Path) -> None:
+    results = tmp_path / "my results"
+    for args, env in (((), {"DRY_RUN": "1"}), (("--dry-run",), {})):
+        proc = bash("sweep_alpha.sh", *args, RELAYMPI_RESULTS_DIR=str(results), **QUADRATICS, **env)
+        assert proc.returncode == 0, proc.stderr
+        commands = [
+            shlex.split(line) for line in proc.stdout.splitlines() if line.startswith("    ")
+        ]
+        assert len(commands) == 3
+        for command in commands:
+            out = Path(command[command.index("--out") + 1])
+            assert (
+                out.parent == results / "sweep_alpha" / "quadratics"
+            )  # the space survived quoting
+            assert command[1:5] == ["-m", "relaympi.train", "--backend", "local"]
+        assert "3 missing" in proc.stdout
+    assert not results.exists()  # a dry run writes nothing
+
+
+def test_run_needs_an_index_and_data() -> None:
+    proc = bash("sweep_alpha.sh")
+    assert proc.returncode == 2 and "jobs/submit.sh sweep_alpha" in proc.stderr
+    proc = bash("sweep_imagenet.sh", "--index", "0", RELAYMPI_LAUNCHER="local")
+    assert proc.returncode == 2 and "RELAYMPI_DATA_DIR" in proc.stderr
+    proc = bash("sweep_alpha.sh", "--index", "999", **QUADRATICS)
+    assert proc.returncode == 0 and "outside the grid" in proc.stdout
+
+
+@pytest.mark.skipif(not HAVE_TRAIN, reason="relaympi.train is not available")
+def test_local_run_is_idempotent(tmp_path: Path) -> None:
+    settings = {**QUADRATICS, "RELAYMPI_RESULTS_DIR": str(tmp_path / "results dir")}
+    first = bash("sweep_alpha.sh", "--index", "0", **settings)
+    assert first.returncode == 0, first.stdout + first.stderr
+    (out,) = (tmp_path / "results dir" / "sweep_alpha" / "quadratics").glob("relay_*.h5")
+    assert run_status(out) == "completed"
+    mtime = out.stat().st_mtime_ns
+    again = bash("sweep_alpha.sh", "--index", "0", **settings)
+    assert again.returncode == 0 and "already completed; skipping" in again.stdout
+    assert out.stat().st_mtime_ns == mtime
+    plan = grid("plan", "sweep_alpha", **settings).stdout
+    assert "group\t1\t1-2\t2" in plan and "finished\t1" in plan
+
+
+# ------------------------------------------------------------------------------- real cluster
+
+
+@functools.cache
+def _cluster_reason() -> str | None:
+    if shutil.which("sbatch") is None:
+        return "sbatch is not on PATH (bash jobs/local_cluster.sh install && start)"
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not Path(conf).is_file():
+        return (
+            f"SLURM_CONF={conf} does not exist (jobs/local_cluster.sh start prints the right one)"
+        )
+    try:
+        proc = subprocess.run(
+            ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"sinfo failed: {error}"
+    states = proc.stdout.split()
+    if proc.returncode != 0 or not any(
+        s.rstrip("*~#") in ("idle", "mixed", "allocated") for s in states
+    ):
+        return f"no reachable SLURM cluster (SLURM_CONF={os.environ.get('SLURM_CONF')}): {proc.stderr.strip()[:200]}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def cluster() -> None:
+    reason = _cluster_reason()
+    if reason:
+        pytest.skip(reason)
+    if not HAVE_TRAIN:
+        pytest.skip("relaympi.train is not available")
+
+
+def report_csv(results: Path, *args: str) -> dict[str, list[dict[str, str]]]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.report", str(results), "--format", "csv", *args],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tables = {}
+    for block in proc.stdout.split("\n\n"):
+        if block.startswith("# ") and ":" in block.split("\n", 1)[0] and "\n" in block:
+            name = block[2:].split(":", 1)[0]
+            tables[name] = list(csv.DictReader(io.StringIO(block.split("\n", 1)[1])))
+    return tables
+
+
+def steps_to(path: Path, target: float) -> int | None:
+    with h5py.File(path, "r") as file:
+        steps, sub = file["step"][:], file["suboptimality"][:]
+    hits = [int(s) for s, v in zip(steps, sub, strict=True) if v <= target]
+    return hits[0] if hits else None
+
+
+def wait_for(output: str, timeout_s: float = 120) -> None:
+    """Poll squeue for the jobs that sbatch reported (faster than sbatch --wait's backoff)."""
+    jobs = re.findall(r"Submitted batch job (\d+)", output) or re.findall(
+        r"^(\d+)", output, re.MULTILINE
+    )
+    assert jobs, output
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        queue = subprocess.run(
+            ["squeue", "-h", "-j", ",".join(jobs)], capture_output=True, text=True
+        )
+        if not queue.stdout.strip():
+            return
+        time.sleep(0.5)
+    pytest.fail(f"jobs {jobs} still queued after {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def alpha_sweep(
+    cluster: None, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[str, str]]:
+    root = tmp_path_factory.mktemp("slurm")
+    settings = {**QUADRATICS, "RELAYMPI_RESULTS_DIR": str(root / "results dir")}
+    proc = bash("submit.sh", "sweep_alpha", cwd=root, **settings)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    wait_for(proc.stdout)
+    return root / "results dir", settings
+
+
+@pytest.mark.slurm
+def test_sweep_alpha_and_report(alpha_sweep: tuple[Path, dict[str, str]]) -> None:
+    results, _ = alpha_sweep
+    files = sorted((results / "sweep_alpha" / "quadratics").glob("*.h5"))
+    assert len(files) == 3 and all(run_status(f) == "completed" for f in files)
+    assert not list((results / "checkpoints").rglob("*.pt"))  # removed after completion
+    tables = report_csv(results, "--target", "1")
+    (rows,) = [rows for name, rows in tables.items() if name.startswith("quadratics")]
+    for path in files:
+        algo = read_run(path, datasets=()).config["algo"]
+        (row,) = [r for r in rows if r["algo"] == algo]
+        assert row["world_size"] == "2"
+        assert float(row["mean"]) == steps_to(path, 1.0)
+
+
+@pytest.mark.slurm
+def test_resubmission_reruns_only_what_is_missing(alpha_sweep: tuple[Path, dict[str, str]]) -> None:
+    results, settings = alpha_sweep
+    files = {
+        read_run(f, datasets=()).config["algo"]: f
+        for f in (results / "sweep_alpha" / "quadratics").glob("*.h5")
+    }
+    kept = files["allreduce"]
+    kept_mtime = kept.stat().st_mtime_ns
+    files["relay"].unlink()
+    with h5py.File(
+        files["sgp"], "r+"
+    ) as file:  # as left by a preempted job whose checkpoint is gone
+        file.attrs["status"] = "preempted"
+    plan = grid("plan", "sweep_alpha", **settings).stdout
+    assert "finished\t1" in plan
+    # every index again, straight through sbatch: the jobs themselves skip finished runs
+    proc = subprocess.run(
+        [
+            "sbatch",
+            "--array=0-2",
+            "--ntasks=1",
+            f"--output={results}/logs/resubmit-%a.out",
+            str(JOBS / "sweep_alpha.sh"),
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_env(**settings),
+        cwd=results.parent,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    wait_for(proc.stdout)
+    assert all(run_status(f) == "completed" for f in files.values())
+    assert kept.stat().st_mtime_ns == kept_mtime
+    logs = "".join(p.read_text() for p in (results / "logs").glob("resubmit-*.out"))
+    assert logs.count("already completed; skipping") == 1
+    for path in files.values():
+        steps = read_run(path).metric("step")
+        assert steps[-1] == 30 and (np.diff(steps) > 0).all()
+
+
+def _cred_expire_s() -> int:
+    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
+    match = re.search(r"cred_expire=(\d+)", out)
+    return int(match.group(1)) if match else 120
+
+
+@pytest.mark.slurm
+def test_time_limit_warning_checkpoints_requeues_and_resumes(cluster: None, tmp_path: Path) -> None:
+    if _cred_expire_s() > 30:
+        pytest.skip(
+            "the cluster delays requeued jobs by cred_expire > 30 s (local_cluster.sh sets 10 s)"
+        )
+    results = tmp_path / "results dir"
+    settings = {
+        **QUADRATICS,
+        "RELAYMPI_ALGOS": "relay",
+        "RELAYMPI_STEPS": "8000",
+        "RELAYMPI_EVAL_EVERY": "200",
+        "RELAYMPI_RESULTS_DIR": str(results),
+    }
+    proc = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--array=0",
+            "--ntasks=1",
+            f"--output={tmp_path}/job.out",
+            str(JOBS / "sweep_alpha.sh"),
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_env(**settings),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    (out,) = [
+        Path(c[c.index("--out") + 1])
+        for c in (
+            shlex.split(line)
+            for line in grid("list", "sweep_alpha", **settings).stdout.splitlines()
+            if line.startswith("    ")
+        )
+    ]
+    deadline = time.monotonic() + 60
+    while (
+        time.monotonic() < deadline
+    ):  # wait for the first rows, then warn as SLURM does before the limit
+        if run_status(out) == "running" and read_run(out, datasets=["step"]).num_rows >= 2:
+            break
+        time.sleep(0.5)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", f"{job}_0"], check=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        queue = subprocess.run(
+            ["squeue", "-h", "-j", job], capture_output=True, text=True
+        ).stdout.strip()
+        if not queue:
+            break
+        time.sleep(1)
+    log = (tmp_path / "job.out").read_text()
+    assert "requeueing SLURM job" in log, log[-3000:]
+    run = read_run(out)
+    assert run.status == "completed", log[-3000:]
+    assert run.attrs["resumed_at_steps"], run.attrs
+    steps = run.metric("step")
+    assert steps[-1] == 8000 and (np.diff(steps) > 0).all()  # resumed rows are not duplicated
+
+
+@pytest.mark.slurm
+def test_sweep_lr_on_digits(cluster: None, tmp_path: Path) -> None:
+    results = tmp_path / "lr results"
+    settings = {
+        "RELAYMPI_TASK": "digits",
+        "RELAYMPI_LAUNCHER": "local",
+        "RELAYMPI_WORKERS": "2",
+        "RELAYMPI_STEPS": "20",
+        "RELAYMPI_EVAL_EVERY": "10",
+        "RELAYMPI_SEEDS": "0",
+        "RELAYMPI_ALGOS": "relay",
+        "RELAYMPI_ALPHAS": "0.1",
+        "RELAYMPI_MOMENTA": "0",
+        "RELAYMPI_LR_CENTER": "0.1",
+        "RELAYMPI_LR_KMIN": "-1",
+        "RELAYMPI_LR_KMAX": "1",
+        "RELAYMPI_RESULTS_DIR": str(results),
+    }
+    proc = bash("submit.sh", "sweep_lr", cwd=tmp_path, **settings)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    wait_for(proc.stdout)
+    files = sorted((results / "sweep_lr" / "digits").glob("*.h5"))
+    assert len(files) == 3
+    metric = {}
+    for (
+        path
+    ) in files:  # the paper's metric by hand: runs are < 1 epoch, so all evaluations after epoch 0
+        run = read_run(path)
+        keep = run.metric("epoch") > 0
+        metric[run.config["lr"]] = run.metric("test_accuracy")[keep].mean(axis=0).min()
+    tables = report_csv(results)
+    (lr_rows,) = [rows for name, rows in tables.items() if name.startswith("lr_")]
+    (row,) = lr_rows
+    best = max(metric, key=metric.get)
+    assert float(row["lr"]) == best
+    assert row["lr_grid"] == "0.05 0.1 0.2"
+    assert row["lr_sandwiched"] == str(best == 0.1)
+    (acc_rows,) = [rows for name, rows in tables.items() if name.startswith("accuracy_")]
+    assert float(acc_rows[0]["mean"]) == pytest.approx(metric[best])
