@@ -94,6 +94,8 @@ def _cases(comm, numel: int, device: torch.device) -> dict:
     for topo_name in ("chain", "double-binary-trees"):
         relay = RelaySum(comm, build(topo_name, n), numel, x)
         cases[f"relaysum {topo_name}"] = lambda i, relay=relay: relay.exchange(x, i)
+        lean = RelaySum(comm, build(topo_name, n), numel, x, in_place=True)
+        cases[f"relaysum in-place {topo_name}"] = lambda i, lean=lean: lean.exchange(x, i)
         shapes = [{j: torch.zeros(relay.sizes[k] + 1, device=device) for j in relay.neighbors[k]} for k in range(relay.num_layers)]
         recv = [{j: torch.zeros(relay.sizes[k] + 1, device=device) for j in relay.neighbors[k]} for k in range(relay.num_layers)]
         cases[f"raw isend/irecv {topo_name}"] = _raw_exchange(comm, relay, shapes, recv)

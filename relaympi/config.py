@@ -40,6 +40,7 @@ class RunConfig:
     seed: int = 0
     drop_prob: float = 0.0
     relay_mode: str = "counts"
+    relay_in_place: bool = False  # RelaySum swaps messages in its receive buffers (least memory)
     relay_lr_correction: bool = False  # scale lr by RelaySGD's topology correction 1/(alpha n)
     d2_force: bool = False
     d2_exact_diffusion: bool = False
@@ -205,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--seed", type=int)
     a("--drop-prob", type=float, help="simulated message loss probability in [0, 1)")
     a("--relay-mode", choices=RELAY_MODES, help="RelaySGD normalization: counts (Algorithm 1), previous (robust rule), initial")
+    a("--relay-in-place", action="store_true", default=None, help="RelaySum assembles and swaps messages in its receive buffers: least memory (2 model copies on a chain), slower")
     a("--relay-lr-correction", action="store_true", default=None, help="scale the lr by RelaySGD's topology correction factor")
     a("--d2-force", action="store_true", default=None, help="run D² even if the gossip matrix has an eigenvalue < -1/3")
     a("--d2-exact-diffusion", action="store_true", default=None, help="D² with the Exact Diffusion matrix (W+I)/2")

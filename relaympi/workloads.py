@@ -14,7 +14,6 @@ from relaympi.comm import flatten_module
 from relaympi.config import RunConfig
 from relaympi.tasks.base import Task
 
-
 # In-process ranks are threads: model construction seeds torch's global RNG (fork_rng +
 # manual_seed), so two ranks building at once would draw from each other's seed.
 _BUILD_LOCK = threading.Lock()

@@ -235,3 +235,41 @@ def test_sgp_refuses_non_power_of_two_world():
 
     with pytest.raises((TopologyError, AlgorithmError), match="power of two"):
         build("exponential", 6)
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+@pytest.mark.parametrize("topo, n, bound", [("chain", 8, 2.0), ("double-binary-trees", 16, 2.5), ("binary-tree", 16, 4.0), ("star", 6, 6.0)])
+def test_relaysum_memory_is_one_buffer_per_neighbour(topo, n, bound, in_place):
+    """In place: the last message per neighbour (+1 scratch sum at degree >= 3); else twice the messages."""
+    numel, topology = 1000, build(topo, n)
+    bound = bound if in_place else 2 * bound
+
+    def body(comm):
+        relay = RelaySum(comm, topology, numel, torch.zeros(numel), in_place=in_place)
+        outgoing = [] if in_place else [b for layer in relay._outgoing for b in layer.values()]
+        buffers = [b for layer in relay.received for b in layer.values()] + [s for s in relay._scratch if s is not None] + outgoing
+        held = sum(b.numel() for b in buffers) - len(buffers)  # minus the counters
+        for t in range(3):  # the exchange allocates no per-step model copies
+            relay.exchange(torch.ones(numel), t)
+        after = [b for layer in relay.received for b in layer.values()] + [s for s in relay._scratch if s is not None] + outgoing
+        assert {b.data_ptr() for b in after} == {b.data_ptr() for b in buffers}
+        return held / numel
+
+    copies = run_local(n, body)
+    assert max(copies) <= bound
+    if in_place and topo in ("chain", "double-binary-trees"):
+        assert max(copies) <= 2.5  # the paper: at most ~2 extra model copies on double binary trees
+
+
+@pytest.mark.parametrize("topo", ["chain", "binary-tree", "double-binary-trees", "star"])
+def test_relay_in_place_exchange_gives_identical_numbers(topo):
+    def body(comm, in_place):
+        topology, problem = build(topo, comm.world_size), _problem(comm.world_size)
+        x = torch.zeros(7, dtype=torch.float64)
+        algorithm = make_algorithm("relay", comm, topology, make_optimizer(MOMENTUM, x), x, AlgorithmOptions(relay_in_place=in_place))
+        AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]), torch.from_numpy(problem.Atb[comm.rank])
+        for t in range(10):
+            algorithm.step(x, AtA @ x - Atb, 0.05, t)
+        return x.numpy()
+
+    np.testing.assert_array_equal(np.array(run_local(7, body, True)), np.array(run_local(7, body, False)))

@@ -170,3 +170,25 @@ def test_host_view_of_bfloat16_is_raw_bytes():
     t = torch.ones(3, dtype=torch.bfloat16)
     view = buffers.host_view(t)
     assert view.dtype == np.uint8 and view.nbytes == 6
+
+
+def _replace(comm):
+    n, r = comm.world_size, comm.rank
+    peers = sorted({(r - 1) % n, (r + 1) % n})
+    results = []
+    for rnd in range(20):
+        bufs = {p: torch.full((4,), 100.0 * r + p, dtype=torch.float64) for p in peers}
+        got = comm.exchange_replace(bufs, tag=1, round=rnd).wait()
+        for p in peers:
+            lost = comm.drops.dropped(rnd, 1, p, r)
+            assert (p not in got) == lost
+            expected = (100.0 * r + p) if lost else (100.0 * p + r)  # kept, or the peer's message to us
+            assert torch.all(bufs[p] == expected)
+            results.append(lost)
+    return results
+
+
+@pytest.mark.parametrize("prob", [0.0, 0.3])
+def test_exchange_replace_swaps_in_place(spmd, prob):
+    lost = np.concatenate([np.asarray(r) for r in spmd(_replace, drops=DropPolicy(prob, seed=9))])
+    assert (lost.mean() > 0) == (prob > 0)

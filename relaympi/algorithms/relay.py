@@ -10,13 +10,13 @@ from relaympi.algorithms.relaysum import RelaySum
 RELAY_MODES = ("counts", "previous", "initial")
 
 
-def _relaysum(comm, topology, x0, name) -> RelaySum:
+def _relaysum(comm, topology, x0, name, in_place: bool) -> RelaySum:
     if not topology.is_tree:
         raise AlgorithmError(
             f"{name} relays over spanning trees; topology {topology.name!r} is not a tree. Choose chain, star, "
             "binary-tree, double-binary-trees, social-network-tree or a spanning-tree:<graph>"
         )
-    return RelaySum(comm, topology, x0.numel(), x0)
+    return RelaySum(comm, topology, x0.numel(), x0, in_place=in_place)
 
 
 class RelaySGD(Algorithm):
@@ -35,7 +35,7 @@ class RelaySGD(Algorithm):
         if options.relay_mode not in RELAY_MODES:
             raise AlgorithmError(f"unknown relay mode {options.relay_mode!r}; choose one of {', '.join(RELAY_MODES)}")
         self.mode = options.relay_mode
-        self.relay = _relaysum(comm, topology, x0, "relay")
+        self.relay = _relaysum(comm, topology, x0, "relay", options.relay_in_place)
         self.x_initial = x0.detach().clone() if self.mode == "initial" else None
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
@@ -75,7 +75,7 @@ class RelaySGDGrad(Algorithm):
 
     def __init__(self, comm, topology, optimizer, x0, options):
         super().__init__(comm, topology, optimizer, x0, options)
-        self.relay = _relaysum(comm, topology, x0, "relay-grad")
+        self.relay = _relaysum(comm, topology, x0, "relay-grad", options.relay_in_place)
         self._total = torch.zeros_like(x0)
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:

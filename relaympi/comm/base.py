@@ -98,6 +98,30 @@ class Communicator(ABC):
     @abstractmethod
     def _post(self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int) -> Request: ...
 
+    def exchange_replace(self, buffers_by_peer: Mapping[int, Any], *, tag: int = 0, round: int = 0) -> Request:
+        """Send ``buffers_by_peer[peer]`` to ``peer`` and replace its content with what ``peer`` sends.
+
+        The in-place exchange needs no separate receive buffers (MPI_Isendrecv_replace). A
+        buffer whose incoming message was dropped keeps what it held; its peer is missing from
+        ``wait()``'s result.
+        """
+        for peer, buf in buffers_by_peer.items():
+            if not 0 <= peer < self.world_size or peer == self.rank:
+                raise CommError(f"rank {self.rank}: peer {peer} is not another rank of a world of size {self.world_size}")
+            buffers.check_transferable(buf, f"exchange buffer for peer {peer}")
+        items = []
+        for peer, buf in buffers_by_peer.items():
+            send = not self.drops.dropped(round, tag, self.rank, peer)
+            recv = not self.drops.dropped(round, tag, peer, self.rank)
+            if send:
+                self.bytes_sent[peer] += buffers.nbytes(buf)
+            items.append((peer, buf, send, recv))
+        return self._post_replace(items, tag)
+
+    @abstractmethod
+    def _post_replace(self, items: list[tuple[int, Any, bool, bool]], tag: int) -> Request:
+        """Post (peer, buffer, send?, receive?) in-place exchanges."""
+
     # -- collectives ----------------------------------------------------------------------
     @abstractmethod
     def allreduce_sum(self, buf: Any) -> None:

@@ -122,6 +122,12 @@ class LocalCommunicator(Communicator):
             self.world._deliver(self.rank, peer, tag, buffers.clone(buf))
         return _LocalRequest(self, recvs, tag)
 
+    def _post_replace(self, items: list[tuple[int, Any, bool, bool]], tag: int) -> Request:
+        for peer, buf, send, _ in items:
+            if send:
+                self.world._deliver(self.rank, peer, tag, buffers.clone(buf))
+        return _LocalRequest(self, {peer: buf for peer, buf, _, recv in items if recv}, tag)
+
     def allreduce_sum(self, buf: Any) -> None:
         def total(values: list[Any]) -> Any:
             acc = buffers.clone(values[0])

@@ -160,6 +160,31 @@ class MPICommunicator(Communicator):
             requests.append(self.comm.Isend(spec, dest=peer, tag=tag))
         return _MPIRequest(self, requests, frozenset(recvs), on_complete)
 
+    def _post_replace(self, items: list[tuple[int, Any, bool, bool]], tag: int) -> Request:
+        requests, on_complete = [], []
+        for peer, buf, send, recv in sorted(items, key=lambda item: item[0]):
+            if send and recv:
+                spec = self._send_spec(buf, ("replace", peer, tag))
+                if buffers.is_device(buf) and not self.cuda_aware:
+                    host = self._staging.host_buffer(buf, ("replace", peer, tag))
+                    on_complete.append(lambda buf=buf, host=host: buffers.copy_into(buf, host))
+                requests.extend(self._isendrecv_replace(spec, peer, tag, on_complete))
+            elif send:
+                requests.append(self.comm.Isend(self._send_spec(buf, ("send", peer, tag)), dest=peer, tag=tag))
+            elif recv:
+                requests.append(self.comm.Irecv(self._recv_spec(buf, ("recv", peer, tag), on_complete), source=peer, tag=tag))
+        return _MPIRequest(self, requests, frozenset(peer for peer, _, _, recv in items if recv), on_complete)
+
+    def _isendrecv_replace(self, spec: Any, peer: int, tag: int, on_complete: list) -> list:
+        try:
+            return [self.comm.Isendrecv_replace(spec, dest=peer, sendtag=tag, source=peer, recvtag=tag)]
+        except NotImplementedError:  # an MPI-3 library: receive into a transient copy instead
+            target, datatype = (spec[0], spec[1]) if isinstance(spec, list) else (spec, None)
+            temp = target.clone() if buffers.array_kind(target) == "torch" else target.copy()
+            on_complete.insert(0, lambda: buffers.copy_into(target, temp))
+            recv_spec = [temp, datatype] if datatype is not None else temp
+            return [self.comm.Irecv(recv_spec, source=peer, tag=tag), self.comm.Isend(spec, dest=peer, tag=tag)]
+
     # -- collectives -----------------------------------------------------------------------
     def allreduce_sum(self, buf: Any) -> None:
         buffers.check_transferable(buf, "allreduce buffer")
