@@ -32,25 +32,13 @@ from typing import Any
 
 import numpy as np
 
+from relaympi.comm.buffers import loaded_libmpi
+
 VGG11_PARAMS = 9_231_114
 MEMORY_SUFFIX = ".mem-rank"
 
 
 # -- MPI CUDA-awareness ---------------------------------------------------------------------
-
-
-def loaded_libmpi() -> str | None:
-    """Path of the MPI library mpi4py loaded. mpi4py dlopens it RTLD_LOCAL, so its symbols are
-    not visible through dlsym(NULL): ask the library by its path instead."""
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.split()[-1]
-                if os.path.basename(path).startswith("libmpi") and ".so" in path:
-                    return path
-    except OSError:
-        pass
-    return None
 
 
 @functools.lru_cache(maxsize=1)
