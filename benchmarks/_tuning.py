@@ -46,13 +46,17 @@ class SearchConfig:
     """
 
     target: float
-    max_steps: int = 20_000  # cap on gradient steps per run; beyond it a method counts as "not reached"
+    max_steps: int = (
+        20_000  # cap on gradient steps per run; beyond it a method counts as "not reached"
+    )
     lr_min: float = 1e-5
     lr_max: float = 20.0
     grid_points: int = 20
     rounds: int = 3
     round_points: int = 7
-    noise_seeds: int = 1  # with gradient noise: suboptimality is averaged over this many noise streams
+    noise_seeds: int = (
+        1  # with gradient noise: suboptimality is averaged over this many noise streams
+    )
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -67,7 +71,9 @@ class SearchConfig:
         if self.round_points < 3 or self.round_points % 2 == 0:
             raise ValueError(f"round_points must be odd and >= 3, got {self.round_points}")
         if self.rounds < 0 or self.noise_seeds < 1:
-            raise ValueError(f"rounds must be >= 0 and noise_seeds >= 1, got {self.rounds}, {self.noise_seeds}")
+            raise ValueError(
+                f"rounds must be >= 0 and noise_seeds >= 1, got {self.rounds}, {self.noise_seeds}"
+            )
 
 
 @dataclass
@@ -111,16 +117,27 @@ def run_batch(
     n, d = problem.num_workers, problem.dim
     K, S = lrs.size, (noise_seeds if problem.sigma2 > 0 else 1)
     if method.topology.world_size != n:
-        raise ValueError(f"topology {method.topology.name!r} has {method.topology.world_size} workers, the problem {n}")
+        raise ValueError(
+            f"topology {method.topology.name!r} has {method.topology.world_size} workers, the problem {n}"
+        )
     if d % method.topology.num_layers:
-        raise ValueError(f"dimension {d} must be a multiple of the topology's {method.topology.num_layers} layers")
+        raise ValueError(
+            f"dimension {d} must be a multiple of the topology's {method.topology.num_layers} layers"
+        )
     width = K * S * d
     engine = make_matrix_algorithm(
-        method.algo, method.topology, n, np.zeros(width), OptimizerConfig(), d2_exact_diffusion=method.d2_exact_diffusion
+        method.algo,
+        method.topology,
+        n,
+        np.zeros(width),
+        OptimizerConfig(),
+        d2_exact_diffusion=method.d2_exact_diffusion,
     )
     scale = np.repeat(lrs, S * d)[None, :]  # [1, width]
     X = np.zeros((n, width))
-    rng = np.random.default_rng([seed, 0x5EED])  # one stream, drawn in step order: common to all lrs and rounds
+    rng = np.random.default_rng(
+        [seed, 0x5EED]
+    )  # one stream, drawn in step order: common to all lrs and rounds
     noise_std = math.sqrt(problem.sigma2 / d) if problem.sigma2 > 0 else 0.0
     hessian_t = problem.AtA.transpose(0, 2, 1)
 
@@ -170,7 +187,9 @@ class Tuned:
     best_suboptimality: float  # lowest suboptimality reached at lr within the steps run (the plateau if not reached)
     at_boundary: bool  # the best learning rate was at an edge of the initial range
     curve: np.ndarray  # suboptimality per step at lr
-    trials: np.ndarray = field(repr=False)  # [m, 3]: lr, steps to target (-1: not reached), lowest suboptimality
+    trials: np.ndarray = field(
+        repr=False
+    )  # [m, 3]: lr, steps to target (-1: not reached), lowest suboptimality
     wall_s: float = 0.0
 
     @property
@@ -197,7 +216,9 @@ def tune(problem: Quadratics, method: Method, config: SearchConfig) -> Tuned:
     trials: list[tuple[float, int, float]] = []
 
     def evaluate(lrs: np.ndarray, cap: int) -> tuple[BatchResult, int]:
-        result = run_batch(problem, method, lrs, config.target, cap, config.noise_seeds, config.seed)
+        result = run_batch(
+            problem, method, lrs, config.target, cap, config.noise_seeds, config.seed
+        )
         for k, lr in enumerate(lrs):
             steps = result.hit_step if result.hits[k] else -1
             trials.append((float(lr), int(steps), float(result.min_suboptimality[k])))

@@ -55,6 +55,7 @@ class MatrixAlgorithm:
     x0: np.ndarray  # [d]
     relay_mode: str = "counts"
     d2_exact_diffusion: bool = False
+    d2_force: bool = False
 
     def __post_init__(self) -> None:
         n, d = self.optimizer.m.shape
@@ -64,13 +65,17 @@ class MatrixAlgorithm:
         self.M = np.zeros((n, d))  # qgm momentum
         if self.algo in ("dpsgd", "qgm", "d2", "gt"):
             self.W = self.topology.mixing_matrix(0)
-            if self.algo == "d2" and self.d2_exact_diffusion:
-                self.W = (self.W + np.eye(n)) / 2
+            if self.algo == "d2":
+                from relaympi.algorithms.d2 import d2_mixing_matrix
+
+                self.W = d2_mixing_matrix(self.topology, self.d2_exact_diffusion, self.d2_force)
         if self.algo in ("relay", "relay-grad"):
             L = self.topology.num_layers
-            self.layer_coords = [np.arange(k, d, L) for k in range(L)]
-            self.delays = [effective_delays(self.topology, k) for k in range(L)]
-            self.tau_max = max(int(e.max()) for e in self.delays)
+            self.layer_coords = [slice(k, None, L) for k in range(L)]
+            delays = [effective_delays(self.topology, k) for k in range(L)]
+            self.tau_max = max(int(e.max()) for e in delays)
+            # masks[layer][e][i, j] = 1 where j's value from e steps ago reaches i now
+            self.masks = [[(delay == e).astype(float) for e in range(self.tau_max + 1)] for delay in delays]
 
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
         algo = self.algo
@@ -117,12 +122,10 @@ class MatrixAlgorithm:
         del self.history[: -(self.tau_max + 1)]
         total = np.zeros((self.n, self.d))
         count = np.zeros((self.n, self.d))
-        for coords, delay in zip(self.layer_coords, self.delays, strict=True):
+        for coords, masks in zip(self.layer_coords, self.masks, strict=True):
             for e in range(min(t, self.tau_max) + 1):
-                mask = (delay == e).astype(float)  # [i, j]: j's value from e steps ago reaches i now
-                past = self.history[-1 - e]
-                total[:, coords] += mask @ past[:, coords]
-                count[:, coords] += mask.sum(axis=1, keepdims=True)
+                total[:, coords] += masks[e] @ self.history[-1 - e][:, coords]
+                count[:, coords] += masks[e].sum(axis=1, keepdims=True)
         return total, count
 
     def _relay(self, X: np.ndarray, X_half: np.ndarray, t: int) -> np.ndarray:
@@ -135,6 +138,10 @@ class MatrixAlgorithm:
 
 
 def make_matrix_algorithm(
-    algo: str, topology: Any, n: int, x0: np.ndarray, optimizer: OptimizerConfig, relay_mode: str = "counts", d2_exact_diffusion: bool = False
+    algo: str, topology: Any, n: int, x0: np.ndarray, optimizer: OptimizerConfig, relay_mode: str = "counts",
+    d2_exact_diffusion: bool = False, d2_force: bool = False,
 ) -> MatrixAlgorithm:
-    return MatrixAlgorithm(algo, topology, MatrixOptimizer(optimizer, (n, x0.shape[0])), np.asarray(x0, dtype=np.float64), relay_mode, d2_exact_diffusion)
+    """The matrix form of ``algo``; D² refuses a matrix with eigenvalue < -1/3 like the message-passing D²."""
+    return MatrixAlgorithm(
+        algo, topology, MatrixOptimizer(optimizer, (n, x0.shape[0])), np.asarray(x0, dtype=np.float64), relay_mode, d2_exact_diffusion, d2_force
+    )
