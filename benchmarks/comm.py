@@ -1,7 +1,7 @@
 """Communication micro-benchmark: RelaySum, gossip, SGP and allreduce against raw Isend/Irecv of the same bytes.
 
     mpirun -n 4 python -m benchmarks.comm                      # sizes up to VGG-11's 9.2M float32
-    mpirun -n 16 python -m benchmarks.comm --sizes 1e3,1e5,1e6 --reps 10 --out results/bench-comm-n16.h5
+    mpirun -n 16 python -m benchmarks.comm --sizes 1e3,1e5,1e6 --reps 10 --out bench-results/comm-n16.h5
     python -m benchmarks.comm --backend local --workers 8      # in-process ranks (no transport cost)
 
 Each operation is warmed up, repeated, and timed between barriers; the table shows the median
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", choices=("mpi", "local"), default="mpi")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--device", default="cpu", help="cpu, or cuda (the GPU of the node-local rank)")
-    p.add_argument("--out", type=Path, help="HDF5 file for the figures (default results/bench-comm-n<N>.h5)")
+    p.add_argument("--out", type=Path, help="HDF5 file for the figures (default bench-results/comm-n<N>.h5)")
     args = p.parse_args(argv)
     try:
         sizes = [int(float(s)) for s in args.sizes.split(",") if s]
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = bench(comm, sizes, args.warmup, args.reps, device)
         if comm.rank == 0:
             _print(rows, comm.world_size)
-            _write(args.out or Path("results") / f"bench-comm-n{comm.world_size}.h5", rows, comm, device)
+            _write(args.out or Path("bench-results") / f"comm-n{comm.world_size}.h5", rows, comm, device)
         return rows
 
     if args.backend == "local":

@@ -52,7 +52,7 @@ log = logging.getLogger("benchmarks.quadratics")
 
 SCHEMA_VERSION = 1
 STUDIES = ("fig2", "heterogeneity", "star", "social", "dme", "lr-correction")
-DEFAULT_OUT = Path("results/quadratics")
+DEFAULT_OUT = Path("bench-results/quadratics")
 EXACT_DIFFUSION_MARK = (
     "+"  # table marker: D² ran with (W + I) / 2 because W's smallest eigenvalue is < -1/3
 )

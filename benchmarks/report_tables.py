@@ -93,6 +93,7 @@ class RunSummary:
     diverged_epoch: float | None = None
     steps_to_target: int | None = None  # quadratics: first step with suboptimality <= target
     curve: Curve | None = None
+    budget: tuple = ()  # training length and batch: runs that differ here are different experiments
 
     @property
     def converged(self) -> bool:
@@ -114,6 +115,7 @@ class RunSummary:
             self.seed,
             self.drop_prob,
             self.extra,
+            self.budget,
         )
 
     @property
@@ -224,6 +226,7 @@ def summarize(run: Run, settings: Settings) -> RunSummary:
         extra=extra,
         diverged_epoch=diverged_epoch,
     )
+    summary["budget"] = tuple(_value_text(config.get(key)) for key in ("epochs", "steps", "total_steps", "batch_size", "weight_decay"))
     data = run.data
     epoch = data.get("epoch")
     if epoch is not None and len(epoch):

@@ -78,6 +78,9 @@ class Sweep:
     needs_model: bool = False
 
 
+DATA_TASKS = ("cifar10", "imagenet", "agnews")  # tasks that read --data-dir
+MODEL_TASKS = ("agnews",)  # tasks that read --model-dir
+
 SWEEPS = {
     "sweep_alpha": Sweep(
         "CIFAR-10 accuracy vs data heterogeneity (paper Table 'cifar10-trees'), 16 workers",
@@ -457,8 +460,8 @@ def _train_args(
         args += ["--relay-mode", config.relay_mode]
     sweep = _sweep(sweep_name)
     for flag, name, needed in (
-        ("--data-dir", "RELAYMPI_DATA_DIR", sweep.needs_data),
-        ("--model-dir", "RELAYMPI_MODEL_DIR", sweep.needs_model),
+        ("--data-dir", "RELAYMPI_DATA_DIR", sweep.needs_data or config.task in DATA_TASKS),
+        ("--model-dir", "RELAYMPI_MODEL_DIR", sweep.needs_model or config.task in MODEL_TASKS),
     ):
         value = settings.get(name)
         if value:

@@ -71,3 +71,8 @@ def read_meta(directory: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     return json.loads(path.read_text())
+
+
+def forget(directory: Path) -> None:
+    """Invalidate the checkpoint (its files are pruned by the next save)."""
+    (Path(directory) / "meta.json").unlink(missing_ok=True)

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,10 @@ from typing import Any
 BACKENDS = ("mpi", "local")
 RELAY_MODES = ("counts", "previous", "initial")
 OPTIMIZERS = ("sgd", "adam")
+
+
+# keys a run file's `config` attribute holds besides the flags (derived at run time)
+_RUN_FILE_ONLY_KEYS = ("world_size", "lr_effective", "total_steps")
 
 
 class ConfigError(ValueError):
@@ -155,6 +160,8 @@ def validate(cfg: RunConfig) -> None:
         parent = Path(cfg.out).resolve().parent
         if not parent.is_dir():
             raise ConfigError(f"output directory {parent} does not exist (for --out {cfg.out}); create it first")
+        if not os.access(parent, os.W_OK):
+            raise ConfigError(f"output directory {parent} is not writable (for --out {cfg.out})")
         if Path(cfg.out).is_dir():
             raise ConfigError(f"--out {cfg.out} is a directory; give a file path such as {Path(cfg.out) / 'run.h5'}")
     if cfg.data_dir is not None and not Path(cfg.data_dir).is_dir():
@@ -176,6 +183,13 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse misuse: exit 2 with a one-line reason
         self.print_usage()
         self.exit(2, f"error: {message}\n")
+
+
+def _milestones(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated epochs such as 150,180, got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -202,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--epochs", type=float, help="training length in epochs (one epoch = the whole training set once over all workers)")
     a("--steps", type=int, help="training length in steps (instead of --epochs)")
     a("--warmup-epochs", type=float, help="linear lr warm-up length (applies when workers > 1)")
-    a("--milestones", type=lambda s: tuple(float(v) for v in s.split(",") if v), help="comma-separated epochs at which the lr is divided by 10")
+    a("--milestones", type=_milestones, help="comma-separated epochs at which the lr is divided by 10")
     a("--seed", type=int)
     a("--drop-prob", type=float, help="simulated message loss probability in [0, 1)")
     a("--relay-mode", choices=RELAY_MODES, help="RelaySGD normalization: counts (Algorithm 1), previous (robust rule), initial")
@@ -214,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--checkpoint-every", type=int, help="steps between periodic checkpoints (default: at every evaluation)")
     a("--backend", choices=BACKENDS, help="mpi (one worker per rank, default) or local (--workers threads in one process)")
     a("--workers", type=int, help="number of workers for --backend local")
-    a("--out", type=Path, help="HDF5 run file to write (default results/<task>-<algo>-<topology>-n<N>-s<seed>.h5)")
+    a("--out", type=Path, help="HDF5 run file to write (default results/<task>-<algo>-<topology>-n<N>-a<alpha>-s<seed>.h5)")
     a("--overwrite", action="store_true", default=None, help="replace an existing completed run file")
     a("--checkpoint-dir", type=Path, help="directory for per-rank checkpoints; re-running the command resumes from it")
     a("--data-dir", type=Path, help="data set directory (cifar10, imagenet, agnews)")
@@ -249,6 +263,11 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
             raise ConfigError(f"--config {args.config}: cannot read a JSON object: {exc}") from exc
         if not isinstance(base, dict):
             raise ConfigError(f"--config {args.config} must hold a JSON object of flags")
+    for key in _RUN_FILE_ONLY_KEYS:  # a run file's config records these derived values too
+        base.pop(key, None)
+    if "steps" in given or "epochs" in given:  # a length on the command line replaces the file's
+        base.pop("steps", None)
+        base.pop("epochs", None)
     cfg = RunConfig.from_dict({**base, **given})
     validate(cfg)
     return cfg

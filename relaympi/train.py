@@ -288,6 +288,37 @@ class Worker:
         self.comm.barrier()
         checkpoint.prune(directory, self.rank, step)
 
+    def _on_rank0_agreed(self, action: Any) -> bool:
+        """Run ``action`` on rank 0 only and share its truth value; a usage error there stops every
+        rank (the others must not go on to wait for rank 0 in a collective)."""
+        result, error = 0.0, None
+        if self.rank == 0:
+            try:
+                result = 1.0 if action() else 0.0
+            except _usage_errors() as exc:
+                error = exc
+        flags = self.comm.allreduce_flags(np.array([1.0 if error else 0.0, result]))
+        if flags[0] > 0:
+            raise error if error is not None else ConfigError("rank 0 refused the run (see its error)")
+        return bool(flags[1])
+
+    def _resumable(self) -> bool:
+        """Rank 0: resume only into this run's own unfinished file; otherwise forget a stale checkpoint."""
+        from relaympi import checkpoint
+        from relaympi.results import run_status
+
+        directory = self.cfg.checkpoint_dir
+        if directory is None or checkpoint.read_meta(directory) is None:
+            return False
+        status = run_status(self.out)
+        if status in ("running", "preempted", "failed"):
+            return True
+        if status in ("completed", "diverged") and not self.cfg.overwrite:
+            return False  # the writer refuses the finished file with a clear message
+        log.warning("ignoring the checkpoint in %s: %s is %s, so the run starts from step 0", directory, self.out, status)
+        checkpoint.forget(directory)
+        return False
+
     def try_resume(self) -> int:
         """Load the checkpoint named by meta.json, if any; return the step to continue from."""
         from relaympi import checkpoint
@@ -381,11 +412,13 @@ class Worker:
         import torch
 
         self.t0 = time.perf_counter()
-        self.start_step = self.try_resume()
         plan, cfg = self.plan, self.cfg
         hosts = self.comm.gather(socket.gethostname())
-        if self.rank == 0:
-            self.writer = self.writer_factory(self.start_step, hosts, self.comm.describe())
+        resume = self._on_rank0_agreed(self._resumable)
+        self.start_step = self.try_resume() if resume else 0
+        if self.rank == 0 and self.start_step:
+            log.info("resuming from the checkpoint of step %d in %s", self.start_step, cfg.checkpoint_dir)
+        self._on_rank0_agreed(lambda: setattr(self, "writer", self.writer_factory(self.start_step, hosts, self.comm.describe())))
         self.t0 = time.perf_counter()
         sync = torch.cuda.synchronize if self.workload.x.is_cuda else (lambda: None)
         step = self.start_step
@@ -495,7 +528,7 @@ def _writer_factory(plan: Plan, out: Path) -> Any:
                 provenance=provenance.collect(transport, hosts), world_size=plan.world_size, overwrite=plan.cfg.overwrite,
             )
         except RunExistsError as exc:
-            raise ConfigError(f"{out} already holds a finished run; pass --overwrite to replace it ({exc})") from exc
+            raise ConfigError(f"{out} already holds a finished run; pass --overwrite to replace it") from exc
 
     return make
 
@@ -561,8 +594,10 @@ def _summary(out: Path, status: str) -> None:
         acc = run.data["test_accuracy"][-1]
         line += f" | final test accuracy worst worker {np.min(acc):.4f}, mean {np.mean(acc):.4f}, best {np.max(acc):.4f}"
         epoch = run.data["epoch"]
-        recent = run.data["test_accuracy"][epoch > epoch[-1] - 5].mean(axis=0)  # the paper's last-5-epochs window
-        line += f" | last 5 epochs: worst worker {recent.min():.4f}, mean {recent.mean():.4f}"
+        window = (epoch > epoch[-1] - 5) & (epoch > 0)  # the paper's last-5-epochs window, as the report uses it
+        if window.any():
+            recent = run.data["test_accuracy"][window].mean(axis=0)
+            line += f" | last 5 epochs (paper metric): worst worker {recent.min():.4f}, mean {recent.mean():.4f}"
     if "suboptimality" in run.data and len(run.data["suboptimality"]):
         line += f" | final suboptimality {run.data['suboptimality'][-1]:.3e}"
     print(line, flush=True)
@@ -614,16 +649,21 @@ def _main_mpi(cfg: RunConfig) -> int:
 
     comm = mpi_communicator(drops=DropPolicy(cfg.drop_prob, cfg.seed))
     _configure(cfg, comm.rank, _local_size())
+    error = None
     try:
         plan = resolve(cfg, size)
         out = Path(cfg.out) if cfg.out else default_out(plan.cfg, size)
+        plan.cfg = replace(plan.cfg, out=out)
         if comm.rank == 0:
             out.parent.mkdir(parents=True, exist_ok=True)
             _save_problem(plan)
-        plan.cfg = replace(plan.cfg, out=out)
     except ConfigError as exc:
-        if comm.rank == 0:
-            print(f"error: {exc}", file=sys.stderr)
+        error = exc
+    # every rank must agree to stop: one that went on would wait for the others forever
+    flags = comm.allreduce_flags(np.array([1.0 if error else 0.0, 1.0 if error and comm.rank == 0 else 0.0]))
+    if flags[0] > 0:
+        if error is not None and (comm.rank == 0 or flags[1] == 0):  # one copy of the message where possible
+            print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     try:
         status = _run_rank(comm, plan, out)
@@ -642,10 +682,24 @@ def _main_mpi(cfg: RunConfig) -> int:
     return _EXIT[status]
 
 
+def _launched_by_mpi() -> int:
+    """World size announced by an MPI launcher or srun in the environment (1 when none)."""
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
+        value = os.environ.get(var, "")
+        if value.isdigit() and int(value) > 1:
+            return int(value)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(argv)
         if cfg.backend == "local":
+            if _launched_by_mpi() > 1:
+                raise ConfigError(
+                    f"--backend local runs all workers in one process, but this is one of {_launched_by_mpi()} MPI ranks: "
+                    "drop --backend/--workers under mpirun/srun, or run the command without mpirun"
+                )
             return _main_local(cfg)
         return _main_mpi(cfg)
     except _usage_errors() as exc:

@@ -233,13 +233,45 @@ def test_completed_run_is_not_overwritten(tmp_path):
 
 
 def test_config_file_round_trip(tmp_path):
+    """A run file's whole config reproduces the run; a length on the command line replaces the file's."""
     args = ["--backend", "local", "--workers", 2, "--task", "quadratics", "--algo", "relay", "--topology", "chain", "--steps", 5, "--dim", 4]
     train([*args, "--out", tmp_path / "a.h5"], check=0)
     config = read_run(tmp_path / "a.h5").config
-    saved = {k: v for k, v in config.items() if k in ("task", "algo", "topology", "steps", "dim", "lr", "backend", "workers")}
-    (tmp_path / "c.json").write_text(__import__("json").dumps(saved))
+    config.pop("out")
+    (tmp_path / "c.json").write_text(__import__("json").dumps(config))
     train(["--config", tmp_path / "c.json", "--out", tmp_path / "b.h5"], check=0)
     np.testing.assert_array_equal(read_run(tmp_path / "a.h5").data["suboptimality"], read_run(tmp_path / "b.h5").data["suboptimality"])
+    train(["--config", tmp_path / "c.json", "--steps", 3, "--out", tmp_path / "c.h5"], check=0)
+    assert read_run(tmp_path / "c.h5").data["step"][-1] == 3
+
+
+@requires_mpirun
+@pytest.mark.parametrize("extra, message", [
+    ([], "--overwrite"),  # the finished run file is only opened by rank 0
+    (["--save-problem", "/nonexistent-dir/p.h5", "--overwrite"], "does not exist"),  # checked by rank 0 alone
+], ids=["finished-run", "save-problem"])
+def test_rank0_only_usage_errors_end_every_rank(tmp_path, extra, message):
+    args = ["--task", "quadratics", "--algo", "relay", "--topology", "chain", "--steps", 5, "--out", tmp_path / "r.h5"]
+    train(args, mpi=2, check=0)
+    start = time.monotonic()
+    proc = train([*args, *extra], mpi=2, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr and time.monotonic() - start < 60
+    assert proc.stderr.count("error:") == 1
+
+
+@requires_mpirun
+def test_backend_local_under_mpirun_is_refused(tmp_path):
+    proc = train(["--backend", "local", "--workers", 2, "--task", "quadratics", "--steps", 3, "--out", tmp_path / "r.h5"], mpi=2)
+    assert proc.returncode == 2 and "--backend local" in proc.stderr and not (tmp_path / "r.h5").exists()
+
+
+def test_overwrite_with_a_stale_checkpoint_starts_from_scratch(tmp_path):
+    args = ["--backend", "local", "--workers", 2, "--task", "quadratics", "--algo", "relay", "--topology", "chain",
+            "--steps", 40, "--eval-every", 10, "--checkpoint-dir", tmp_path / "ckpt", "--out", tmp_path / "r.h5"]
+    train(args, check=0)
+    assert (tmp_path / "ckpt" / "meta.json").exists()  # the last periodic checkpoint stays behind
+    train([*args, "--overwrite"], check=0)
+    assert read_run(tmp_path / "r.h5").data["step"].tolist() == [0, 10, 20, 30, 40]
 
 
 def test_cifar10_contract_runs_on_generated_files(tmp_path):
