@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -123,7 +124,9 @@ def validate(cfg: RunConfig) -> None:
 
         base = cfg.topology.split(":", 1)[0]
         if cfg.topology not in TOPOLOGY_NAMES and base not in ("spanning-tree", "edge-list"):
-            raise ConfigError(f"unknown topology {cfg.topology!r}; choose one of {', '.join(TOPOLOGY_NAMES)}, spanning-tree:<name> or edge-list:<file>")
+            close = difflib.get_close_matches(cfg.topology.replace("_", "-"), TOPOLOGY_NAMES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"unknown topology {cfg.topology!r}{hint}; choose one of {', '.join(TOPOLOGY_NAMES)}, spanning-tree:<name> or edge-list:<file>")
     if not cfg.alpha > 0:
         raise ConfigError(f"--alpha must be > 0 (Dirichlet concentration; smaller = more heterogeneous), got {cfg.alpha}")
     _positive("lr", cfg.lr)

@@ -157,6 +157,8 @@ def _check_combination(cfg: RunConfig, topology: Any, world_size: int) -> None:
             f"{cfg.algo} relays over spanning trees; topology {topology.name!r} is not a tree. Choose chain, star, "
             "binary-tree, double-binary-trees, social-network-tree or spanning-tree:<graph>"
         )
+    if cfg.algo == "allreduce" and topology.name != "fully-connected":
+        raise AlgorithmError(f"allreduce averages over all workers (topology fully-connected), not over {topology.name!r}")
     if cfg.algo == "sgp" and topology.name != "exponential":
         raise AlgorithmError(f"sgp runs on the time-varying 'exponential' topology, not {topology.name!r}")
     if cfg.algo in ("dpsgd", "qgm", "d2", "gt") and topology.num_layers != 1:
@@ -329,9 +331,12 @@ class Worker:
         meta = checkpoint.read_meta(directory)
         if meta is None:
             return 0
-        if meta.get("world_size") != self.n or meta.get("config") != _resume_key(self.cfg):
+        saved, current = meta.get("config") or {}, _resume_key(self.cfg)
+        if meta.get("world_size") != self.n or saved != current:
+            differences = [f"world size {meta.get('world_size')} vs {self.n}"] if meta.get("world_size") != self.n else []
+            differences += [f"{k} {saved.get(k)!r} vs {current.get(k)!r}" for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
             raise ConfigError(
-                f"checkpoint in {directory} belongs to a different run (world size {meta.get('world_size')}, config {meta.get('config')}); "
+                f"checkpoint in {directory} belongs to a different run (checkpoint vs this command: {'; '.join(differences)}); "
                 "use another --checkpoint-dir or delete it"
             )
         step = int(meta["step"])
