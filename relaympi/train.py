@@ -399,7 +399,10 @@ class Worker:
         elapsed = self._elapsed()
         done = max(step - self.start_step, 1)
         eta = (total - step) * (time.perf_counter() - self.t0) / done if step > self.start_step else math.nan
-        parts = [f"step {step}/{total}", f"epoch {row['epoch']:.2f}", f"train_loss {_nanmean(row['train_loss']):.4f}"]
+        parts = [f"step {step}/{total}", f"epoch {row['epoch']:.2f}"]
+        train_loss = _nanmean(row["train_loss"])
+        if not math.isnan(train_loss):  # nothing trained yet at step 0 of a classification run
+            parts.append(f"train_loss {train_loss:.4f}")
         if "test_accuracy" in row:
             acc = row["test_accuracy"]
             parts.append(f"test_acc worst {np.min(acc):.4f} mean {np.mean(acc):.4f}")
