@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,6 @@ class Plan:
     optimizer: Any
     task_defaults: Any = None
     problem: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def lr_at(self, step: int) -> float:
         """Linear warm-up (per step) then /10 at each milestone."""
@@ -539,9 +538,6 @@ def _writer_factory(plan: Plan, out: Path) -> Any:
             raise ConfigError(f"{out} already holds a finished run; pass --overwrite to replace it") from exc
 
     return make
-
-
-_USAGE_ERRORS: tuple[type[BaseException], ...] = (ConfigError,)
 
 
 def _usage_errors() -> tuple[type[BaseException], ...]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -109,11 +108,3 @@ class QuadraticWorkload:
             "suboptimality": self.problem.suboptimality(X),
             "consensus_distance": float(np.mean(np.sum((X - mean) ** 2, axis=1))),
         }
-
-
-def is_finite(x: torch.Tensor) -> bool:
-    return bool(torch.isfinite(x).all())
-
-
-def finite_loss(value: float) -> bool:
-    return math.isfinite(value)

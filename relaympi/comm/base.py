@@ -170,6 +170,3 @@ class Communicator(ABC):
     def describe(self) -> dict[str, Any]:
         """Provenance of the transport (library versions, CUDA-awareness)."""
         return {"backend": self.backend}
-
-    def _sum_bytes_sent(self) -> int:
-        return int(self.bytes_sent.sum())
