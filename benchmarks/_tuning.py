@@ -120,10 +120,6 @@ def run_batch(
         raise ValueError(
             f"topology {method.topology.name!r} has {method.topology.world_size} workers, the problem {n}"
         )
-    if d % method.topology.num_layers:
-        raise ValueError(
-            f"dimension {d} must be a multiple of the topology's {method.topology.num_layers} layers"
-        )
     width = K * S * d
     engine = make_matrix_algorithm(
         method.algo,
@@ -132,6 +128,7 @@ def run_batch(
         np.zeros(width),
         OptimizerConfig(),
         d2_exact_diffusion=method.d2_exact_diffusion,
+        coordinate_period=d,  # K * S copies of the d-dim problem, each split into layer blocks
     )
     scale = np.repeat(lrs, S * d)[None, :]  # [1, width]
     X = np.zeros((n, width))

@@ -1,12 +1,16 @@
-"""Communication micro-benchmark: RelaySum, gossip, SGP and allreduce against raw Isend/Irecv of the same bytes.
+"""Communication micro-benchmark: RelaySum, the RelaySGD step, gossip, SGP and allreduce against raw Isend/Irecv.
 
-    mpirun -n 4 python -m benchmarks.comm                      # sizes up to VGG-11's 9.2M float32
-    mpirun -n 16 python -m benchmarks.comm --sizes 1e3,1e5,1e6 --reps 10 --out bench-results/comm-n16.h5
-    python -m benchmarks.comm --backend local --workers 8      # in-process ranks (no transport cost)
+    mpirun -n 2 python -m benchmarks.comm --sizes 9225610        # VGG-11's float32 parameters
+    mpirun -n 4 python -m benchmarks.comm                        # sizes up to VGG-11's
+    mpirun -n 16 python -m benchmarks.comm --sizes 1e3,1e6 --reps 10 --chunk 262144
+    python -m benchmarks.comm --backend local --workers 8        # in-process ranks (no transport cost)
 
 Each operation is warmed up, repeated, and timed between barriers; the table shows the median
 over repetitions of the slowest rank's time. "raw" sends exactly the messages of the RelaySum
-exchange (same sizes, same peers, counters included) with bare Isend/Irecv and no arithmetic.
+exchange (same sizes, same peers, counters included) with bare Isend/Irecv and no arithmetic:
+the transport's limit. "relaysgd step" is the whole RelaySGD step (local SGD update, exchange,
+normalization) on double binary trees; its ratio is to the raw exchange. Every ratio to
+MPI_Allreduce is to the allreduce of the same buffer.
 """
 
 from __future__ import annotations
@@ -20,11 +24,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from relaympi.algorithms import AlgorithmOptions, make_algorithm
 from relaympi.algorithms.gossip import GossipMixer
-from relaympi.algorithms.relaysum import RelaySum
+from relaympi.algorithms.relaysum import DEFAULT_CHUNK, RelaySum
+from relaympi.comm.buffers import padded_zeros
+from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.topology import ExponentialSchedule, build
 
-VGG11_PARAMS = 9_231_114
+
+def vgg11_params() -> int:
+    """VGG-11's trainable parameter count, from the model itself (CIFAR-10's network)."""
+    from relaympi.tasks.models import VGG11
+
+    return sum(p.numel() for p in VGG11().parameters() if p.requires_grad)
 
 
 def _sync(device: torch.device) -> None:
@@ -47,58 +59,62 @@ def _time(comm, fn, warmup: int, reps: int, device: torch.device) -> float:
     return statistics.median(samples)
 
 
-def _raw_exchange(comm, relay: RelaySum, payloads: list[dict[int, torch.Tensor]], recv: list[dict[int, torch.Tensor]]):
-    """The RelaySum's exact messages with no arithmetic: the transport's limit."""
+def _raw_exchange(comm, relay: RelaySum, device: torch.device):
+    """RelaySum's exact messages (sizes, peers, counters) with bare Isend/Irecv and no arithmetic."""
     mpi = getattr(comm, "comm", None)
-    on_device = any(b.is_cuda for layer in payloads for b in layer.values())
+    on_device = device.type == "cuda"
     direct = not on_device or getattr(comm, "cuda_aware", False)
     # without CUDA-aware MPI the transport's limit includes staging through pinned host memory
+    shapes = [(peer, size + 1) for size, peers in zip(relay.sizes, relay.neighbors, strict=True) for peer in peers]
+    tags = [k for k, peers in enumerate(relay.neighbors) for _ in peers]
+    sends = [torch.zeros(size, device=device) for _, size in shapes]
+    recvs = [torch.zeros(size, device=device) for _, size in shapes]
     stage = lambda b: b if direct else torch.empty(b.shape, dtype=b.dtype, pin_memory=True)  # noqa: E731
-    send_host = [{p: stage(b) for p, b in layer.items()} for layer in payloads]
-    recv_host = [{p: stage(b) for p, b in layer.items()} for layer in recv]
+    send_host, recv_host = [stage(b) for b in sends], [stage(b) for b in recvs]
 
     def spec(buf: torch.Tensor):
         return buf if buf.is_cuda else buf.numpy()
 
     def run(_i: int) -> None:
         if mpi is None:
-            for layer in range(relay.num_layers):
-                comm._post(payloads[layer], recv[layer], layer).wait()
+            for (peer, _), tag, send, recv in zip(shapes, tags, sends, recvs, strict=True):
+                comm._post({peer: send}, {peer: recv}, tag).wait()
             return
         if on_device:
             torch.cuda.current_stream().synchronize()  # MPI reads device memory outside the stream's order
-        requests = []
-        for layer in range(relay.num_layers):
-            for peer, buf in recv_host[layer].items():
-                requests.append(mpi.Irecv(spec(buf), source=peer, tag=layer))
-            for peer, buf in payloads[layer].items():
-                host = send_host[layer][peer]
-                if host is not buf:
-                    host.copy_(buf)
-                requests.append(mpi.Isend(spec(host), dest=peer, tag=layer))
+        requests = [mpi.Irecv(spec(host), source=peer, tag=tag) for (peer, _), tag, host in zip(shapes, tags, recv_host, strict=True)]
+        for (peer, _), tag, send, host in zip(shapes, tags, sends, send_host, strict=True):
+            if host is not send:
+                host.copy_(send)
+            requests.append(mpi.Isend(spec(host), dest=peer, tag=tag))
         if requests:
             requests[0].Waitall(requests)
-        for layer in range(relay.num_layers):
-            for peer, buf in recv[layer].items():
-                if recv_host[layer][peer] is not buf:
-                    buf.copy_(recv_host[layer][peer])
+        for recv, host in zip(recvs, recv_host, strict=True):
+            if host is not recv:
+                recv.copy_(host)
 
+    run.bytes_per_call = sum(4 * size for _, size in shapes)  # float32; bypasses the byte counters
     return run
 
 
-def _cases(comm, numel: int, device: torch.device) -> dict:
+def _cases(comm, numel: int, device: torch.device, chunk: int) -> dict:
     """The timed operations for one message size (closures over this size's buffers)."""
     n, rank = comm.world_size, comm.rank
-    x = torch.randn(numel, generator=torch.Generator().manual_seed(rank)).to(device)
+    x = padded_zeros(numel, device=device)  # a flat model: RelaySum's counters fit in its spare slots
+    x.copy_(torch.randn(numel, generator=torch.Generator().manual_seed(rank)))
     cases = {}
     for topo_name in ("chain", "double-binary-trees"):
-        relay = RelaySum(comm, build(topo_name, n), numel, x)
+        relay = RelaySum(comm, build(topo_name, n), numel, x, chunk=chunk)
+        cases[f"raw isend/irecv {topo_name}"] = _raw_exchange(comm, relay, device)
         cases[f"relaysum {topo_name}"] = lambda i, relay=relay: relay.exchange(x, i)
-        lean = RelaySum(comm, build(topo_name, n), numel, x, in_place=True)
+        lean = RelaySum(comm, build(topo_name, n), numel, x, in_place=True, chunk=chunk)
         cases[f"relaysum in-place {topo_name}"] = lambda i, lean=lean: lean.exchange(x, i)
-        shapes = [{j: torch.zeros(relay.sizes[k] + 1, device=device) for j in relay.neighbors[k]} for k in range(relay.num_layers)]
-        recv = [{j: torch.zeros(relay.sizes[k] + 1, device=device) for j in relay.neighbors[k]} for k in range(relay.num_layers)]
-        cases[f"raw isend/irecv {topo_name}"] = _raw_exchange(comm, relay, shapes, recv)
+    model = padded_zeros(numel, device=device)
+    model.copy_(x)
+    grad = torch.randn(numel, generator=torch.Generator().manual_seed(n + rank)).to(device)
+    sgd = make_optimizer(OptimizerConfig(), model)
+    relay_sgd = make_algorithm("relay", comm, build("double-binary-trees", n), sgd, model, AlgorithmOptions(relay_chunk=chunk))
+    cases["relaysgd step double-binary-trees"] = lambda i: relay_sgd.step(model, grad, 1e-3, i)
     if n >= 3:
         ring = build("ring", n)
         mixer = GossipMixer(comm, ring.mixing_matrix(0), ring.neighbors(rank), numel, x)
@@ -114,34 +130,48 @@ def _cases(comm, numel: int, device: torch.device) -> dict:
 
         cases["sgp round"] = sgp_round
     w = x.clone()
-    cases["allreduce"] = lambda i: comm.allreduce_sum(w)
+    def allreduce(_i: int) -> None:
+        comm.allreduce_sum(w)
+
+    cases["allreduce"] = allreduce
+    allreduce.bytes_per_call = 4 * numel  # algorithm bandwidth: the buffer over the time
     return cases
 
 
-def bench(comm, sizes: list[int], warmup: int, reps: int, device: torch.device) -> list[dict]:
+def bench(comm, sizes: list[int], warmup: int, reps: int, device: torch.device, chunk: int = DEFAULT_CHUNK) -> list[dict]:
     rows = []
     for numel in sizes:
-        for name, fn in _cases(comm, numel, device).items():
+        for name, fn in _cases(comm, numel, device, chunk).items():
             before = int(comm.bytes_sent.sum())
             seconds = _time(comm, fn, warmup, reps, device)
-            sent = (int(comm.bytes_sent.sum()) - before) / (warmup + reps)
+            sent = getattr(fn, "bytes_per_call", (int(comm.bytes_sent.sum()) - before) / (warmup + reps))
             rows.append({"op": name, "numel": numel, "median_s": seconds, "bytes_per_rank": sent})
+    _add_ratios(rows)
     return rows
 
 
-def _print(rows: list[dict], n: int) -> None:
-    print(f"# world size {n}; median over repetitions of the slowest rank's time")
-    print(f"{'operation':34s} {'float32s':>10s} {'median ms':>11s} {'GB/s/rank':>10s} {'vs raw':>7s}")
-    raw = {(r["op"].split()[-1], r["numel"]): r["median_s"] for r in rows if r["op"].startswith("raw")}
+def _add_ratios(rows: list[dict]) -> None:
+    """vs_raw: RelaySum (and the RelaySGD step) over the raw exchange on the same topology; vs_allreduce: any op over allreduce."""
+    times = {(r["op"], r["numel"]): r["median_s"] for r in rows}
     for r in rows:
-        ratio = ""
-        if r["op"].startswith("relaysum"):
-            ratio = f"{r['median_s'] / raw[(r['op'].split()[-1], r['numel'])]:.2f}x"
+        topology = r["op"].split()[-1]
+        raw = times.get((f"raw isend/irecv {topology}", r["numel"]))
+        related = r["op"].startswith(("relaysum", "relaysgd"))
+        r["vs_raw"] = r["median_s"] / raw if related and raw else float("nan")
+        allreduce = times.get(("allreduce", r["numel"]))
+        r["vs_allreduce"] = r["median_s"] / allreduce if allreduce and r["op"] != "allreduce" else float("nan")
+
+
+def _print(rows: list[dict], n: int, chunk: int) -> None:
+    print(f"# world size {n}; chunk {chunk} elements; median over repetitions of the slowest rank's time")
+    print(f"{'operation':36s} {'float32s':>10s} {'median ms':>11s} {'GB/s/rank':>10s} {'vs raw':>7s} {'vs allreduce':>13s}")
+    for r in rows:
         gbps = r["bytes_per_rank"] / r["median_s"] / 1e9 if r["bytes_per_rank"] else float("nan")
-        print(f"{r['op']:34s} {r['numel']:>10d} {1e3 * r['median_s']:>11.3f} {gbps:>10.3f} {ratio:>7s}")
+        ratio = lambda v: "" if v != v else f"{v:.2f}x"  # noqa: E731 - blank for nan
+        print(f"{r['op']:36s} {r['numel']:>10d} {1e3 * r['median_s']:>11.3f} {gbps:>10.3f} {ratio(r['vs_raw']):>7s} {ratio(r['vs_allreduce']):>13s}")
 
 
-def _write(path: Path, rows: list[dict], comm, device: torch.device) -> None:
+def _write(path: Path, rows: list[dict], comm, device: torch.device, chunk: int) -> None:
     import h5py
 
     from relaympi import provenance
@@ -150,10 +180,11 @@ def _write(path: Path, rows: list[dict], comm, device: torch.device) -> None:
     with h5py.File(path, "w") as f:
         f.attrs["world_size"] = comm.world_size
         f.attrs["device"] = str(device)
+        f.attrs["chunk"] = chunk
         f.attrs["cuda_aware"] = bool(getattr(comm, "cuda_aware", False))
         f.attrs["provenance"] = __import__("json").dumps(provenance.collect(comm.describe()))
         f.create_dataset("op", data=np.array([r["op"] for r in rows], dtype=h5py.string_dtype()))
-        for key in ("numel", "median_s", "bytes_per_rank"):
+        for key in ("numel", "median_s", "bytes_per_rank", "vs_raw", "vs_allreduce"):
             f.create_dataset(key, data=np.array([r[key] for r in rows]))
 
 
@@ -168,7 +199,8 @@ def _device(name: str, rank: int) -> torch.device:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.comm", description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default=f"1e3,1e5,1e6,{VGG11_PARAMS}", help="comma-separated float32 counts")
+    p.add_argument("--sizes", help="comma-separated float32 counts (default 1e3,1e5,1e6 and VGG-11's 9,225,610)")
+    p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help=f"RelaySum chunk in elements (default {DEFAULT_CHUNK})")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--backend", choices=("mpi", "local"), default="mpi")
@@ -177,17 +209,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="HDF5 file for the figures (default bench-results/comm-n<N>.h5)")
     args = p.parse_args(argv)
     try:
-        sizes = [int(float(s)) for s in args.sizes.split(",") if s]
+        sizes = [int(float(s)) for s in args.sizes.split(",") if s] if args.sizes else [1000, 100_000, 1_000_000, vgg11_params()]
     except ValueError:
         p.error(f"--sizes must be comma-separated numbers, got {args.sizes!r}")
+    if not sizes or min(sizes) < 1:
+        p.error(f"--sizes must be positive numbers, got {args.sizes!r}")
+    if args.chunk < 1:
+        p.error(f"--chunk must be a positive number of elements, got {args.chunk}")
     torch.set_num_threads(1)
 
     def body(comm):
         device = _device(args.device, comm.rank)
-        rows = bench(comm, sizes, args.warmup, args.reps, device)
+        rows = bench(comm, sizes, args.warmup, args.reps, device, args.chunk)
         if comm.rank == 0:
-            _print(rows, comm.world_size)
-            _write(args.out or Path("bench-results") / f"comm-n{comm.world_size}.h5", rows, comm, device)
+            _print(rows, comm.world_size, args.chunk)
+            _write(args.out or Path("bench-results") / f"comm-n{comm.world_size}.h5", rows, comm, device, args.chunk)
         return rows
 
     if args.backend == "local":

@@ -34,7 +34,6 @@ import numpy as np
 
 from relaympi.comm.buffers import loaded_libmpi
 
-VGG11_PARAMS = 9_231_114
 MEMORY_SUFFIX = ".mem-rank"
 
 
@@ -149,6 +148,7 @@ def bench_comm(comm, sizes: list[int], device: str, warmup: int, reps: int) -> l
     import torch
 
     from relaympi.algorithms.relaysum import RelaySum
+    from relaympi.comm.buffers import padded_zeros
     from relaympi.topology import build
 
     rows = []
@@ -165,7 +165,8 @@ def bench_comm(comm, sizes: list[int], device: str, warmup: int, reps: int) -> l
                 if where.type == "cuda"
                 else (lambda: None)
             )
-            x = host.to(where)
+            x = padded_zeros(numel, device=where)  # a flat model's layout: zero-copy leaf messages
+            x.copy_(host)
             cases = {}
             for name, topology in trees.items():
                 relay = RelaySum(comm, topology, numel, x)
@@ -215,8 +216,10 @@ def format_comm(rows: list[dict[str, Any]], world_size: int, backend: str) -> st
 def comm_main(args: argparse.Namespace) -> int:
     import torch
 
+    from benchmarks.comm import vgg11_params
+
     try:
-        sizes = [int(float(s)) for s in args.sizes.split(",") if s]
+        sizes = [int(float(s)) for s in args.sizes.split(",") if s] if args.sizes else [1000, 100_000, 1_000_000, vgg11_params()]
     except ValueError:
         print(
             f"error: --sizes must be comma-separated numbers, got {args.sizes!r}", file=sys.stderr
@@ -448,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("probe", help="versions, GPUs, MPI library and its CUDA-awareness")
     c = sub.add_parser("comm", help="RelaySum and allreduce on host, staged and CUDA-aware buffers")
     c.add_argument(
-        "--sizes", default=f"1e3,1e5,1e6,{VGG11_PARAMS}", help="comma-separated float32 counts"
+        "--sizes", help="comma-separated float32 counts (default 1e3,1e5,1e6 and VGG-11's parameter count)"
     )
     c.add_argument(
         "--device", default="cuda", help="cuda (local rank modulo GPU count), cuda:N or cpu"

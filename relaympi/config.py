@@ -47,6 +47,7 @@ class RunConfig:
     drop_prob: float = 0.0
     relay_mode: str = "counts"
     relay_in_place: bool = False  # RelaySum swaps messages in its receive buffers (least memory)
+    relay_chunk: int | None = None  # RelaySum message chunk in elements (None: RelaySum's DEFAULT_CHUNK, 2^20)
     relay_lr_correction: bool = False  # scale lr by RelaySGD's topology correction 1/(alpha n)
     d2_force: bool = False
     d2_exact_diffusion: bool = False
@@ -146,6 +147,8 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("quadratics runs need --steps (there is no data set, so no epochs)")
     if not 0 <= cfg.drop_prob < 1:
         raise ConfigError(f"--drop-prob must be in [0, 1), got {cfg.drop_prob}")
+    if cfg.relay_chunk is not None and cfg.relay_chunk < 1:
+        raise ConfigError(f"--relay-chunk must be a positive number of elements, got {cfg.relay_chunk}")
     if cfg.relay_mode not in RELAY_MODES:
         raise ConfigError(f"unknown --relay-mode {cfg.relay_mode!r}; choose one of {', '.join(RELAY_MODES)}")
     if cfg.backend not in BACKENDS:
@@ -223,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--seed", type=int)
     a("--drop-prob", type=float, help="simulated message loss probability in [0, 1)")
     a("--relay-mode", choices=RELAY_MODES, help="RelaySGD normalization: counts (Algorithm 1), previous (robust rule), initial")
-    a("--relay-in-place", action="store_true", default=None, help="RelaySum assembles and swaps messages in its receive buffers: least memory (2 model copies on a chain), slower")
+    a("--relay-in-place", action="store_true", default=None, help="RelaySum assembles messages in its receive buffers and swaps them chunk by chunk through a small bounce buffer: least memory (2 model copies of state on a chain)")
+    a("--relay-chunk", type=int, default=None, metavar="ELEMENTS", help="RelaySum sends messages in chunks of this many elements, so assembly overlaps the transfer (default 2^20 = 1048576); same numbers for any value")
     a("--relay-lr-correction", action="store_true", default=None, help="scale the lr by RelaySGD's topology correction factor")
     a("--d2-force", action="store_true", default=None, help="run D² even if the gossip matrix has an eigenvalue < -1/3")
     a("--d2-exact-diffusion", action="store_true", default=None, help="D² with the Exact Diffusion matrix (W+I)/2")

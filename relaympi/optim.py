@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from relaympi.comm.buffers import padded_zeros_like
+
 OPTIMIZERS = ("sgd", "adam")
 
 
@@ -37,7 +39,7 @@ class LocalOptimizer:
 
     def __init__(self, config: OptimizerConfig, like: torch.Tensor):
         self.config = config
-        self.update_buffer = torch.zeros_like(like)
+        self.update_buffer = padded_zeros_like(like)  # spare slots: RelaySGD/Grad relays u without a copy
 
     def update(self, grad: torch.Tensor, x: torch.Tensor, lr: float) -> torch.Tensor:
         """The update for this step (the returned tensor is reused next step)."""

@@ -253,7 +253,7 @@ class Worker:
         finish_plan(plan, self.workload.steps_per_epoch)
         x = self.workload.x
         self.optimizer = make_optimizer(plan.optimizer, x)
-        options = AlgorithmOptions(relay_mode=cfg.relay_mode, relay_in_place=cfg.relay_in_place, d2_force=cfg.d2_force, d2_exact_diffusion=cfg.d2_exact_diffusion)
+        options = AlgorithmOptions(relay_mode=cfg.relay_mode, relay_in_place=cfg.relay_in_place, relay_chunk=cfg.relay_chunk, d2_force=cfg.d2_force, d2_exact_diffusion=cfg.d2_exact_diffusion)
         self.algorithm = make_algorithm(cfg.algo, comm, plan.topology, self.optimizer, x, options)
         self.writer_factory = writer_factory
         self.writer = None

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from relaympi.comm import flatten_module
+from relaympi.comm.buffers import padded_zeros
 from relaympi.config import RunConfig
 from relaympi.tasks.base import Task
 
@@ -83,7 +84,7 @@ class QuadraticWorkload:
         self.problem, self.rank, self.seed = problem, rank, cfg.seed
         self.AtA = torch.from_numpy(problem.AtA[rank])
         self.Atb = torch.from_numpy(problem.Atb[rank])
-        self.x = torch.zeros(problem.dim, dtype=torch.float64)
+        self.x = padded_zeros(problem.dim, dtype=torch.float64)  # spare slots: RelaySum counters
         self.grad = torch.zeros_like(self.x)
         self.steps_per_epoch = 1
 

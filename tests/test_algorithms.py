@@ -12,6 +12,7 @@ from relaympi.algorithms import AlgorithmError, AlgorithmOptions, make_algorithm
 from relaympi.algorithms.matrix import make_matrix_algorithm
 from relaympi.algorithms.relaysum import RelaySum
 from relaympi.comm import run_local
+from relaympi.comm.buffers import padded_zeros
 from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.tasks.quadratics import QuadraticsSpec, generate
 from relaympi.topology import build
@@ -163,7 +164,7 @@ def test_relaysum_delivers_exact_delayed_sums(topo):
         for t in range(rounds):
             for layer in range(L):
                 tau = np.maximum(topology.delays(layer)[i] - 1, 0)
-                coords = list(range(layer, 4, L))
+                coords = topology.coordinate_blocks(4)[layer]  # contiguous block k of the flat vector
                 present = [j for j in range(n) if tau[j] <= t]
                 want = sum(parcel(j, t - tau[j]).numpy()[coords] for j in present)
                 np.testing.assert_array_equal(sums[t][coords], want)
@@ -240,20 +241,26 @@ def test_sgp_refuses_non_power_of_two_world():
 @pytest.mark.parametrize("in_place", [True, False])
 @pytest.mark.parametrize("topo, n, bound", [("chain", 8, 2.0), ("double-binary-trees", 16, 2.5), ("binary-tree", 16, 4.0), ("star", 6, 6.0)])
 def test_relaysum_memory_is_one_buffer_per_neighbour(topo, n, bound, in_place):
-    """In place: the last message per neighbour (+1 scratch sum at degree >= 3); else twice the messages."""
-    numel, topology = 1000, build(topo, n)
+    """In place: the last message per neighbour (+1 scratch sum at degree >= 3) and a bounce buffer
+    of 2 x degree x chunk elements, whatever the model size; else twice the messages."""
+    numel, chunk, topology = 1000, 16, build(topo, n)
     bound = bound if in_place else 2 * bound
 
     def body(comm):
-        relay = RelaySum(comm, topology, numel, torch.zeros(numel), in_place=in_place)
-        outgoing = [] if in_place else [b for layer in relay._outgoing for b in layer.values()]
-        buffers = [b for layer in relay.received for b in layer.values()] + [s for s in relay._scratch if s is not None] + outgoing
-        held = sum(b.numel() for b in buffers) - len(buffers)  # minus the counters
+        parcel = padded_zeros(numel, dtype=torch.float32)  # as flat models and updates are
+        relay = RelaySum(comm, topology, numel, parcel, in_place=in_place, chunk=chunk)
+        held, bounce = relay.buffers()
+        elements = sum(b.numel() for b in held) - sum(b.shape[0] if b.dim() == 2 else 1 for b in held)  # minus the counters
         for t in range(3):  # the exchange allocates no per-step model copies
-            relay.exchange(torch.ones(numel), t)
-        after = [b for layer in relay.received for b in layer.values()] + [s for s in relay._scratch if s is not None] + outgoing
-        assert {b.data_ptr() for b in after} == {b.data_ptr() for b in buffers}
-        return held / numel
+            parcel.fill_(1.0)
+            relay.exchange(parcel, t)
+        after, bounce_after = relay.buffers()
+        assert {b.data_ptr() for b in after} == {b.data_ptr() for b in held}
+        if in_place:
+            assert bounce_after is bounce and bounce.numel() <= 2 * max(topology.degree(comm.rank, k) for k in range(topology.num_layers)) * chunk
+        else:
+            assert bounce is None
+        return elements / numel
 
     copies = run_local(n, body)
     assert max(copies) <= bound
@@ -273,3 +280,85 @@ def test_relay_in_place_exchange_gives_identical_numbers(topo):
         return x.numpy()
 
     np.testing.assert_array_equal(np.array(run_local(7, body, True)), np.array(run_local(7, body, False)))
+
+
+# RelaySum's ways of moving the same messages: whole or in chunks (pipelined), with separate receive
+# buffers or in place through a bounce buffer, from a padded parcel (zero-copy leaves) or a plain one.
+RELAYSUM_VARIANTS = [
+    {"in_place": in_place, "chunk": chunk, "padded": padded}
+    for in_place in (False, True)
+    for chunk in (1 << 20, 2)
+    for padded in (True, False)
+]
+
+
+def _relay_variant_trajectory(comm, algo, topo, mode, variant):
+    topology, problem = build(topo, comm.world_size), _problem(comm.world_size)
+    x0 = torch.linspace(-1.0, 1.0, 7, dtype=torch.float64)
+    x = padded_zeros(7, dtype=torch.float64) if variant["padded"] else torch.zeros(7, dtype=torch.float64)
+    x.copy_(x0)
+    options = AlgorithmOptions(relay_mode=mode, relay_in_place=variant["in_place"], relay_chunk=variant["chunk"])
+    algorithm = make_algorithm(algo, comm, topology, make_optimizer(MOMENTUM, x), x, options)
+    AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]), torch.from_numpy(problem.Atb[comm.rank])
+    out = []
+    for t in range(10):
+        algorithm.step(x, AtA @ x - Atb, 0.05, t)
+        out.append(x.numpy().copy())
+    return np.array(out)
+
+
+@pytest.mark.parametrize("drop_prob", [0.0, 0.25])
+@pytest.mark.parametrize(
+    "algo, topo, mode",
+    [("relay", t, m) for t in ("chain", "binary-tree", "double-binary-trees", "star") for m in ("counts", "previous")]
+    + [("relay", "double-binary-trees", "initial"), ("relay-grad", "double-binary-trees", "counts"), ("relay-grad", "binary-tree", "counts")],
+)
+def test_relaysum_variants_give_identical_bits(algo, topo, mode, drop_prob):
+    """Chunking, in-place swapping and zero-copy leaves change how messages move, never a bit of the result."""
+    from relaympi.comm import DropPolicy
+
+    results = [
+        np.array(run_local(7, _relay_variant_trajectory, algo, topo, mode, variant, drops=DropPolicy(drop_prob, seed=5)))
+        for variant in RELAYSUM_VARIANTS
+    ]
+    for variant, got in zip(RELAYSUM_VARIANTS[1:], results[1:], strict=True):
+        np.testing.assert_array_equal(got, results[0], err_msg=str(variant))
+    if drop_prob == 0:  # and the reference variant is the matrix oracle's trajectory
+        expected = np.stack([_oracle_fixed_lr(algo, topo, mode, 7)[:, r] for r in range(7)])
+        np.testing.assert_allclose(results[0], expected, rtol=0, atol=1e-10)
+
+
+def _oracle_fixed_lr(algo, topo, mode, n):
+    topology, problem = build(topo, n), _problem(n)
+    x0 = np.linspace(-1.0, 1.0, 7)
+    engine = make_matrix_algorithm(algo, topology, n, x0, MOMENTUM, relay_mode=mode)
+    X = np.repeat(x0[None], n, axis=0)
+    out = []
+    for t in range(10):
+        X = engine.step(X, problem.gradients(X), 0.05, t)
+        out.append(X.copy())
+    return np.array(out)
+
+
+@pytest.mark.spmd
+@pytest.mark.parametrize("variant", [{"in_place": False, "chunk": 2, "padded": True}, {"in_place": True, "chunk": 3, "padded": False}], ids=["chunked", "in-place"])
+@pytest.mark.parametrize("topo", ["chain", "double-binary-trees"])
+def test_chunked_relaysum_matches_the_oracle(spmd, topo, variant):
+    """Several chunks per message through the real transport (run under mpirun in CI) give the oracle's numbers."""
+    results = spmd(lambda comm: (comm.rank, comm.world_size, _relay_variant_trajectory(comm, "relay", topo, "counts", variant)))
+    for rank, n, trajectory in results:
+        np.testing.assert_allclose(trajectory, _oracle_fixed_lr("relay", topo, "counts", n)[:, rank], rtol=0, atol=1e-10)
+
+
+def test_cache_blocking_gives_identical_bits(monkeypatch):
+    """Assembly and normalization run block by block; block and chunk boundaries never change a bit."""
+    import relaympi.algorithms.relaysum as relaysum
+
+    for topo in ("binary-tree", "double-binary-trees", "chain"):
+        variant = {"in_place": False, "chunk": 1 << 20, "padded": True}
+        whole = np.array(run_local(7, _relay_variant_trajectory, "relay", topo, "counts", variant))
+        monkeypatch.setattr(relaysum, "CACHE_BLOCK", 2)
+        for in_place, chunk in ((False, 3), (True, 5)):
+            blocked = run_local(7, _relay_variant_trajectory, "relay", topo, "counts", {"in_place": in_place, "chunk": chunk, "padded": True})
+            np.testing.assert_array_equal(np.array(blocked), whole, err_msg=f"{topo} in_place={in_place} chunk={chunk}")
+        monkeypatch.undo()

@@ -28,6 +28,7 @@ class AlgorithmError(ValueError):
 class AlgorithmOptions:
     relay_mode: str = "counts"  # relay: counts | previous | initial
     relay_in_place: bool = False  # RelaySum: assemble and swap messages in the receive buffers (least memory)
+    relay_chunk: int | None = None  # RelaySum: elements per message chunk (None: relaysum.DEFAULT_CHUNK)
     d2_force: bool = False  # run D² even if the gossip matrix's smallest eigenvalue is < -1/3
     d2_exact_diffusion: bool = False  # D² with (W + I) / 2 (the paper's choice on the social network)
 

@@ -56,6 +56,9 @@ class MatrixAlgorithm:
     relay_mode: str = "counts"
     d2_exact_diffusion: bool = False
     d2_force: bool = False
+    # relay: columns are width // period copies of one period-vector, each split into the
+    # layers' coordinate blocks (None: the whole width is one vector)
+    coordinate_period: int | None = None
 
     def __post_init__(self) -> None:
         n, d = self.optimizer.m.shape
@@ -71,7 +74,15 @@ class MatrixAlgorithm:
                 self.W = d2_mixing_matrix(self.topology, self.d2_exact_diffusion, self.d2_force)
         if self.algo in ("relay", "relay-grad"):
             L = self.topology.num_layers
-            self.layer_coords = [slice(k, None, L) for k in range(L)]
+            period = self.coordinate_period or d
+            if d % period:
+                raise ValueError(f"width {d} is not a multiple of the coordinate period {period}")
+            blocks = self.topology.coordinate_blocks(period)  # layer k relays block k (contiguous)
+            if period == d:
+                self.layer_coords = list(blocks)
+            else:
+                starts = np.arange(0, d, period)[:, None]
+                self.layer_coords = [(starts + np.arange(b.start, b.stop)[None, :]).ravel() for b in blocks]
             delays = [effective_delays(self.topology, k) for k in range(L)]
             self.tau_max = max(int(e.max()) for e in delays)
             # masks[layer][e][i, j] = 1 where j's value from e steps ago reaches i now
@@ -139,9 +150,10 @@ class MatrixAlgorithm:
 
 def make_matrix_algorithm(
     algo: str, topology: Any, n: int, x0: np.ndarray, optimizer: OptimizerConfig, relay_mode: str = "counts",
-    d2_exact_diffusion: bool = False, d2_force: bool = False,
+    d2_exact_diffusion: bool = False, d2_force: bool = False, coordinate_period: int | None = None,
 ) -> MatrixAlgorithm:
     """The matrix form of ``algo``; D² refuses a matrix with eigenvalue < -1/3 like the message-passing D²."""
     return MatrixAlgorithm(
-        algo, topology, MatrixOptimizer(optimizer, (n, x0.shape[0])), np.asarray(x0, dtype=np.float64), relay_mode, d2_exact_diffusion, d2_force
+        algo, topology, MatrixOptimizer(optimizer, (n, x0.shape[0])), np.asarray(x0, dtype=np.float64), relay_mode, d2_exact_diffusion, d2_force,
+        coordinate_period,
     )

@@ -5,18 +5,19 @@ from __future__ import annotations
 import torch
 
 from relaympi.algorithms.base import Algorithm, AlgorithmError, round_id
-from relaympi.algorithms.relaysum import RelaySum
+from relaympi.algorithms.relaysum import DEFAULT_CHUNK, RelaySum
 
 RELAY_MODES = ("counts", "previous", "initial")
 
 
-def _relaysum(comm, topology, x0, name, in_place: bool) -> RelaySum:
+def _relaysum(comm, topology, x0, name, options) -> RelaySum:
     if not topology.is_tree:
         raise AlgorithmError(
             f"{name} relays over spanning trees; topology {topology.name!r} is not a tree. Choose chain, star, "
             "binary-tree, double-binary-trees, social-network-tree or a spanning-tree:<graph>"
         )
-    return RelaySum(comm, topology, x0.numel(), x0, in_place=in_place)
+    chunk = options.relay_chunk or DEFAULT_CHUNK
+    return RelaySum(comm, topology, x0.numel(), x0, in_place=options.relay_in_place, chunk=chunk)
 
 
 class RelaySGD(Algorithm):
@@ -35,20 +36,21 @@ class RelaySGD(Algorithm):
         if options.relay_mode not in RELAY_MODES:
             raise AlgorithmError(f"unknown relay mode {options.relay_mode!r}; choose one of {', '.join(RELAY_MODES)}")
         self.mode = options.relay_mode
-        self.relay = _relaysum(comm, topology, x0, "relay", options.relay_in_place)
+        self.relay = _relaysum(comm, topology, x0, "relay", options)
         self.x_initial = x0.detach().clone() if self.mode == "initial" else None
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
+        """Passes over the model besides the optimizer's and the exchange's: x + u, then one
+        cache-blocked sweep adding the received sums and dividing (the robust modes add one
+        pass over the layers with missing parcels)."""
         u = self.optimizer.update(grad, x, lr)
         x.add_(u)  # x(t+1/2)
         self.relay.exchange(x, round_id(step))
         counts = self.relay.counts()
-        n = float(self.comm.world_size)
         if self.mode == "counts":
-            self.relay.add_received(x)
-            for layer, nbar in enumerate(counts):
-                self.relay.coords(x, layer).div_(nbar)
+            self.relay.add_received(x, divide_by=counts)
             return
+        n = float(self.comm.world_size)
         for layer, nbar in enumerate(counts):
             missing = n - nbar
             xs = self.relay.coords(x, layer)
@@ -57,8 +59,7 @@ class RelaySGD(Algorithm):
                     xs.mul_(1.0 + missing).add_(self.relay.coords(u, layer), alpha=-missing)
                 else:
                     xs.add_(self.relay.coords(self.x_initial, layer), alpha=missing)
-        self.relay.add_received(x)
-        x.div_(n)
+        self.relay.add_received(x, divide_by=[n] * len(counts))
 
     def state_dict(self):
         return self.relay.state_dict()
@@ -75,7 +76,7 @@ class RelaySGDGrad(Algorithm):
 
     def __init__(self, comm, topology, optimizer, x0, options):
         super().__init__(comm, topology, optimizer, x0, options)
-        self.relay = _relaysum(comm, topology, x0, "relay-grad", options.relay_in_place)
+        self.relay = _relaysum(comm, topology, x0, "relay-grad", options)
         self._total = torch.zeros_like(x0)
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:

@@ -77,12 +77,18 @@ class Communicator(ABC):
         *,
         tag: int = 0,
         round: int = 0,
+        chunk: int = 0,
     ) -> Request:
         """Post nonblocking sends of ``sends[peer]`` and receives into ``recvs[peer]``.
 
         ``round`` identifies the communication round for simulated drops (the same number
         on both sides). A dropped message is neither sent nor received: the receive buffer
         keeps its content and the peer is missing from ``wait()``'s result.
+
+        A message may travel as several chunks, posted by separate calls in chunk order with
+        ``chunk`` = 0, 1, ... (the receiver posts the same chunks): chunks of one message are
+        dropped or delivered together (the decision ignores ``chunk``), and a backend that
+        stages device memory through the host keeps one staging buffer per chunk in flight.
         """
         for peer in (*sends, *recvs):
             if not 0 <= peer < self.world_size or peer == self.rank:
@@ -93,10 +99,10 @@ class Communicator(ABC):
         live_recvs = {p: b for p, b in recvs.items() if not self.drops.dropped(round, tag, p, self.rank)}
         for peer, buf in live_sends.items():
             self.bytes_sent[peer] += buffers.nbytes(buf)
-        return self._post(live_sends, live_recvs, tag)
+        return self._post(live_sends, live_recvs, tag, chunk)
 
     @abstractmethod
-    def _post(self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int) -> Request: ...
+    def _post(self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int, chunk: int = 0) -> Request: ...
 
     def exchange_replace(self, buffers_by_peer: Mapping[int, Any], *, tag: int = 0, round: int = 0) -> Request:
         """Send ``buffers_by_peer[peer]`` to ``peer`` and replace its content with what ``peer`` sends.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -232,6 +233,43 @@ class FlatBuffer:
         return cls(flat, shapes)
 
 
+# Flat tensors made by padded_zeros: storage data pointer -> weak reference to the enclosing
+# [numel + 2] tensor. Only these spare slots may be written outside a tensor's own elements.
+_PADDED: dict[int, weakref.ref] = {}
+
+
+def padded_zeros(numel: int, dtype: Any = None, device: Any = None) -> Any:
+    """A zero flat torch tensor with one spare element before and one after it in its storage.
+
+    The spare slots hold 1.0, the counter of a RelaySum message that carries one parcel, so that
+    a leaf's message [p, 1] is a view of memory that already exists (no copy). The slots belong
+    to no parameter; ``spare_slots`` finds them again.
+    """
+    import torch
+
+    storage = torch.zeros(numel + 2, dtype=dtype, device=device)
+    storage[0] = storage[-1] = 1.0
+    for key in [k for k, ref in _PADDED.items() if ref() is None]:
+        del _PADDED[key]
+    _PADDED[storage.data_ptr()] = weakref.ref(storage)
+    return storage[1 : numel + 1]
+
+
+def padded_zeros_like(like: Any) -> Any:
+    return padded_zeros(like.numel(), dtype=like.dtype, device=like.device)
+
+
+def spare_slots(flat: Any) -> Any | None:
+    """The [numel + 2] tensor around ``flat`` if it came from padded_zeros (whole, 1-D), else None."""
+    if array_kind(flat) != "torch" or flat.dim() != 1:
+        return None
+    ref = _PADDED.get(flat.untyped_storage().data_ptr())
+    storage = ref() if ref is not None else None
+    if storage is None or flat.storage_offset() != 1 or storage.numel() != flat.numel() + 2 or storage.dtype != flat.dtype:
+        return None
+    return storage
+
+
 def flatten_module(module: Any) -> tuple[Any, Any]:
     """Move a torch module's parameters (and gradients) into two flat buffers.
 
@@ -249,7 +287,7 @@ def flatten_module(module: Any) -> tuple[Any, Any]:
     if len(dtypes) != 1 or len(devices) != 1:
         raise BufferError(f"parameters must share one dtype and device, got {sorted(map(str, dtypes))} on {sorted(map(str, devices))}")
     total = sum(p.numel() for p in params)
-    flat = torch.empty(total, dtype=params[0].dtype, device=params[0].device)
+    flat = padded_zeros(total, dtype=params[0].dtype, device=params[0].device)  # spare slots: RelaySum counters
     grad = torch.zeros_like(flat)
     offset = 0
     with torch.no_grad():

@@ -117,7 +117,8 @@ class LocalCommunicator(Communicator):
         super().__init__(rank, world.world_size, world.drops)
         self.world = world
 
-    def _post(self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int) -> Request:
+    def _post(self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int, chunk: int = 0) -> Request:
+        # chunks of a message arrive in posting order: mailboxes are FIFO per (src, dst, tag)
         for peer, buf in sends.items():
             self.world._deliver(self.rank, peer, tag, buffers.clone(buf))
         return _LocalRequest(self, recvs, tag)

@@ -150,13 +150,14 @@ class MPICommunicator(Communicator):
             return [buf.view(torch.uint8), MPI.BYTE]
         return buf
 
-    def _post(self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int) -> Request:
+    def _post(self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int, chunk: int = 0) -> Request:
+        # chunks of one message share the tag: MPI's non-overtaking rule keeps them in order
         requests, on_complete = [], []
         for peer in sorted(recvs):
-            spec = self._recv_spec(recvs[peer], ("recv", peer, tag), on_complete)
+            spec = self._recv_spec(recvs[peer], ("recv", peer, tag, chunk), on_complete)
             requests.append(self.comm.Irecv(spec, source=peer, tag=tag))
         for peer in sorted(sends):
-            spec = self._send_spec(sends[peer], ("send", peer, tag))
+            spec = self._send_spec(sends[peer], ("send", peer, tag, chunk))
             requests.append(self.comm.Isend(spec, dest=peer, tag=tag))
         return _MPIRequest(self, requests, frozenset(recvs), on_complete)
 

@@ -1,6 +1,6 @@
 """Pure graph topologies for decentralized learning: graphs, spanning trees, schedules, gossip weights."""
 
-from .core import Topology
+from .core import Topology, coordinate_blocks
 from .errors import TopologyError
 from .graphs import (
     binary_tree,
@@ -29,6 +29,7 @@ __all__ = [
     "binary_tree",
     "build",
     "chain",
+    "coordinate_blocks",
     "double_binary_trees",
     "exponential",
     "from_edge_list",

@@ -45,7 +45,8 @@ def _text(summary: dict[str, Any]) -> str:
         f"topology          {summary['name']}",
         f"world size        {summary['world_size']}",
         f"layers            {layers}"
-        + ("  (layer k carries coordinates k, k+L, k+2L, ...)" if layers > 1 else ""),
+        + ("  (layer k carries the contiguous block k of the model's coordinates: "
+           "np.array_split(arange(d), layers)[k])" if layers > 1 else ""),
     ]
     for k, edges in enumerate(_per_layer(summary, "edges")):
         pairs = " ".join(f"{i}-{j}" for i, j in edges)
