@@ -26,6 +26,7 @@ import torch
 
 from relaympi.algorithms import AlgorithmOptions, make_algorithm
 from relaympi.algorithms.gossip import GossipMixer
+from relaympi.algorithms import relaysum
 from relaympi.algorithms.relaysum import DEFAULT_CHUNK, RelaySum
 from relaympi.comm.buffers import padded_zeros
 from relaympi.optim import OptimizerConfig, make_optimizer
@@ -163,7 +164,7 @@ def _add_ratios(rows: list[dict]) -> None:
 
 
 def _print(rows: list[dict], n: int, chunk: int) -> None:
-    print(f"# world size {n}; chunk {chunk} elements; median over repetitions of the slowest rank's time")
+    print(f"# world size {n}; chunk {chunk} elements; cache block {relaysum.CACHE_BLOCK}; median over repetitions of the slowest rank's time")
     print(f"{'operation':36s} {'float32s':>10s} {'median ms':>11s} {'GB/s/rank':>10s} {'vs raw':>7s} {'vs allreduce':>13s}")
     for r in rows:
         gbps = r["bytes_per_rank"] / r["median_s"] / 1e9 if r["bytes_per_rank"] else float("nan")
@@ -181,6 +182,7 @@ def _write(path: Path, rows: list[dict], comm, device: torch.device, chunk: int)
         f.attrs["world_size"] = comm.world_size
         f.attrs["device"] = str(device)
         f.attrs["chunk"] = chunk
+        f.attrs["cache_block"] = relaysum.CACHE_BLOCK
         f.attrs["cuda_aware"] = bool(getattr(comm, "cuda_aware", False))
         f.attrs["provenance"] = __import__("json").dumps(provenance.collect(comm.describe()))
         f.create_dataset("op", data=np.array([r["op"] for r in rows], dtype=h5py.string_dtype()))
@@ -201,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.comm", description=__doc__.splitlines()[0])
     p.add_argument("--sizes", help="comma-separated float32 counts (default 1e3,1e5,1e6 and VGG-11's 9,225,610)")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help=f"RelaySum chunk in elements (default {DEFAULT_CHUNK})")
+    p.add_argument("--cache-block", type=int, default=relaysum.CACHE_BLOCK, help=f"RelaySum cache block in elements (default {relaysum.CACHE_BLOCK})")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--backend", choices=("mpi", "local"), default="mpi")
@@ -214,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--sizes must be comma-separated numbers, got {args.sizes!r}")
     if not sizes or min(sizes) < 1:
         p.error(f"--sizes must be positive numbers, got {args.sizes!r}")
-    if args.chunk < 1:
-        p.error(f"--chunk must be a positive number of elements, got {args.chunk}")
+    if args.chunk < 1 or args.cache_block < 1:
+        p.error(f"--chunk and --cache-block must be positive numbers of elements, got {args.chunk} and {args.cache_block}")
+    relaysum.CACHE_BLOCK = args.cache_block
     torch.set_num_threads(1)
 
     def body(comm):

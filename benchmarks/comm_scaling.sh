@@ -8,6 +8,7 @@
 #
 # Knobs: COMM_RANKS ("2 8 16"), COMM_SIZES ("1000,9225610": 9,225,610 = VGG-11), COMM_REPS (7),
 # COMM_CHUNKS (chunk sizes swept at the largest rank count, "262144 1048576 4194304"),
+# COMM_CACHE_BLOCKS (RelaySum cache blocks swept at the largest rank count, none by default),
 # COMM_CUDA_RANKS ("2 4": device buffers, host-staged unless the MPI is CUDA-aware; empty to skip),
 # COMM_GPU_TESTS=1 (also run tests/test_gpu.py in-process and under mpirun -n 2),
 # COMM_PYTHON (python3), COMM_OUT ($OUT or ./bench-results/scaling). With COMM_BASE, every rank
@@ -60,6 +61,9 @@ done
 largest=${RANKS##* }
 for chunk in $CHUNKS; do
     bench "n$largest-chunk$chunk" "$REPO" "$largest" --sizes "${SIZES##*,}" --chunk "$chunk"
+done
+for block in ${COMM_CACHE_BLOCKS:-}; do
+    bench "n$largest-block$block" "$REPO" "$largest" --sizes "${SIZES##*,}" --cache-block "$block"
 done
 if [ -n "$CUDA_RANKS" ] && "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     for n in $CUDA_RANKS; do

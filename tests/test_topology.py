@@ -594,6 +594,26 @@ def test_cli_text(capsys):
     assert "period 3 rounds" in out and "round 2 (offset 4)" in out and "0->4" in out
 
 
+def test_cli_says_which_coordinates_each_tree_carries(capsys):
+    assert main(["double-binary-trees", "-n", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["coordinates"] == "blocks"
+    assert main(["chain", "-n", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["coordinates"] == "all"
+    assert main(["double-binary-trees", "-n", "8"]) == 0
+    assert "contiguous block k" in capsys.readouterr().out
+
+
+def test_coordinate_blocks_are_numpy_array_split():
+    from relaympi.topology import coordinate_blocks
+
+    for d in (0, 1, 2, 7, 10, 9_225_610):
+        for layers in (1, 2, 3):
+            expected = np.array_split(np.arange(d), layers)
+            got = coordinate_blocks(d, layers)
+            assert [(b.start, b.stop) for b in got] == [(int(e[0]), int(e[-1]) + 1) if len(e) else (b.start, b.start) for e, b in zip(expected, got, strict=True)]
+            assert sum(b.stop - b.start for b in got) == d
+
+
 def test_cli_json_in_process(capsys, tmp_path):
     assert main(["exponential", "-n", "4", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)

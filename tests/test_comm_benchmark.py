@@ -1,0 +1,44 @@
+"""benchmarks.comm: the figures it writes, and VGG-11's size derived from the architecture."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+
+from benchmarks import comm as bench
+
+
+def test_vgg11_size_is_derived_from_the_architecture():
+    """Eight 3x3 convolutions (weights + biases) on widths 3-64-128-256-256-512-512-512-512, then Linear(512, 10)."""
+    widths = [3, 64, 128, 256, 256, 512, 512, 512, 512]
+    convs = sum(cin * cout * 9 + cout for cin, cout in zip(widths[:-1], widths[1:], strict=True))
+    assert bench.vgg11_params() == convs + 512 * 10 + 10 == 9_225_610
+
+
+def test_benchmark_writes_every_operation_with_its_ratios(tmp_path, capsys):
+    out = tmp_path / "comm.h5"
+    assert bench.main(["--backend", "local", "--workers", "4", "--sizes", "1000", "--reps", "1", "--warmup", "0", "--chunk", "300", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "chunk 300 elements" in printed
+    with h5py.File(out) as f:
+        ops = [op.decode() if isinstance(op, bytes) else op for op in f["op"][()]]
+        assert f.attrs["chunk"] == 300 and f.attrs["world_size"] == 4
+        ratios, vs_allreduce, sent = f["vs_raw"][()], f["vs_allreduce"][()], f["bytes_per_rank"][()]
+    expected = {
+        "raw isend/irecv chain", "relaysum chain", "relaysum in-place chain",
+        "raw isend/irecv double-binary-trees", "relaysum double-binary-trees",
+        "relaysum in-place double-binary-trees", "relaysgd step double-binary-trees",
+        "gossip ring", "sgp round", "allreduce",
+    }
+    assert set(ops) == expected
+    row = {op: i for i, op in enumerate(ops)}
+    for op in ops:  # a ratio to raw exactly for RelaySum and the RelaySGD step, to allreduce for all others
+        assert np.isfinite(ratios[row[op]]) == op.startswith(("relaysum", "relaysgd"))
+        assert np.isfinite(vs_allreduce[row[op]]) == (op != "allreduce")
+    # rank 0's bytes per call: RelaySum sends exactly the raw exchange's messages. On a 4-chain rank 0
+    # is a leaf (one message of 1000 + 1 float32s); on double binary trees of 4 it has two children
+    # in tree 0 and is a leaf in tree 1, each message carrying a 500-coordinate half and a counter.
+    for topo, messages in (("chain", [1001]), ("double-binary-trees", [501, 501, 501])):
+        assert sent[row[f"raw isend/irecv {topo}"]] == sent[row[f"relaysum {topo}"]] == 4 * sum(messages)
+        assert sent[row[f"relaysum in-place {topo}"]] == 4 * sum(messages)
+    assert sent[row["allreduce"]] == 4 * 1000
