@@ -1,0 +1,176 @@
+"""Every algorithm with lost messages, message passing held against the independent loss model (tests/drop_oracle.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from relaympi.algorithms import AlgorithmOptions, make_algorithm
+from relaympi.algorithms.dme import RelaySumMeanEstimator
+from relaympi.algorithms.matrix import make_matrix_algorithm
+from relaympi.comm import DropPolicy, run_local
+from relaympi.optim import OptimizerConfig, make_optimizer
+from relaympi.tasks.quadratics import QuadraticsSpec, generate
+from relaympi.topology import TopologyError, build
+from tests.drop_oracle import LossyMeanEstimator, LossyOracle, delivered_by
+
+STEPS = 10
+DIM = 7
+DROP_PROB = 0.25
+SEEDS = (1, 2)
+SGD = OptimizerConfig()
+MOMENTUM = OptimizerConfig(momentum=0.9, weight_decay=1e-3)
+HEAVY_BALL = OptimizerConfig(momentum=0.5, nesterov=False)
+ADAM = OptimizerConfig(name="adam", weight_decay=1e-3)
+
+
+@dataclass(frozen=True)
+class Case:
+    algo: str
+    topology: str
+    workers: int  # in-process ranks (under mpirun: the MPI world size instead)
+    optimizer: OptimizerConfig = SGD
+    relay_mode: str = "counts"
+    relay_in_place: bool = False
+
+    @property
+    def id(self) -> str:
+        opt = self.optimizer
+        tag = opt.name if opt.name == "adam" else ("sgd" if opt.momentum == 0 else f"mom{opt.momentum}")
+        place = "-in-place" if self.relay_in_place else ""
+        mode = f"-{self.relay_mode}" if self.algo == "relay" else ""
+        return f"{self.algo}-{self.topology}-n{self.workers}-{tag}{mode}{place}"
+
+
+# every algorithm, every relay mode, every topology kind it runs on, with drops
+CASES = [
+    Case("allreduce", "fully-connected", 4, MOMENTUM),  # a collective: drops do not apply
+    Case("dpsgd", "ring", 7),
+    Case("dpsgd", "star", 6, MOMENTUM),
+    Case("dpsgd", "binary-tree", 7, ADAM),
+    Case("dpsgd", "hypercube", 8),
+    Case("qgm", "ring", 7, MOMENTUM),
+    Case("qgm", "chain", 5, HEAVY_BALL),
+    Case("d2", "ring", 7),
+    Case("d2", "chain", 6, MOMENTUM),
+    Case("gt", "ring", 7),
+    Case("gt", "binary-tree", 7, MOMENTUM),
+    Case("sgp", "exponential", 8),
+    Case("sgp", "exponential", 4, MOMENTUM),
+    Case("relay-grad", "chain", 6),
+    Case("relay-grad", "binary-tree", 7, MOMENTUM),
+    Case("relay-grad", "double-binary-trees", 7),
+    Case("relay", "social-network-tree", 32),
+] + [
+    Case("relay", topo, n, SGD, mode)
+    for topo, n in (("chain", 6), ("star", 6), ("binary-tree", 7), ("double-binary-trees", 7), ("double-binary-trees", 8))
+    for mode in ("counts", "previous", "initial")
+] + [
+    Case("relay", "double-binary-trees", 8, MOMENTUM, "previous"),
+    Case("relay", "binary-tree", 7, ADAM, "counts"),
+    Case("relay", "binary-tree", 7, SGD, "previous", relay_in_place=True),
+    Case("relay", "double-binary-trees", 7, MOMENTUM, "counts", relay_in_place=True),
+    Case("relay", "star", 5, SGD, "initial", relay_in_place=True),
+]
+
+
+def _problem(n: int):
+    return generate(n, QuadraticsSpec(dim=DIM, zeta2=2.0, r0=3.0), seed=11)
+
+
+def _lr(t: int) -> float:
+    return 0.05 + 0.01 * t  # time-varying, as warm-up produces
+
+
+def _x0() -> np.ndarray:
+    return np.linspace(-1.0, 1.0, DIM)
+
+
+def _message_passing(comm, case: Case) -> tuple[int, np.ndarray]:
+    topology, problem = build(case.topology, comm.world_size), _problem(comm.world_size)
+    x = torch.tensor(_x0(), dtype=torch.float64)
+    options = AlgorithmOptions(relay_mode=case.relay_mode, relay_in_place=case.relay_in_place)
+    algorithm = make_algorithm(case.algo, comm, topology, make_optimizer(case.optimizer, x), x, options)
+    AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]), torch.from_numpy(problem.Atb[comm.rank])
+    trajectory = []
+    for t in range(STEPS):
+        algorithm.step(x, AtA @ x - Atb, _lr(t), t)
+        trajectory.append(x.numpy().copy())
+    return comm.rank, np.array(trajectory)
+
+
+def _oracle(case: Case, n: int, drops: DropPolicy) -> np.ndarray:
+    """The lossy model's trajectory, [steps, n, d]."""
+    topology, problem = build(case.topology, n), _problem(n)
+    oracle = LossyOracle(case.algo, topology, _x0(), case.optimizer, delivered_by(drops), case.relay_mode)
+    X = np.repeat(_x0()[None], n, axis=0)
+    trajectory = []
+    for t in range(STEPS):
+        X = oracle.step(X, problem.gradients(X), _lr(t), t)
+        trajectory.append(X.copy())
+    return np.array(trajectory)
+
+
+def _world_size(spmd_results: list) -> int:
+    if len(spmd_results) > 1:
+        return len(spmd_results)
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_size()
+
+
+@pytest.mark.spmd
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_message_passing_with_drops_matches_loss_model(spmd, case, seed):
+    drops = DropPolicy(DROP_PROB, seed=seed)
+    try:
+        results = spmd(_message_passing, case, drops=drops, world_size=case.workers)
+    except TopologyError as exc:  # under mpirun: a world size this topology does not accept
+        pytest.skip(str(exc))
+    n = _world_size(results)
+    expected = _oracle(case, n, drops)
+    for rank, trajectory in results:
+        np.testing.assert_allclose(trajectory, expected[:, rank], rtol=0, atol=1e-10, err_msg=f"rank {rank}")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.relay_in_place], ids=lambda c: c.id)
+def test_loss_model_without_drops_is_the_matrix_form(case):
+    """With every message delivered, the loss model is the matrix oracle (delayed averages, W x)."""
+    n = case.workers
+    topology, problem = build(case.topology, n), _problem(n)
+    lossy = LossyOracle(case.algo, topology, _x0(), case.optimizer, lambda *_: True, case.relay_mode)
+    matrix = make_matrix_algorithm(case.algo, topology, n, _x0(), case.optimizer, relay_mode=case.relay_mode)
+    X = Y = np.repeat(_x0()[None], n, axis=0)
+    for t in range(STEPS):
+        X = lossy.step(X, problem.gradients(X), _lr(t), t)
+        Y = matrix.step(Y, problem.gradients(Y), _lr(t), t)
+        np.testing.assert_allclose(X, Y, rtol=0, atol=1e-10)
+
+
+def test_loss_model_drops_messages():
+    """The cases above do exercise loss: a quarter of the messages is lost and the trajectories change."""
+    case = Case("relay", "binary-tree", 7, SGD, "previous")
+    lossless, lossy = _oracle(case, 7, DropPolicy(0.0)), _oracle(case, 7, DropPolicy(DROP_PROB, seed=1))
+    assert np.abs(lossless - lossy).max() > 1e-3
+
+
+@pytest.mark.parametrize("topo, n", [("chain", 5), ("binary-tree", 7), ("star", 5)])
+def test_mean_estimation_with_drops_matches_loss_model(topo, n):
+    """RelaySum for distributed mean estimation: y / s over the samples whose messages arrived."""
+    drops, topology = DropPolicy(DROP_PROB, seed=4), build(topo, n)
+
+    def sample(t: int) -> np.ndarray:
+        return np.sin(np.arange(n * 3, dtype=np.float64).reshape(n, 3) + 0.7 * t)
+
+    def body(comm):
+        estimator = RelaySumMeanEstimator(comm, topology, torch.zeros(3, dtype=torch.float64))
+        return [estimator.step(torch.from_numpy(sample(t)[comm.rank].copy()), t).numpy().copy() for t in range(STEPS)]
+
+    got = np.array(run_local(n, body, drops=drops)).transpose(1, 0, 2)  # [steps, n, 3]
+    oracle = LossyMeanEstimator(topology, 3, delivered_by(drops))
+    expected = np.array([oracle.step(sample(t), t) for t in range(STEPS)])
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
