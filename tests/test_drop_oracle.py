@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import pytest
 import torch
 
-from relaympi.algorithms import AlgorithmOptions, make_algorithm
+from relaympi.algorithms import AlgorithmOptions, make_algorithm, round_id
 from relaympi.algorithms.dme import RelaySumMeanEstimator
 from relaympi.algorithms.matrix import make_matrix_algorithm
 from relaympi.comm import DropPolicy, run_local
@@ -157,6 +158,50 @@ def test_every_case_loses_messages(case):
     lossless, lossy = _oracle(case, case.workers, DropPolicy(0.0)), _oracle(case, case.workers, DropPolicy(DROP_PROB, seed=SEEDS[0]))
     gap = np.abs(lossless - lossy).max()
     assert gap == 0 if case.algo == "allreduce" else gap > 1e-6
+
+
+class _LoseOne(DropPolicy):
+    """Exactly one lost message: (round, tag, src, dst)."""
+
+    def __init__(self, lost: tuple[int, int, int, int]):
+        super().__init__()
+        self.lost = lost
+
+    def dropped(self, round: int, tag: int, src: int, dst: int) -> bool:
+        return (round, tag, src, dst) == self.lost
+
+
+def test_relay_hand_derived_chain_with_a_lost_message():
+    """Chain 0-1-2, only worker 0 has a constant update +1; its message to 1 in step 1 is lost.
+
+    t=0: x(1/2) = (1,0,0); n-bar = (2,3,2); x(1) = (1/2, 1/3, 0).
+    t=1: x(3/2) = (3/2, 1/3, 0); m_01 = 3/2 is lost: worker 1 receives (0, count 0), n-bar_1 = 2;
+         m_10 = 1/3 (count 2), m_12 = 1/3 + m_01(0) = 4/3 (count 2); x(2) = (11/18, 1/6, 4/9).
+    t=2: x(5/2) = (29/18, 1/6, 4/9); m_12 = 1/6 + the empty m_01(1) = 1/6 (count 1), m_10 = 1/6,
+         m_01 = 29/18, m_21 = 4/9; n-bar = (3, 3, 2); x(3) = (16/27, 20/27, 11/36).
+    """
+    expected = np.array([
+        [Fraction(1, 2), Fraction(1, 3), Fraction(0)],
+        [Fraction(11, 18), Fraction(1, 6), Fraction(4, 9)],
+        [Fraction(16, 27), Fraction(20, 27), Fraction(11, 36)],
+    ], dtype=np.float64)
+    drops, topology = _LoseOne((round_id(1), 0, 0, 1)), build("chain", 3)
+    G = np.array([[-1.0], [0.0], [0.0]])
+
+    def body(comm):
+        x = torch.zeros(1, dtype=torch.float64)
+        algorithm = make_algorithm("relay", comm, topology, make_optimizer(SGD, x), x)
+        out = []
+        for t in range(3):
+            algorithm.step(x, torch.from_numpy(G[comm.rank].copy()), 1.0, t)
+            out.append(float(x[0]))
+        return out
+
+    np.testing.assert_allclose(np.array(run_local(3, body, drops=drops)).T, expected, rtol=0, atol=1e-15)
+    oracle, X = LossyOracle("relay", topology, np.zeros(1), SGD, delivered_by(drops)), np.zeros((3, 1))
+    for t in range(3):
+        X = oracle.step(X, G, 1.0, t)
+        np.testing.assert_allclose(X[:, 0], expected[t], rtol=0, atol=1e-15)
 
 
 @pytest.mark.parametrize("topo, n", [("chain", 5), ("binary-tree", 7), ("star", 5)])
