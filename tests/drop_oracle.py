@@ -121,6 +121,7 @@ class LossyOracle:
     optimizer_config: OptimizerConfig
     delivered: Delivered
     relay_mode: str = "counts"
+    d2_exact_diffusion: bool = False  # D² with (W + I) / 2, as the paper on the social network
     optimizer: MatrixOptimizer = field(init=False)
 
     def __post_init__(self) -> None:
@@ -130,6 +131,8 @@ class LossyOracle:
         self.M = np.zeros((self.n, self.d))  # qgm momentum buffer
         if self.algo in GOSSIP_ALGORITHMS:
             self.W = self.topology.mixing_matrix(0)
+            if self.algo == "d2" and self.d2_exact_diffusion:
+                self.W = (self.W + np.eye(self.n)) / 2
         if self.algo in RELAY_ALGORITHMS:
             self.relay = LossyRelaySum(self.topology, self.d, self.delivered)
 

@@ -36,6 +36,7 @@ class Case:
     optimizer: OptimizerConfig = SGD
     relay_mode: str = "counts"
     relay_in_place: bool = False
+    d2_exact_diffusion: bool = False
 
     @property
     def id(self) -> str:
@@ -43,7 +44,8 @@ class Case:
         tag = opt.name if opt.name == "adam" else ("sgd" if opt.momentum == 0 else f"mom{opt.momentum}")
         place = "-in-place" if self.relay_in_place else ""
         mode = f"-{self.relay_mode}" if self.algo == "relay" else ""
-        return f"{self.algo}-{self.topology}-n{self.workers}-{tag}{mode}{place}"
+        diffusion = "-exact-diffusion" if self.d2_exact_diffusion else ""
+        return f"{self.algo}-{self.topology}-n{self.workers}-{tag}{mode}{place}{diffusion}"
 
 
 # every algorithm, every relay mode, every topology kind it runs on, with drops
@@ -57,6 +59,7 @@ CASES = [
     Case("qgm", "chain", 5, HEAVY_BALL),
     Case("d2", "ring", 7),
     Case("d2", "chain", 6, MOMENTUM),
+    Case("d2", "social-network", 32, SGD, d2_exact_diffusion=True),
     Case("gt", "ring", 7),
     Case("gt", "binary-tree", 7, MOMENTUM),
     Case("sgp", "exponential", 8),
@@ -93,7 +96,7 @@ def _x0() -> np.ndarray:
 def _message_passing(comm, case: Case) -> tuple[int, np.ndarray]:
     topology, problem = build(case.topology, comm.world_size), _problem(comm.world_size)
     x = torch.tensor(_x0(), dtype=torch.float64)
-    options = AlgorithmOptions(relay_mode=case.relay_mode, relay_in_place=case.relay_in_place)
+    options = AlgorithmOptions(case.relay_mode, case.relay_in_place, d2_exact_diffusion=case.d2_exact_diffusion)
     algorithm = make_algorithm(case.algo, comm, topology, make_optimizer(case.optimizer, x), x, options)
     AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]), torch.from_numpy(problem.Atb[comm.rank])
     trajectory = []
@@ -106,7 +109,7 @@ def _message_passing(comm, case: Case) -> tuple[int, np.ndarray]:
 def _oracle(case: Case, n: int, drops: DropPolicy) -> np.ndarray:
     """The lossy model's trajectory, [steps, n, d]."""
     topology, problem = build(case.topology, n), _problem(n)
-    oracle = LossyOracle(case.algo, topology, _x0(), case.optimizer, delivered_by(drops), case.relay_mode)
+    oracle = LossyOracle(case.algo, topology, _x0(), case.optimizer, delivered_by(drops), case.relay_mode, case.d2_exact_diffusion)
     X = np.repeat(_x0()[None], n, axis=0)
     trajectory = []
     for t in range(STEPS):
@@ -143,8 +146,10 @@ def test_loss_model_without_drops_is_the_matrix_form(case):
     """With every message delivered, the loss model is the matrix oracle (delayed averages, W x)."""
     n = case.workers
     topology, problem = build(case.topology, n), _problem(n)
-    lossy = LossyOracle(case.algo, topology, _x0(), case.optimizer, lambda *_: True, case.relay_mode)
-    matrix = make_matrix_algorithm(case.algo, topology, n, _x0(), case.optimizer, relay_mode=case.relay_mode)
+    lossy = LossyOracle(case.algo, topology, _x0(), case.optimizer, lambda *_: True, case.relay_mode, case.d2_exact_diffusion)
+    matrix = make_matrix_algorithm(
+        case.algo, topology, n, _x0(), case.optimizer, relay_mode=case.relay_mode, d2_exact_diffusion=case.d2_exact_diffusion
+    )
     X = Y = np.repeat(_x0()[None], n, axis=0)
     for t in range(STEPS):
         X = lossy.step(X, problem.gradients(X), _lr(t), t)
