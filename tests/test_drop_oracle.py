@@ -30,6 +30,8 @@ ADAM = OptimizerConfig(name="adam", weight_decay=1e-3)
 
 @dataclass(frozen=True)
 class Case:
+    """One row of the table: an algorithm on a topology, its local optimizer and options."""
+
     algo: str
     topology: str
     workers: int  # in-process ranks (under mpirun: the MPI world size instead)
@@ -96,7 +98,9 @@ def _x0() -> np.ndarray:
 def _message_passing(comm, case: Case) -> tuple[int, np.ndarray]:
     topology, problem = build(case.topology, comm.world_size), _problem(comm.world_size)
     x = torch.tensor(_x0(), dtype=torch.float64)
-    options = AlgorithmOptions(case.relay_mode, case.relay_in_place, d2_exact_diffusion=case.d2_exact_diffusion)
+    options = AlgorithmOptions(
+        relay_mode=case.relay_mode, relay_in_place=case.relay_in_place, d2_exact_diffusion=case.d2_exact_diffusion
+    )
     algorithm = make_algorithm(case.algo, comm, topology, make_optimizer(case.optimizer, x), x, options)
     AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]), torch.from_numpy(problem.Atb[comm.rank])
     trajectory = []
