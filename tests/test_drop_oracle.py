@@ -38,13 +38,14 @@ class Case:
     optimizer: OptimizerConfig = SGD
     relay_mode: str = "counts"
     relay_in_place: bool = False
+    relay_chunk: int | None = None  # elements per message chunk (None: the default, one chunk here)
     d2_exact_diffusion: bool = False
 
     @property
     def id(self) -> str:
         opt = self.optimizer
         tag = opt.name if opt.name == "adam" else ("sgd" if opt.momentum == 0 else f"mom{opt.momentum}")
-        place = "-in-place" if self.relay_in_place else ""
+        place = ("-in-place" if self.relay_in_place else "") + (f"-chunk{self.relay_chunk}" if self.relay_chunk else "")
         mode = f"-{self.relay_mode}" if self.algo == "relay" else ""
         diffusion = "-exact-diffusion" if self.d2_exact_diffusion else ""
         return f"{self.algo}-{self.topology}-n{self.workers}-{tag}{mode}{place}{diffusion}"
@@ -80,6 +81,11 @@ CASES = [
     Case("relay", "binary-tree", 7, SGD, "previous", relay_in_place=True),
     Case("relay", "double-binary-trees", 7, MOMENTUM, "counts", relay_in_place=True),
     Case("relay", "star", 5, SGD, "initial", relay_in_place=True),
+    # messages in chunks of 2 elements: a lost message loses all its chunks, counter included
+    Case("relay", "binary-tree", 7, SGD, "counts", relay_chunk=2),
+    Case("relay", "double-binary-trees", 8, MOMENTUM, "previous", relay_chunk=2),
+    Case("relay", "double-binary-trees", 7, SGD, "initial", relay_in_place=True, relay_chunk=2),
+    Case("relay-grad", "double-binary-trees", 8, SGD, relay_chunk=3),
 ]
 
 
@@ -99,7 +105,10 @@ def _message_passing(comm, case: Case) -> tuple[int, np.ndarray]:
     topology, problem = build(case.topology, comm.world_size), _problem(comm.world_size)
     x = torch.tensor(_x0(), dtype=torch.float64)
     options = AlgorithmOptions(
-        relay_mode=case.relay_mode, relay_in_place=case.relay_in_place, d2_exact_diffusion=case.d2_exact_diffusion
+        relay_mode=case.relay_mode,
+        relay_in_place=case.relay_in_place,
+        relay_chunk=case.relay_chunk,
+        d2_exact_diffusion=case.d2_exact_diffusion,
     )
     algorithm = make_algorithm(case.algo, comm, topology, make_optimizer(case.optimizer, x), x, options)
     AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]), torch.from_numpy(problem.Atb[comm.rank])
@@ -145,7 +154,7 @@ def test_message_passing_with_drops_matches_loss_model(spmd, case, seed):
         np.testing.assert_allclose(trajectory, expected[:, rank], rtol=0, atol=1e-10, err_msg=f"rank {rank}")
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if not c.relay_in_place], ids=lambda c: c.id)
+@pytest.mark.parametrize("case", [c for c in CASES if not (c.relay_in_place or c.relay_chunk)], ids=lambda c: c.id)
 def test_loss_model_without_drops_is_the_matrix_form(case):
     """With every message delivered, the loss model is the matrix oracle (delayed averages, W x)."""
     n = case.workers
