@@ -9,7 +9,9 @@ from relaympi.algorithms.base import Algorithm
 
 class AllReduce(Algorithm):
     """Synchronous data-parallel SGD: every worker applies the same averaged gradient, so all
-    models stay identical (momentum/Adam then act on the global gradient, as centralized training)."""
+    models stay identical (momentum/Adam then act on the global gradient, as centralized training).
+
+    The all-reduce is a collective: simulated message loss (--drop-prob) does not apply to it."""
 
     name = "allreduce"
     default_topology = "fully-connected"

@@ -28,7 +28,11 @@ def d2_mixing_matrix(topology, exact_diffusion: bool, force: bool) -> np.ndarray
 
 class D2(Algorithm):
     """u = local (momentum) update;  x(t+1/2) = x(t) + u + c;  x(t+1) = W x(t+1/2);
-    c(t+1) = x(t+1) - x(t) - u  (= c + x(t+1) - x(t+1/2), so x(t) need not be kept)."""
+    c(t+1) = x(t+1) - x(t) - u  (= c + x(t+1) - x(t+1/2), so x(t) need not be kept).
+
+    A lost message: its weight in W is dropped and the worker's row renormalized (GossipMixer),
+    and c(t+1) is computed from the x(t+1) actually obtained. The paper reports that D² diverges
+    with lost messages; this is the plain rule, not a fix."""
 
     name = "d2"
     default_topology = "ring"

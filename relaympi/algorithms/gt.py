@@ -13,6 +13,9 @@ class GradientTracking(Algorithm):
 
     (The appendix's correction line has a typo; this is the standard form: y = u + c then
     follows y(t+1) = W y(t) + u(t+1) - u(t).) Both products use one exchange of [x+u+c, c+u].
+
+    A lost message loses both halves: both products use the same row of W with the lost
+    neighbour's weight dropped and the rest renormalized (GossipMixer).
     """
 
     name = "gt"
