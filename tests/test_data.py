@@ -1,0 +1,372 @@
+"""`python -m relaympi.data`: fetch (from a local HTTP server), check, prepare-imagenet, default root."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import logging
+import subprocess
+import sys
+import tarfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from relaympi.data import cli, sets
+from relaympi.data.manifest import MANIFEST, read
+from relaympi.data.sets import AgNews, Cifar10, DistilBert, RemoteFile
+from tests.conftest import ROOT, env_for_subprocess
+from tests.data_factories import write_cifar10_binary
+from tests.nlp_factories import write_agnews_dir
+
+ARCHIVE = "cifar-10-binary.tar.gz"
+
+
+# -- a local HTTP server ---------------------------------------------------------------------
+
+
+class FileServer:
+    """Serves ``files`` (path -> bytes) on 127.0.0.1 with Range support; ``cuts[path]`` lists byte
+    counts after which successive requests drop the connection; ``ranges=False`` ignores Range."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.cuts: dict[str, list[int]] = {}
+        self.ranges = True
+        self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                server.requests.append((self.path, self.headers.get("Range")))
+                body = server.files.get(self.path)
+                if body is None:
+                    self.send_error(404)
+                    return
+                start = 0
+                wanted = self.headers.get("Range")
+                if wanted and server.ranges:
+                    start = int(wanted.removeprefix("bytes=").split("-")[0])
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+                else:
+                    self.send_response(200)
+                self.send_header("Content-Length", str(len(body) - start))
+                self.end_headers()
+                cuts = server.cuts.get(self.path)
+                if cuts:
+                    self.wfile.write(body[start : start + cuts.pop(0)])
+                    return  # HTTP/1.0: returning closes the connection mid-file
+                self.wfile.write(body[start:])
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    s = FileServer()
+    yield s
+    s.close()
+
+
+def cifar_tarball(tmp_path: Path) -> tuple[bytes, object]:
+    """A CIFAR-10-format binary tarball (10 images per batch) and the arrays it holds."""
+    src = tmp_path / "cifar-src"
+    arrays = write_cifar10_binary(src, n_per_batch=10, seed=4)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(src / "cifar-10-batches-bin", arcname="cifar-10-batches-bin")
+    return buffer.getvalue(), arrays
+
+
+@pytest.fixture
+def cifar(tmp_path, server, monkeypatch):
+    """The tarball served at /kriz/<ARCHIVE>, with Cifar10 pointed at it (and its md5)."""
+    blob, arrays = cifar_tarball(tmp_path)
+    server.files[f"/kriz/{ARCHIVE}"] = blob
+    md5 = hashlib.md5(blob).hexdigest()
+    monkeypatch.setattr(Cifar10, "files", (RemoteFile(ARCHIVE, f"{server.url}/kriz/{ARCHIVE}", md5),))
+    return blob, arrays
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, caplog):
+    monkeypatch.delenv("RELAYMPI_DATA", raising=False)
+    monkeypatch.delenv("RELAYMPI_DATA_MIRROR", raising=False)
+    caplog.set_level(logging.INFO, logger="relaympi.data")
+
+
+def run_cli(*args: object) -> int:
+    try:
+        return cli.main([str(a) for a in args])
+    except SystemExit as exc:  # argparse misuse
+        return int(exc.code)
+
+
+def leftovers(root: Path) -> list[str]:
+    """Everything under ``root`` except finished sets (partial files, staging folders)."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if ".part" in p.name or "partial" in str(p))
+
+
+# -- fetch ------------------------------------------------------------------------------------
+
+
+def test_fetch_cifar10_verifies_lays_out_and_is_a_no_op_the_second_time(tmp_path, server, cifar, capsys, caplog):
+    from relaympi.tasks.cifar10 import load_cifar10
+
+    root = tmp_path / "root"
+    assert run_cli("fetch", "cifar10", "--root", root) == 0
+    err = capsys.readouterr().err
+    assert ARCHIVE in err and "100%" in err  # the progress bar
+    target = root / "cifar10"
+    (train_x, train_y), (test_x, test_y) = load_cifar10(target)
+    arrays = cifar[1]
+    assert np.array_equal(train_x, arrays.train_images) and np.array_equal(test_y, arrays.test_labels)
+    recorded = read(target)
+    assert recorded["name"] == "cifar10" and recorded["downloads"] == {ARCHIVE: hashlib.md5(cifar[0]).hexdigest()}
+    assert "cifar-10-batches-bin/data_batch_1.bin" in recorded["files"]
+    assert leftovers(root) == [] and not (root / "downloads" / ARCHIVE).exists()
+    requests = len(server.requests)
+    caplog.clear()
+    assert run_cli("fetch", "cifar10", "--root", root) == 0
+    assert len(server.requests) == requests and "already present and verified" in caplog.text
+
+
+def test_wrong_checksum_leaves_nothing_in_place(tmp_path, server, cifar, monkeypatch, capsys):
+    monkeypatch.setattr(Cifar10, "files", (RemoteFile(ARCHIVE, f"{server.url}/kriz/{ARCHIVE}", "0" * 32),))
+    root = tmp_path / "root"
+    assert run_cli("fetch", "cifar10", "--root", root) == 1
+    err = capsys.readouterr().err
+    assert "expected 00000000" in err and "deleted" in err
+    assert not (root / "cifar10").exists() and leftovers(root) == []
+    assert list((root / "downloads").iterdir()) == []
+
+
+def test_an_interrupted_download_resumes_in_the_same_run(tmp_path, server, cifar, caplog):
+    server.cuts[f"/kriz/{ARCHIVE}"] = [5000]
+    assert run_cli("fetch", "cifar10", "--root", tmp_path) == 0
+    assert [r for _, r in server.requests] == [None, "bytes=5000-"]
+    assert "resuming" in caplog.text and (tmp_path / "cifar10" / MANIFEST).is_file()
+
+
+def test_a_fetch_cut_every_time_resumes_on_the_next_run(tmp_path, server, cifar, capsys):
+    server.cuts[f"/kriz/{ARCHIVE}"] = [3000, 3000, 3000]
+    assert run_cli("fetch", "cifar10", "--root", tmp_path) == 1
+    assert "rerun the same command to resume" in capsys.readouterr().err
+    part = tmp_path / "downloads" / f"{ARCHIVE}.part"
+    assert part.stat().st_size == 9000 and not (tmp_path / "cifar10").exists()
+    assert run_cli("fetch", "cifar10", "--root", tmp_path) == 0
+    assert server.requests[-1][1] == "bytes=9000-" and not part.exists()
+    assert (tmp_path / "cifar10" / "cifar-10-batches-bin" / "test_batch.bin").is_file()
+
+
+def test_a_server_without_ranges_restarts_the_download(tmp_path, server, cifar, caplog):
+    server.ranges = False
+    server.cuts[f"/kriz/{ARCHIVE}"] = [4000]
+    assert run_cli("fetch", "cifar10", "--root", tmp_path) == 0
+    assert "starting over" in caplog.text and (tmp_path / "cifar10" / MANIFEST).is_file()
+
+
+def test_offline_says_where_to_put_the_file_and_uses_it(tmp_path, cifar, monkeypatch, capsys):
+    closed = "http://127.0.0.1:9/kriz/" + ARCHIVE  # the discard port: nothing listens
+    monkeypatch.setattr(Cifar10, "files", (RemoteFile(ARCHIVE, closed, Cifar10.files[0].md5),))
+    assert run_cli("fetch", "cifar10", "--root", tmp_path) == 1
+    err = capsys.readouterr().err
+    dest = tmp_path / "downloads" / ARCHIVE
+    assert "cannot reach" in err and f"save it as {dest}" in err and "login node" in err
+    assert not (tmp_path / "cifar10").exists() and leftovers(tmp_path) == []
+    dest.write_bytes(cifar[0])  # put there by hand: the next fetch checks and unpacks it
+    assert run_cli("fetch", "cifar10", "--root", tmp_path) == 0
+    assert (tmp_path / "cifar10" / MANIFEST).is_file()
+    dest.write_bytes(b"not the archive")
+    (tmp_path / "cifar10" / MANIFEST).unlink()
+    (tmp_path / "cifar10").rename(tmp_path / "elsewhere")
+    assert run_cli("fetch", "cifar10", "--root", tmp_path) == 1
+    assert "is not the published file" in capsys.readouterr().err and dest.exists()  # a hand-placed file is never deleted
+
+
+def test_url_and_mirror_variable(tmp_path, server, cifar, monkeypatch):
+    server.files[f"/mirror/cifar10/{ARCHIVE}"] = cifar[0]
+    server.files[f"/other/{ARCHIVE}"] = cifar[0]
+    monkeypatch.setenv("RELAYMPI_DATA_MIRROR", f"{server.url}/mirror")
+    assert run_cli("fetch", "cifar10", "--root", tmp_path / "a") == 0
+    assert server.requests[-1][0] == f"/mirror/cifar10/{ARCHIVE}"
+    assert run_cli("fetch", "cifar10", "--root", tmp_path / "b", "--url", f"{server.url}/other/") == 0
+    assert server.requests[-1][0] == f"/other/{ARCHIVE}"
+    assert read(tmp_path / "b" / "cifar10")["source"] == f"{server.url}/other/{ARCHIVE}"
+
+
+def test_fetch_agnews_csvs(tmp_path, server, monkeypatch):
+    from relaympi.tasks.agnews import read_agnews_csv
+
+    write_agnews_dir(tmp_path / "src")
+    remotes = []
+    for name in ("train.csv", "test.csv"):
+        blob = (tmp_path / "src" / name).read_bytes()
+        server.files[f"/ag_news_csv/{name}"] = blob
+        remotes.append(RemoteFile(name, f"{server.url}/ag_news_csv/{name}", hashlib.md5(blob).hexdigest()))
+    monkeypatch.setattr(AgNews, "files", tuple(remotes))
+    assert run_cli("fetch", "agnews", "--root", tmp_path / "root") == 0
+    texts, labels = read_agnews_csv(tmp_path / "root" / "agnews" / "train.csv")
+    assert len(texts) == 32 and set(labels.tolist()) == {0, 1, 2, 3}
+    assert read_agnews_csv(tmp_path / "root" / "agnews" / "test.csv")[0] == read_agnews_csv(tmp_path / "src" / "test.csv")[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    from tests.nlp_factories import build_tiny_distilbert
+
+    path = tmp_path_factory.mktemp("model") / "saved"
+    return build_tiny_distilbert(path, ["a tiny vocabulary", "of a few words"], with_head=False)
+
+
+def test_fetch_distilbert_through_the_hub_call(tmp_path, tiny_model, monkeypatch):
+    """The hub call itself (huggingface_hub.snapshot_download) is replaced by a local copy: what
+    is tested is the layout, the manifest and the rename around it."""
+    import shutil
+
+    calls = []
+
+    def fake_snapshot(repo_id, local_dir, allow_patterns, progress):
+        calls.append((repo_id, tuple(allow_patterns)))
+        (local_dir / ".cache" / "huggingface").mkdir(parents=True)  # the hub client's resume state
+        for name in allow_patterns:
+            if (tiny_model / name).exists():
+                shutil.copyfile(tiny_model / name, local_dir / name)
+
+    monkeypatch.setattr(sets, "hub_snapshot", fake_snapshot)
+    assert run_cli("fetch", "distilbert", "--root", tmp_path) == 0
+    target = tmp_path / "distilbert"
+    assert calls == [(DistilBert.repo_id, DistilBert.hub_files)]
+    assert not (target / ".cache").exists() and "model.safetensors" in read(target)["files"]
+    from relaympi.tasks.agnews import check_model_dir
+
+    assert check_model_dir(target) == target
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(target), num_labels=4, local_files_only=True)
+    assert model.config.num_labels == 4
+
+
+def test_distilbert_offline_says_how_to_save_it_by_hand(tmp_path, monkeypatch, capsys):
+    def offline(repo_id, local_dir, allow_patterns, progress):
+        raise sets.OfflineError(f"cannot reach the Hugging Face Hub for {repo_id}")
+
+    monkeypatch.setattr(sets, "hub_snapshot", offline)
+    assert run_cli("fetch", "distilbert", "--root", tmp_path) == 1
+    err = capsys.readouterr().err
+    assert "save_pretrained" in err and str(tmp_path / "distilbert") in err and "HF_ENDPOINT" in err
+    assert not (tmp_path / "distilbert").exists() and not (tmp_path / ".distilbert.partial").exists()
+
+
+def test_fetch_distilbert_from_a_file_mirror(tmp_path, server, tiny_model, monkeypatch):
+    for path in tiny_model.iterdir():
+        server.files[f"/mirror/distilbert/{path.name}"] = path.read_bytes()
+    monkeypatch.setenv("RELAYMPI_DATA_MIRROR", f"{server.url}/mirror")
+    assert run_cli("fetch", "distilbert", "--root", tmp_path) == 0
+    target = tmp_path / "distilbert"
+    for name in DistilBert.hub_files:
+        assert (target / name).read_bytes() == (tiny_model / name).read_bytes()
+    assert not list((tmp_path / "downloads").iterdir())
+
+
+# -- check ------------------------------------------------------------------------------------
+
+
+def test_check_reports_verified_corrupt_unverified_and_missing(tmp_path, server, cifar, capsys):
+    root = tmp_path / "root"
+    assert run_cli("fetch", "cifar10", "--root", root) == 0
+    capsys.readouterr()
+    assert run_cli("check", "cifar10", "--root", root) == 0
+    out = capsys.readouterr().out
+    assert f"data root: {root}" in out and "verified" in out
+    batch = root / "cifar10" / "cifar-10-batches-bin" / "data_batch_2.bin"
+    data = bytearray(batch.read_bytes())
+    data[100] ^= 1  # same size, other bytes
+    batch.write_bytes(bytes(data))
+    assert run_cli("check", "cifar10", "--root", root) == 1
+    assert "corrupt" in capsys.readouterr().out
+    assert run_cli("check", "cifar10", "--root", root, "--quick") == 0  # sizes only
+    capsys.readouterr()
+    assert run_cli("check", "agnews", "--root", root) == 1  # a task: its CSVs and its model
+    out = capsys.readouterr().out
+    assert "agnews      missing" in out and "distilbert  missing" in out
+    assert f"python -m relaympi.data fetch distilbert --root {root}" in out
+    assert run_cli("check", "--root", root) == 0  # no names: a report, not a test
+    assert "imagenet" in capsys.readouterr().out
+    # a fetch repairs a set it wrote itself
+    assert run_cli("fetch", "cifar10", "--root", root) == 0
+    assert run_cli("check", "cifar10", "--root", root) == 0
+
+
+def test_a_set_placed_by_hand_is_unverified_and_never_replaced(tmp_path, server, cifar, capsys):
+    write_cifar10_binary(tmp_path / "cifar10", n_per_batch=2)
+    assert run_cli("check", "cifar10", "--root", tmp_path) == 1
+    assert "unverified" in capsys.readouterr().out
+    assert run_cli("fetch", "cifar10", "--root", tmp_path) == 1
+    assert "move it away" in capsys.readouterr().err
+    (tmp_path / "cifar10" / "cifar-10-batches-bin" / "test_batch.bin").unlink()
+    assert run_cli("check", "cifar10", "--root", tmp_path) == 1
+    assert "incomplete" in capsys.readouterr().out
+
+
+def test_default_root_comes_from_the_environment(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("RELAYMPI_DATA", str(tmp_path / "env root"))
+    assert run_cli("check", "cifar10") == 1
+    assert f"data root: {tmp_path / 'env root'}" in capsys.readouterr().out
+    monkeypatch.delenv("RELAYMPI_DATA")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert run_cli("check", "cifar10") == 1
+    assert f"data root: {tmp_path / 'home' / '.cache' / 'relaympi'}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args", [
+    ["fetch"],
+    ["fetch", "imagenet"],
+    ["fetch", "mnist"],
+    ["check", "mnist"],
+    ["prepare-imagenet", "--train", "x"],
+    ["prepare-imagenet", "--train", "/nonexistent", "--val", "/nonexistent", "--devkit", "/nonexistent"],
+    ["prepare-imagenet", "--train", "a", "--val", "b", "--devkit", "c", "--link", "--move"],
+    [],
+])
+def test_misuse_exits_2(tmp_path, args):
+    assert run_cli(*args, *(["--root", tmp_path] if args else [])) == 2
+
+
+# -- the trainer's default root ---------------------------------------------------------------
+
+
+def train(tmp_path: Path, data_root: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**env_for_subprocess(), "RELAYMPI_DATA": str(data_root)}
+    cmd = [sys.executable, "-m", "relaympi.train", "--task", "cifar10", "--backend", "local", "--workers", "2",
+           "--steps", "2", "--batch-size", "4", "--eval-batch-size", "64", "--out", str(tmp_path / "run.h5"), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_train_reads_the_default_root_and_records_it(tmp_path):
+    from relaympi.results import read_run
+
+    root = tmp_path / "data root"
+    proc = train(tmp_path, root)
+    assert proc.returncode == 2
+    assert "python -m relaympi.data fetch cifar10" in proc.stderr and str(root / "cifar10") in proc.stderr
+    write_cifar10_binary(root / "cifar10", n_per_batch=8)
+    proc = train(tmp_path, root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = read_run(tmp_path / "run.h5")
+    assert run.status == "completed" and run.config["data_dir"] == str(root / "cifar10")
+    assert run.config["model_dir"] is None
