@@ -370,3 +370,159 @@ def test_train_reads_the_default_root_and_records_it(tmp_path):
     run = read_run(tmp_path / "run.h5")
     assert run.status == "completed" and run.config["data_dir"] == str(root / "cifar10")
     assert run.config["model_dir"] is None
+
+
+# -- prepare-imagenet -------------------------------------------------------------------------
+
+WNIDS = ("n00000001", "n00000002", "n00000003")  # ILSVRC2012_IDs 1, 2, 3
+VAL_IDS = (1, 2, 3, 1, 2, 3)  # ground truth of ILSVRC2012_val_00000001 ... _00000006
+
+
+def jpeg(seed: int) -> bytes:
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(12, 16, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+def tar_bytes(members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def train_images(wnid: str, count: int = 2) -> dict[str, bytes]:
+    return {f"{wnid}_{i}.JPEG": jpeg(hash((wnid, i)) % 1000) for i in range(count)}
+
+
+def val_images() -> dict[str, bytes]:
+    return {f"ILSVRC2012_val_{i:08d}.JPEG": jpeg(100 + i) for i in range(1, len(VAL_IDS) + 1)}
+
+
+def write_devkit(folder: Path) -> Path:
+    """ILSVRC2012_devkit_t12/data/{meta.mat, ILSVRC2012_validation_ground_truth.txt}; a non-leaf
+    synset (id 4, two children) is in meta.mat as in the real one."""
+    import scipy.io
+
+    data = folder / "ILSVRC2012_devkit_t12" / "data"
+    data.mkdir(parents=True)
+    rows = [(i + 1, wnid, 0) for i, wnid in enumerate(WNIDS)] + [(4, "n09999999", 2)]
+    synsets = np.array(rows, dtype=[("ILSVRC2012_ID", "O"), ("WNID", "O"), ("num_children", "O")])
+    scipy.io.savemat(data / "meta.mat", {"synsets": synsets})
+    (data / "ILSVRC2012_validation_ground_truth.txt").write_text("".join(f"{i}\n" for i in VAL_IDS))
+    return folder / "ILSVRC2012_devkit_t12"
+
+
+@pytest.fixture
+def official(tmp_path) -> dict[str, Path]:
+    """The official files in miniature: train tar of class tars (classes 1 and 2 only: a subset),
+    the flat validation tar, and the devkit tarball."""
+    src = tmp_path / "official"
+    src.mkdir()
+    inner = {f"{wnid}.tar": tar_bytes(train_images(wnid)) for wnid in WNIDS[:2]}
+    (src / "ILSVRC2012_img_train.tar").write_bytes(tar_bytes(inner))
+    (src / "ILSVRC2012_img_val.tar").write_bytes(tar_bytes(val_images()))
+    devkit = write_devkit(src / "devkit")
+    with tarfile.open(src / "ILSVRC2012_devkit_t12.tar.gz", "w:gz") as tar:
+        tar.add(devkit, arcname="ILSVRC2012_devkit_t12")
+    return {
+        "train": src / "ILSVRC2012_img_train.tar",
+        "val": src / "ILSVRC2012_img_val.tar",
+        "devkit": src / "ILSVRC2012_devkit_t12.tar.gz",
+        "devkit_dir": devkit,
+    }
+
+
+def prepare(root: Path, train: Path, val: Path, devkit: Path, *flags: str) -> int:
+    return run_cli("prepare-imagenet", "--train", train, "--val", val, "--devkit", devkit, "--root", root, *flags)
+
+
+def test_prepare_imagenet_from_the_official_tars(tmp_path, official, caplog, capsys):
+    from relaympi.tasks import TaskOptions
+    from relaympi.tasks.imagenet import ImageNetTask
+
+    root = tmp_path / "root"
+    assert prepare(root, official["train"], official["val"], official["devkit"]) == 0
+    target = root / "imagenet"
+    assert sorted(p.name for p in (target / "train").iterdir()) == list(WNIDS[:2])
+    assert sorted(p.name for p in (target / "train" / WNIDS[1]).iterdir()) == sorted(train_images(WNIDS[1]))
+    # val images 1 and 4 are class 1, 2 and 5 class 2; 3 and 6 (class 3, no training images) are left out
+    assert sorted(p.name for p in (target / "val" / WNIDS[0]).iterdir()) == ["ILSVRC2012_val_00000001.JPEG", "ILSVRC2012_val_00000004.JPEG"]
+    assert (target / "val" / WNIDS[1] / "ILSVRC2012_val_00000005.JPEG").read_bytes() == val_images()["ILSVRC2012_val_00000005.JPEG"]
+    recorded = read(target)
+    assert recorded["counts"] == {"train": 4, "val": 4, "classes": 2} and recorded["val_skipped"] == 2
+    assert "a subset" in recorded["coverage"] and "left out 2 validation images" in caplog.text
+    assert not (root / ".imagenet.partial").exists()
+    task = ImageNetTask(TaskOptions(data_dir=target, num_loader_workers=0))
+    assert task.classes == list(WNIDS[:2]) and task.test_labels.tolist() == [0, 0, 1, 1]
+    capsys.readouterr()
+    assert run_cli("check", "imagenet", "--root", root) == 0
+    assert "4 train / 4 val images in 2 classes" in capsys.readouterr().out
+    caplog.clear()
+    assert prepare(root, official["train"], official["val"], official["devkit"]) == 0
+    assert "already prepared" in caplog.text
+    (target / "val" / WNIDS[0] / "ILSVRC2012_val_00000001.JPEG").unlink()
+    assert run_cli("check", "imagenet", "--root", root) == 1
+    assert "val/ holds 3 images, the manifest records 4" in capsys.readouterr().out
+
+
+def folder_sources(tmp_path: Path) -> tuple[Path, Path]:
+    """Unpacked sources: train/<wnid>/ class folders, and a flat validation folder."""
+    train, val = tmp_path / "src-train", tmp_path / "src-val"
+    for wnid in WNIDS:
+        (train / wnid).mkdir(parents=True)
+        for name, data in train_images(wnid, 1).items():
+            (train / wnid / name).write_bytes(data)
+    val.mkdir()
+    for name, data in val_images().items():
+        (val / name).write_bytes(data)
+    return train, val
+
+
+def loc_csv(path: Path) -> Path:
+    lines = ["ImageId,PredictionString"]
+    for i, class_id in enumerate(VAL_IDS, start=1):
+        wnid = WNIDS[class_id - 1]
+        lines.append(f"ILSVRC2012_val_{i:08d},{wnid} 1 2 10 11 {wnid} 3 4 5 6 ")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("mode", ["--link", "--move", None])
+def test_prepare_imagenet_from_folders_links_moves_or_copies(tmp_path, mode):
+    train, val = folder_sources(tmp_path)
+    source = val / "ILSVRC2012_val_00000002.JPEG"
+    inode = source.stat().st_ino
+    root = tmp_path / "root"
+    assert prepare(root, train, val, loc_csv(tmp_path / "LOC_val_solution.csv"), *([mode] if mode else [])) == 0
+    placed = root / "imagenet" / "val" / WNIDS[1] / source.name
+    assert read(root / "imagenet")["counts"] == {"train": 3, "val": 6, "classes": 3}
+    if mode == "--link":
+        assert placed.stat().st_ino == inode and source.exists()
+    elif mode == "--move":
+        assert placed.stat().st_ino == inode and not source.exists() and not any(train.rglob("*.JPEG"))
+    else:
+        assert placed.stat().st_ino != inode and source.exists()
+
+
+def test_prepare_imagenet_from_a_folder_of_class_tars_and_the_devkit_folder(tmp_path, official):
+    tars = tmp_path / "class-tars"
+    tars.mkdir()
+    for wnid in WNIDS:
+        (tars / f"{wnid}.tar").write_bytes(tar_bytes(train_images(wnid, 3)))
+    assert prepare(tmp_path / "root", tars, official["val"], official["devkit_dir"]) == 0
+    assert read(tmp_path / "root" / "imagenet")["counts"] == {"train": 9, "val": 6, "classes": 3}
+
+
+def test_prepare_imagenet_refuses_images_without_ground_truth(tmp_path, official, capsys):
+    train, val = folder_sources(tmp_path)
+    (val / "ILSVRC2012_val_00000099.JPEG").write_bytes(jpeg(1))
+    assert prepare(tmp_path / "root", train, val, official["devkit"]) == 1
+    assert "1 validation images have no ground-truth entry (first: ILSVRC2012_val_00000099.JPEG)" in capsys.readouterr().err
+    assert not (tmp_path / "root" / "imagenet").exists()
