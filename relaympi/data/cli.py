@@ -88,6 +88,7 @@ def cmd_check(names: list[str], root: Path | None, quick: bool, strict: bool) ->
     """Print each set's state; with ``strict`` (names given), exit 1 unless all are verified."""
     from relaympi.data.sets import DATASETS
 
+    shown_root = None if root is None else data_root(root)  # commands name --root only if given
     root = data_root(root)
     print(f"data root: {root}")
     bad = 0
@@ -99,7 +100,7 @@ def cmd_check(names: list[str], root: Path | None, quick: bool, strict: bool) ->
         print(line)
         if status.state != VERIFIED:
             bad += 1
-            print(f"  {'':11s} -> {fetch_command(name, root)}")
+            print(f"  {'':11s} -> {fetch_command(name, shown_root)}")
     return EXIT_FAILED if bad and strict else EXIT_OK
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 ROOT_ENV = "RELAYMPI_DATA"  # the data root, when --data-dir / --root is not given
@@ -42,8 +43,9 @@ def task_dirs(task: str, root: Path | str | None = None) -> tuple[Path | None, P
 
 
 def fetch_command(name: str, root: Path | None = None) -> str:
-    """The command that puts data set ``name`` under ``root`` (ImageNet: the prepare step)."""
-    where = f" --root {root}" if root is not None and root != data_root() else ""
+    """The command that puts data set ``name`` under ``root`` (ImageNet: the prepare step);
+    without ``root``, under the default root of the shell it runs in."""
+    where = f" --root {shlex.quote(str(root))}" if root is not None else ""
     if name == "imagenet":
         return (
             f"python -m relaympi.data prepare-imagenet --train ILSVRC2012_img_train.tar "
@@ -55,7 +57,8 @@ def fetch_command(name: str, root: Path | None = None) -> str:
 def fetch_hint(name: str, directory: Path | str | None = None) -> str:
     """A sentence naming the command that puts data set ``name`` where a task looked for it."""
     if directory is not None and Path(directory).name == name:
-        return f"Get it with `{fetch_command(name, Path(directory).expanduser().absolute().parent)}`."
+        root = Path(directory).expanduser().absolute().parent
+        return f"Get it with `{fetch_command(name, None if root == data_root() else root)}`."
     return (
         f"Get it with `{fetch_command(name)}` (into {data_root()}, where relaympi.train "
         "looks when no --data-dir/--model-dir is given)."

@@ -40,8 +40,11 @@ class DataSet(ABC):
         return set_dir(self.name, root)
 
     def status(self, root: Path | str | None = None, hashes: bool = True) -> Status:
-        """What is in the folder: verified against its manifest, complete by hand, or not."""
-        directory = self.path(root)
+        """What is in ``<root>/<name>``: verified against its manifest, complete by hand, or not."""
+        return self.status_of(self.path(root), hashes)
+
+    def status_of(self, directory: Path, hashes: bool = True) -> Status:
+        """The same for a folder anywhere (a --data-dir given by hand)."""
         if not directory.is_dir():
             return Status(self.name, directory, MISSING, "not there")
         recorded = manifest.read(directory)
@@ -78,6 +81,7 @@ class FetchableSet(DataSet):
     keep_staging: bool = False  # keep a partial staging folder between runs (it resumes there)
 
     def fetch(self, root: Path | str | None = None, url: str | None = None, progress: bool = True) -> Path:
+        shown_root = None if root is None else data_root(root)  # for the commands in messages
         root = data_root(root)
         target = self.path(root)
         status = self.status(root)  # checksums too: a second fetch repairs a damaged set
@@ -89,7 +93,7 @@ class FetchableSet(DataSet):
             shutil.rmtree(target)
         elif status.state != MISSING:
             raise DataError(
-                f"{target} exists but was not written by `{fetch_command(self.name, root)}` "
+                f"{target} exists but was not written by `{fetch_command(self.name, shown_root)}` "
                 f"({status.state}: {status.detail}); move it away (or use it with --data-dir/--model-dir) and rerun"
             )
         staging = root / f".{self.name}.partial"
@@ -97,7 +101,7 @@ class FetchableSet(DataSet):
             shutil.rmtree(staging)
         staging.mkdir(parents=True, exist_ok=True)
         try:
-            source, downloaded = self.fill(staging, root, url, progress)
+            source, downloaded = self.fill(staging, root, url, progress, shown_root)
         except BaseException:
             if not any(staging.iterdir()):  # leave no empty folder behind a failed download
                 staging.rmdir()
@@ -113,9 +117,11 @@ class FetchableSet(DataSet):
         log.info("%s: ready in %s", self.name, target)
         return target
 
-    def fill(self, staging: Path, root: Path, url: str | None, progress: bool) -> tuple[str, list[Path]]:
+    def fill(
+        self, staging: Path, root: Path, url: str | None, progress: bool, shown_root: Path | None
+    ) -> tuple[str, list[Path]]:
         """Put the set's files into ``staging``; returns (source, downloads to remove after)."""
-        paths = [self.download(f, root, url, progress) for f in self.files]
+        paths = [self.download(f, root, url, progress, shown_root) for f in self.files]
         self.unpack(paths, staging)
         return self.source(url), paths
 
@@ -130,7 +136,9 @@ class FetchableSet(DataSet):
     def source(self, url: str | None) -> str:
         return " ".join(self.url_for(f, url) for f in self.files)
 
-    def download(self, remote: RemoteFile, root: Path, url: str | None, progress: bool) -> Path:
+    def download(
+        self, remote: RemoteFile, root: Path, url: str | None, progress: bool, shown_root: Path | None
+    ) -> Path:
         dest = root / DOWNLOADS / remote.name
         source = self.url_for(remote, url)
         try:
@@ -139,7 +147,7 @@ class FetchableSet(DataSet):
             raise OfflineError(
                 f"{exc}. Offline? Run this fetch where there is internet (a login node) with the "
                 f"same --root, or put the file there by hand: download {source} and save it as "
-                f"{dest}, then rerun `{fetch_command(self.name, root)}` (it checks the md5 and "
+                f"{dest}, then rerun `{fetch_command(self.name, shown_root)}` (it checks the md5 and "
                 f"lays the files out). A site mirror: --url URL or {MIRROR_ENV}"
             ) from None
 
@@ -213,12 +221,14 @@ class DistilBert(FetchableSet):
     hub_files = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt")
     keep_staging = True  # snapshot_download resumes from its own partial files there
 
-    def fill(self, staging: Path, root: Path, url: str | None, progress: bool) -> tuple[str, list[Path]]:
+    def fill(
+        self, staging: Path, root: Path, url: str | None, progress: bool, shown_root: Path | None
+    ) -> tuple[str, list[Path]]:
         if url or os.environ.get(MIRROR_ENV):
             for stale in staging.iterdir():  # a plain-mirror fetch resumes in downloads/, not here
                 shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
             remotes = [RemoteFile(name, "", None) for name in self.hub_files]
-            paths = [self.download(r, root, url, progress) for r in remotes]
+            paths = [self.download(r, root, url, progress, shown_root) for r in remotes]
             self.unpack(paths, staging)
             return " ".join(self.url_for(r, url) for r in remotes), paths
         try:
@@ -272,8 +282,12 @@ class ImageNet(DataSet):
     description = "ImageNet-1k (ILSVRC2012), prepared from the official tars"
 
     def verify(self, directory: Path, recorded: dict, hashes: bool) -> str:
+        """Image counts per split against the manifest (a listing of 1.3M files: skipped when
+        ``hashes`` is off, the quick check)."""
         from relaympi.data.layouts import count_images
 
+        if not hashes:
+            return self.layout_problem(directory)
         for split in ("train", "val"):
             expected = recorded.get("counts", {}).get(split)
             found = count_images(directory / split)
@@ -302,3 +316,21 @@ def _check_members(members: list[tarfile.TarInfo], archive: Path) -> None:
 
 DATASETS: dict[str, DataSet] = {s.name: s for s in (Cifar10(), AgNews(), DistilBert(), ImageNet())}
 FETCHABLE = tuple(name for name, s in DATASETS.items() if isinstance(s, FetchableSet))
+
+
+def data_problems(
+    needs: list[tuple[str, Path]], hashes: bool = True, allow_unverified: bool = False
+) -> list[str]:
+    """One line per (set name, folder) that is not verified (or, with ``allow_unverified``, not at
+    least complete), naming the command that fixes it; [] when all are fine."""
+    problems = []
+    for name, directory in dict.fromkeys(needs):
+        status = DATASETS[name].status_of(Path(directory), hashes)
+        if status.state == VERIFIED or (allow_unverified and status.state == UNVERIFIED):
+            continue
+        if directory.name == name:  # --root always: the root may come from a settings file
+            fix = f"run `{fetch_command(name, directory.parent)}`"
+        else:
+            fix = f"fetch it with `{fetch_command(name)}` and drop the explicit folder"
+        problems.append(f"{name} in {directory}: {status.state} ({status.detail}); {fix}")
+    return problems
