@@ -34,15 +34,20 @@ class FileServer:
 
     def __init__(self) -> None:
         self.files: dict[str, bytes] = {}
+        self.headers: dict[str, dict[str, str]] = {}  # extra response headers per path
         self.cuts: dict[str, list[int]] = {}
         self.ranges = True
         self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_HEAD(self) -> None:  # noqa: N802
+                self.do_GET(head=True)
+
+            def do_GET(self, head: bool = False) -> None:  # noqa: N802
                 server.requests.append((self.path, self.headers.get("Range")))
-                body = server.files.get(self.path)
+                path = self.path.split("?", 1)[0]
+                body = server.files.get(path)
                 if body is None:
                     self.send_error(404)
                     return
@@ -55,7 +60,11 @@ class FileServer:
                 else:
                     self.send_response(200)
                 self.send_header("Content-Length", str(len(body) - start))
+                for key, value in server.headers.get(path, {}).items():
+                    self.send_header(key, value)
                 self.end_headers()
+                if head:
+                    return
                 cuts = server.cuts.get(self.path)
                 if cuts:
                     self.wfile.write(body[start : start + cuts.pop(0)])
@@ -259,6 +268,60 @@ def test_fetch_distilbert_through_the_hub_call(tmp_path, tiny_model, monkeypatch
 
     model = AutoModelForSequenceClassification.from_pretrained(str(target), num_labels=4, local_files_only=True)
     assert model.config.num_labels == 4
+
+
+def serve_hub_repo(server: FileServer, repo_id: str, folder: Path, sha: str = "5" * 40) -> None:
+    """The Hugging Face Hub endpoints huggingface_hub's snapshot_download calls, for ``folder``'s
+    files at revision ``sha`` (model.safetensors as an LFS file, the rest as git blobs)."""
+    import json
+
+    tree = []
+    for path in sorted(folder.iterdir()):
+        data = path.read_bytes()
+        blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        entry = {"type": "file", "path": path.name, "size": len(data), "oid": blob}
+        headers = {"X-Repo-Commit": sha, "ETag": f'"{blob}"'}
+        if path.suffix == ".safetensors":
+            sha256 = hashlib.sha256(data).hexdigest()
+            entry["lfs"] = {"size": len(data), "oid": sha256, "pointerSize": 134}
+            headers.update({"X-Linked-Etag": f'"{sha256}"', "X-Linked-Size": str(len(data))})
+        tree.append(entry)
+        server.files[f"/{repo_id}/resolve/{sha}/{path.name}"] = data
+        server.headers[f"/{repo_id}/resolve/{sha}/{path.name}"] = headers
+    info = {"id": repo_id, "sha": sha, "siblings": [{"rfilename": e["path"]} for e in tree]}
+    server.files[f"/api/models/{repo_id}/revision/main"] = json.dumps(info).encode()
+    server.files[f"/api/models/{repo_id}/tree/{sha}"] = json.dumps(tree).encode()
+
+
+def test_fetch_distilbert_from_a_local_hub(tmp_path, server, tiny_model):
+    """End to end through huggingface_hub.snapshot_download, against a local server that answers
+    the hub's API (HF_ENDPOINT), in a fresh process as a user runs it."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_model, repo)
+    (repo / "README.md").write_text("not asked for\n")
+    serve_hub_repo(server, DistilBert.repo_id, repo)
+    env = {**env_for_subprocess(), "HF_ENDPOINT": server.url, "HF_HOME": str(tmp_path / "hf-home")}
+    env.pop("HF_HUB_OFFLINE", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "relaympi.data", "fetch", "distilbert", "--root", str(tmp_path / "root")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    target = tmp_path / "root" / "distilbert"
+    assert sorted(p.name for p in target.iterdir()) == sorted([*DistilBert.hub_files, MANIFEST])
+    for name in DistilBert.hub_files:
+        assert (target / name).read_bytes() == (tiny_model / name).read_bytes()
+    assert read(target)["source"] == f"{server.url}/{DistilBert.repo_id}"
+    assert not any("README" in path for path, _ in server.requests)
+    env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens: offline
+    proc = subprocess.run(
+        [sys.executable, "-m", "relaympi.data", "fetch", "distilbert", "--root", str(tmp_path / "offline")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 1 and "cannot reach the Hugging Face Hub (http://127.0.0.1:9)" in proc.stderr
+    assert "save_pretrained" in proc.stderr and not (tmp_path / "offline" / "distilbert").exists()
 
 
 def test_distilbert_offline_says_how_to_save_it_by_hand(tmp_path, monkeypatch, capsys):

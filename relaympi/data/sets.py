@@ -262,9 +262,17 @@ def hub_snapshot(repo_id: str, local_dir: Path, allow_patterns: list[str], progr
     if not progress:
         disable_progress_bars()
     try:
-        snapshot_download(repo_id=repo_id, local_dir=str(local_dir), allow_patterns=allow_patterns)
+        # HF_ENDPOINT read now, not at import: a hub mirror set after huggingface_hub was imported
+        snapshot_download(
+            repo_id=repo_id,
+            local_dir=str(local_dir),
+            allow_patterns=allow_patterns,
+            endpoint=os.environ.get("HF_ENDPOINT") or None,
+        )
     except LocalEntryNotFoundError as exc:  # what the hub client raises when it cannot connect
-        raise OfflineError(f"cannot reach the Hugging Face Hub for {repo_id}: {exc}") from None
+        reason = str(exc).splitlines()[0].removeprefix("Got: ")
+        endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+        raise OfflineError(f"cannot reach the Hugging Face Hub ({endpoint}) for {repo_id}: {reason}") from None
     except HfHubHTTPError as exc:
         raise DataError(f"the Hugging Face Hub refused {repo_id}: {exc}") from None
     except OSError as exc:
