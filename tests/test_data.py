@@ -218,6 +218,23 @@ def test_url_and_mirror_variable(tmp_path, server, cifar, monkeypatch):
     assert read(tmp_path / "b" / "cifar10")["source"] == f"{server.url}/other/{ARCHIVE}"
 
 
+def test_one_fetch_of_a_set_at_a_time(tmp_path, cifar, capsys):
+    import fcntl
+
+    with open(tmp_path / ".cifar10.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert run_cli("fetch", "cifar10", "--root", tmp_path) == 1
+    assert "another fetch of cifar10 is running" in capsys.readouterr().err
+    assert run_cli("fetch", "cifar10", "--root", tmp_path) == 0
+
+
+def test_a_file_url_serves_as_a_mirror(tmp_path, cifar):
+    (tmp_path / "mirror").mkdir()
+    (tmp_path / "mirror" / ARCHIVE).write_bytes(cifar[0])
+    assert run_cli("fetch", "cifar10", "--root", tmp_path / "root", "--url", (tmp_path / "mirror").as_uri()) == 0
+    assert (tmp_path / "root" / "cifar10" / MANIFEST).is_file()
+
+
 def test_fetch_agnews_csvs(tmp_path, server, monkeypatch):
     from relaympi.tasks.agnews import read_agnews_csv
 

@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except OSError as exc:  # an unwritable root, a full disk
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("interrupted: partial files stay under the root; rerun to resume", file=sys.stderr)
         return 130

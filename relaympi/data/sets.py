@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import sys
 import tarfile
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,8 +83,14 @@ class FetchableSet(DataSet):
     keep_staging: bool = False  # keep a partial staging folder between runs (it resumes there)
 
     def fetch(self, root: Path | str | None = None, url: str | None = None, progress: bool = True) -> Path:
+        """``<root>/<name>``, fetched unless it is there and verified (one fetch per set at a time)."""
         shown_root = None if root is None else data_root(root)  # for the commands in messages
         root = data_root(root)
+        root.mkdir(parents=True, exist_ok=True)
+        with _exclusive(root / f".{self.name}.lock", self.name):
+            return self._fetch(root, shown_root, url, progress)
+
+    def _fetch(self, root: Path, shown_root: Path | None, url: str | None, progress: bool) -> Path:
         target = self.path(root)
         status = self.status(root)  # checksums too: a second fetch repairs a damaged set
         if status.state == VERIFIED:
@@ -313,6 +321,23 @@ class ImageNet(DataSet):
     def layout_problem(self, directory: Path) -> str:
         missing = [s for s in ("train", "val") if not (directory / s).is_dir()]
         return f"missing {', '.join(s + '/' for s in missing)}" if missing else ""
+
+
+@contextlib.contextmanager
+def _exclusive(lock: Path, name: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock``: a second fetch of the same set must not clear the
+    staging folder the first one is filling."""
+    import fcntl
+
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise DataError(f"another fetch of {name} is running (it holds {lock}); wait for it") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _check_members(members: list[tarfile.TarInfo], archive: Path) -> None:
