@@ -600,6 +600,13 @@ def test_prepare_imagenet_from_a_folder_of_class_tars_and_the_devkit_folder(tmp_
     assert read(tmp_path / "root" / "imagenet")["counts"] == {"train": 9, "val": 6, "classes": 3}
 
 
+def test_prepare_imagenet_reports_a_truncated_tar(tmp_path, official, capsys):
+    blob = official["train"].read_bytes()
+    official["train"].write_bytes(blob[: len(blob) // 2 + 700])
+    assert prepare(tmp_path / "root", official["train"], official["val"], official["devkit"]) == 1
+    assert "truncated or damaged" in capsys.readouterr().err and not (tmp_path / "root" / "imagenet").exists()
+
+
 def test_prepare_imagenet_refuses_images_without_ground_truth(tmp_path, official, capsys):
     train, val = folder_sources(tmp_path)
     (val / "ILSVRC2012_val_00000099.JPEG").write_bytes(jpeg(1))

@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import tarfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +84,11 @@ def prepare_imagenet(
         if not classes:
             raise DataError(f"--train {train}: no class tars (n*.tar) or class folders (n*/) with images")
         skipped = _place_val(val, labels, classes, staging / "val", placer)
+    except (tarfile.TarError, EOFError, zlib.error) as exc:
+        raise DataError(
+            f"cannot read the archives ({exc}): a truncated or damaged download? What was unpacked "
+            f"stays in {staging}; a rerun continues there"
+        ) from exc
     finally:
         placer.close()
     counts = {
@@ -96,6 +102,12 @@ def prepare_imagenet(
                 f"{staging / split} holds {counts[split]} images after placing {placer.placed[split]}; "
                 "something removed files while preparing"
             )
+    if counts["classes"] == FULL_CLASSES and counts["train"] != FULL_TRAIN_IMAGES:
+        log.warning("all %d classes but %d training images (the full set has %d): a truncated tar?",
+                    FULL_CLASSES, counts["train"], FULL_TRAIN_IMAGES)
+    if counts["classes"] == FULL_CLASSES and counts["val"] != FULL_VAL_IMAGES:
+        log.warning("all %d classes but %d validation images (the full set has %d)",
+                    FULL_CLASSES, counts["val"], FULL_VAL_IMAGES)
     full = (counts["train"], counts["val"], counts["classes"]) == (FULL_TRAIN_IMAGES, FULL_VAL_IMAGES, FULL_CLASSES)
     coverage = "the full ILSVRC2012 set" if full else (
         f"a subset: the full set has {FULL_TRAIN_IMAGES:,} train / {FULL_VAL_IMAGES:,} val images "
@@ -161,8 +173,8 @@ def _labels_from_devkit(ground_truth: bytes, meta: bytes, source: Path) -> dict[
         raise DataError(f"{source}: {META} is not the ILSVRC2012 devkit's synsets table ({exc})") from exc
     wnid_of = {i: w for i, w, leaf in zip(ids, wnids, leaves, strict=True) if leaf}
     labels: dict[str, str] = {}
-    for number, line in enumerate(ground_truth.decode().split(), start=1):
-        class_id = int(line)
+    for number, line in enumerate(ground_truth.decode(errors="replace").split(), start=1):
+        class_id = int(line) if line.isdigit() else -1
         if class_id not in wnid_of:
             raise DataError(f"{source}: {GROUND_TRUTH} line {number} names class {class_id}, not in {META}")
         labels[f"ILSVRC2012_val_{number:08d}"] = wnid_of[class_id]

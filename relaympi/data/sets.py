@@ -96,9 +96,8 @@ class FetchableSet(DataSet):
         if status.state == VERIFIED:
             log.info("%s: already present and verified in %s", self.name, target)
             return target
-        if status.state == CORRUPT:
+        if status.state == CORRUPT:  # replaced only once the new copy is complete
             log.warning("%s: %s no longer matches its manifest (%s); fetching it again", self.name, target, status.detail)
-            shutil.rmtree(target)
         elif status.state != MISSING:
             raise DataError(
                 f"{target} exists but was not written by `{fetch_command(self.name, shown_root)}` "
@@ -119,7 +118,14 @@ class FetchableSet(DataSet):
             raise DataError(f"{self.name} from {source}: {problem}; nothing was put in place")
         manifest.write(staging, self.name, source, files=manifest.file_records(staging),
                        downloads={f.name: f.md5 for f in self.files} or None)
-        os.rename(staging, target)
+        if target.exists():  # the corrupt copy: out of the way first, deleted after the rename
+            old = root / f".{self.name}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(target, old)
+            os.rename(staging, target)
+            shutil.rmtree(old)
+        else:
+            os.rename(staging, target)
         for path in downloaded:
             path.unlink(missing_ok=True)
         log.info("%s: ready in %s", self.name, target)
