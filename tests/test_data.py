@@ -272,6 +272,7 @@ def test_fetch_distilbert_through_the_hub_call(tmp_path, tiny_model, monkeypatch
         for name in allow_patterns:
             if (tiny_model / name).exists():
                 shutil.copyfile(tiny_model / name, local_dir / name)
+        return "c" * 40
 
     monkeypatch.setattr(sets, "hub_snapshot", fake_snapshot)
     assert run_cli("fetch", "distilbert", "--root", tmp_path) == 0
@@ -330,8 +331,17 @@ def test_fetch_distilbert_from_a_local_hub(tmp_path, server, tiny_model):
     assert sorted(p.name for p in target.iterdir()) == sorted([*DistilBert.hub_files, MANIFEST])
     for name in DistilBert.hub_files:
         assert (target / name).read_bytes() == (tiny_model / name).read_bytes()
-    assert read(target)["source"] == f"{server.url}/{DistilBert.repo_id}"
+    assert read(target)["source"] == f"{server.url}/{DistilBert.repo_id}@{'5' * 40}"
+    assert "5 files match the hub's checksums" in proc.stderr
     assert not any("README" in path for path, _ in server.requests)
+    served = f"/{DistilBert.repo_id}/resolve/{'5' * 40}/vocab.txt"
+    server.files[served] = server.files[served].replace(b"tiny", b"tinY")  # same size, other bytes
+    proc = subprocess.run(
+        [sys.executable, "-m", "relaympi.data", "fetch", "distilbert", "--root", str(tmp_path / "bad")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 1 and "vocab.txt has git-sha1" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "bad" / "distilbert").exists()
     env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens: offline
     proc = subprocess.run(
         [sys.executable, "-m", "relaympi.data", "fetch", "distilbert", "--root", str(tmp_path / "offline")],

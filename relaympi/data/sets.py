@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relaympi.data import manifest
-from relaympi.data.download import DataError, OfflineError, download
+from relaympi.data.download import ChecksumError, DataError, OfflineError, download
 from relaympi.data.manifest import CORRUPT, INCOMPLETE, MISSING, UNVERIFIED, VERIFIED, Status
 from relaympi.data.paths import MIRROR_ENV, data_root, fetch_command, set_dir
 
@@ -225,9 +225,10 @@ class AgNews(FetchableSet):
 
 class DistilBert(FetchableSet):
     """distilbert-base-uncased from the Hugging Face Hub (huggingface_hub.snapshot_download;
-    honours HF_ENDPOINT for hub mirrors), saved flat the way ``--model-dir`` reads it. The hub
-    publishes no checksum for the set as a whole: the manifest records the sha256 of every file
-    fetched. With --url or RELAYMPI_DATA_MIRROR the same files come from a plain file mirror."""
+    honours HF_ENDPOINT for hub mirrors), saved flat the way ``--model-dir`` reads it, checked
+    against the hub's per-file checksums; the manifest records the commit and every file's
+    sha256. With --url or RELAYMPI_DATA_MIRROR the same files come from a plain file mirror
+    (no published checksums there: the manifest records the sha256 of what was fetched)."""
 
     name = "distilbert"
     description = "DistilBERT base uncased (Hugging Face distilbert/distilbert-base-uncased)"
@@ -246,7 +247,7 @@ class DistilBert(FetchableSet):
             self.unpack(paths, staging)
             return " ".join(self.url_for(r, url) for r in remotes), paths
         try:
-            hub_snapshot(self.repo_id, staging, list(self.hub_files), progress)
+            commit = hub_snapshot(self.repo_id, staging, list(self.hub_files), progress)
         except OfflineError as exc:
             raise OfflineError(
                 f"{exc}. Offline? Run this fetch where there is internet (a login node) with the same "
@@ -256,8 +257,8 @@ class DistilBert(FetchableSet):
                 f"HF_ENDPOINT=URL, a plain file mirror: --url URL or {MIRROR_ENV}"
             ) from None
         shutil.rmtree(staging / ".cache", ignore_errors=True)  # the hub client's resume state
-        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-        return f"{endpoint}/{self.repo_id}", []
+        endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+        return f"{endpoint}/{self.repo_id}@{commit}", []
 
     def layout_problem(self, directory: Path) -> str:
         from relaympi.data.layouts import model_dir_problem
@@ -265,35 +266,63 @@ class DistilBert(FetchableSet):
         return model_dir_problem(directory)
 
 
-def hub_snapshot(repo_id: str, local_dir: Path, allow_patterns: list[str], progress: bool) -> None:
-    """The one call into the Hugging Face Hub: ``allow_patterns`` of ``repo_id`` into ``local_dir``."""
+def hub_snapshot(repo_id: str, local_dir: Path, allow_patterns: list[str], progress: bool) -> str:
+    """The one place that talks to the Hugging Face Hub: ``allow_patterns`` of ``repo_id``'s
+    current commit into ``local_dir``, checked against the checksums the hub publishes (git blob
+    sha1, sha256 of LFS files) where huggingface_hub can (>= 1.x: verify_repo_checksums).
+    Returns the commit. HF_ENDPOINT is read now, not when huggingface_hub was imported."""
     try:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+        from huggingface_hub import HfApi, snapshot_download
+        from huggingface_hub.errors import HfHubHTTPError
         from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
     except ImportError as exc:
         raise DataError("fetching distilbert needs huggingface_hub: pip install 'relaympi[nlp]'") from exc
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    api = HfApi(endpoint=endpoint)
     if not progress:
         disable_progress_bars()
     try:
-        # HF_ENDPOINT read now, not at import: a hub mirror set after huggingface_hub was imported
+        commit = api.model_info(repo_id, revision="main").sha
         snapshot_download(
-            repo_id=repo_id,
-            local_dir=str(local_dir),
-            allow_patterns=allow_patterns,
-            endpoint=os.environ.get("HF_ENDPOINT") or None,
+            repo_id=repo_id, revision=commit, local_dir=str(local_dir), allow_patterns=allow_patterns,
+            endpoint=endpoint,
         )
-    except LocalEntryNotFoundError as exc:  # what the hub client raises when it cannot connect
-        reason = str(exc).splitlines()[0].removeprefix("Got: ")
-        endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
-        raise OfflineError(f"cannot reach the Hugging Face Hub ({endpoint}) for {repo_id}: {reason}") from None
+        verify = getattr(api, "verify_repo_checksums", None)
+        if verify is None:
+            log.info("this huggingface_hub cannot check the hub's checksums; recording sha256 only")
+        else:
+            result = verify(repo_id, revision=commit, local_dir=str(local_dir))
+            if result.mismatches:
+                for mismatch in result.mismatches:
+                    (local_dir / mismatch["path"]).unlink(missing_ok=True)
+                first = result.mismatches[0]
+                raise ChecksumError(
+                    f"{repo_id}@{commit}: {first['path']} has {first['algorithm']} {first['actual']}, the hub "
+                    f"publishes {first['expected']} ({len(result.mismatches)} file(s) differ; deleted)"
+                )
+            log.info("%s@%s: %d files match the hub's checksums", repo_id, commit, result.checked_count)
     except HfHubHTTPError as exc:
-        raise DataError(f"the Hugging Face Hub refused {repo_id}: {exc}") from None
-    except OSError as exc:
-        raise OfflineError(f"cannot download {repo_id} from the Hugging Face Hub: {exc}") from None
+        raise DataError(f"the Hugging Face Hub ({endpoint}) refused {repo_id}: {exc}") from None
+    except DataError:
+        raise
+    except Exception as exc:
+        if not _is_connection_error(exc):
+            raise
+        reason = str(exc).splitlines()[0].removeprefix("Got: ") if str(exc) else type(exc).__name__
+        raise OfflineError(f"cannot reach the Hugging Face Hub ({endpoint}) for {repo_id}: {reason}") from None
     finally:
         if not progress:
             enable_progress_bars()
+    return commit
+
+
+def _is_connection_error(exc: Exception) -> bool:
+    """A network failure, whichever HTTP stack this huggingface_hub uses (httpx or requests)."""
+    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    if isinstance(exc, (OSError, LocalEntryNotFoundError, OfflineModeIsEnabled)):
+        return True
+    return type(exc).__module__.startswith(("httpx", "httpcore", "requests", "urllib3"))  # httpx2 too
 
 
 class ImageNet(DataSet):
