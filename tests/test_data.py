@@ -447,6 +447,21 @@ def train(tmp_path: Path, data_root: Path, *args: str) -> subprocess.CompletedPr
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.parametrize("task, data, model", [
+    ("agnews", "agnews", "distilbert"), ("imagenet", "imagenet", None), ("digits", None, None),
+])
+def test_resolve_fills_the_default_folders(tmp_path, monkeypatch, task, data, model):
+    from relaympi.config import RunConfig
+    from relaympi.train import resolve
+
+    monkeypatch.setenv("RELAYMPI_DATA", str(tmp_path))
+    cfg = resolve(RunConfig(task=task, backend="local", workers=2), 2).cfg
+    assert cfg.data_dir == (tmp_path / data if data else None)
+    assert cfg.model_dir == (tmp_path / model if model else None)
+    given = resolve(RunConfig(task=task, backend="local", workers=2, data_dir=Path("rel")), 2).cfg
+    assert given.data_dir == Path("rel").absolute()  # given: kept, made absolute for the record
+
+
 def test_train_reads_the_default_root_and_records_it(tmp_path):
     from relaympi.results import read_run
 
