@@ -55,6 +55,9 @@ class FileServer:
                 wanted = self.headers.get("Range")
                 if wanted and server.ranges:
                     start = int(wanted.removeprefix("bytes=").split("-")[0])
+                    if start >= len(body):
+                        self.send_error(416)
+                        return
                     self.send_response(206)
                     self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
                 else:
@@ -187,6 +190,13 @@ def test_a_server_without_ranges_restarts_the_download(tmp_path, server, cifar, 
     server.cuts[f"/kriz/{ARCHIVE}"] = [4000]
     assert run_cli("fetch", "cifar10", "--root", tmp_path) == 0
     assert "starting over" in caplog.text and (tmp_path / "cifar10" / MANIFEST).is_file()
+
+
+def test_a_partial_file_longer_than_the_file_starts_over(tmp_path, server, cifar, caplog):
+    (tmp_path / "downloads").mkdir()
+    (tmp_path / "downloads" / f"{ARCHIVE}.part").write_bytes(b"x" * (len(cifar[0]) + 10))
+    assert run_cli("fetch", "cifar10", "--root", tmp_path) == 0
+    assert "refused to resume" in caplog.text and (tmp_path / "cifar10" / MANIFEST).is_file()
 
 
 def test_offline_says_where_to_put_the_file_and_uses_it(tmp_path, cifar, monkeypatch, capsys):

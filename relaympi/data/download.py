@@ -71,11 +71,12 @@ def download(
             break
         except _Interrupted as exc:
             if attempt == attempts:
+                held = part.stat().st_size if part.exists() else 0
                 raise DataError(
-                    f"download of {url} interrupted ({exc}); {part} holds "
-                    f"{part.stat().st_size} bytes: rerun the same command to resume"
+                    f"download of {url} interrupted ({exc}); {part} holds {held} bytes: "
+                    "rerun the same command to resume"
                 ) from None
-            log.warning("download of %s interrupted (%s); resuming (attempt %d of %d)", url, exc, attempt + 1, attempts)
+            log.warning("download of %s interrupted (%s); trying again (attempt %d of %d)", url, exc, attempt + 1, attempts)
     _check_md5(part, md5, url, delete=True)
     os.replace(part, dest)
     return dest
