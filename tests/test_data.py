@@ -435,7 +435,7 @@ def test_default_root_comes_from_the_environment(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("args", [
     ["fetch"],
-    ["fetch", "imagenet"],
+    ["fetch", "imagenet", "cifar10"],
     ["fetch", "mnist"],
     ["check", "mnist"],
     ["prepare-imagenet", "--train", "x"],

@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     root_help = f"data root (default ${ROOT_ENV}, else ~/.cache/relaympi)"
 
     fetch = sub.add_parser("fetch", help="download, verify and lay out public data sets")
-    fetch.add_argument("names", nargs="+", choices=FETCHABLE, metavar="NAME", help=f"one or more of {', '.join(FETCHABLE)}")
+    fetch.add_argument("names", nargs="+", choices=(*FETCHABLE, "imagenet"), metavar="NAME", help=f"one or more of {', '.join(FETCHABLE)}")
     fetch.add_argument("--root", type=Path, help=root_help)
     fetch.add_argument("--url", help=f"base URL of a mirror holding the set's files by name (default ${MIRROR_ENV}/<name>, else the official source)")
     fetch.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -75,9 +75,13 @@ def check_names(names: list[str]) -> list[str]:
     from relaympi.data.paths import task_sets
     from relaympi.data.sets import DATASETS
 
+    from relaympi.tasks import TASK_NAMES
+
     result: list[str] = []
     for name in names or list(DATASETS):
         sets = task_sets(name) or ((name,) if name in DATASETS else ())
+        if not sets and name in TASK_NAMES:
+            continue  # digits, quadratics: nothing to fetch
         if not sets:
             raise ValueError(f"unknown data set or task {name!r}; choose from {', '.join(DATASETS)}")
         result.extend(s for s in sets if s not in result)
@@ -111,6 +115,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "fetch":
             from relaympi.data.sets import DATASETS
 
+            if "imagenet" in args.names:
+                print(
+                    "error: ImageNet cannot be fetched (its licence needs an account at image-net.org); "
+                    f"download the tars there, then: {fetch_command('imagenet')}",
+                    file=sys.stderr,
+                )
+                return EXIT_USAGE
             for name in dict.fromkeys(args.names):
                 DATASETS[name].fetch(args.root, url=args.url, progress=not args.no_progress)
             return EXIT_OK
