@@ -635,6 +635,19 @@ def test_prepare_imagenet_from_a_folder_of_class_tars_and_the_devkit_folder(tmp_
     assert read(tmp_path / "root" / "imagenet")["counts"] == {"train": 9, "val": 6, "classes": 3}
 
 
+def test_prepare_imagenet_accepts_a_sorted_validation_folder(tmp_path, official, capsys):
+    train, val = folder_sources(tmp_path)
+    for i, class_id in enumerate(VAL_IDS, start=1):
+        (val / WNIDS[class_id - 1]).mkdir(exist_ok=True)
+        (val / f"ILSVRC2012_val_{i:08d}.JPEG").rename(val / WNIDS[class_id - 1] / f"ILSVRC2012_val_{i:08d}.JPEG")
+    assert prepare(tmp_path / "root", train, val, official["devkit"], "--link") == 0
+    assert read(tmp_path / "root" / "imagenet")["counts"] == {"train": 3, "val": 6, "classes": 3}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert prepare(tmp_path / "root2", train, empty, official["devkit"]) == 1
+    assert "no validation images" in capsys.readouterr().err
+
+
 def test_prepare_imagenet_reports_a_truncated_tar(tmp_path, official, capsys):
     blob = official["train"].read_bytes()
     official["train"].write_bytes(blob[: len(blob) // 2 + 700])

@@ -225,25 +225,32 @@ def _tar_images(fileobj: IO[bytes]) -> Iterator[_Image]:
                 yield _Image(name, read=tar.extractfile(member))
 
 
-def _val_images(val: Path) -> Iterator[_Image]:
+def _val_images(val: Path) -> Iterator[tuple[str | None, _Image]]:
+    """(wnid if the source already says it, image): flat tar or folder, or val/<wnid>/ folders."""
     if val.is_file():
         with tarfile.open(val, "r|*") as tar:
             for member in tar:
                 name = member.name.rsplit("/", 1)[-1]
                 if member.isfile() and is_image(name):
-                    yield _Image(name, read=tar.extractfile(member))
+                    yield None, _Image(name, read=tar.extractfile(member))
         return
     for path in sorted(val.iterdir()):
         if path.is_file() and is_image(path.name):
-            yield _Image(path.name, path=path)
+            yield None, _Image(path.name, path=path)
+        elif path.is_dir() and _WNID.match(path.name):  # already sorted into class folders
+            for image in sorted(path.iterdir()):
+                if image.is_file() and is_image(image.name):
+                    yield path.name, _Image(image.name, path=image)
 
 
 def _place_val(val: Path, labels: dict[str, str], classes: set[str], out: Path, placer: _Placer) -> int:
     """Sort the flat validation images into ``out/<wnid>/``; returns how many were left out."""
     skipped = 0
+    seen = 0
     unknown: list[str] = []
-    for image in _val_images(val):
-        wnid = labels.get(image.name.rsplit(".", 1)[0])
+    for sorted_as, image in _val_images(val):
+        seen += 1
+        wnid = labels.get(image.name.rsplit(".", 1)[0], sorted_as)
         if wnid is None:
             unknown.append(image.name)
             continue
@@ -251,6 +258,8 @@ def _place_val(val: Path, labels: dict[str, str], classes: set[str], out: Path, 
             skipped += 1
             continue
         placer.place(image, out / wnid, "val")
+    if not seen:
+        raise DataError(f"--val {val}: no validation images (*.JPEG) in it")
     if unknown:
         raise DataError(
             f"{len(unknown)} validation images have no ground-truth entry (first: {unknown[0]}); "
