@@ -87,6 +87,15 @@ class FileServer:
         self.httpd.server_close()
 
 
+def closed_url() -> str:
+    """A local URL nothing listens on (a port just bound and released): offline."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
 @pytest.fixture
 def server():
     s = FileServer()
@@ -200,7 +209,7 @@ def test_a_partial_file_longer_than_the_file_starts_over(tmp_path, server, cifar
 
 
 def test_offline_says_where_to_put_the_file_and_uses_it(tmp_path, cifar, monkeypatch, capsys):
-    closed = "http://127.0.0.1:9/kriz/" + ARCHIVE  # the discard port: nothing listens
+    closed = f"{closed_url()}/kriz/{ARCHIVE}"
     monkeypatch.setattr(Cifar10, "files", (RemoteFile(ARCHIVE, closed, Cifar10.files[0].md5),))
     assert run_cli("fetch", "cifar10", "--root", tmp_path) == 1
     err = capsys.readouterr().err
@@ -352,12 +361,12 @@ def test_fetch_distilbert_from_a_local_hub(tmp_path, server, tiny_model):
     )
     assert proc.returncode == 1 and "vocab.txt has git-sha1" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "bad" / "distilbert").exists()
-    env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens: offline
+    env["HF_ENDPOINT"] = offline = closed_url()
     proc = subprocess.run(
         [sys.executable, "-m", "relaympi.data", "fetch", "distilbert", "--root", str(tmp_path / "offline")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
-    assert proc.returncode == 1 and "cannot reach the Hugging Face Hub (http://127.0.0.1:9)" in proc.stderr
+    assert proc.returncode == 1 and f"cannot reach the Hugging Face Hub ({offline})" in proc.stderr
     assert "save_pretrained" in proc.stderr and not (tmp_path / "offline" / "distilbert").exists()
 
 
