@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from relaympi.data.paths import TASK_DATA, TASK_MODEL, data_root  # noqa: E402  (needs ROOT on sys.path)
+
 # The paper's topology per algorithm (Table "Motivation of topology choices").
 PAPER_TOPOLOGY = {
     "allreduce": "fully-connected",
@@ -78,8 +80,8 @@ class Sweep:
     needs_model: bool = False
 
 
-DATA_TASKS = ("cifar10", "imagenet", "agnews")  # tasks that read --data-dir
-MODEL_TASKS = ("agnews",)  # tasks that read --model-dir
+DATA_TASKS = tuple(TASK_DATA)  # tasks that read --data-dir
+MODEL_TASKS = tuple(TASK_MODEL)  # tasks that read --model-dir
 
 SWEEPS = {
     "sweep_alpha": Sweep(
@@ -458,19 +460,45 @@ def _train_args(
             args += [flag, settings.get(name)]
     if config.relay_mode:
         args += ["--relay-mode", config.relay_mode]
-    sweep = _sweep(sweep_name)
-    for flag, name, needed in (
-        ("--data-dir", "RELAYMPI_DATA_DIR", sweep.needs_data or config.task in DATA_TASKS),
-        ("--model-dir", "RELAYMPI_MODEL_DIR", sweep.needs_model or config.task in MODEL_TASKS),
-    ):
-        value = settings.get(name)
-        if value:
-            args += [flag, str(Path(value).expanduser().absolute())]
-        elif needed:
-            args += [flag, f"<set {name}>"]
+    for flag, path, _ in data_dirs(config, sweep_name, settings):
+        args += [flag, str(path)]
     args += ["--out", str(out), "--checkpoint-dir", str(checkpoint_dir)]
     args += shlex.split(settings.get("RELAYMPI_EXTRA_ARGS", ""))
     return args
+
+
+def data_dirs(
+    config: RunConfig, sweep_name: str, settings: Settings
+) -> list[tuple[str, Path | str, str | None]]:
+    """(flag, folder, data set) for --data-dir / --model-dir: RELAYMPI_DATA_DIR / _MODEL_DIR if set,
+    else the task's folder under the data root ($RELAYMPI_DATA, else ~/.cache/relaympi)."""
+    sweep = _sweep(sweep_name)
+    result: list[tuple[str, Path | str, str | None]] = []
+    for flag, name, data_set, needed in (
+        ("--data-dir", "RELAYMPI_DATA_DIR", TASK_DATA.get(config.task), sweep.needs_data),
+        ("--model-dir", "RELAYMPI_MODEL_DIR", TASK_MODEL.get(config.task), sweep.needs_model),
+    ):
+        value = settings.get(name)
+        if value:
+            result.append((flag, Path(value).expanduser().absolute(), data_set))
+        elif data_set:
+            result.append((flag, data_root(settings.get("RELAYMPI_DATA")) / data_set, data_set))
+        elif needed:
+            result.append((flag, f"<set {name}>", None))
+    return result
+
+
+def data_problems(selected: Sequence[Job], sweep_name: str, settings: Settings, hashes: bool) -> list[str]:
+    """What is wrong with the data the ``selected`` jobs read ([] when all of it is verified)."""
+    from relaympi.data.sets import data_problems as problems
+
+    needs = [
+        (data_set, path)
+        for job in selected
+        for _, path, data_set in data_dirs(job.config, sweep_name, settings)
+        if data_set is not None and isinstance(path, Path)
+    ]
+    return problems(needs, hashes=hashes, allow_unverified=settings.flag("RELAYMPI_ALLOW_UNVERIFIED_DATA"))
 
 
 def command(
@@ -572,17 +600,32 @@ def array_spec(indices: Sequence[int]) -> str:
     return ",".join(parts)
 
 
-def cmd_plan(sweep_name: str, settings: Settings, include_finished: bool) -> int:
-    """Lines 'group<TAB>NTASKS<TAB>ARRAY<TAB>COUNT' (one per task count), then 'logs<TAB>DIR'."""
+def cmd_plan(sweep_name: str, settings: Settings, include_finished: bool, dry_run: bool = False) -> int:
+    """Lines 'group<TAB>NTASKS<TAB>ARRAY<TAB>COUNT' (one per task count), then 'logs<TAB>DIR'.
+
+    Refuses (GridError) when the data the planned jobs read is not present and verified; a dry
+    run only warns."""
     local = launcher(settings) == "local"
     groups: dict[int, list[int]] = {}
     finished = 0
+    selected = []
     for job in jobs(sweep_name, settings):
         if not include_finished and _status(job.out) in FINISHED:
             finished += 1
             continue
         ntasks = 1 if local else job.config.world_size
         groups.setdefault(ntasks, []).append(job.index)
+        selected.append(job)
+    problems = data_problems(selected, sweep_name, settings, hashes=True)
+    if problems:
+        message = (
+            f"{sweep_name}: the data its jobs read is not present and verified:\n  "
+            + "\n  ".join(problems)
+            + "\n(data put there by hand, complete but without a manifest: RELAYMPI_ALLOW_UNVERIFIED_DATA=1)"
+        )
+        if not dry_run:
+            raise GridError(message)
+        print(f"jobs/grid.py: warning: {message}", file=sys.stderr)
     for ntasks, indices in sorted(groups.items()):
         print(f"group\t{ntasks}\t{array_spec(indices)}\t{len(indices)}")
     print(f"finished\t{finished}")
@@ -646,6 +689,9 @@ def cmd_run(sweep_name: str, settings: Settings, index: int | None) -> int:
         return 0
     if "<set RELAYMPI_" in " ".join(job.command):
         raise GridError(f"{sweep_name} needs RELAYMPI_DATA_DIR (and RELAYMPI_MODEL_DIR for agnews)")
+    missing = [p for p in data_problems([job], sweep_name, settings, hashes=False) if ": missing (" in p or ": incomplete (" in p]
+    if missing:  # a cheap look (no checksums) before a whole allocation starts to fail
+        raise GridError(f"{label}: data not there:\n  " + "\n  ".join(missing))
     if status in ("missing", "corrupt") and job.checkpoint_dir.exists():
         # The checkpoint belongs to a run file that is gone: start afresh rather than resume into nothing.
         _log(f"{label}: run file {status}; removing its stale checkpoint {job.checkpoint_dir}")
@@ -691,6 +737,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("sweep", choices=sorted(SWEEPS))
         if name == "plan":
             p.add_argument("--all", action="store_true", help="include finished configurations")
+            p.add_argument("--dry-run", action="store_true", help="warn about missing data instead of refusing")
         if name == "run":
             p.add_argument(
                 "--index", type=int, help="configuration to run (default: $SLURM_ARRAY_TASK_ID)"
@@ -714,7 +761,7 @@ def main(argv: list[str] | None = None) -> int:
             print(len(configurations(args.sweep, settings)))
             return 0
         if args.command == "plan":
-            return cmd_plan(args.sweep, settings, args.all)
+            return cmd_plan(args.sweep, settings, args.all, args.dry_run)
         if (
             args.command == "list"
             or args.dry_run

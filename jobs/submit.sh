@@ -6,7 +6,8 @@
 # Only configurations whose run file is not completed/diverged are submitted (--all: every
 # one; each job skips finished runs anyway). Configurations are grouped by their --ntasks
 # (sweep_workers runs 16, 32 and 64 workers), one array per group. With --wait, waits for
-# every array and exits with the highest exit status. Settings: jobs/README.md.
+# every array and exits with the highest exit status. Refuses (exit 2) when the data the jobs read
+# is not present and verified under the data root (python -m relaympi.data check). Settings: jobs/README.md.
 set -euo pipefail
 
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
@@ -35,6 +36,8 @@ for arg in "$@"; do
         *) sbatch_args+=("$arg") ;;
     esac
 done
+
+[[ "$dry_run" == 0 ]] || plan_args+=(--dry-run)  # a dry run warns about missing data; a submission refuses
 
 relaympi_setup
 plan="$("$RELAYMPI_PY" "$RELAYMPI_ROOT/jobs/grid.py" plan "$sweep" ${plan_args[@]+"${plan_args[@]}"})"

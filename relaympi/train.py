@@ -2,7 +2,8 @@
 
 Launch one worker per MPI rank, or all workers as threads of one process:
 
-    mpirun -n 16 python -m relaympi.train --algo relay --task cifar10 --data-dir data/cifar10
+    python -m relaympi.data fetch cifar10       # once: into $RELAYMPI_DATA or ~/.cache/relaympi
+    mpirun -n 16 python -m relaympi.train --algo relay --task cifar10
     python -m relaympi.train --task digits --backend local --workers 16 --algo relay --alpha 0.01
     python -m relaympi.train --task quadratics --backend local --workers 8 --algo relay --topology chain --steps 200
 
@@ -83,6 +84,7 @@ def resolve(cfg: RunConfig, world_size: int) -> Plan:
     else:
         task_cls = get_task_class(cfg.task)
         defaults = task_cls.defaults
+    cfg = _with_data_dirs(cfg)
     topo_name = cfg.topology or getattr(task_cls, "default_topology_by_algo", {}).get(cfg.algo) or default_topology(cfg.algo)
     try:
         topology = build(topo_name, world_size)
@@ -144,6 +146,21 @@ def resolve(cfg: RunConfig, world_size: int) -> Plan:
             raise ConfigError("--relay-lr-correction applies to --algo relay only")
         plan.lr *= lr_correction(topology)
     return plan
+
+
+def _with_data_dirs(cfg: RunConfig) -> RunConfig:
+    """--data-dir / --model-dir as absolute paths, defaulting to the task's folders under the data
+    root ($RELAYMPI_DATA, else ~/.cache/relaympi), so the run file records where data came from."""
+    from relaympi.data import task_dirs
+
+    data_dir, model_dir = task_dirs(cfg.task)
+    data_dir = cfg.data_dir or data_dir
+    model_dir = cfg.model_dir or model_dir
+    return replace(
+        cfg,
+        data_dir=Path(data_dir).expanduser().absolute() if data_dir else None,
+        model_dir=Path(model_dir).expanduser().absolute() if model_dir else None,
+    )
 
 
 def _check_combination(cfg: RunConfig, topology: Any, world_size: int) -> None:

@@ -110,10 +110,11 @@ def test_paper_grids() -> None:
     assert not [c for c in commands if "--algo qgm" in c and "--momentum 0 " in c]
     drop = grid("list", "sweep_drop").stdout
     assert "--drop-prob 0.1 " in drop and "--algo qgm --topology ring" in drop
-    agnews = grid("list", "sweep_agnews").stdout
+    agnews = grid("list", "sweep_agnews", RELAYMPI_DATA="/data root").stdout
     assert "--algo relay --topology chain" in agnews and "--optimizer adam" in agnews
-    assert "--lr 0.0009 " in agnews and "<set RELAYMPI_DATA_DIR>" in agnews
-    workers = grid("plan", "sweep_workers", "--all").stdout
+    assert "--lr 0.0009 " in agnews
+    assert "--data-dir '/data root/agnews' --model-dir '/data root/distilbert' " in agnews
+    workers = grid("plan", "sweep_workers", "--all", "--dry-run").stdout
     assert [line.split("\t")[1] for line in workers.splitlines() if line.startswith("group")] == [
         "16",
         "32",
@@ -197,10 +198,36 @@ def test_dry_run_lists_exact_commands(tmp_path: Path) -> None:
 def test_run_needs_an_index_and_data() -> None:
     proc = bash("sweep_alpha.sh")
     assert proc.returncode == 2 and "jobs/submit.sh sweep_alpha" in proc.stderr
-    proc = bash("sweep_imagenet.sh", "--index", "0", RELAYMPI_LAUNCHER="local")
-    assert proc.returncode == 2 and "RELAYMPI_DATA_DIR" in proc.stderr
+    proc = bash("sweep_imagenet.sh", "--index", "0", RELAYMPI_LAUNCHER="local", RELAYMPI_DATA="/nonexistent")
+    assert proc.returncode == 2 and "imagenet in /nonexistent/imagenet: missing" in proc.stderr
+    assert "prepare-imagenet" in proc.stderr
     proc = bash("sweep_alpha.sh", "--index", "999", **QUADRATICS)
     assert proc.returncode == 0 and "outside the grid" in proc.stdout
+
+
+def test_submit_refuses_data_that_is_not_verified(tmp_path: Path) -> None:
+    from relaympi.data import manifest
+    from tests.data_factories import write_cifar10_binary
+
+    root = tmp_path / "data root"
+    small = {"RELAYMPI_DATA": str(root), "RELAYMPI_ALGOS": "relay", "RELAYMPI_ALPHAS": "0.1",
+             "RELAYMPI_SEEDS": "0", "RELAYMPI_MOMENTA": "0", "RELAYMPI_RESULTS_DIR": str(tmp_path / "r")}
+    proc = bash("submit.sh", "sweep_alpha", **small)
+    assert proc.returncode == 2 and "not present and verified" in proc.stderr
+    assert f"python -m relaympi.data fetch cifar10 --root '{root}'" in proc.stderr
+    dry = bash("submit.sh", "sweep_alpha", "--dry-run", **small)
+    assert dry.returncode == 0 and "warning:" in dry.stderr and "--array=0 " in dry.stderr
+    write_cifar10_binary(root / "cifar10", n_per_batch=2)  # by hand: complete, not verified
+    proc = grid("plan", "sweep_alpha", **small)
+    assert proc.returncode == 2 and "cifar10 in" in proc.stderr and "unverified" in proc.stderr
+    assert grid("plan", "sweep_alpha", RELAYMPI_ALLOW_UNVERIFIED_DATA="1", **small).returncode == 0
+    directory = root / "cifar10"
+    manifest.write(directory, "cifar10", "test", files=manifest.file_records(directory))
+    proc = grid("plan", "sweep_alpha", **small)
+    assert proc.returncode == 0 and proc.stdout.startswith("group\t16\t0\t1"), proc.stderr
+    (directory / "cifar-10-batches-bin" / "test_batch.bin").write_bytes(b"x")
+    proc = grid("plan", "sweep_alpha", **small)
+    assert proc.returncode == 2 and "corrupt" in proc.stderr
 
 
 @pytest.mark.skipif(not HAVE_TRAIN, reason="relaympi.train is not available")

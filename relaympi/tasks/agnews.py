@@ -45,6 +45,12 @@ _CSV_HINT = (
 )
 
 
+def _fetch_hint(name: str, directory: Path) -> str:
+    from relaympi.data.paths import fetch_hint
+
+    return fetch_hint(name, directory)
+
+
 def _transformers() -> Any:
     """Import transformers with the hub switched off: this task never downloads anything."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -80,7 +86,7 @@ def read_agnews_csv(path: Path) -> tuple[list[str], np.ndarray]:
     Fields are CSV-quoted (commas and doubled quotes inside them); a header row is skipped.
     """
     if not path.is_file():
-        raise TaskError(f"{path} not found; expected {_CSV_HINT}")
+        raise TaskError(f"{path} not found; expected {_CSV_HINT}. {_fetch_hint('agnews', path.parent)}")
     texts: list[str] = []
     labels: list[int] = []
     with open(path, newline="", encoding="utf-8") as f:
@@ -117,7 +123,9 @@ def check_model_dir(model_dir: Path | None) -> Path:
         raise TaskError(f"task agnews needs --model-dir DIR; {expected}. {_SAVE_HINT}")
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
-        raise TaskError(f"{model_dir} is not a directory; {expected}. {_SAVE_HINT}")
+        raise TaskError(
+            f"{model_dir} is not a directory; {expected}. {_fetch_hint('distilbert', model_dir)} Or {_SAVE_HINT}"
+        )
     missing = []
     if not (model_dir / "config.json").is_file():
         missing.append("config.json")

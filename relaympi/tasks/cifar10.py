@@ -182,10 +182,10 @@ def load_cifar10(data_dir: Path | str | None) -> tuple[Split, Split]:
     files directly in ``data_dir``). Files may hold any whole number of records.
     """
     if data_dir is None:
-        raise TaskError(f"the cifar10 task needs --data-dir. {_where_to_get_it()}")
+        raise TaskError(f"the cifar10 task needs --data-dir. {_where_to_get_it(None)}")
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
-        raise TaskError(f"CIFAR-10 data directory {data_dir} does not exist. {_where_to_get_it()}")
+        raise TaskError(f"CIFAR-10 data directory {data_dir} does not exist. {_where_to_get_it(data_dir)}")
     layouts = [
         (data_dir / BINARY_DIR, BINARY_TRAIN, BINARY_TEST, read_binary_batch),
         (data_dir, BINARY_TRAIN, BINARY_TEST, read_binary_batch),
@@ -200,12 +200,15 @@ def load_cifar10(data_dir: Path | str | None) -> tuple[Split, Split]:
             labels = np.concatenate([batch[1] for batch in train])
             return (images, labels), read(paths[-1])
     raise TaskError(
-        f"no complete CIFAR-10 copy in {data_dir}{_missing(layouts)}. {_where_to_get_it()}"
+        f"no complete CIFAR-10 copy in {data_dir}{_missing(layouts)}. {_where_to_get_it(data_dir)}"
     )
 
 
-def _where_to_get_it() -> str:
+def _where_to_get_it(data_dir: Path | None) -> str:
+    from relaympi.data.paths import fetch_hint
+
     return (
+        f"{fetch_hint('cifar10', data_dir)} "
         "Expected the binary version: cifar-10-batches-bin/data_batch_1.bin ... "
         "data_batch_5.bin and test_batch.bin (or these files directly in the data "
         "directory), or the python version: cifar-10-batches-py/data_batch_1 ... "

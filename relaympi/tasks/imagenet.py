@@ -243,7 +243,9 @@ class ImageNetTask(Task):
                     if split == "val"
                     else ""
                 )
-                raise TaskError(f"{root / split} is not a directory; expected {_LAYOUT}{hint}")
+                from relaympi.data.paths import fetch_hint
+
+                raise TaskError(f"{root / split} is not a directory; expected {_LAYOUT}{hint}. {fetch_hint('imagenet', root)}")
         self._classes = _class_dirs(root / "train")
         if not self._classes:
             raise TaskError(f"{root / 'train'} holds no class folders; expected {_LAYOUT}")

@@ -1,0 +1,52 @@
+"""Whether a folder holds what a task reads, asked of the task modules themselves (imported lazily)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+def cifar10_problem(directory: Path) -> str:
+    """'' if the CIFAR-10 loader finds a complete copy in ``directory``; else what is missing."""
+    from relaympi.tasks.cifar10 import BINARY_DIR, BINARY_TRAIN, BINARY_TEST, PYTHON_DIR, PYTHON_TEST, PYTHON_TRAIN
+
+    for folder, names in (
+        (directory / BINARY_DIR, (*BINARY_TRAIN, BINARY_TEST)),
+        (directory, (*BINARY_TRAIN, BINARY_TEST)),
+        (directory / PYTHON_DIR, (*PYTHON_TRAIN, PYTHON_TEST)),
+        (directory, (*PYTHON_TRAIN, PYTHON_TEST)),
+    ):
+        if all((folder / name).is_file() for name in names):
+            return ""
+    return f"no complete CIFAR-10 copy ({BINARY_DIR}/data_batch_1..5.bin and test_batch.bin)"
+
+
+def model_dir_problem(directory: Path) -> str:
+    """'' if ``directory`` is a model folder the agnews task loads; else what is missing."""
+    from relaympi.tasks.agnews import WEIGHT_FILES, TOKENIZER_FILES
+
+    missing = []
+    if not (directory / "config.json").is_file():
+        missing.append("config.json")
+    if not any((directory / name).is_file() for name in WEIGHT_FILES):
+        missing.append("weights (model.safetensors or pytorch_model.bin)")
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        missing.append("a tokenizer (tokenizer.json or vocab.txt)")
+    return f"missing {', '.join(missing)}" if missing else ""
+
+
+def is_image(name: str) -> bool:
+    """An image file as the imagenet task reads it (by extension)."""
+    from relaympi.tasks.imagenet import IMAGE_EXTENSIONS
+
+    return name.lower().endswith(IMAGE_EXTENSIONS)
+
+
+def count_images(split_dir: Path) -> int:
+    """Images in the class folders of ``split_dir`` (0 if it does not exist)."""
+    if not split_dir.is_dir():
+        return 0
+    total = 0
+    for entry in os.scandir(split_dir):
+        if entry.is_dir():
+            total += sum(1 for f in os.scandir(entry.path) if f.is_file() and is_image(f.name))
+    return total
