@@ -34,21 +34,36 @@ class OptimizerConfig:
             raise ValueError(f"adam eps must be > 0, got {self.eps}")
 
 
+# Elements per block of the fused update on CPU: the block's gradient, momentum, update and model
+# stay in cache across the update's several elementwise ops (a 9.2M-model SGD step with Nesterov
+# momentum moves ~6 model-sized arrays through memory instead of ~13). Every op is elementwise,
+# so the blocking changes no bit of the result between runs. Device tensors run as one block.
+UPDATE_BLOCK = 1 << 17
+
+
 class LocalOptimizer:
     """Turns a gradient into a local update u = x(t+1/2) - x(t), in a buffer it owns."""
 
     def __init__(self, config: OptimizerConfig, like: torch.Tensor):
         self.config = config
         self.update_buffer = padded_zeros_like(like)  # spare slots: RelaySGD/Grad relays u without a copy
+        numel = like.numel()
+        step = UPDATE_BLOCK if like.device.type == "cpu" else max(numel, 1)
+        self._blocks = [slice(lo, min(lo + step, numel)) for lo in range(0, numel, step)]
+        self._decayed: torch.Tensor | None = None  # one block of grad + weight_decay * x
 
-    def update(self, grad: torch.Tensor, x: torch.Tensor, lr: float) -> torch.Tensor:
-        """The update for this step (the returned tensor is reused next step)."""
+    def update(self, grad: torch.Tensor, x: torch.Tensor, lr: float, apply: bool = False) -> torch.Tensor:
+        """The update for this step (the returned tensor is reused next step); with ``apply``,
+        also x += u in the same cache-blocked sweep."""
         raise NotImplementedError
 
     def _regularized(self, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        if self.config.weight_decay:
-            return grad.add(x, alpha=self.config.weight_decay)
-        return grad
+        """grad + weight_decay * x (a block of each), in a scratch block that is reused."""
+        if not self.config.weight_decay:
+            return grad
+        if self._decayed is None:
+            self._decayed = torch.empty(self._blocks[0].stop - self._blocks[0].start, dtype=grad.dtype, device=grad.device)
+        return torch.add(grad, x, alpha=self.config.weight_decay, out=self._decayed[: grad.numel()])
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -64,21 +79,24 @@ class SGD(LocalOptimizer):
         super().__init__(config, like)
         self.momentum_buffer = torch.zeros_like(like) if config.momentum > 0 else None
 
-    def update(self, grad: torch.Tensor, x: torch.Tensor, lr: float) -> torch.Tensor:
-        g = self._regularized(grad, x)
-        u = self.update_buffer
-        beta = self.config.momentum
-        if self.momentum_buffer is None:
-            torch.mul(g, -lr, out=u)
-            return u
-        m = self.momentum_buffer
-        m.mul_(beta).add_(g)
-        if self.config.nesterov:
-            torch.add(g, m, alpha=beta, out=u)
-            u.mul_(-lr)
-        else:
-            torch.mul(m, -lr, out=u)
-        return u
+    def update(self, grad: torch.Tensor, x: torch.Tensor, lr: float, apply: bool = False) -> torch.Tensor:
+        beta, nesterov = self.config.momentum, self.config.nesterov
+        for b in self._blocks:
+            g = self._regularized(grad[b], x[b])
+            u = self.update_buffer[b]
+            if self.momentum_buffer is None:
+                torch.mul(g, -lr, out=u)
+            else:
+                m = self.momentum_buffer[b]
+                m.mul_(beta).add_(g)
+                if nesterov:
+                    torch.add(g, m, alpha=beta, out=u)
+                    u.mul_(-lr)
+                else:
+                    torch.mul(m, -lr, out=u)
+            if apply:
+                x[b].add_(u)
+        return self.update_buffer
 
     def state_dict(self) -> dict[str, Any]:
         return {} if self.momentum_buffer is None else {"momentum_buffer": self.momentum_buffer}
@@ -97,8 +115,8 @@ class Adam(LocalOptimizer):
         self.exp_avg_sq = torch.zeros_like(like)
         self.steps = 0
 
-    def update(self, grad: torch.Tensor, x: torch.Tensor, lr: float) -> torch.Tensor:
-        g = self._regularized(grad, x)
+    def update(self, grad: torch.Tensor, x: torch.Tensor, lr: float, apply: bool = False) -> torch.Tensor:
+        g = grad.add(x, alpha=self.config.weight_decay) if self.config.weight_decay else grad
         beta1, beta2 = self.config.betas
         self.steps += 1
         self.exp_avg.mul_(beta1).add_(g, alpha=1 - beta1)
@@ -110,6 +128,8 @@ class Adam(LocalOptimizer):
         u.sqrt_().add_(self.config.eps)
         torch.div(self.exp_avg, u, out=u)
         u.mul_(-lr / bias1)
+        if apply:
+            x.add_(u)
         return u
 
     def state_dict(self) -> dict[str, Any]:

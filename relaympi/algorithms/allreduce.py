@@ -18,4 +18,4 @@ class AllReduce(Algorithm):
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
         self.comm.allreduce_mean(grad)
-        x.add_(self.optimizer.update(grad, x, lr))
+        self.optimizer.update(grad, x, lr, apply=True)

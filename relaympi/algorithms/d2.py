@@ -45,7 +45,8 @@ class D2(Algorithm):
         self._half = torch.zeros_like(x0)
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        x.add_(self.optimizer.update(grad, x, lr)).add_(self.correction)  # x(t+1/2)
+        self.optimizer.update(grad, x, lr, apply=True)
+        x.add_(self.correction)  # x(t+1/2)
         self._half.copy_(x)
         self.mixer.mix(x, round_id(step))
         self.correction.add_(x).sub_(self._half)

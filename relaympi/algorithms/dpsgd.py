@@ -17,5 +17,5 @@ class DPSGD(Algorithm):
         self.mixer = GossipMixer(comm, mixing_matrix_for(topology), topology.neighbors(comm.rank), self.numel, x0)
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        x.add_(self.optimizer.update(grad, x, lr))  # x(t+1/2), paper eq. (DP-SGD)
+        self.optimizer.update(grad, x, lr, apply=True)  # x(t+1/2), paper eq. (DP-SGD)
         self.mixer.mix(x, round_id(step))

@@ -43,8 +43,7 @@ class RelaySGD(Algorithm):
         """Passes over the model besides the optimizer's and the exchange's: x + u, then one
         cache-blocked sweep adding the received sums and dividing (the robust modes add one
         pass over the layers with missing parcels)."""
-        u = self.optimizer.update(grad, x, lr)
-        x.add_(u)  # x(t+1/2)
+        u = self.optimizer.update(grad, x, lr, apply=True)  # x(t+1/2) = x(t) + u(t)
         self.relay.exchange(x, round_id(step))
         counts = self.relay.counts()
         if self.mode == "counts":

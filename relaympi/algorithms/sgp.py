@@ -31,7 +31,7 @@ class SGP(Algorithm):
         self.received = torch.zeros_like(x0)
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        x.add_(self.optimizer.update(grad, x, lr))
+        self.optimizer.update(grad, x, lr, apply=True)
         if self.comm.world_size == 1:
             return
         rank = self.comm.rank
