@@ -340,7 +340,8 @@ def test_fetch_distilbert_from_a_local_hub(tmp_path, server, tiny_model):
     (repo / "README.md").write_text("not asked for\n")
     serve_hub_repo(server, DistilBert.repo_id, repo)
     env = {**env_for_subprocess(), "HF_ENDPOINT": server.url, "HF_HOME": str(tmp_path / "hf-home")}
-    env.pop("HF_HUB_OFFLINE", None)
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # huggingface_hub honours both; other tests leave them set
+        env.pop(name, None)
     proc = subprocess.run(
         [sys.executable, "-m", "relaympi.data", "fetch", "distilbert", "--root", str(tmp_path / "root")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
