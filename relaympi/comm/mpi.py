@@ -49,24 +49,47 @@ class _Staging:
         return buf
 
 
+class _StagedSend:
+    """A send of device memory through pinned host memory: the copy runs on a side stream and the
+    Isend is posted once it is done, so copies overlap the transfers of earlier chunks."""
+
+    def __init__(self, host: Any, copied: Any, peer: int, tag: int):
+        self.host, self.copied, self.peer, self.tag = host, copied, peer, tag
+        self.request = None  # the MPI request once posted
+
+
 class _MPIRequest(Request):
-    def __init__(self, comm: MPICommunicator, requests: list, delivered: frozenset[int], on_complete: list):
+    def __init__(self, comm: MPICommunicator, requests: list, delivered: frozenset[int], on_complete: list, staged: list | None = None):
         self._comm = comm
         self._requests = requests
         self._delivered = delivered
         self._on_complete = on_complete
+        self._staged = staged or []
         self._done = False
+
+    def _all_requests(self, block: bool) -> list | None:
+        """This exchange's MPI requests, posting its staged sends first (None: some copy still runs)."""
+        if self._staged:
+            self._comm._post_staged(until=self._staged[-1] if block else None)
+            if any(send.request is None for send in self._staged):
+                return None
+            self._requests = self._requests + [send.request for send in self._staged]
+            self._staged = []
+        return self._requests
 
     def wait(self) -> frozenset[int]:
         if not self._done:
-            self._comm._wait(self._requests)
+            self._comm._wait(self._all_requests(block=True))
             for finish in self._on_complete:
                 finish()
             self._done = True
         return self._delivered
 
     def test(self) -> bool:
-        return self._done or MPI.Request.Testall(self._requests)
+        if self._done:
+            return True
+        requests = self._all_requests(block=False)
+        return requests is not None and MPI.Request.Testall(requests)
 
 
 class MPICommunicator(Communicator):
@@ -77,6 +100,9 @@ class MPICommunicator(Communicator):
         super().__init__(self.comm.Get_rank(), self.comm.Get_size(), drops)
         self.cuda_aware = buffers.query_cuda_aware_mpi() if cuda_aware is None else cuda_aware
         self._staging = _Staging()
+        self._side_streams: dict[Any, Any] = {}  # device -> CUDA stream for staging copies
+        self._staged_sends: list[_StagedSend] = []  # copies not yet posted, in posting order
+        self._copies_from: dict[int, Any] = {}  # pinned host buffer -> event of its last host-to-device copy
         # failure channel: any rank may tell rank 0 it failed; rank 0 checks it while it waits
         self._failures = (comm or MPI.COMM_WORLD).Dup()
         self._failure_buf = bytearray(_FAILURE_BYTES)
@@ -150,16 +176,94 @@ class MPICommunicator(Communicator):
             return [buf.view(torch.uint8), MPI.BYTE]
         return buf
 
+    def _async_staging(self, buf: Any) -> bool:
+        """Stage through the host on a side stream (torch CUDA tensors without CUDA-aware MPI)."""
+        return not self.cuda_aware and buffers.array_kind(buf) == "torch" and buf.device.type == "cuda"
+
+    def _side_stream(self, device: Any) -> Any:
+        import torch
+
+        if device not in self._side_streams:
+            self._side_streams[device] = torch.cuda.Stream(device)
+        return self._side_streams[device]
+
+    def _stage_send(self, buf: Any, slot: tuple, peer: int, tag: int) -> _StagedSend:
+        """Queue buf's device-to-host copy on the side stream, after the work already queued on buf."""
+        import torch
+
+        host = self._staging.host_buffer(buf, slot)
+        stream = self._side_stream(buf.device)
+        stream.wait_stream(torch.cuda.current_stream(buf.device))  # the copy reads what kernels wrote
+        with torch.cuda.stream(stream):
+            host.copy_(buf, non_blocking=True)
+        buf.record_stream(stream)
+        copied = torch.cuda.Event()
+        copied.record(stream)
+        return _StagedSend(host, copied, peer, tag)
+
+    def _post_staged(self, until: _StagedSend | None = None) -> None:
+        """Post queued staged sends in order (MPI keeps their order per peer and tag): those whose
+        copy is done, and with ``until`` every one up to it, waiting for their copies."""
+        if until is not None and until.request is not None:
+            return
+        while self._staged_sends:
+            send = self._staged_sends[0]
+            if not send.copied.query():
+                if until is None:
+                    return
+                send.copied.synchronize()
+            send.request = self.comm.Isend(buffers.host_view(send.host), dest=send.peer, tag=send.tag)
+            self._staged_sends.pop(0)
+            if send is until:
+                return
+
+    def _stage_recv(self, buf: Any, slot: tuple, on_complete: list) -> Any:
+        """A pinned host buffer to receive into; on completion its host-to-device copy runs on the
+        side stream and buf's stream waits for it (the CPU does not)."""
+        import torch
+
+        host = self._staging.host_buffer(buf, slot)
+        previous = self._copies_from.get(id(host))
+        if previous is not None:  # the last copy out of this host buffer must finish before MPI writes it
+            previous.synchronize()
+
+        def finish() -> None:
+            stream = self._side_stream(buf.device)
+            stream.wait_stream(torch.cuda.current_stream(buf.device))  # kernels still reading buf go first
+            with torch.cuda.stream(stream):
+                buf.copy_(host, non_blocking=True)
+            buf.record_stream(stream)
+            copied = torch.cuda.Event()
+            copied.record(stream)
+            torch.cuda.current_stream(buf.device).wait_event(copied)
+            self._copies_from[id(host)] = copied
+
+        on_complete.append(finish)
+        return buffers.host_view(host)
+
     def _post(self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int, chunk: int = 0) -> Request:
         # chunks of one message share the tag: MPI's non-overtaking rule keeps them in order
-        requests, on_complete = [], []
+        requests, on_complete, staged = [], [], []
         for peer in sorted(recvs):
-            spec = self._recv_spec(recvs[peer], ("recv", peer, tag, chunk), on_complete)
+            slot = ("recv", peer, tag, chunk)
+            if self._async_staging(recvs[peer]):
+                spec = self._stage_recv(recvs[peer], slot, on_complete)
+            else:
+                spec = self._recv_spec(recvs[peer], slot, on_complete)
             requests.append(self.comm.Irecv(spec, source=peer, tag=tag))
         for peer in sorted(sends):
-            spec = self._send_spec(sends[peer], ("send", peer, tag, chunk))
+            slot = ("send", peer, tag, chunk)
+            if self._async_staging(sends[peer]):
+                buffers.check_transferable(sends[peer], "send buffer")
+                send = self._stage_send(sends[peer], slot, peer, tag)
+                self._staged_sends.append(send)
+                staged.append(send)
+                continue
+            spec = self._send_spec(sends[peer], slot)
             requests.append(self.comm.Isend(spec, dest=peer, tag=tag))
-        return _MPIRequest(self, requests, frozenset(recvs), on_complete)
+        if self._staged_sends:
+            self._post_staged()  # whatever copies are done: their transfers start now
+        return _MPIRequest(self, requests, frozenset(recvs), on_complete, staged)
 
     def _post_replace(self, items: list[tuple[int, Any, bool, bool]], tag: int) -> Request:
         requests, on_complete = [], []
