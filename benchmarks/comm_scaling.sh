@@ -27,7 +27,7 @@ case $PY in /*) ;; *) PY=$PWD/$PY ;; esac  # absolute: runs are started from oth
 RANKS=${COMM_RANKS:-2 8 16}
 SIZES=${COMM_SIZES:-1000,9225610}
 REPS=${COMM_REPS:-7}
-CHUNKS=${COMM_CHUNKS:-262144 1048576 4194304}
+CHUNKS=${COMM_CHUNKS-262144 1048576 4194304}
 CUDA_RANKS=${COMM_CUDA_RANKS-2 4}
 OUTDIR=${COMM_OUT:-${OUT:-$REPO/bench-results/scaling}}
 mkdir -p "$OUTDIR"

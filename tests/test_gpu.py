@@ -28,7 +28,7 @@ from benchmarks.gpu_report import mpi_cuda_support
 from relaympi.comm import BufferError, FlatBuffer, buffers, flatten_module, run_local
 
 DEVICE_ENV = "RELAYMPI_TEST_GPU_DEVICE"
-NUMEL = 1001  # odd: double binary trees interleave coordinates unevenly
+NUMEL = 1001  # odd: the two trees of double binary trees get unequal halves
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
@@ -218,11 +218,11 @@ def test_allreduce_matches_cpu(run, dtype_name, numel):
 # -- RelaySum ---------------------------------------------------------------------------------
 
 
-def _relay(comm, topology, dtype, device):
+def _relay(comm, topology, dtype, device, **options):
     """world_size + 1 steps of RelaySum; per step the sum received and the parcel counts."""
     from relaympi.algorithms.relaysum import RelaySum
 
-    relay = RelaySum(comm, topology, NUMEL, torch.zeros(1, dtype=dtype, device=device))
+    relay = RelaySum(comm, topology, NUMEL, torch.zeros(1, dtype=dtype, device=device), **options)
     sums, counts = [], []
     for step in range(comm.world_size + 1):
         relay.exchange(_data((comm.rank, 2, step), NUMEL, dtype).to(device), round=step)
@@ -233,13 +233,13 @@ def _relay(comm, topology, dtype, device):
     return sums, counts
 
 
-def _relay_body(comm, topo_name, dtype_name):
+def _relay_body(comm, topo_name, dtype_name, **options):
     from relaympi.topology import build
 
     topology = build(topo_name, comm.world_size)
     dtype = DTYPES[dtype_name]
     sums_cpu, counts_cpu = _relay(comm, topology, dtype, torch.device("cpu"))
-    sums_device, counts_device = _relay(comm, topology, dtype, _device(comm))
+    sums_device, counts_device = _relay(comm, topology, dtype, _device(comm), **options)
     for step, (on_cpu, on_device) in enumerate(zip(sums_cpu, sums_device, strict=True)):
         assert on_device.device == _device(comm)
         assert_matches(
@@ -256,6 +256,19 @@ def _relay_body(comm, topo_name, dtype_name):
 @pytest.mark.parametrize("topo_name", ["chain", "double-binary-trees"])
 def test_relaysum_matches_cpu(run, topo_name, dtype_name):
     assert all(run(_relay_body, topo_name, dtype_name))
+
+
+def _chunked_relay_body(comm, topo_name, in_place):
+    return _relay_body(comm, topo_name, "float32", chunk=7, in_place=in_place)
+
+
+@pytest.mark.spmd
+@pytest.mark.parametrize("in_place", [False, True], ids=["chunked", "in-place"])
+@pytest.mark.parametrize("topo_name", ["chain", "double-binary-trees"])
+def test_chunked_relaysum_on_the_device_matches_cpu(run, topo_name, in_place):
+    """Many chunks in flight at once: staged copies run on a side stream and their sends are
+    posted in order as the copies finish; the sums must be the CPU's, bit for bit."""
+    assert all(run(_chunked_relay_body, topo_name, in_place))
 
 
 # -- flat parameter buffers -------------------------------------------------------------------
