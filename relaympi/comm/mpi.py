@@ -70,7 +70,9 @@ class _MPIRequest(Request):
     def _all_requests(self, block: bool) -> list | None:
         """This exchange's MPI requests, posting its staged sends first (None: some copy still runs)."""
         if self._staged:
-            self._comm._post_staged(until=self._staged[-1] if block else None)
+            # blocking: post every queued send, not just this exchange's, so that all chunks are in
+            # flight at once instead of one exchange's transfer at a time
+            self._comm._post_staged(until=self._comm._staged_sends[-1] if block and self._comm._staged_sends else None)
             if any(send.request is None for send in self._staged):
                 return None
             self._requests = self._requests + [send.request for send in self._staged]
