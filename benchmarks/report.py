@@ -25,7 +25,7 @@ from benchmarks.report_format import (
     render_problems,
     table_csv,
 )
-from benchmarks.report_tables import DATASETS, RunSummary, Settings, Table, all_tables, summarize
+from benchmarks.report_tables import DATASETS, RunSummary, Settings, Table, all_tables, summarize, untabulated
 from relaympi.results import RunFileError, read_run
 
 
@@ -180,11 +180,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     runs, problems = load_runs(files, settings)
     diverged = sum(r.status == "diverged" for r in runs)
+    tables = all_tables(runs, settings)
+    left_out = untabulated(runs, tables)
     summary = (
         f"{len(files)} run file(s): {len(runs) - diverged} completed, {diverged} diverged, "
         f"{len(problems)} with problems"
+        + (f", {len(left_out)} finished but in no table" if left_out else "")
     )
-    tables = all_tables(runs, settings)
+    problems += left_out
     sys.stdout.write(render(tables, problems, args.format, summary))
     if args.out is not None:
         written = write_outputs(tables, problems, args.out, plots=not args.no_plots)

@@ -20,6 +20,40 @@ OPTIMIZERS = ("sgd", "adam")
 # keys a run file's `config` attribute holds besides the flags (derived at run time)
 _RUN_FILE_ONLY_KEYS = ("world_size", "lr_effective", "total_steps")
 
+# Config keys that cannot change a run's numbers: where files go, how the work is spread over
+# processes, threads and devices, logging and bookkeeping. Every other key is part of the
+# experiment's identity (the report never merges two runs that differ in one of them).
+# relay_in_place: the same RelaySum messages assembled in other buffers (tested identical).
+NON_SEMANTIC_KEYS = frozenset({
+    "out", "overwrite", "checkpoint_dir", "checkpoint_every", "save_problem", "record_params",
+    "log_every", "threads", "loader_workers", "eval_batch_size", "data_dir", "model_dir",
+    "backend", "workers", "device", "relay_in_place",
+})
+# Keys that only matter for some runs (elsewhere they hold an unused default).
+_APPLIES: dict[str, Any] = {
+    "relay_mode": lambda c: str(c.get("algo", "")).startswith("relay"),
+    "relay_lr_correction": lambda c: c.get("algo") == "relay",
+    "d2_force": lambda c: c.get("algo") == "d2",
+    "d2_exact_diffusion": lambda c: c.get("algo") == "d2",
+    "nesterov": lambda c: bool(c.get("momentum")) and c.get("optimizer", "sgd") == "sgd",
+    **{k: (lambda c: c.get("task") == "quadratics") for k in ("problem_file", "dim", "mu", "L", "zeta2", "r0", "sigma2")},
+}
+
+
+def experiment_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The settings that define a run's experiment (seed included), from a run file's config.
+
+    Missing keys (older files) take RunConfig's defaults; keys that cannot apply to the run's
+    algorithm or task are dropped, so `--relay-mode counts` on dpsgd is the same experiment as none.
+    """
+    defaults = RunConfig().to_dict()
+    merged = {**defaults, **config}
+    return {
+        key: value
+        for key, value in merged.items()
+        if key not in NON_SEMANTIC_KEYS and key not in _RUN_FILE_ONLY_KEYS and _APPLIES.get(key, lambda c: True)(merged)
+    }
+
 
 class ConfigError(ValueError):
     """A bad flag value or combination; the CLI exits with status 2."""
