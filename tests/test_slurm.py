@@ -113,7 +113,7 @@ def test_paper_grids() -> None:
     agnews = grid("list", "sweep_agnews").stdout
     assert "--algo relay --topology chain" in agnews and "--optimizer adam" in agnews
     assert "--lr 0.0009 " in agnews and "<set RELAYMPI_DATA_DIR>" in agnews
-    workers = grid("plan", "sweep_workers", "--all").stdout
+    workers = grid("plan", "sweep_workers", "--all", RELAYMPI_DATA_DIR=str(ROOT)).stdout
     assert [line.split("\t")[1] for line in workers.splitlines() if line.startswith("group")] == [
         "16",
         "32",
@@ -170,6 +170,7 @@ def test_config_file_and_environment(tmp_path: Path) -> None:
         "--dry-run",
         RELAYMPI_JOBS_CONFIG=str(config),
         RELAYMPI_RESULTS_DIR=str(tmp_path / "r"),
+        RELAYMPI_DATA_DIR=str(tmp_path),
     )
     assert dry.returncode == 0, dry.stderr
     assert "--partition=gpu" in dry.stderr and "--array=0-11 " in dry.stderr
