@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--target must be positive, got {args.target}")
     if not args.last_epochs > 0:
         parser.error(f"--last-epochs must be positive, got {args.last_epochs}")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} is a file; --out takes a directory for the CSV, LaTeX and PNG files")
     settings = Settings(
         last_epochs=args.last_epochs,
         metric=args.metric,
@@ -190,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     problems += left_out
     sys.stdout.write(render(tables, problems, args.format, summary))
     if args.out is not None:
-        written = write_outputs(tables, problems, args.out, plots=not args.no_plots)
+        try:
+            written = write_outputs(tables, problems, args.out, plots=not args.no_plots)
+        except OSError as error:
+            parser.error(f"--out {args.out}: cannot write there ({error})")
         print(f"wrote {len(written)} file(s) to {args.out}", file=sys.stderr)
     if not runs:
         print(

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from relaympi.config import experiment_settings
-from relaympi.results import Run
+from relaympi.results import CHANCE_FACTOR, Run, workers_at_chance
 
 ALGO_NAMES = {
     "allreduce": "All-reduce",
@@ -97,6 +97,7 @@ class RunSummary:
     diverged_epoch: float | None = None
     steps_to_target: int | None = None  # quadratics: first step with suboptimality <= target
     curve: Curve | None = None
+    at_chance: tuple[int, ...] = ()  # workers whose metric window ends at chance accuracy
 
     @property
     def converged(self) -> bool:
@@ -133,6 +134,13 @@ class RunSummary:
         )
 
 
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def _float(value: Any, default: float | None = None) -> float | None:
     if value is None:
         return default
@@ -145,7 +153,7 @@ def _float(value: Any, default: float | None = None) -> float | None:
 def _relay_mode(config: dict[str, Any]) -> str | None:
     """RelaySGD's normalization when it is not Algorithm 1's counts (other algorithms: None)."""
     mode = config.get("relay_mode")
-    if not str(config.get("algo", "")).startswith("relay") or mode in (None, "counts"):
+    if config.get("algo") != "relay" or mode in (None, "counts"):
         return None
     return str(mode)
 
@@ -257,6 +265,8 @@ def summarize(run: Run, settings: Settings) -> RunSummary:
         summary["metric_name"] = metric_name
         if run.status == "completed":
             summary["metric"] = paper_metric(epoch, accuracy, metric_name, settings.last_epochs)
+            means = worker_means(epoch, accuracy, settings.last_epochs)
+            summary["at_chance"] = tuple(workers_at_chance(means, _int(run.attrs.get("num_classes"))))
         per_eval = accuracy.reshape(len(accuracy), -1)
         with _quiet():
             summary["curve"] = Curve(
@@ -632,6 +642,15 @@ def _accuracy_like_table(
                 curves = [r.curve for r in choice.best.runs if r.curve is not None]
                 table.curves.setdefault(col, {})[_series_name(label, key)] = curves
         table.rows.append(row)
+    for key in row_keys:
+        for col, choice in cells[key].items():
+            for run in choice.best.runs:
+                if run.at_chance:
+                    table.notes.append(
+                        f"Warning: {labels[key]} on {key[2]}, {column_key}={_num(col) if isinstance(col, float) else col}, "
+                        f"seed {run.seed}: worker(s) {', '.join(map(str, run.at_chance))} at chance accuracy "
+                        f"(below {CHANCE_FACTOR:g}/classes; {run.path.name}): the learning rate may not suit this run."
+                    )
     partial = sum(r["n_diverged"] > 0 and r["n_diverged"] < r["n_seeds"] for r in table.records)
     if partial:
         table.notes.append(

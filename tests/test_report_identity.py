@@ -145,3 +145,27 @@ def test_accuracy_vs_alpha_shows_inf_with_plain_ticks(tmp_path: Path, monkeypatc
     assert [t.get_text() for t in ax.get_xticklabels()] == ["0.01", "1", "inf"]
     (container,) = ax.containers
     assert len(container.lines[0].get_xdata()) == 3 and np.isfinite(np.asarray(container.lines[0].get_xdata(), dtype=float)).all()
+
+
+def test_out_naming_an_existing_file_exits_2(tmp_path: Path, capsys) -> None:
+    rf.write_classification_run(tmp_path / "runs" / "a.h5", curve(0.5))
+    existing = tmp_path / "notes.txt"
+    existing.write_text("mine\n")
+    with pytest.raises(SystemExit) as info:
+        report.main([str(tmp_path / "runs"), "--out", str(existing)])
+    assert info.value.code == 2
+    assert f"--out {existing} is a file" in capsys.readouterr().err
+    assert existing.read_text() == "mine\n"
+
+
+def test_report_flags_a_worker_at_chance(tmp_path: Path, capsys) -> None:
+    import h5py
+
+    acc = curve(0.9)
+    acc[:, 2] = 0.1
+    path = rf.write_classification_run(tmp_path / "chance.h5", acc, task="digits")
+    with h5py.File(path, "a") as f:
+        f.attrs["num_classes"] = 10
+    assert report.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "worker(s) 2 at chance accuracy" in out and "chance.h5" in out
