@@ -385,7 +385,7 @@ def configurations(sweep_name: str, settings: Settings) -> list[RunConfig]:
                                         world_size,
                                         seed,
                                         drop,
-                                        relay_mode if algo.startswith("relay") else None,
+                                        relay_mode if algo == "relay" else None,  # RelaySGD only (relay-grad has no normalization)
                                     )
                                 )
     return result
