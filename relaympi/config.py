@@ -81,7 +81,7 @@ class RunConfig:
     milestones: tuple[float, ...] | None = None  # epochs at which the lr is divided by 10
     seed: int = 0
     drop_prob: float = 0.0
-    relay_mode: str | None = None  # relay/relay-grad: "counts" unless given
+    relay_mode: str | None = None  # --algo relay only: "counts" (Algorithm 1) unless given
     relay_in_place: bool = False  # RelaySum swaps messages in its receive buffers (least memory)
     relay_lr_correction: bool = False  # scale lr by RelaySGD's topology correction 1/(alpha n)
     d2_force: bool = False

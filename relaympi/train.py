@@ -594,7 +594,8 @@ def _writer_factory(plan: Plan, out: Path, command: str) -> Any:
         except RunExistsError as exc:
             raise ConfigError(f"{out} already holds a finished run; pass --overwrite to replace it") from exc
         except OSError as exc:
-            # HDF5's file lock: a live run holds it (HDF5 checks the lock before truncating, so that file is untouched)
+            # a live run holds HDF5's lock: RunWriter.create probes it (RunInUseError, a BlockingIOError) before
+            # h5py would truncate the file; reopen fails on the lock without writing
             if isinstance(exc, BlockingIOError) or "lock" in str(exc).lower():
                 raise ConfigError(f"{out} is being written by another run; give this run another --out, or wait for that one to end") from exc
             raise ConfigError(f"cannot write the run file --out {out}: {exc}; choose a writable path") from exc
