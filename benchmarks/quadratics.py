@@ -1210,4 +1210,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from relaympi.entrypoint import run
+
+    run(main)

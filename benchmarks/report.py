@@ -25,7 +25,7 @@ from benchmarks.report_format import (
     render_problems,
     table_csv,
 )
-from benchmarks.report_tables import DATASETS, RunSummary, Settings, Table, all_tables, summarize
+from benchmarks.report_tables import DATASETS, RunSummary, Settings, Table, all_tables, summarize, untabulated
 from relaympi.results import RunFileError, read_run
 
 
@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--target must be positive, got {args.target}")
     if not args.last_epochs > 0:
         parser.error(f"--last-epochs must be positive, got {args.last_epochs}")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} is a file; --out takes a directory for the CSV, LaTeX and PNG files")
     settings = Settings(
         last_epochs=args.last_epochs,
         metric=args.metric,
@@ -180,14 +182,20 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     runs, problems = load_runs(files, settings)
     diverged = sum(r.status == "diverged" for r in runs)
+    tables = all_tables(runs, settings)
+    left_out = untabulated(runs, tables)
     summary = (
         f"{len(files)} run file(s): {len(runs) - diverged} completed, {diverged} diverged, "
         f"{len(problems)} with problems"
+        + (f", {len(left_out)} finished but in no table" if left_out else "")
     )
-    tables = all_tables(runs, settings)
+    problems += left_out
     sys.stdout.write(render(tables, problems, args.format, summary))
     if args.out is not None:
-        written = write_outputs(tables, problems, args.out, plots=not args.no_plots)
+        try:
+            written = write_outputs(tables, problems, args.out, plots=not args.no_plots)
+        except OSError as error:
+            parser.error(f"--out {args.out}: cannot write there ({error})")
         print(f"wrote {len(written)} file(s) to {args.out}", file=sys.stderr)
     if not runs:
         print(
@@ -199,4 +207,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from relaympi.entrypoint import run
+
+    run(main)

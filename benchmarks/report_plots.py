@@ -79,21 +79,29 @@ def plot_series(
     logy: bool = False,
     percent: bool = True,
 ) -> Path | None:
-    """One line per algorithm over the table's columns, with min-max error bars."""
+    """One line per table row (algorithm, settings and topology) over the columns, min-max error bars."""
     series = {label: points for label, points in table.series.items() if points}
-    if not series or max(len(p) for p in series.values()) < 2:
+    if len({x for points in series.values() for x in points}) < 2:
         return None
     plt = _pyplot()
     scale = 100 if percent else 1
+    xs_all = sorted({x for points in series.values() for x in points})
+    place = _x_positions(xs_all, logx)
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for label, points in series.items():
         xs = sorted(points)
         mean, low, high = (np.array([points[x][i] for x in xs]) * scale for i in range(3))
-        ax.errorbar(xs, mean, yerr=[mean - low, high - mean], marker="o", capsize=3, label=label)
+        ax.errorbar(
+            [place[x] for x in xs], mean, yerr=[mean - low, high - mean], marker="o", capsize=3, label=label
+        )
     if logx:
         ax.set_xscale("log")
     if logy:
         ax.set_yscale("log")
+        _plain_log_ticks(ax.yaxis)
+    # plain tick labels at the values run (4, 8, 16; not 4x10^0), inf where alpha=inf was run
+    ax.set_xticks([place[x] for x in xs_all], [_tick(x) for x in xs_all])
+    ax.xaxis.set_minor_formatter(_null_formatter())
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(table.title, fontsize=9)
@@ -104,6 +112,31 @@ def plot_series(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _x_positions(xs: Sequence[float], logx: bool) -> dict[float, float]:
+    """Where each column value goes on the x axis: inf one decade (log) or one step past the largest."""
+    finite = [x for x in xs if np.isfinite(x)]
+    top = max(finite) if finite else 1.0
+    inf_at = top * 10 if logx else top + (top - min(finite) if len(finite) > 1 else 1.0)
+    return {x: (x if np.isfinite(x) else inf_at) for x in xs}
+
+
+def _tick(x: float) -> str:
+    return "inf" if not np.isfinite(x) else f"{x:g}"
+
+
+def _null_formatter():
+    from matplotlib.ticker import NullFormatter
+
+    return NullFormatter()
+
+
+def _plain_log_ticks(axis) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    axis.set_minor_formatter(_null_formatter())
 
 
 def write_plots(tables: Sequence[Table], out_dir: Path) -> list[Path]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -11,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from relaympi.results import Run
+from relaympi.config import experiment_settings
+from relaympi.results import CHANCE_FACTOR, Run, workers_at_chance
 
 ALGO_NAMES = {
     "allreduce": "All-reduce",
@@ -87,13 +89,15 @@ class RunSummary:
     drop_prob: float
     relay_mode: str | None
     extra: tuple[tuple[str, str], ...]
+    # every other setting of the experiment (relaympi.config.experiment_settings), as text
+    settings: tuple[tuple[str, str], ...] = ()
     metric_name: str | None = None  # worst | mean, for classification runs
     metric: float = math.nan  # in [0, 1]; NaN when diverged or without accuracy
     final_epoch: float = math.nan
     diverged_epoch: float | None = None
     steps_to_target: int | None = None  # quadratics: first step with suboptimality <= target
     curve: Curve | None = None
-    budget: tuple = ()  # training length and batch: runs that differ here are different experiments
+    at_chance: tuple[int, ...] = ()  # workers whose metric window ends at chance accuracy
 
     @property
     def converged(self) -> bool:
@@ -115,7 +119,6 @@ class RunSummary:
             self.seed,
             self.drop_prob,
             self.extra,
-            self.budget,
         )
 
     @property
@@ -127,7 +130,15 @@ class RunSummary:
             self.optimizer,
             self.momentum,
             self.relay_mode or "",
+            self.settings,
         )
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _float(value: Any, default: float | None = None) -> float | None:
@@ -142,13 +153,28 @@ def _float(value: Any, default: float | None = None) -> float | None:
 def _relay_mode(config: dict[str, Any]) -> str | None:
     """RelaySGD's normalization when it is not Algorithm 1's counts (other algorithms: None)."""
     mode = config.get("relay_mode")
-    if not str(config.get("algo", "")).startswith("relay") or mode in (None, "counts"):
+    if config.get("algo") != "relay" or mode in (None, "counts"):
         return None
     return str(mode)
 
 
 def _value_text(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+# settings with their own field in RunSummary (or in its table family): not repeated in `settings`
+_OWN_FIELDS = ("task", "algo", "topology", "alpha", "lr", "momentum", "optimizer", "seed", "drop_prob", "relay_mode")
+
+
+def _settings(config: dict[str, Any], extra_keys: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """The experiment's settings beyond the summary's own fields, so no two experiments merge."""
+    settings = experiment_settings(config)
+    skip = {*_OWN_FIELDS, *extra_keys}
+    return tuple((k, _value_text(v)) for k, v in sorted(settings.items()) if k not in skip)
 
 
 def worker_means(epoch: np.ndarray, accuracy: np.ndarray, last_epochs: float) -> np.ndarray:
@@ -224,9 +250,9 @@ def summarize(run: Run, settings: Settings) -> RunSummary:
         drop_prob=_float(config.get("drop_prob"), 0.0) or 0.0,
         relay_mode=_relay_mode(config),
         extra=extra,
+        settings=_settings(config, keys),
         diverged_epoch=diverged_epoch,
     )
-    summary["budget"] = tuple(_value_text(config.get(key)) for key in ("epochs", "steps", "total_steps", "batch_size", "weight_decay"))
     data = run.data
     epoch = data.get("epoch")
     if epoch is not None and len(epoch):
@@ -239,6 +265,8 @@ def summarize(run: Run, settings: Settings) -> RunSummary:
         summary["metric_name"] = metric_name
         if run.status == "completed":
             summary["metric"] = paper_metric(epoch, accuracy, metric_name, settings.last_epochs)
+            means = worker_means(epoch, accuracy, settings.last_epochs)
+            summary["at_chance"] = tuple(workers_at_chance(means, _int(run.attrs.get("num_classes"))))
         per_eval = accuracy.reshape(len(accuracy), -1)
         with _quiet():
             summary["curve"] = Curve(
@@ -383,10 +411,23 @@ class Table:
     series: dict[str, dict[float, tuple[float, float, float]]] = field(default_factory=dict)
     # for accuracy-over-epochs plots: column value (alpha) -> row label -> the best cell's curves
     curves: dict[Any, dict[str, list[Curve]]] = field(default_factory=dict)
+    paths: set[Path] = field(default_factory=set)  # every run file the table's cells hold (any lr)
+
+    def hold(self, cells: dict[tuple, dict[Any, LrChoice]]) -> None:
+        self.paths.update(r.path for cols in cells.values() for c in cols.values() for cell in c.by_lr.values() for r in cell.runs)
+
+
+# settings whose non-default value reads better as words than as key=value
+_SETTING_WORDS = {
+    ("relay_lr_correction", "True"): "lr correction",
+    ("nesterov", "False"): "heavy ball",
+    ("d2_exact_diffusion", "True"): "exact diffusion",
+}
+_SETTING_DEFAULTS = {"relay_lr_correction": "False", "nesterov": "True", "d2_exact_diffusion": "False"}
 
 
 def algo_label(key: tuple, momenta: set[float]) -> str:
-    _, algo, _topology, optimizer, momentum, relay_mode = key
+    _, algo, _topology, optimizer, momentum, relay_mode, settings = key
     label = ALGO_NAMES.get(algo, algo)
     if momentum > 0 and algo != "qgm":
         label += " + momentum" if momenta <= {0.0, 0.9} else f" + momentum {momentum:g}"
@@ -394,7 +435,34 @@ def algo_label(key: tuple, momenta: set[float]) -> str:
         label += f" ({'Adam' if optimizer == 'adam' else optimizer})"
     if relay_mode:
         label += f" [{relay_mode}]"
-    return label
+    words = [_SETTING_WORDS[item] for item in settings if item in _SETTING_WORDS]
+    return ", ".join([label, *words])
+
+
+def row_labels(row_keys: Sequence[tuple]) -> dict[tuple, str]:
+    """A label per table row that tells apart every two rows of the same algorithm.
+
+    Beyond algo_label's words, a setting shows as key=value when rows of the same algorithm
+    differ in it (so "RelaySGD, epochs=20" next to "RelaySGD, epochs=10").
+    """
+    momenta = {k[4] for k in row_keys}
+    by_algo: dict[str, list[dict[str, str]]] = defaultdict(list)
+    for key in row_keys:
+        by_algo[key[1]].append(dict(key[6]))
+    labels = {}
+    for key in row_keys:
+        rows = by_algo[key[1]]
+        names = sorted({n for row in rows for n in row})
+        varying = [n for n in names if n not in _SETTING_DEFAULTS and len({row.get(n) for row in rows}) > 1]
+        own = dict(key[6])
+        shown = [f"{n}={own[n]}" for n in varying if n in own]
+        labels[key] = ", ".join([algo_label(key, momenta), *shown])
+    return labels
+
+
+def _series_name(label: str, key: tuple) -> str:
+    """A plot's legend entry: one table row (label and topology), never several merged."""
+    return f"{label} on {key[2]}"
 
 
 def _pct(value: float) -> str:
@@ -525,7 +593,7 @@ def _accuracy_like_table(
     row_keys, columns, cells = _pivot(runs, column)
     if descending:
         columns = columns[::-1]
-    momenta = {k[4] for k in row_keys}
+    labels = row_labels(row_keys)
     tuned = any(len(choice.by_lr) > 1 for cols in cells.values() for choice in cols.values())
     caption = _metric_caption({r.metric_name for r in runs}, settings.last_epochs)
     caption += "Cells: mean over seeds [min, max over seeds]"
@@ -543,7 +611,7 @@ def _accuracy_like_table(
         rows=[],
     )
     for key in row_keys:
-        label = algo_label(key, momenta)
+        label = labels[key]
         row = [label, key[2]]
         for col in columns:
             choice = cells[key].get(col)
@@ -565,20 +633,30 @@ def _accuracy_like_table(
             )
             table.records.append(record)
             if record["n_seeds"] > record["n_diverged"] and col is not None:
-                table.series.setdefault(label, {})[col] = (
+                table.series.setdefault(_series_name(label, key), {})[col] = (
                     record["mean"],
                     record["min"],
                     record["max"],
                 )
             if kind == "accuracy":
                 curves = [r.curve for r in choice.best.runs if r.curve is not None]
-                table.curves.setdefault(col, {})[label] = curves
+                table.curves.setdefault(col, {})[_series_name(label, key)] = curves
         table.rows.append(row)
+    for key in row_keys:
+        for col, choice in cells[key].items():
+            for run in choice.best.runs:
+                if run.at_chance:
+                    table.notes.append(
+                        f"Warning: {labels[key]} on {key[2]}, {column_key}={_num(col) if isinstance(col, float) else col}, "
+                        f"seed {run.seed}: worker(s) {', '.join(map(str, run.at_chance))} at chance accuracy "
+                        f"(below {CHANCE_FACTOR:g}/classes; {run.path.name}): the learning rate may not suit this run."
+                    )
     partial = sum(r["n_diverged"] > 0 and r["n_diverged"] < r["n_seeds"] for r in table.records)
     if partial:
         table.notes.append(
             f"{partial} cell(s) have diverged seeds: their numbers are over the converged seeds only."
         )
+    table.hold(cells)
     return table
 
 
@@ -602,24 +680,23 @@ def _drop_title(runs: Sequence[RunSummary]) -> tuple[str, Any]:
 
 
 def accuracy_tables(runs: Sequence[RunSummary], settings: Settings) -> list[Table]:
-    """Per (task, world size): algorithms x alpha, at the lowest drop probability present."""
+    """Per (task, world size, drop probability): algorithms x alpha."""
     tables = []
     classification = [r for r in runs if r.metric_name is not None]
-    for (task, world_size, extra), family in _families(
-        classification, lambda r: (r.task, r.world_size, r.extra)
+    for (task, world_size, drop, extra), family in _families(
+        classification, lambda r: (r.task, r.world_size, r.drop_prob, r.extra)
     ).items():
-        family = _min_drop(family)
         parts = [("", task), ("", f"{world_size} workers"), _drop_title(family), *extra]
         base = {
             "task": task,
             "world_size": world_size,
-            "drop_prob": family[0].drop_prob,
+            "drop_prob": drop,
             **dict(extra),
         }
         tables.append(
             _accuracy_like_table(
                 "accuracy",
-                _slug("accuracy", task, f"n{world_size}", *[v for _, v in extra]),
+                _slug("accuracy", task, f"n{world_size}", f"drop{drop:g}" if drop else "", *[v for _, v in extra]),
                 f"Test accuracy: {_family_title(parts)}",
                 family,
                 lambda r: r.alpha,
@@ -731,10 +808,10 @@ def lr_tables(runs: Sequence[RunSummary], settings: Settings) -> list[Table]:
             header=["Algorithm", "Topology", *[f"alpha={_num(a)}" for a in columns]],
             rows=[],
         )
-        momenta = {k[4] for k in row_keys}
+        labels = row_labels(row_keys)
         edges = 0
         for key in row_keys:
-            label = algo_label(key, momenta)
+            label = labels[key]
             row = [label, key[2]]
             for alpha in columns:
                 choice = cells[key].get(alpha)
@@ -772,6 +849,7 @@ def lr_tables(runs: Sequence[RunSummary], settings: Settings) -> list[Table]:
             table.notes.append(
                 f"{edges} cell(s) have their best learning rate at the edge of the grid."
             )
+        table.hold(cells)
         tables.append(table)
     return tables
 
@@ -807,9 +885,9 @@ def quadratics_tables(runs: Sequence[RunSummary], settings: Settings) -> list[Ta
             header=["Algorithm", "Topology", *[f"{n} workers" for n in columns]],
             rows=[],
         )
-        momenta = {k[4] for k in row_keys}
+        labels = row_labels(row_keys)
         for key in row_keys:
-            label = algo_label(key, momenta)
+            label = labels[key]
             row = [label, key[2]]
             for n in columns:
                 choice = cells[key].get(n)
@@ -833,14 +911,30 @@ def quadratics_tables(runs: Sequence[RunSummary], settings: Settings) -> list[Ta
                 )
                 table.records.append(record)
                 if record["n_reached"]:
-                    table.series.setdefault(label, {})[n] = (
+                    table.series.setdefault(_series_name(label, key), {})[n] = (
                         record["mean"],
                         record["min"],
                         record["max"],
                     )
             table.rows.append(row)
+        table.hold(cells)
         tables.append(table)
     return tables
+
+
+def untabulated(runs: Sequence[RunSummary], tables: Sequence[Table]) -> list[tuple[Path, str]]:
+    """Finished runs that no table holds, each with the reason (so no run vanishes silently)."""
+    held = set().union(*(t.paths for t in tables)) if tables else set()
+    left = []
+    for run in runs:
+        if run.path in held:
+            continue
+        if run.metric_name is None and not run.is_quadratic:
+            reason = "no test_accuracy or suboptimality recorded: nothing to tabulate"
+        else:
+            reason = "in no table (no table groups this combination of settings)"
+        left.append((run.path, f"status {run.status}, {reason}"))
+    return left
 
 
 def all_tables(runs: Sequence[RunSummary], settings: Settings) -> list[Table]:

@@ -387,7 +387,7 @@ def configurations(sweep_name: str, settings: Settings) -> list[RunConfig]:
                                         world_size,
                                         seed,
                                         drop,
-                                        relay_mode if algo.startswith("relay") else None,
+                                        relay_mode if algo == "relay" else None,  # RelaySGD only (relay-grad has no normalization)
                                     )
                                 )
     return result
@@ -554,6 +554,59 @@ def jobs(sweep_name: str, settings: Settings) -> list[Job]:
     return result
 
 
+def check_job(job: Job, sweep_name: str, settings: Settings, *, need_inputs: bool = True) -> str | None:
+    """Why the trainer would refuse this configuration (None when it accepts it).
+
+    The same parser and the same resolution the trainer runs (relaympi.config.parse_args and
+    relaympi.train.resolve), so a typo in RELAYMPI_ALGOS or RELAYMPI_EXTRA_ARGS, an algorithm on a
+    topology it cannot use, or a missing data directory is found before anything is submitted.
+    With need_inputs false (a listing), a data or model directory that is not set yet is no reason.
+    """
+    import contextlib
+    import io
+    import tempfile
+
+    from relaympi.config import ConfigError, parse_args
+    from relaympi.train import resolve
+
+    args = _train_args(job.config, sweep_name, settings, job.out, job.checkpoint_dir)
+    for flag, name in (("--data-dir", "RELAYMPI_DATA_DIR"), ("--model-dir", "RELAYMPI_MODEL_DIR")):
+        if f"<set {name}>" in args:
+            if need_inputs:
+                return f"task {job.config.task} reads {flag} {'data' if flag == '--data-dir' else 'a model'}: set {name} (jobs/README.md)"
+            i = args.index(f"<set {name}>")
+            del args[i - 1 : i + 1]
+    # the run file's directory is made when the job starts: check the flags against an existing one
+    i = args.index("--out")
+    args[i + 1] = str(Path(tempfile.gettempdir()) / f"{job.config.name}.h5")
+    backend = ["--backend", "local", "--workers", str(job.config.world_size)] if launcher(settings) == "local" else ["--backend", "mpi"]
+    messages = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(messages), contextlib.redirect_stdout(messages):
+            cfg = parse_args([*backend, *args])
+        resolve(cfg, job.config.world_size)
+    except ConfigError as error:
+        return str(error)
+    except SystemExit:  # argparse: an unknown flag or value, e.g. a typo in RELAYMPI_ALGOS
+        lines = [line for line in messages.getvalue().splitlines() if line.startswith("error:")]
+        return lines[-1].removeprefix("error: ") if lines else messages.getvalue().strip()
+    return None
+
+
+def check_jobs(all_jobs: Sequence[Job], sweep_name: str, settings: Settings, *, need_inputs: bool = True) -> list[str]:
+    """One line per reason the trainer would refuse configurations, naming them (the first few)."""
+    refused: dict[str, list[str]] = {}
+    for job in all_jobs:
+        reason = check_job(job, sweep_name, settings, need_inputs=need_inputs)
+        if reason:
+            refused.setdefault(reason, []).append(f"{sweep_name}[{job.index}] {job.config.name}")
+    lines = []
+    for reason, names in refused.items():
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        lines.append(f"{', '.join(names[:3])}{more}: {reason}")
+    return lines
+
+
 def _status(path: Path) -> str:
     from relaympi.results import run_status
 
@@ -566,10 +619,28 @@ FINISHED = ("completed", "diverged")
 # -------------------------------------------------------------------------------- subcommands
 
 
+def _header(sweep_name: str, all_jobs: Sequence[Job]) -> list[str]:
+    """What this grid actually runs (the settings may differ from the paper's sweep)."""
+    sweep = _sweep(sweep_name)
+    configs = [job.config for job in all_jobs]
+
+    def values(field: str) -> str:
+        seen = list(dict.fromkeys(getattr(c, field) for c in configs))
+        return " ".join("default" if v is None else f"{v:g}" if isinstance(v, float) else str(v) for v in seen)
+
+    tasks, workers = values("task"), values("world_size")
+    paper = sweep.task == tasks and " ".join(map(str, sweep.workers)) == workers
+    lines = [f"{sweep_name}: {sweep.description}" if paper else f"{sweep_name}: the grid of '{sweep.description}', here on task {tasks} with {workers} workers"]
+    lines.append(
+        f"this grid: task {tasks}; workers {workers}; algorithms {values('algo')}; alpha {values('alpha')}; "
+        f"momentum {values('momentum')}; lr {values('lr')}; drop probability {values('drop_prob')}; seeds {values('seed')}"
+    )
+    return lines
+
+
 def cmd_list(sweep_name: str, settings: Settings) -> int:
     all_jobs = jobs(sweep_name, settings)
-    sweep = _sweep(sweep_name)
-    print(f"{sweep_name}: {sweep.description}")
+    print("\n".join(_header(sweep_name, all_jobs)))
     print(
         f"{len(all_jobs)} configurations; launcher {launcher(settings)}; results in {results_dir(settings)}"
     )
@@ -581,7 +652,10 @@ def cmd_list(sweep_name: str, settings: Settings) -> int:
         print(f"[{job.index}] {status:9s} {fields}")
         print(f"    {shlex.join(job.command)}")
     print("status: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-    return 0
+    problems = check_jobs(all_jobs, sweep_name, settings, need_inputs=False)
+    for problem in problems:
+        print(f"jobs/grid.py: error: the trainer would refuse {problem}", file=sys.stderr)
+    return 2 if problems else 0
 
 
 def array_spec(indices: Sequence[int]) -> str:
@@ -608,8 +682,15 @@ def cmd_plan(sweep_name: str, settings: Settings, include_finished: bool, dry_ru
     local = launcher(settings) == "local"
     groups: dict[int, list[int]] = {}
     finished = 0
+    all_jobs = jobs(sweep_name, settings)
+    problems = check_jobs(all_jobs, sweep_name, settings)
+    if problems:  # nothing is submitted when one configuration would fail
+        for problem in problems:
+            print(f"jobs/grid.py: error: {problem}", file=sys.stderr)
+        print(f"jobs/grid.py: {sweep_name}: nothing submitted (check the settings: jobs/README.md)", file=sys.stderr)
+        return 2
     selected = []
-    for job in jobs(sweep_name, settings):
+    for job in all_jobs:
         if not include_finished and _status(job.out) in FINISHED:
             finished += 1
             continue
@@ -775,4 +856,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # `DRY_RUN=1 bash jobs/sweep_alpha.sh | head`: the reader stopped listening
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = 0
+    sys.exit(status)

@@ -8,6 +8,8 @@ import difflib
 import json
 import math
 import os
+import re
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,40 @@ OPTIMIZERS = ("sgd", "adam")
 
 # keys a run file's `config` attribute holds besides the flags (derived at run time)
 _RUN_FILE_ONLY_KEYS = ("world_size", "lr_effective", "total_steps")
+
+# Config keys that cannot change a run's numbers: where files go, how the work is spread over
+# processes, threads and devices, logging and bookkeeping. Every other key is part of the
+# experiment's identity (the report never merges two runs that differ in one of them).
+# relay_in_place: the same RelaySum messages assembled in other buffers (tested identical).
+NON_SEMANTIC_KEYS = frozenset({
+    "out", "overwrite", "checkpoint_dir", "checkpoint_every", "save_problem", "record_params",
+    "log_every", "threads", "loader_workers", "eval_batch_size", "data_dir", "model_dir",
+    "backend", "workers", "device", "relay_in_place", "relay_chunk",
+})
+# Keys that only matter for some runs (elsewhere they hold an unused default).
+_APPLIES: dict[str, Any] = {
+    "relay_mode": lambda c: c.get("algo") == "relay",
+    "relay_lr_correction": lambda c: c.get("algo") == "relay",
+    "d2_force": lambda c: c.get("algo") == "d2",
+    "d2_exact_diffusion": lambda c: c.get("algo") == "d2",
+    "nesterov": lambda c: bool(c.get("momentum")) and c.get("optimizer", "sgd") == "sgd",
+    **{k: (lambda c: c.get("task") == "quadratics") for k in ("problem_file", "dim", "mu", "L", "zeta2", "r0", "sigma2")},
+}
+
+
+def experiment_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The settings that define a run's experiment (seed included), from a run file's config.
+
+    Missing keys (older files) take RunConfig's defaults; keys that cannot apply to the run's
+    algorithm or task are dropped, so `--relay-mode counts` on dpsgd is the same experiment as none.
+    """
+    defaults = RunConfig().to_dict()
+    merged = {**defaults, **config}
+    return {
+        key: value
+        for key, value in merged.items()
+        if key not in NON_SEMANTIC_KEYS and key not in _RUN_FILE_ONLY_KEYS and _APPLIES.get(key, lambda c: True)(merged)
+    }
 
 
 class ConfigError(ValueError):
@@ -45,7 +81,7 @@ class RunConfig:
     milestones: tuple[float, ...] | None = None  # epochs at which the lr is divided by 10
     seed: int = 0
     drop_prob: float = 0.0
-    relay_mode: str = "counts"
+    relay_mode: str | None = None  # --algo relay only: "counts" (Algorithm 1) unless given
     relay_in_place: bool = False  # RelaySum swaps messages in its receive buffers (least memory)
     relay_chunk: int | None = None  # RelaySum message chunk in elements (None: RelaySum's DEFAULT_CHUNK, 2^20)
     relay_lr_correction: bool = False  # scale lr by RelaySGD's topology correction 1/(alpha n)
@@ -69,12 +105,14 @@ class RunConfig:
     problem_file: Path | None = None
     save_problem: Path | None = None
     record_params: bool = False
-    dim: int = 50
-    mu: float = 0.5
-    L: float = 1.0
-    zeta2: float = 1.0
-    r0: float = 10.0
-    sigma2: float = 0.0
+    # generated problem (QuadraticsSpec's defaults unless given); with --problem-file the run
+    # records the file's dim and sigma2, and None for the generation-only mu, L, zeta2, r0
+    dim: int | None = None
+    mu: float | None = None
+    L: float | None = None
+    zeta2: float | None = None
+    r0: float | None = None
+    sigma2: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -149,7 +187,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"--drop-prob must be in [0, 1), got {cfg.drop_prob}")
     if cfg.relay_chunk is not None and cfg.relay_chunk < 1:
         raise ConfigError(f"--relay-chunk must be a positive number of elements, got {cfg.relay_chunk}")
-    if cfg.relay_mode not in RELAY_MODES:
+    if cfg.relay_mode is not None and cfg.relay_mode not in RELAY_MODES:
         raise ConfigError(f"unknown --relay-mode {cfg.relay_mode!r}; choose one of {', '.join(RELAY_MODES)}")
     if cfg.backend not in BACKENDS:
         raise ConfigError(f"unknown --backend {cfg.backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -175,18 +213,79 @@ def validate(cfg: RunConfig) -> None:
     if cfg.problem_file is not None and not Path(cfg.problem_file).is_file():
         raise ConfigError(f"--problem-file {cfg.problem_file} does not exist")
     if cfg.task == "quadratics":
-        if cfg.dim < 1:
+        from relaympi.tasks.quadratics import QuadraticsSpec
+
+        spec = QuadraticsSpec()
+        if cfg.dim is not None and cfg.dim < 1:
             raise ConfigError(f"--dim must be >= 1, got {cfg.dim}")
-        if not 0 < cfg.mu <= cfg.L:
-            raise ConfigError(f"need 0 < --mu <= --L, got mu={cfg.mu}, L={cfg.L}")
+        mu, L = (cfg.mu if cfg.mu is not None else spec.mu), (cfg.L if cfg.L is not None else spec.L)
+        if not 0 < mu <= L:
+            raise ConfigError(f"need 0 < --mu <= --L, got mu={mu}, L={L}")
         for name in ("zeta2", "r0", "sigma2"):
             _positive(name, getattr(cfg, name), allow_zero=True)
+    bad = not_applicable(cfg)
+    if bad:
+        raise ConfigError("; ".join(f"{flag} cannot apply: {reason}" for flag, reason in bad))
+    _check_inputs_not_outputs(cfg)
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", str(cfg.device)):
+        raise ConfigError(f"--device {cfg.device!r} is not a device relaympi runs on; choose cpu, cuda (local rank picks the GPU) or cuda:N")
     if cfg.threads is not None and cfg.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {cfg.threads}")
 
 
+_QUADRATICS_ONLY = ("problem_file", "save_problem", "record_params", "dim", "mu", "L", "zeta2", "r0", "sigma2")
+_GENERATION_ONLY = ("mu", "L", "zeta2", "r0")  # a problem file fixes the problem; these only shape a generated one
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def not_applicable(cfg: RunConfig) -> list[tuple[str, str]]:
+    """(flag, why) for every given flag that cannot change this run (they are refused, not ignored)."""
+    found = []
+    if cfg.task != "quadratics":
+        for name in _QUADRATICS_ONLY:
+            if getattr(cfg, name) not in (None, False):
+                found.append((_flag(name), f"it is for --task quadratics, not {cfg.task}"))
+    elif cfg.problem_file is not None:
+        for name in _GENERATION_ONLY:
+            if getattr(cfg, name) is not None:
+                found.append((_flag(name), f"it shapes a generated problem, and --problem-file {cfg.problem_file} is given"))
+    if cfg.relay_mode is not None and cfg.algo != "relay":
+        found.append(("--relay-mode", f"it is RelaySGD's normalization (--algo relay), not used by {cfg.algo}"))
+    if cfg.relay_in_place and cfg.algo not in ("relay", "relay-grad"):
+        found.append(("--relay-in-place", f"it changes RelaySum's buffers (relay, relay-grad), not used by {cfg.algo}"))
+    if cfg.relay_chunk is not None and cfg.algo not in ("relay", "relay-grad"):
+        found.append(("--relay-chunk", f"it sizes RelaySum's message chunks (relay, relay-grad), not used by {cfg.algo}"))
+    if cfg.relay_lr_correction and cfg.algo != "relay":
+        found.append(("--relay-lr-correction", f"it applies to --algo relay only, not {cfg.algo}"))
+    for name in ("d2_force", "d2_exact_diffusion"):
+        if getattr(cfg, name) and cfg.algo != "d2":
+            found.append((_flag(name), f"it applies to --algo d2 only, not {cfg.algo}"))
+    if cfg.data_dir is not None and cfg.task in ("digits", "quadratics"):
+        found.append(("--data-dir", f"{cfg.task} reads no data set from disk ({'embedded in scikit-learn' if cfg.task == 'digits' else 'generated or --problem-file'})"))
+    if cfg.model_dir is not None and cfg.task != "agnews":
+        found.append(("--model-dir", f"it is the pretrained model of --task agnews, not {cfg.task}"))
+    return found
+
+
+def _check_inputs_not_outputs(cfg: RunConfig) -> None:
+    """A file read by the run (--problem-file) is never written, and two outputs never share a file."""
+    named = [(n, Path(v).resolve()) for n in ("problem_file", "save_problem", "out") if (v := getattr(cfg, n)) is not None]
+    for i, (a, path_a) in enumerate(named):
+        for b, path_b in named[i + 1 :]:
+            if path_a == path_b:
+                what = "the run would overwrite its input" if a == "problem_file" else "two outputs would share one file"
+                raise ConfigError(f"{_flag(a)} and {_flag(b)} are the same file {getattr(cfg, a)}: {what}; choose another {_flag(b)}")
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse misuse: exit 2 with a one-line reason
+        from relaympi.entrypoint import launcher_rank
+
+        if launcher_rank() != 0:  # under mpirun every rank parses the same flags: one copy of the message
+            self.exit(2)
         self.print_usage()
         self.exit(2, f"error: {message}\n")
 
@@ -202,10 +301,27 @@ def build_parser() -> argparse.ArgumentParser:
     from relaympi.algorithms import ALGORITHM_NAMES
     from relaympi.tasks import TASK_NAMES
 
+    from relaympi.topology import TOPOLOGY_NAMES
+
     p = _Parser(
         prog="python -m relaympi.train",
         description="Train with a decentralized algorithm: one worker per MPI rank (mpirun/srun), "
         "or --backend local --workers N in one process. Writes one HDF5 run file.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join([
+            "topologies (--topology):",
+            *textwrap.wrap(", ".join(TOPOLOGY_NAMES) + ",", 96, initial_indent="  ", subsequent_indent="  "),
+            "  spanning-tree:<name> (the Spanning Tree Protocol tree of a graph), edge-list:<file> ('i j' per line)",
+            "",
+            "default learning rates: tuned for 16 workers on each algorithm's default topology (the paper's",
+            "  tables for cifar10 and agnews, the centralized recipe for imagenet, a sweep for digits); a run",
+            "  with another worker count warns, and the end summary flags workers at chance accuracy: pass --lr.",
+            "",
+            "one worker (--workers 1, or mpirun -n 1) with --algo allreduce is the centralized baseline.",
+            "",
+            "exit status: 0 completed, 1 failed, 2 usage error (nothing written), 3 diverged (recorded),",
+            "  4 preempted (checkpoint saved; run the same command again to resume)",
+        ]),
     )
     a = p.add_argument
     a("--config", type=Path, help="JSON file of saved flags (as written in a run file's config); flags given on the command line win")
@@ -223,38 +339,38 @@ def build_parser() -> argparse.ArgumentParser:
     a("--steps", type=int, help="training length in steps (instead of --epochs)")
     a("--warmup-epochs", type=float, help="linear lr warm-up length (applies when workers > 1)")
     a("--milestones", type=_milestones, help="comma-separated epochs at which the lr is divided by 10")
-    a("--seed", type=int)
+    a("--seed", type=int, help="seed of the data partition, data order, initial model, generated problem and simulated drops (default 0)")
     a("--drop-prob", type=float, help="simulated message loss probability in [0, 1)")
-    a("--relay-mode", choices=RELAY_MODES, help="RelaySGD normalization: counts (Algorithm 1), previous (robust rule), initial")
-    a("--relay-in-place", action="store_true", default=None, help="RelaySum assembles messages in its receive buffers and swaps them chunk by chunk through a small bounce buffer: least memory (2 model copies of state on a chain)")
-    a("--relay-chunk", type=int, default=None, metavar="ELEMENTS", help="RelaySum sends messages in chunks of this many elements, so assembly overlaps the transfer (default 2^20 = 1048576); same numbers for any value")
-    a("--relay-lr-correction", action="store_true", default=None, help="scale the lr by RelaySGD's topology correction factor")
-    a("--d2-force", action="store_true", default=None, help="run D² even if the gossip matrix has an eigenvalue < -1/3")
-    a("--d2-exact-diffusion", action="store_true", default=None, help="D² with the Exact Diffusion matrix (W+I)/2")
+    a("--relay-mode", choices=RELAY_MODES, help="--algo relay only: normalization under dropped messages: counts (Algorithm 1, default), previous (robust rule), initial")
+    a("--relay-in-place", action="store_true", default=None, help="--algo relay/relay-grad only: RelaySum assembles messages in its receive buffers and swaps them chunk by chunk through a small bounce buffer: least memory (2 model copies of state on a chain)")
+    a("--relay-chunk", type=int, default=None, metavar="ELEMENTS", help="--algo relay/relay-grad only: RelaySum sends messages in chunks of this many elements, so assembly overlaps the transfer (default 2^20 = 1048576); same numbers for any value")
+    a("--relay-lr-correction", action="store_true", default=None, help="--algo relay only: scale the lr by RelaySGD's topology correction factor")
+    a("--d2-force", action="store_true", default=None, help="--algo d2 only: run D² even if the gossip matrix has an eigenvalue < -1/3")
+    a("--d2-exact-diffusion", action="store_true", default=None, help="--algo d2 only: D² with the Exact Diffusion matrix (W+I)/2")
     a("--eval-every", type=int, help="steps between evaluations")
     a("--checkpoint-every", type=int, help="steps between periodic checkpoints (default: at every evaluation)")
     a("--backend", choices=BACKENDS, help="mpi (one worker per rank, default) or local (--workers threads in one process)")
     a("--workers", type=int, help="number of workers for --backend local")
     a("--out", type=Path, help="HDF5 run file to write (default results/<task>-<algo>-<topology>-n<N>-a<alpha>-s<seed>.h5)")
-    a("--overwrite", action="store_true", default=None, help="replace an existing completed run file")
+    a("--overwrite", action="store_true", default=None, help="replace an existing completed run file (and an existing --save-problem file holding another problem)")
     a("--checkpoint-dir", type=Path, help="directory for per-rank checkpoints; re-running the command resumes from it")
-    a("--data-dir", type=Path, help="data set directory (cifar10, imagenet, agnews; default <root>/<task>, root $RELAYMPI_DATA or ~/.cache/relaympi: python -m relaympi.data)")
-    a("--model-dir", type=Path, help="pretrained model directory (agnews; default <root>/distilbert)")
+    a("--data-dir", type=Path, help="data set directory (cifar10, imagenet, agnews; refused for digits and quadratics; default <root>/<task>, root $RELAYMPI_DATA or ~/.cache/relaympi: python -m relaympi.data)")
+    a("--model-dir", type=Path, help="pretrained model directory (agnews only; default <root>/distilbert)")
     a("--device", help="torch device for models (cpu, cuda, cuda:0; 'cuda' picks local rank modulo GPU count)")
     a("--threads", type=int, help="torch intra-op threads per worker")
     a("--loader-workers", type=int, help="data-loading worker processes (imagenet)")
-    a("--eval-batch-size", type=int)
+    a("--eval-batch-size", type=int, help="samples per forward pass when evaluating on the test set (memory only, not the numbers; default 256)")
     a("--log-every", type=int, help="steps between progress lines (0: at evaluations only)")
-    q = p.add_argument_group("quadratics")
-    q.add_argument("--problem-file", type=Path, help="HDF5 problem file (datasets A [n,d,d], b [n,d])")
-    q.add_argument("--save-problem", type=Path, help="write the generated problem to this HDF5 file")
+    q = p.add_argument_group("quadratics (--task quadratics only; refused for other tasks)")
+    q.add_argument("--problem-file", type=Path, help="HDF5 problem file (datasets A [n,d,d], b [n,d]); read, never written. The run records its dim and sigma2")
+    q.add_argument("--save-problem", type=Path, help="write the generated problem to this HDF5 file; an existing file holding another problem is refused unless --overwrite")
     q.add_argument("--record-params", action="store_true", default=None, help="record every worker's iterate at every evaluation")
-    q.add_argument("--dim", type=int)
-    q.add_argument("--mu", type=float)
-    q.add_argument("--L", type=float)
-    q.add_argument("--zeta2", type=float, help="heterogeneity 1/n sum ||grad f_i(x*)||^2")
-    q.add_argument("--r0", type=float, help="initial distance to the optimum")
-    q.add_argument("--sigma2", type=float, help="gradient noise variance")
+    q.add_argument("--dim", type=int, help="dimension d of the generated problem (default 50; with --problem-file it must match the file)")
+    q.add_argument("--mu", type=float, help="smallest singular value of every A_i of the generated problem (default 0.5)")
+    q.add_argument("--L", type=float, help="largest singular value of every A_i of the generated problem (default 1.0)")
+    q.add_argument("--zeta2", type=float, help="heterogeneity 1/n sum ||grad f_i(x*)||^2 of the generated problem (default 1.0)")
+    q.add_argument("--r0", type=float, help="initial distance ||x(0) - x*|| of the generated problem (default 10.0)")
+    q.add_argument("--sigma2", type=float, help="gradient noise variance E||xi||^2 (default 0; with --problem-file it must match the file)")
     return p
 
 
@@ -276,5 +392,10 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
         base.pop("steps", None)
         base.pop("epochs", None)
     cfg = RunConfig.from_dict({**base, **given})
+    # a run file's config records every key; those that cannot apply to this run's task or
+    # algorithm are dropped from the file's (only flags given on the command line are refused)
+    stale = {f.lstrip("-").replace("-", "_") for f, _ in not_applicable(cfg)} - set(given)
+    if stale:
+        cfg = RunConfig.from_dict({**{k: v for k, v in base.items() if k not in stale}, **given})
     validate(cfg)
     return cfg

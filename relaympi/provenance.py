@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import socket
 import subprocess
 import sys
@@ -27,7 +28,8 @@ def git_commit() -> str:
     return commit + ("-dirty" if dirty else "")
 
 
-def collect(transport: dict[str, Any], hosts: list[str] | None = None) -> dict[str, Any]:
+def collect(transport: dict[str, Any], hosts: list[str] | None = None, command: str | None = None) -> dict[str, Any]:
+    """Provenance of a run; `command` is the command that runs it again (default: this process's argv)."""
     import h5py
     import numpy
 
@@ -39,7 +41,7 @@ def collect(transport: dict[str, Any], hosts: list[str] | None = None) -> dict[s
         "h5py": h5py.__version__,
         "platform": platform.platform(),
         "hosts": sorted(set(hosts or [socket.gethostname()])),
-        "command": " ".join(sys.argv),
+        "command": command if command is not None else shlex.join(sys.argv),
         "start_time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **{f"transport_{k}": v for k, v in transport.items()},
     }

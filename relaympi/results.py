@@ -52,6 +52,34 @@ class RunExistsError(FileExistsError):
     """Refusing to overwrite (or resume) a run that already finished (completed or diverged)."""
 
 
+class RunInUseError(BlockingIOError):
+    """Refusing to replace a run file that another process is writing (it holds HDF5's file lock)."""
+
+
+def _locked_by_a_writer(path: Path) -> bool:
+    """Whether a live writer holds HDF5's exclusive flock on ``path`` (probed without touching it).
+
+    Must be asked before h5py.File(path, "w"): that truncates the file before it finds the lock.
+    """
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # conflicts with a writer's LOCK_EX only
+    except BlockingIOError:
+        return True
+    except OSError:  # no flock on this file system: nothing to conflict with
+        return False
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
 def _utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -168,6 +196,8 @@ class RunWriter:
                 raise RunExistsError(
                     f"{path} holds a {status} run; pass overwrite=True (--overwrite) to replace it"
                 )
+        if path.exists() and _locked_by_a_writer(path):
+            raise RunInUseError(f"{path} is being written by another run")
         file = h5py.File(path, "w", locking="best-effort")
         try:
             attrs = file.attrs
@@ -461,6 +491,19 @@ def _parse_json(path: Path, attrs: dict[str, Any], name: str) -> dict[str, Any]:
     return value
 
 
+# A worker "ends at chance" when its accuracy is below this many times 1/num_classes (10% for
+# ten classes): it learned nothing, often because the default lr does not suit the run.
+CHANCE_FACTOR = 1.5
+
+
+def workers_at_chance(accuracy: np.ndarray, num_classes: int | None) -> list[int]:
+    """The workers whose accuracy (one value per worker) is at chance level for num_classes."""
+    if not num_classes or num_classes < 2:
+        return []
+    values = np.asarray(accuracy, dtype=float).reshape(-1)
+    return [int(w) for w in np.flatnonzero(values < CHANCE_FACTOR / num_classes)]
+
+
 def read_run(path: str | os.PathLike, *, datasets: Iterable[str] | None = None) -> Run:
     """Read a run file; ``datasets`` limits which datasets are loaded (default: all).
 
@@ -560,8 +603,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BrokenPipeError:  # `... show run.h5 | head`: the reader stopped listening
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(0)
+    from relaympi.entrypoint import run
+
+    run(main)

@@ -58,6 +58,11 @@ class Plan:
     optimizer: Any
     task_defaults: Any = None
     problem: Any = None
+    lr_warning: str | None = None  # a default lr used at a worker count it was not tuned for
+
+    def warn_untuned_lr(self) -> None:
+        if self.lr_warning:
+            log.warning("warning: %s", self.lr_warning)
 
     def lr_at(self, step: int) -> float:
         """Linear warm-up (per step) then /10 at each milestone."""
@@ -79,7 +84,7 @@ def resolve(cfg: RunConfig, world_size: int) -> Plan:
     from relaympi.topology import TopologyError, build, lr_correction
 
     if cfg.task == "quadratics":
-        defaults = TaskDefaults(epochs=1, batch_size=1, lr=0.1, momentum=0.0, eval_every_epochs=1)
+        defaults = TaskDefaults(epochs=1, batch_size=1, lr=0.1, momentum=0.0, eval_every_epochs=1, lr_tuned_workers=None)
         task_cls = None
     else:
         task_cls = get_task_class(cfg.task)
@@ -89,7 +94,13 @@ def resolve(cfg: RunConfig, world_size: int) -> Plan:
     try:
         topology = build(topo_name, world_size)
     except TopologyError as exc:
-        raise ConfigError(f"topology {topo_name!r} with {world_size} workers: {exc}") from exc
+        hint = "; one worker is the centralized baseline: --algo allreduce" if world_size == 1 else ""
+        raise ConfigError(f"topology {topo_name!r} with {world_size} workers: {exc}{hint}") from exc
+    lr_warning = None
+    tuned = defaults.lr_tuned_workers
+    if cfg.lr is None and tuned and world_size != tuned:
+        lr_warning = (f"the default lr of {cfg.task}/{cfg.algo} was tuned for {tuned} workers; this run has {world_size}, "
+                      "so it may not converge (a worker at chance accuracy): pass --lr, e.g. from a sweep (jobs/sweep_lr.sh)")
     cfg = replace(
         cfg,
         topology=topo_name,
@@ -108,18 +119,11 @@ def resolve(cfg: RunConfig, world_size: int) -> Plan:
         optimizer = OptimizerConfig(name=cfg.optimizer, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    if cfg.algo == "relay" and cfg.relay_mode is None:
+        cfg = replace(cfg, relay_mode="counts")
     problem = None
     if cfg.task == "quadratics":
-        from relaympi.tasks import quadratics
-
-        try:
-            if cfg.problem_file is not None:
-                problem = quadratics.load(cfg.problem_file, world_size)
-            else:
-                spec = quadratics.QuadraticsSpec(cfg.dim, cfg.mu, cfg.L, cfg.zeta2, cfg.r0, cfg.sigma2)
-                problem = quadratics.generate(world_size, spec, cfg.seed)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
+        cfg, problem = _quadratics_problem(cfg, world_size)
     plan = Plan(
         cfg=cfg,
         world_size=world_size,
@@ -135,15 +139,14 @@ def resolve(cfg: RunConfig, world_size: int) -> Plan:
         optimizer=optimizer,
         task_defaults=defaults,
         problem=problem,
+        lr_warning=lr_warning,
     )
     try:
         get_algorithm_class(cfg.algo)
         _check_combination(cfg, topology, world_size)
     except AlgorithmError as exc:
         raise ConfigError(str(exc)) from exc
-    if cfg.relay_lr_correction:
-        if cfg.algo != "relay":
-            raise ConfigError("--relay-lr-correction applies to --algo relay only")
+    if cfg.relay_lr_correction:  # validate() refused it for other algorithms
         plan.lr *= lr_correction(topology)
     return plan
 
@@ -161,6 +164,26 @@ def _with_data_dirs(cfg: RunConfig) -> RunConfig:
         data_dir=Path(data_dir).expanduser().absolute() if data_dir else None,
         model_dir=Path(model_dir).expanduser().absolute() if model_dir else None,
     )
+
+
+def _quadratics_problem(cfg: RunConfig, world_size: int) -> tuple[RunConfig, Any]:
+    """The problem to train on, and the config recording what it is (the file's dim, not a default)."""
+    from relaympi.tasks import quadratics
+
+    try:
+        if cfg.problem_file is None:
+            spec = quadratics.QuadraticsSpec()
+            given = {k: getattr(cfg, k) for k in ("dim", "mu", "L", "zeta2", "r0", "sigma2") if getattr(cfg, k) is not None}
+            spec = replace(spec, **given)
+            return replace(cfg, **{k: getattr(spec, k) for k in ("dim", "mu", "L", "zeta2", "r0", "sigma2")}), quadratics.generate(world_size, spec, cfg.seed)
+        problem = quadratics.load(cfg.problem_file, world_size)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    for name, value in (("dim", problem.dim), ("sigma2", problem.sigma2)):
+        given = getattr(cfg, name)
+        if given is not None and given != value:
+            raise ConfigError(f"--{name} {given} conflicts with --problem-file {cfg.problem_file}, which has {name} {value:g}; drop --{name}")
+    return replace(cfg, dim=problem.dim, sigma2=problem.sigma2), problem
 
 
 def _check_combination(cfg: RunConfig, topology: Any, world_size: int) -> None:
@@ -205,7 +228,25 @@ def finish_plan(plan: Plan, steps_per_epoch: int) -> Plan:
 
 
 def default_out(cfg: RunConfig, world_size: int) -> Path:
-    return Path("results") / f"{cfg.task}-{cfg.algo}-{cfg.topology}-n{world_size}-a{cfg.alpha:g}-s{cfg.seed}.h5"
+    """results/<task>-<algo>-<topology>-n<N>-a<alpha>-s<seed>.h5: a plain file name directly in results/."""
+    return Path("results") / f"{cfg.task}-{cfg.algo}-{_topology_slug(cfg.topology)}-n{world_size}-a{cfg.alpha:g}-s{cfg.seed}.h5"
+
+
+def _topology_slug(name: str) -> str:
+    """A topology name as part of a file name: an edge list becomes its file's stem and a short
+    hash of its content (two different files named chain.txt never share a run file)."""
+    import hashlib
+    import re
+
+    prefix, sep, path = name.partition("edge-list:")
+    if sep:
+        file = Path(path)
+        try:
+            digest = hashlib.sha256(file.read_bytes()).hexdigest()[:8]
+        except OSError:
+            digest = hashlib.sha256(path.encode()).hexdigest()[:8]
+        name = f"{prefix}edge-list-{file.stem}-{digest}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")
 
 
 class _Stop(Exception):
@@ -270,7 +311,7 @@ class Worker:
         finish_plan(plan, self.workload.steps_per_epoch)
         x = self.workload.x
         self.optimizer = make_optimizer(plan.optimizer, x)
-        options = AlgorithmOptions(relay_mode=cfg.relay_mode, relay_in_place=cfg.relay_in_place, relay_chunk=cfg.relay_chunk, d2_force=cfg.d2_force, d2_exact_diffusion=cfg.d2_exact_diffusion)
+        options = AlgorithmOptions(relay_mode=cfg.relay_mode or "counts", relay_in_place=cfg.relay_in_place, relay_chunk=cfg.relay_chunk, d2_force=cfg.d2_force, d2_exact_diffusion=cfg.d2_exact_diffusion)
         self.algorithm = make_algorithm(cfg.algo, comm, plan.topology, self.optimizer, x, options)
         self.writer_factory = writer_factory
         self.writer = None
@@ -443,6 +484,8 @@ class Worker:
         if self.rank == 0 and self.start_step:
             log.info("resuming from the checkpoint of step %d in %s", self.start_step, cfg.checkpoint_dir)
         self._on_rank0_agreed(lambda: setattr(self, "writer", self.writer_factory(self.start_step, hosts, self.comm.describe())))
+        if self.writer is not None and hasattr(self.workload, "task"):  # for the chance-accuracy check
+            self.writer.set_attrs(num_classes=int(self.workload.task.num_classes))
         self.t0 = time.perf_counter()
         sync = torch.cuda.synchronize if self.workload.x.is_cuda else (lambda: None)
         step = self.start_step
@@ -526,6 +569,20 @@ def _progress_bar(total: int, initial: int) -> Any:
     return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, leave=False)
 
 
+class BarSafeHandler(logging.StreamHandler):
+    """Log lines written through tqdm.write: it lifts the progress bar off the line, prints the
+    message on a line of its own and redraws the bar below (a plain write would land on the bar's line)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=self.stream)
+            self.flush()
+        except Exception:  # noqa: BLE001 - logging must never raise
+            self.handleError(record)
+
+
 def _nanmean(values: np.ndarray) -> float:
     finite = values[~np.isnan(values)]
     return float(finite.mean()) if finite.size else math.nan
@@ -539,20 +596,26 @@ def _resume_key(cfg: RunConfig) -> dict[str, Any]:
     return d
 
 
-def _writer_factory(plan: Plan, out: Path) -> Any:
+def _writer_factory(plan: Plan, out: Path, command: str) -> Any:
     from relaympi import provenance
     from relaympi.results import RunExistsError, RunWriter, run_status
 
     def make(start_step: int, hosts: list[str], transport: dict[str, Any]) -> Any:
-        if start_step > 0 and run_status(out) in ("running", "preempted", "failed"):
-            return RunWriter.reopen(out, resume_step=start_step - 1)
         try:
+            if start_step > 0 and run_status(out) in ("running", "preempted", "failed"):
+                return RunWriter.reopen(out, resume_step=start_step - 1)
             return RunWriter.create(
                 out, config=plan.cfg.to_dict() | {"world_size": plan.world_size, "lr_effective": plan.lr, "total_steps": plan.total_steps},
-                provenance=provenance.collect(transport, hosts), world_size=plan.world_size, overwrite=plan.cfg.overwrite,
+                provenance=provenance.collect(transport, hosts, command=command), world_size=plan.world_size, overwrite=plan.cfg.overwrite,
             )
         except RunExistsError as exc:
             raise ConfigError(f"{out} already holds a finished run; pass --overwrite to replace it") from exc
+        except OSError as exc:
+            # a live run holds HDF5's lock: RunWriter.create probes it (RunInUseError, a BlockingIOError) before
+            # h5py would truncate the file; reopen fails on the lock without writing
+            if isinstance(exc, BlockingIOError) or "lock" in str(exc).lower():
+                raise ConfigError(f"{out} is being written by another run; give this run another --out, or wait for that one to end") from exc
+            raise ConfigError(f"cannot write the run file --out {out}: {exc}; choose a writable path") from exc
 
     return make
 
@@ -564,14 +627,14 @@ def _usage_errors() -> tuple[type[BaseException], ...]:
     return (ConfigError, TaskError, CheckpointError)
 
 
-def _run_rank(comm: Any, plan: Plan, out: Path) -> str:
+def _run_rank(comm: Any, plan: Plan, out: Path, command: str) -> str:
     """One rank's whole run; a failure is recorded (rank 0) or reported to rank 0 (others)."""
     import copy
 
     plan = copy.copy(plan)
     worker = None
     try:
-        worker = Worker(comm, plan, out, _writer_factory(plan, out))
+        worker = Worker(comm, plan, out, _writer_factory(plan, out, command))
     except _usage_errors() as exc:
         # setup errors are the same on every rank; agree on them so none waits for the others
         comm.allreduce_flags(np.array([1.0]))
@@ -593,17 +656,40 @@ def _run_rank(comm: Any, plan: Plan, out: Path) -> str:
 
 
 def _save_problem(plan: Plan) -> None:
-    if plan.cfg.save_problem is not None and plan.problem is not None:
-        if not Path(plan.cfg.save_problem).resolve().parent.is_dir():
-            raise ConfigError(f"--save-problem {plan.cfg.save_problem}: its directory does not exist")
-        plan.problem.save(plan.cfg.save_problem)
+    """Write --save-problem; an existing file is replaced only with --overwrite (others may train on it).
+
+    A file that already holds exactly this problem is left as it is, so re-running the command
+    (to resume after preemption) works without --overwrite.
+    """
+    path = plan.cfg.save_problem
+    if path is None or plan.problem is None:
+        return
+    path = Path(path)
+    if not path.resolve().parent.is_dir():
+        raise ConfigError(f"--save-problem {path}: its directory does not exist")
+    if path.exists() and not plan.cfg.overwrite:
+        if _holds_problem(path, plan.problem):
+            return
+        raise ConfigError(f"--save-problem {path} already exists and holds another problem (other runs may use it); "
+                          "choose another file, or pass --overwrite to replace it")
+    plan.problem.save(path)
+
+
+def _holds_problem(path: Path, problem: Any) -> bool:
+    from relaympi.tasks import quadratics
+
+    try:
+        saved = quadratics.load(path)
+    except Exception:  # noqa: BLE001 - anything unreadable is "another file", never replaced silently
+        return False
+    return saved.A.shape == problem.A.shape and np.array_equal(saved.A, problem.A) and np.array_equal(saved.b, problem.b) and saved.sigma2 == problem.sigma2
 
 
 _EXIT = {"completed": EXIT_COMPLETED, "diverged": EXIT_DIVERGED, "preempted": EXIT_PREEMPTED}
 
 
 def _summary(out: Path, status: str) -> None:
-    from relaympi.results import read_run
+    from relaympi.results import CHANCE_FACTOR, read_run, workers_at_chance
 
     try:
         run = read_run(out)
@@ -611,16 +697,29 @@ def _summary(out: Path, status: str) -> None:
         log.info("%s: %s", status, out)
         return
     line = f"{status}: {out}"
+    # only a completed run has a final model; otherwise say where it stopped
+    steps = run.data.get("step")
+    at = f"at step {int(steps[-1])} (not final: {status})" if steps is not None and len(steps) else f"(not final: {status})"
+    final = {"test": "final test accuracy", "sub": "final suboptimality"}
+    if status != "completed":
+        final = {"test": f"test accuracy {at}", "sub": f"suboptimality {at}"}
     if "test_accuracy" in run.data and len(run.data["test_accuracy"]):
         acc = run.data["test_accuracy"][-1]
-        line += f" | final test accuracy worst worker {np.min(acc):.4f}, mean {np.mean(acc):.4f}, best {np.max(acc):.4f}"
+        line += f" | {final['test']}: worst worker {np.min(acc):.4f}, mean {np.mean(acc):.4f}, best {np.max(acc):.4f}"
         epoch = run.data["epoch"]
         window = (epoch > epoch[-1] - 5) & (epoch > 0)  # the paper's last-5-epochs window, as the report uses it
         if window.any():
-            recent = run.data["test_accuracy"][window].mean(axis=0)
-            line += f" | last 5 epochs (paper metric): worst worker {recent.min():.4f}, mean {recent.mean():.4f}"
+            acc = run.data["test_accuracy"][window].mean(axis=0)
+            line += f" | last 5 epochs (paper metric): worst worker {acc.min():.4f}, mean {acc.mean():.4f}"
+        num_classes = run.attrs.get("num_classes")
+        chance = workers_at_chance(acc, num_classes)
+        if chance:
+            line += (
+                f" | WARNING: worker(s) {', '.join(map(str, chance))} at chance accuracy (< {CHANCE_FACTOR / num_classes:.0%}); "
+                "check the learning rate (the defaults were tuned for 16 workers)"
+            )
     if "suboptimality" in run.data and len(run.data["suboptimality"]):
-        line += f" | final suboptimality {run.data['suboptimality'][-1]:.3e}"
+        line += f" | {final['sub']} {run.data['suboptimality'][-1]:.3e}"
     print(line, flush=True)
 
 
@@ -629,21 +728,22 @@ def _configure(cfg: RunConfig, rank: int, local_size: int) -> None:
 
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // max(local_size, 1))
     torch.set_num_threads(threads)
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", handlers=[BarSafeHandler(sys.stderr)])
     signal.signal(signal.SIGTERM, _request_stop)
     signal.signal(signal.SIGUSR1, _request_stop)
 
 
-def _main_local(cfg: RunConfig) -> int:
+def _main_local(cfg: RunConfig, argv: list[str]) -> int:
     from relaympi.comm import DropPolicy, run_local
 
     _configure(cfg, 0, cfg.workers if cfg.workers > 1 else 1)
     plan = resolve(cfg, cfg.workers)
+    plan.warn_untuned_lr()
     out = Path(cfg.out) if cfg.out else default_out(plan.cfg, plan.world_size)
     out.parent.mkdir(parents=True, exist_ok=True)
     plan.cfg = replace(plan.cfg, out=out)
     _save_problem(plan)
-    statuses = run_local(plan.world_size, _run_rank, plan, out, drops=DropPolicy(cfg.drop_prob, cfg.seed))
+    statuses = run_local(plan.world_size, _run_rank, plan, out, _rerun_command(argv), drops=DropPolicy(cfg.drop_prob, cfg.seed))
     _summary(out, statuses[0])
     return _EXIT[statuses[0]]
 
@@ -656,15 +756,16 @@ def _local_size() -> int:
     return 1
 
 
-def _main_mpi(cfg: RunConfig) -> int:
+def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
     from relaympi.comm.mpi import world_size
 
     size = world_size()
-    if size == 1:
+    if size == 1 and not _under_launcher():  # `mpirun -n 1` is the single-worker baseline; plain python is a mistake
         raise ConfigError(
             "this is one process, so there is only one worker. Launch one worker per rank: "
             "`mpirun -n 16 python -m relaympi.train ...` (or srun under SLURM), or run all workers in this "
-            "process with `--backend local --workers 16`"
+            "process with `--backend local --workers 16`; a single-worker baseline runs as "
+            "`mpirun -n 1 python -m relaympi.train --algo allreduce ...` or `--backend local --workers 1 --algo allreduce`"
         )
     from relaympi.comm import DropPolicy, mpi_communicator
 
@@ -676,6 +777,7 @@ def _main_mpi(cfg: RunConfig) -> int:
         out = Path(cfg.out) if cfg.out else default_out(plan.cfg, size)
         plan.cfg = replace(plan.cfg, out=out)
         if comm.rank == 0:
+            plan.warn_untuned_lr()
             out.parent.mkdir(parents=True, exist_ok=True)
             _save_problem(plan)
     except ConfigError as exc:
@@ -687,7 +789,7 @@ def _main_mpi(cfg: RunConfig) -> int:
             print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        status = _run_rank(comm, plan, out)
+        status = _run_rank(comm, plan, out, _rerun_command(argv, size))
     except _usage_errors() as exc:
         if comm.rank == 0:
             print(f"error: {exc}", file=sys.stderr)
@@ -703,6 +805,11 @@ def _main_mpi(cfg: RunConfig) -> int:
     return _EXIT[status]
 
 
+def _under_launcher() -> bool:
+    """Whether mpirun/mpiexec/srun started this process (even as its only rank)."""
+    return any(var in os.environ for var in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"))
+
+
 def _launched_by_mpi() -> int:
     """World size announced by an MPI launcher or srun in the environment (1 when none)."""
     for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
@@ -712,7 +819,16 @@ def _launched_by_mpi() -> int:
     return 1
 
 
+def _rerun_command(argv: list[str], mpi_ranks: int | None = None) -> str:
+    """The command that runs this again (recorded in provenance.command): the module, not a file path."""
+    import shlex
+
+    launch = ["mpirun", "-n", str(mpi_ranks)] if mpi_ranks else []
+    return shlex.join([*launch, "python", "-m", "relaympi.train", *argv])
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg = parse_args(argv)
         if cfg.backend == "local":
@@ -721,10 +837,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"--backend local runs all workers in one process, but this is one of {_launched_by_mpi()} MPI ranks: "
                     "drop --backend/--workers under mpirun/srun, or run the command without mpirun"
                 )
-            return _main_local(cfg)
-        return _main_mpi(cfg)
+            return _main_local(cfg, argv)
+        return _main_mpi(cfg, argv)
     except _usage_errors() as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        from relaympi.entrypoint import launcher_rank
+
+        if launcher_rank() == 0:  # every rank found the same error: one copy of the message
+            print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc()
@@ -733,4 +852,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from relaympi.entrypoint import run
+
+    run(main)

@@ -171,6 +171,7 @@ def test_config_file_and_environment(tmp_path: Path) -> None:
         "--dry-run",
         RELAYMPI_JOBS_CONFIG=str(config),
         RELAYMPI_RESULTS_DIR=str(tmp_path / "r"),
+        RELAYMPI_DATA_DIR=str(tmp_path),
     )
     assert dry.returncode == 0, dry.stderr
     assert "--partition=gpu" in dry.stderr and "--array=0-11 " in dry.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from fractions import Fraction
@@ -46,7 +47,7 @@ ACCEPTS = {
     "star": lambda n: n >= 2,
     "binary-tree": lambda n: n >= 2,
     "double-binary-trees": lambda n: n >= 2,
-    "fully-connected": lambda n: n >= 2,
+    "fully-connected": lambda n: n >= 1,  # one worker: the centralized baseline
     "hypercube": lambda n: n >= 2 and _power_of_two(n),
     "social-network": lambda n: n == 32,
     "social-network-tree": lambda n: n == 32,
@@ -133,6 +134,18 @@ def test_invariants(name, n):
 def test_rejected_sizes_say_what_is_allowed(name, n):
     with pytest.raises(TopologyError, match=r"world_size|power of two|32"):
         build(name, n)
+
+
+@pytest.mark.parametrize("name", TOPOLOGY_NAMES)
+def test_one_minimum_per_topology(name):
+    """Every size below a topology's smallest one gets the same message (only the size differs)."""
+    smallest = min(n for n in range(0, 65) if ACCEPTS[name](n))
+    messages = set()
+    for n in range(0, smallest):
+        with pytest.raises(TopologyError) as info:
+            build(name, n)
+        messages.add(re.sub(rf"got (world_size=)?{n}\b", "got N", str(info.value)))
+    assert len(messages) <= 1, messages
 
 
 def test_ring_two_ranks_points_to_chain():
@@ -630,8 +643,11 @@ def test_cli_json_in_process(capsys, tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["ring", "-n", "2"], "error: ring needs world_size >= 3"),
+        (["ring", "-n", "2"], "error: ring world_size must be >= 3, got 2"),
+        (["ring", "-n", "1"], "error: ring world_size must be >= 3, got 1"),
+        (["ring", "-n", "0"], "error: ring world_size must be >= 3, got 0"),
         (["torus", "-n", "8"], "error: unknown topology 'torus'"),
+        (["rnig", "-n", "8"], "error: unknown topology 'rnig' (did you mean 'ring'?)"),
         (["social-network", "-n", "16"], "error: social-network has exactly 32"),
         (["edge-list", "-n", "4", "--edge-list", "/nonexistent/graph.txt"], "error: cannot read"),
     ],

@@ -31,6 +31,9 @@ class TaskDefaults:
     warmup_from: float = 0.0
     eval_every_epochs: float = 1.0
     metric: str = "worst"  # the paper's reported metric: "worst" worker or "mean" of workers
+    # the learning rates were tuned (by the paper, or our digits grid) for this many workers on each
+    # algorithm's default topology; the trainer warns when a default lr runs at another worker count
+    lr_tuned_workers: int | None = 16
 
 
 @dataclass(frozen=True)

@@ -327,6 +327,8 @@ class _RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in self._allowed:
             return self._allowed[(module, name)]
+        if (module, name) == ("_codecs", "encode"):
+            return self._latin1_encode
         raise TaskError(
             f"refusing to unpickle global {module}.{name} in {self._path}: a CIFAR-10 "
             "python batch file needs only numpy arrays and plain containers"
@@ -334,3 +336,12 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         raise TaskError(f"refusing to unpickle {self._path}: it uses persistent ids")
+
+    def _latin1_encode(self, text: Any, encoding: Any = None) -> bytes:
+        """_codecs.encode as Python 3 uses it to write bytes in protocol 2 (text, 'latin1'); nothing else."""
+        if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+            raise TaskError(
+                f"refusing to unpickle {self._path}: it calls _codecs.encode with "
+                f"({type(text).__name__}, {encoding!r}); only (str, 'latin1') encodes bytes"
+            )
+        return text.encode("latin-1")

@@ -1,5 +1,7 @@
 """Entry point of `python -m relaympi.topology`."""
 
+from relaympi.entrypoint import run
+
 from .cli import main
 
-raise SystemExit(main())
+run(main)

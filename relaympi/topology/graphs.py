@@ -39,11 +39,11 @@ def _graph(world_size: int, edges) -> nx.Graph:
 
 def ring(world_size: int) -> Topology:
     """Cycle 0-1-...-(n-1)-0; needs n >= 3 (with 2 ranks it degenerates to a chain)."""
-    if check_world_size(world_size, what="ring world_size") == 2:
+    n = check_world_size(world_size, what="ring world_size", minimum=-(2**62))
+    if n < 3:  # one message for every n below the minimum
         raise TopologyError(
-            "ring needs world_size >= 3: with 2 ranks a ring degenerates to a chain, use 'chain'"
+            f"ring world_size must be >= 3, got {n} (with 2 ranks a ring degenerates to a chain: use 'chain')"
         )
-    n = check_world_size(world_size, what="ring world_size", minimum=3)
     return Topology("ring", n, (_graph(n, ((i, (i + 1) % n) for i in range(n))),))
 
 
@@ -106,8 +106,8 @@ def _check_complementary(topology: Topology) -> None:
 
 
 def fully_connected(world_size: int) -> Topology:
-    """Complete graph (all-reduce); n >= 2."""
-    n = check_world_size(world_size, what="fully-connected world_size", minimum=2)
+    """Complete graph (all-reduce); n >= 1 (one worker: the centralized single-worker baseline)."""
+    n = check_world_size(world_size, what="fully-connected world_size", minimum=1)
     return Topology("fully-connected", n, (nx.complete_graph(n),))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -120,7 +121,9 @@ def build(
         return from_edge_list(edge_list, world_size)
     _no_edge_list(name, edge_list)
     if name not in _GENERATORS:
-        raise TopologyError(f"unknown topology {name!r}; allowed: {_allowed()}")
+        close = difflib.get_close_matches(name.replace("_", "-"), TOPOLOGY_NAMES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise TopologyError(f"unknown topology {name!r}{hint}; allowed: {_allowed()}")
     return _GENERATORS[name](world_size)
 
 

@@ -1,0 +1,32 @@
+"""Run a command-line main: exit with its status, quietly when the reader of stdout went away."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+
+def run(main: Callable[[], int | None]) -> NoReturn:
+    """sys.exit(main()); `... | head` closing the pipe early ends the program quietly with 0."""
+    try:
+        status = main()
+        sys.stdout.flush()  # inside the try: a closed pipe would otherwise fail at interpreter exit
+    except BrokenPipeError:
+        # the output that was wanted is out; point stdout at /dev/null so the final flush is silent
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = 0
+    sys.exit(status)
+
+
+def launcher_rank() -> int:
+    """This process's rank as mpirun/mpiexec/srun announce it (0 when started otherwise).
+
+    Read before MPI starts, so a usage error can be printed by rank 0 alone.
+    """
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        value = os.environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    return 0
