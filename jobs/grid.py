@@ -576,6 +576,9 @@ def check_job(job: Job, sweep_name: str, settings: Settings, *, need_inputs: boo
                 return f"task {job.config.task} reads {flag} {'data' if flag == '--data-dir' else 'a model'}: set {name} (jobs/README.md)"
             i = args.index(f"<set {name}>")
             del args[i - 1 : i + 1]
+        elif flag in args and not Path(args[args.index(flag) + 1]).is_dir():
+            i = args.index(flag)  # data not fetched yet: data_problems reports it, with the fetch command
+            del args[i : i + 2]
     # the run file's directory is made when the job starts: check the flags against an existing one
     i = args.index("--out")
     args[i + 1] = str(Path(tempfile.gettempdir()) / f"{job.config.name}.h5")

@@ -46,9 +46,13 @@ def test_a_typo_in_the_algorithms_exits_2_before_sbatch(tmp_path: Path) -> None:
     assert not called.exists()
 
 
-def test_a_data_task_without_data_dir_exits_2_before_sbatch(tmp_path: Path) -> None:
-    proc, called = _submit(tmp_path, **{**DIGITS, "RELAYMPI_TASK": "cifar10"}, RELAYMPI_ALGOS="relay")
-    assert proc.returncode == 2 and "set RELAYMPI_DATA_DIR" in proc.stderr and "sweep_alpha[0] relay_" in proc.stderr
+def test_a_data_task_without_its_data_exits_2_before_sbatch(tmp_path: Path) -> None:
+    """No RELAYMPI_DATA_DIR: the jobs read the data root's cifar10 folder, which is empty here."""
+    root = tmp_path / "data-root"
+    root.mkdir()
+    proc, called = _submit(tmp_path, **{**DIGITS, "RELAYMPI_TASK": "cifar10", "RELAYMPI_DATA": str(root)}, RELAYMPI_ALGOS="relay")
+    assert proc.returncode == 2, proc.stderr
+    assert "python -m relaympi.data fetch cifar10" in proc.stderr and "not present and verified" in proc.stderr
     assert not called.exists()
 
 
