@@ -97,6 +97,20 @@ PLANTS = (
         (("tests/test_comm.py", "-k", "drop"),),
     ),
     Plant(
+        "relay-previous-sign",  # robust rule: adds u(t) for each missing parcel instead of x(t)
+        "relaympi/algorithms/relay.py",
+        "xs.mul_(1.0 + missing).add_(self.relay.coords(u, layer), alpha=-missing)",
+        "xs.mul_(1.0 + missing).add_(self.relay.coords(u, layer), alpha=missing)",
+        (("tests/test_algorithms.py", "-k", "relay"),),
+    ),
+    Plant(
+        "drop-policy-asymmetric-replace",  # the in-place exchange's receive side asks about (dst, src)
+        "relaympi/comm/base.py",
+        "recv = not self.drops.dropped(round, tag, peer, self.rank)",
+        "recv = not self.drops.dropped(round, tag, self.rank, peer)",
+        (("tests/test_comm.py", "-k", "drop or replace"),),
+    ),
+    Plant(
         "dirichlet-no-half-share-redraw",  # keeps the first draw even if a worker got too little
         "relaympi/tasks/partition.py",
         "return cuts if sizes.min() >= 0.5 * share else None",
