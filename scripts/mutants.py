@@ -55,38 +55,38 @@ PLANTS = (
         ((DROP_ORACLE,), ("tests/test_algorithms.py", "tests/test_comm.py")),
     ),
     Plant(
-        "relaysum-stale-on-drop",  # a lost message keeps last step's message instead of being empty
+        "relaysum-stale-on-drop",  # a lost message leaves the buffer's old content instead of being empty
         "relaympi/algorithms/relaysum.py",
-        "                if j not in delivered:\n                    buf.zero_()",
-        "                if j not in delivered:\n                    pass",
+        "                if peer not in delivered:\n                    layer.received[layer.row_of[position]].zero_()",
+        "                if peer not in delivered:\n                    pass",
         ((DROP_ORACLE,), ("tests/test_algorithms.py", "-k", "relay")),
     ),
     Plant(
-        "relaysum-leaf-counter-0",  # a leaf's message claims to hold no parcel
-        "relaympi/algorithms/relaysum.py",
-        "            target[:-1].copy_(p)\n            target[-1] = 1.0",
-        "            target[:-1].copy_(p)\n            target[-1] = 0.0",
+        "relaysum-leaf-counter-0",  # a leaf's message [p, c] (the parcel's spare slot) claims no parcel
+        "relaympi/comm/buffers.py",
+        "storage[0] = storage[-1] = 1.0",
+        "storage[0] = storage[-1] = 0.0",
         (("tests/test_algorithms.py", "-k", "relay"),),
     ),
     Plant(
         "relaysum-echo",  # degree 2: the message to a carries a's own last message back
         "relaympi/algorithms/relaysum.py",
-        "for j, k in ((a, b), (b, a)):",
-        "for j, k in ((a, a), (b, b)):",
+        "targets[layer.row_of[1]], targets[layer.row_of[0]] = nbrs[0], nbrs[1]",
+        "targets[layer.row_of[0]], targets[layer.row_of[1]] = nbrs[0], nbrs[1]",
         (("tests/test_algorithms.py", "-k", "relay"),),
     ),
     Plant(
         "relaysum-echo-hub",  # degree >= 3: m_ij = everything received, m_ji not subtracted
         "relaympi/algorithms/relaysum.py",
-        "torch.sub(total, received[j], out=targets[j])",
-        "targets[j].copy_(total)",
+        "torch.sub(total[block], rows[:, block], out=rows[:, block])",
+        "torch.add(total[block], 0 * rows[:, block], out=rows[:, block])",
         (("tests/test_algorithms.py", "-k", "relay"),),
     ),
     Plant(
         "relay-divide-by-n",  # counts mode: divide by n instead of n-bar (the parcels received)
         "relaympi/algorithms/relay.py",
-        "self.relay.coords(x, layer).div_(nbar)",
-        "self.relay.coords(x, layer).div_(n)",
+        "self.relay.add_received(x, divide_by=counts)",
+        "self.relay.add_received(x, divide_by=[float(self.comm.world_size)] * len(counts))",
         (("tests/test_algorithms.py", "-k", "relay"),),
     ),
     Plant(
