@@ -23,14 +23,17 @@ def _lr(t: int) -> float:
     return 0.1 + 0.02 * t  # time-varying, as warm-up and decay produce
 
 
-def _ours(config: OptimizerConfig) -> np.ndarray:
+def _ours(config: OptimizerConfig, apply: bool = False) -> np.ndarray:
     hessian, b, x0 = _problem()
     x = torch.tensor(x0)
     optimizer = make_optimizer(config, x)
     trajectory = []
     for t in range(STEPS):
         grad = torch.from_numpy(hessian) @ x - torch.from_numpy(b)
-        x.add_(optimizer.update(grad, x, _lr(t)))
+        if apply:  # x += u inside the update's sweep
+            optimizer.update(grad, x, _lr(t), apply=True)
+        else:
+            x.add_(optimizer.update(grad, x, _lr(t)))
         trajectory.append(x.numpy().copy())
     return np.array(trajectory)
 
@@ -124,6 +127,20 @@ def test_matches_torch_optim(case: str) -> None:
 def test_matches_the_written_out_formula(case: str) -> None:
     config, _, formula = CASES[case]
     np.testing.assert_allclose(_ours(config), _formula(**formula), rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_cache_blocks_and_applied_updates_change_no_bit(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of 2 elements (3 blocks for 5) and x += u inside the sweep: the same bits as one block."""
+    import relaympi.optim as optim
+
+    config = CASES[case][0]
+    whole = _ours(config)
+    monkeypatch.setattr(optim, "UPDATE_BLOCK", 2)
+    if config.name == "sgd":  # Adam runs one sweep; SGD's blocks are really split
+        assert len(make_optimizer(config, torch.zeros(DIM, dtype=torch.float64))._blocks) == 3
+    for apply in (False, True):
+        np.testing.assert_array_equal(_ours(config, apply=apply), whole, err_msg=f"apply={apply}")
 
 
 def test_forms_differ_so_the_comparisons_discriminate() -> None:
