@@ -362,3 +362,38 @@ def test_cache_blocking_gives_identical_bits(monkeypatch):
             blocked = run_local(7, _relay_variant_trajectory, "relay", topo, "counts", {"in_place": in_place, "chunk": chunk, "padded": True})
             np.testing.assert_array_equal(np.array(blocked), whole, err_msg=f"{topo} in_place={in_place} chunk={chunk}")
         monkeypatch.undo()
+
+
+def _hand_metropolis_hastings(topology) -> np.ndarray:
+    """W_ij = 1/(1 + max(deg_i, deg_j)) on edges, the rest on the diagonal, from the edge list."""
+    n = topology.world_size
+    degree = [topology.degree(i) for i in range(n)]
+    w = np.zeros((n, n))
+    for i, j in topology.edges():
+        w[i, j] = w[j, i] = 1.0 / (1 + max(degree[i], degree[j]))
+    return w + np.diag(1.0 - w.sum(axis=1))
+
+
+@pytest.mark.parametrize("topo, n", [("ring", 5), ("social-network", 32)])
+def test_d2_exact_diffusion_mixes_with_half_w_plus_identity(topo, n):
+    """--d2-exact-diffusion gossips with (W + I)/2: one step from x_i = e_i with no update gives row i."""
+    from relaympi.algorithms.d2 import d2_mixing_matrix
+
+    topology = build(topo, n)
+    expected = (_hand_metropolis_hastings(topology) + np.eye(n)) / 2
+    if topo == "ring":  # by hand: MH gives 1/3 everywhere on a ring, so 2/3 self and 1/6 per neighbour
+        for i in range(n):
+            assert expected[i, i] == pytest.approx(2 / 3)
+            assert expected[i, (i + 1) % n] == expected[i, (i - 1) % n] == pytest.approx(1 / 6)
+    np.testing.assert_allclose(d2_mixing_matrix(topology, True, False), expected, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(d2_mixing_matrix(topology, False, True), _hand_metropolis_hastings(topology), rtol=0, atol=1e-15)
+    assert np.linalg.eigvalsh(expected).min() >= -1e-12  # (W+I)/2 is positive semidefinite
+
+    def body(comm):
+        x = torch.zeros(n, dtype=torch.float64)
+        x[comm.rank] = 1.0
+        algorithm = make_algorithm("d2", comm, topology, make_optimizer(SGD, x), x, AlgorithmOptions(d2_exact_diffusion=True))
+        algorithm.step(x, torch.zeros(n, dtype=torch.float64), 0.1, 0)
+        return x.numpy()
+
+    np.testing.assert_allclose(np.array(run_local(n, body)), expected, rtol=0, atol=1e-15)

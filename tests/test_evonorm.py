@@ -67,6 +67,41 @@ def test_evonorm_rejects_wrong_channels():
         EvoNormS0(8)(torch.zeros(2, 4, 3, 3))
 
 
+def _resnet20_evonorm_parameters(classes: int, width: int = 16, blocks: int = 3) -> int:
+    """Counted from the architecture: bias-free convs, EvoNorm-S0 (gamma, beta [, v]), a linear head.
+
+    A k x k conv from c_in to c_out has c_in c_out k^2 weights; EvoNorm-S0 has 3 per channel with
+    its nonlinearity (v) and 2 without. Block: conv3x3, EvoNorm, conv3x3, EvoNorm without
+    nonlinearity; the first block of stages 2 and 3 adds a 1x1 projection and its EvoNorm.
+    """
+
+    def conv(c_in, c_out, k):
+        return c_in * c_out * k * k
+
+    def evonorm(c, nonlinearity=True):
+        return (3 if nonlinearity else 2) * c
+
+    total = conv(3, width, 7) + evonorm(width)  # stem: 7x7 conv, EvoNorm (max-pool has none)
+    c_in = width
+    for c in (width, 2 * width, 4 * width):
+        for _ in range(blocks):
+            total += conv(c_in, c, 3) + evonorm(c) + conv(c, c, 3) + evonorm(c, False)
+            if c_in != c:
+                total += conv(c_in, c, 1) + evonorm(c, False)
+            c_in = c
+    return total + c_in * classes + classes  # fully connected layer with bias
+
+
+def test_resnet20_parameter_count_by_hand():
+    # stem 3*16*49 + 3*16 = 2400; stage 1 block 2*16*16*9 + 5*16 = 4688; stage 2 first block
+    # 16*32*9 + 32*32*9 + 5*32 + 16*32 + 2*32 = 14560, others 2*32*32*9 + 5*32 = 18592; stage 3 first
+    # block 32*64*9 + 64*64*9 + 5*64 + 32*64 + 2*64 = 57792, others 74048; fc 64*1000 + 1000 = 65000
+    assert _resnet20_evonorm_parameters(1000) == 2400 + 3 * 4688 + 14560 + 2 * 18592 + 57792 + 2 * 74048 + 65000
+    for width, classes in ((8, 10), (16, 200)):
+        model = ResNetEvoNorm(classes, width=width, stem="imagenet")
+        assert sum(p.numel() for p in model.parameters()) == _resnet20_evonorm_parameters(classes, width)
+
+
 def test_resnet20_structure_and_shapes():
     model = resnet20_evonorm(1000)
     convs = [
@@ -74,7 +109,7 @@ def test_resnet20_structure_and_shapes():
     ]
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert len(convs) + len(linears) == 20  # stem + 3 stages x 3 blocks x 2 convs + classifier
-    assert sum(p.numel() for p in model.parameters()) == 339_096
+    assert sum(p.numel() for p in model.parameters()) == _resnet20_evonorm_parameters(1000) == 339_096
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
     assert model(torch.randn(2, 3, 64, 64)).shape == (2, 1000)
     cifar = ResNetEvoNorm(10, stem="cifar")

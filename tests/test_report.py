@@ -345,3 +345,96 @@ def test_module_entry_point(sweep_dir: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "Test accuracy: cifar10, 4 workers" in proc.stdout
+
+
+# -- the metric's order of operations, on curves that cross --------------------------------------
+# Three workers, evaluations at epochs 0..10 (epoch 0: the initial model). In the window (epochs
+# 6..10) A falls, B rises and C wobbles, so every order of min / mean / last evaluation differs:
+CROSSING_WINDOW = np.array(
+    [  # A     B     C
+        [0.90, 0.40, 0.80],  # epoch 6
+        [0.80, 0.60, 0.70],
+        [0.70, 0.70, 0.75],
+        [0.60, 0.80, 0.70],
+        [0.50, 0.85, 0.72],  # epoch 10
+    ]
+)
+CROSSING_BEFORE = np.array(
+    [
+        [0.00, 0.00, 0.00],  # epoch 0: never in the window
+        [0.30, 0.90, 0.60],
+        [0.40, 0.90, 0.60],
+        [0.50, 0.90, 0.60],
+        [0.60, 0.90, 0.60],
+        [0.70, 0.90, 0.60],  # epoch 5: just outside the window
+    ]
+)
+CROSSING = np.vstack([CROSSING_BEFORE, CROSSING_WINDOW])
+CROSSING_EPOCHS = np.arange(11, dtype=float)
+# By hand, from the rows above:
+#   each worker's window mean: A 3.50/5 = 0.700, B 3.35/5 = 0.670, C 3.67/5 = 0.734
+PAPER_WORST = 0.670  # the paper: each worker's mean over the last 5 epochs, then the worst worker
+PAPER_MEAN = (0.700 + 0.670 + 0.734) / 3  # ImageNet / AG News: then the mean over workers
+WRONG_ORDERS = {
+    "worst worker per evaluation, then mean over the window": (0.4 + 0.6 + 0.7 + 0.6 + 0.5) / 5,
+    "worst worker at the last evaluation": 0.50,
+    "worst single evaluation": 0.40,
+    "best worker's window mean": 0.734,
+    "worst worker's mean over all epochs 1..10": (2.5 + 3.5) / 10,  # A; B 0.785, C 0.667
+    "worst worker's mean including epoch 0": (2.5 + 3.5) / 11,
+}
+
+
+def test_crossing_curves_hand_values_are_all_different() -> None:
+    """The fixture discriminates: all orders differ (> 0.01), the paper's from every other by > 0.02."""
+    assert CROSSING_WINDOW.mean(axis=0) == pytest.approx([0.700, 0.670, 0.734])
+    assert CROSSING[1:].mean(axis=0).min() == pytest.approx(0.6)
+    values = [PAPER_WORST, PAPER_MEAN, *WRONG_ORDERS.values()]
+    gaps = np.abs(np.subtract.outer(values, values))[np.triu_indices(len(values), 1)]
+    assert gaps.min() > 0.01, values
+    assert min(abs(PAPER_WORST - v) for v in values[1:]) > 0.02
+
+
+@pytest.mark.parametrize(
+    "task, expected", [("cifar10", PAPER_WORST), ("digits", PAPER_WORST), ("imagenet", PAPER_MEAN), ("agnews", PAPER_MEAN)]
+)
+def test_metric_order_on_crossing_curves(tmp_path: Path, task: str, expected: float) -> None:
+    rf.write_classification_run(tmp_path / "r.h5", CROSSING, CROSSING_EPOCHS, task=task)
+    runs, problems = report.load_runs(report.find_run_files([tmp_path]), Settings())
+    assert problems == []
+    (run,) = runs
+    assert run.metric == pytest.approx(expected, abs=1e-12)
+    for name, wrong in WRONG_ORDERS.items():
+        assert abs(run.metric - wrong) > 0.02, name
+    (table,) = [t for t in all_tables(runs, Settings()) if t.kind == "accuracy"]
+    assert table.records[0]["display"] == f"{100 * expected:.1f}%"
+    assert any(row[0].startswith("RelaySGD") and row[-1] == f"{100 * expected:.1f}%" for row in table.rows), table.rows
+
+
+def test_scaling_and_robustness_tables_on_crossing_curves(tmp_path: Path) -> None:
+    """Each table cell is the mean over seeds of the per-run metric, computed in the paper's order."""
+    shifted = CROSSING + 0.02  # seed 1: every worker 2 points higher, window means 0.72/0.69/0.754
+    wide = np.hstack([CROSSING, CROSSING[:, ::-1] * 0.9])  # 6 workers; worst: 0.9 x B = 0.603
+    lossy = CROSSING[:, [2, 0, 1]] - 0.05  # permuted workers: worst is still B, 0.62
+    common = dict(alpha=0.01, task="cifar10")
+    rf.write_classification_run(tmp_path / "n3s0.h5", CROSSING, CROSSING_EPOCHS, seed=0, **common)
+    rf.write_classification_run(tmp_path / "n3s1.h5", shifted, CROSSING_EPOCHS, seed=1, **common)
+    rf.write_classification_run(tmp_path / "n6s0.h5", wide, CROSSING_EPOCHS, seed=0, **common)
+    rf.write_classification_run(tmp_path / "n3d.h5", lossy, CROSSING_EPOCHS, seed=0, drop_prob=0.1, **common)
+    runs, problems = report.load_runs(report.find_run_files([tmp_path]), Settings())
+    assert problems == []
+    kinds = {t.kind: t for t in all_tables(runs, Settings())}
+
+    scaling = kinds["scaling"]
+    assert scaling.header[2:] == ["3 workers", "6 workers"]
+    three = _record(scaling, world_size=3)
+    assert (three["mean"], three["min"], three["max"]) == pytest.approx((0.680, 0.670, 0.690), abs=1e-12)
+    assert three["display"] == "68.0% [67.0%, 69.0%]"
+    assert _record(scaling, world_size=6)["mean"] == pytest.approx(0.603, abs=1e-12)
+    assert any(row[2:] == ["68.0% [67.0%, 69.0%]", "60.3%"] for row in scaling.rows), scaling.rows
+
+    robustness = kinds["robustness"]
+    assert robustness.header[2:] == ["reliable", "10% dropped"]
+    assert _record(robustness, drop_prob=0.0)["mean"] == pytest.approx(0.680, abs=1e-12)
+    assert _record(robustness, drop_prob=0.1)["mean"] == pytest.approx(0.620, abs=1e-12)
+    assert any(row[2:] == ["68.0% [67.0%, 69.0%]", "62.0%"] for row in robustness.rows), robustness.rows

@@ -79,11 +79,29 @@ def test_mpi_and_local_backends_agree(tmp_path, args):
     train(["--backend", "local", "--workers", 4, *args, "--out", tmp_path / "local.h5"], check=0)
     train([*args, "--out", tmp_path / "mpi.h5"], mpi=4, check=0)
     local, mpi = read_run(tmp_path / "local.h5"), read_run(tmp_path / "mpi.h5")
-    for key in ("train_loss", "test_accuracy", "test_loss", "params", "bytes_sent"):
+    assert (local.status, mpi.status) == ("completed", "completed")
+    steps, every = int(args[args.index("--steps") + 1]), int(args[args.index("--eval-every") + 1])
+    assert local.data["step"].tolist() == list(range(0, steps + 1, every))
+    numbers = ("step", "epoch", "lr", "train_loss", "test_accuracy", "test_loss", "params", "bytes_sent",
+               "suboptimality", "consensus_distance")
+    assert {"train_loss", "bytes_sent"} <= set(local.data) and set(local.data) == set(mpi.data)
+    for key in numbers:
         if key in local.data:
             np.testing.assert_array_equal(local.data[key], mpi.data[key], err_msg=key)
+    differ = {k for k in local.config.keys() | mpi.config.keys() if local.config.get(k) != mpi.config.get(k)}
+    assert differ <= {"out", "workers", "backend"}, differ
     assert mpi.provenance["transport_backend"] == "mpi" and mpi.provenance["transport_mpi_library"]
     assert local.provenance["transport_backend"] == "local"
+    if "test_accuracy" in local.data:  # digits: the report shows the worst worker's window mean
+        accuracy = local.data["test_accuracy"]
+        assert accuracy.shape == (len(local.data["step"]), 4)
+        window = (local.data["epoch"] > local.data["epoch"].max() - 5) & (local.data["epoch"] > 0)
+        proc = subprocess.run([PY, "-m", "benchmarks.report", str(tmp_path)], cwd=ROOT, env=env_for_subprocess(),
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        label = "D-PSGD + momentum ring" if "dpsgd" in args else "RelaySGD double-binary-trees"
+        row = [*label.split(), f"{100 * accuracy[window].mean(axis=0).min():.1f}%"]
+        assert row in [line.split() for line in proc.stdout.splitlines()], (row, proc.stdout)
 
 
 def test_allreduce_workers_hold_identical_models(tmp_path):
