@@ -189,19 +189,24 @@ class MPICommunicator(Communicator):
             self._side_streams[device] = torch.cuda.Stream(device)
         return self._side_streams[device]
 
-    def _stage_send(self, buf: Any, slot: tuple, peer: int, tag: int) -> _StagedSend:
-        """Queue buf's device-to-host copy on the side stream, after the work already queued on buf."""
+    def _side_copy(self, dst: Any, src: Any, device: Any) -> Any:
+        """dst <- src on the side stream, after the work queued so far on the current stream (the
+        copy sees what kernels wrote, and kernels still reading dst go first); returns its event."""
         import torch
 
-        host = self._staging.host_buffer(buf, slot)
-        stream = self._side_stream(buf.device)
-        stream.wait_stream(torch.cuda.current_stream(buf.device))  # the copy reads what kernels wrote
+        stream = self._side_stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
-            host.copy_(buf, non_blocking=True)
-        buf.record_stream(stream)
+            dst.copy_(src, non_blocking=True)
+        (src if src.is_cuda else dst).record_stream(stream)  # the allocator keeps the device tensor for the copy
         copied = torch.cuda.Event()
         copied.record(stream)
-        return _StagedSend(host, copied, peer, tag)
+        return copied
+
+    def _stage_send(self, buf: Any, slot: tuple, peer: int, tag: int) -> _StagedSend:
+        """Queue buf's device-to-host copy on the side stream, after the work already queued on buf."""
+        host = self._staging.host_buffer(buf, slot)
+        return _StagedSend(host, self._side_copy(host, buf, buf.device), peer, tag)
 
     def _post_staged(self, until: _StagedSend | None = None) -> None:
         """Post queued staged sends in order (MPI keeps their order per peer and tag): those whose
@@ -230,13 +235,7 @@ class MPICommunicator(Communicator):
             previous.synchronize()
 
         def finish() -> None:
-            stream = self._side_stream(buf.device)
-            stream.wait_stream(torch.cuda.current_stream(buf.device))  # kernels still reading buf go first
-            with torch.cuda.stream(stream):
-                buf.copy_(host, non_blocking=True)
-            buf.record_stream(stream)
-            copied = torch.cuda.Event()
-            copied.record(stream)
+            copied = self._side_copy(buf, host, buf.device)
             torch.cuda.current_stream(buf.device).wait_event(copied)
             self._copies_from[id(host)] = copied
 
