@@ -343,7 +343,10 @@ class RelaySum:
             rows = layer.received
             on_host = rows.device.type == "cpu" and rows.dtype in (torch.float32, torch.float64)
             counters = (rows.numpy() if on_host else rows)[:, layer.counter]  # numpy: no torch dispatch
-            out.append(1.0 + float(counters.sum()) if layer.neighbors else 1.0)
+            if len(layer.neighbors) == 1:
+                out.append(1.0 + float(counters[0]))
+            else:
+                out.append(1.0 + float(counters.sum()) if layer.neighbors else 1.0)
         return out
 
     def coords(self, flat: torch.Tensor, layer: int) -> torch.Tensor:

@@ -17,16 +17,24 @@ class BufferError(TypeError):
     """A buffer the Communicator cannot send or receive as it is."""
 
 
+_KIND_OF_TYPE: dict[type, str] = {}  # every exchange asks several times: remember the answer per type
+
+
 def array_kind(x: Any) -> str:
     """'numpy', 'torch' or 'cupy' for a supported array, else BufferError."""
+    kind = _KIND_OF_TYPE.get(type(x))
+    if kind is not None:
+        return kind
     if isinstance(x, np.ndarray):
-        return "numpy"
-    module = type(x).__module__
-    if module.startswith("torch"):
-        return "torch"
-    if module.startswith("cupy"):
-        return "cupy"
-    raise BufferError(f"unsupported buffer type {type(x).__name__}; expected a numpy array, torch tensor or cupy array")
+        kind = "numpy"
+    elif type(x).__module__.startswith("torch"):
+        kind = "torch"
+    elif type(x).__module__.startswith("cupy"):
+        kind = "cupy"
+    else:
+        raise BufferError(f"unsupported buffer type {type(x).__name__}; expected a numpy array, torch tensor or cupy array")
+    _KIND_OF_TYPE[type(x)] = kind
+    return kind
 
 
 def is_device(x: Any) -> bool:
