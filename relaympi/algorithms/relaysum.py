@@ -32,7 +32,7 @@ class _Layer:
     block: slice
     neighbors: tuple[int, ...]
     counter: int  # 0 or s
-    received: torch.Tensor  # [k, s + 1]: row r = last message from neighbors[r]
+    received: torch.Tensor  # [k, s + 1]: the last message from each neighbour (see row_of)
     incoming: torch.Tensor | None  # [k, s + 1] receive buffers (default mode, k >= 2); swapped with received
     total: torch.Tensor | None  # [s + 1] scratch for k >= 3: [p, 1] + every message received
     total_is_sum: bool = False  # total holds the sum of received's rows (computed by add_received)
