@@ -845,6 +845,8 @@ def main(argv: list[str] | None = None) -> int:
         if launcher_rank() == 0:  # every rank found the same error: one copy of the message
             print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # `... --help | head`: the reader left; entrypoint.run ends quietly
+        raise
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc()
         print(f"failed: {type(exc).__name__}: {exc}", file=sys.stderr)
