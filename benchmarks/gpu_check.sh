@@ -71,7 +71,7 @@ else
     STEPS=${GPU_CHECK_STEPS:-300}
     EVAL_EVERY=$(( STEPS / 3 > 0 ? STEPS / 3 : 1 ))
     TRAIN_EXTRA="--log-every 50"
-    SIZES=${GPU_CHECK_SIZES:-1e3,1e5,1e6,9231114}
+    SIZES=${GPU_CHECK_SIZES:-1e3,1e5,1e6,9225610}  # 9,225,610: VGG-11 (benchmarks.comm.vgg11_params)
     REPS=5
 fi
 PY=$(command -v "$PY" || echo "$PY")  # absolute: mpirun starts it by this name
