@@ -6,7 +6,7 @@
 #   COMM_WHEELS=.whl bash benchmarks/comm_scaling.sh         # a bare GPU node: install carried wheels
 #   COMM_BASE=/path/to/old/checkout bash benchmarks/comm_scaling.sh   # before/after, same run
 #
-# Knobs: COMM_RANKS ("2 8 16"), COMM_SIZES ("1000,9225610": 9,225,610 = VGG-11), COMM_REPS (7),
+# Knobs: COMM_RANKS ("2 8 16"; empty: only the device-buffer runs and tests), COMM_SIZES ("1000,9225610": 9,225,610 = VGG-11), COMM_REPS (7),
 # COMM_CHUNKS (chunk sizes swept at the largest rank count, "262144 1048576 4194304"),
 # COMM_CACHE_BLOCKS (RelaySum cache blocks swept at the largest rank count, none by default),
 # COMM_CUDA_RANKS ("2 4": device buffers, host-staged unless the MPI is CUDA-aware; empty to skip),
@@ -24,7 +24,7 @@ REPO=$PWD
 PY=${COMM_PYTHON:-python3}
 PY=$(command -v "$PY" || echo "$PY")
 case $PY in /*) ;; *) PY=$PWD/$PY ;; esac  # absolute: runs are started from other folders
-RANKS=${COMM_RANKS:-2 8 16}
+RANKS=${COMM_RANKS-2 8 16}
 SIZES=${COMM_SIZES:-1000,9225610}
 REPS=${COMM_REPS:-7}
 CHUNKS=${COMM_CHUNKS-262144 1048576 4194304}
@@ -59,6 +59,7 @@ for n in $RANKS; do
     bench "n$n" "$REPO" "$n" --sizes "$SIZES"
 done
 largest=${RANKS##* }
+[ -n "$largest" ] || CHUNKS= COMM_CACHE_BLOCKS=  # no host runs at all: no sweeps either
 for chunk in $CHUNKS; do
     bench "n$largest-chunk$chunk" "$REPO" "$largest" --sizes "${SIZES##*,}" --chunk "$chunk"
 done
