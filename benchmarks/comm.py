@@ -33,6 +33,11 @@ from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.topology import ExponentialSchedule, build
 
 
+def default_sizes() -> list[int]:
+    """Message sizes timed when none are given: 1e3, 1e5, 1e6 float32 and VGG-11's parameters."""
+    return [1000, 100_000, 1_000_000, vgg11_params()]
+
+
 def vgg11_params() -> int:
     """VGG-11's trainable parameter count, from the model itself (CIFAR-10's network)."""
     from relaympi.tasks.models import VGG11
@@ -212,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="HDF5 file for the figures (default bench-results/comm-n<N>.h5)")
     args = p.parse_args(argv)
     try:
-        sizes = [int(float(s)) for s in args.sizes.split(",") if s] if args.sizes else [1000, 100_000, 1_000_000, vgg11_params()]
+        sizes = [int(float(s)) for s in args.sizes.split(",") if s] if args.sizes else default_sizes()
     except ValueError:
         p.error(f"--sizes must be comma-separated numbers, got {args.sizes!r}")
     if not sizes or min(sizes) < 1:

@@ -216,10 +216,10 @@ def format_comm(rows: list[dict[str, Any]], world_size: int, backend: str) -> st
 def comm_main(args: argparse.Namespace) -> int:
     import torch
 
-    from benchmarks.comm import vgg11_params
+    from benchmarks.comm import default_sizes
 
     try:
-        sizes = [int(float(s)) for s in args.sizes.split(",") if s] if args.sizes else [1000, 100_000, 1_000_000, vgg11_params()]
+        sizes = [int(float(s)) for s in args.sizes.split(",") if s] if args.sizes else default_sizes()
     except ValueError:
         print(
             f"error: --sizes must be comma-separated numbers, got {args.sizes!r}", file=sys.stderr

@@ -103,6 +103,8 @@ class RelaySum:
         self.chunk = int(chunk)
         self.num_layers = topology.num_layers
         self._opts = {"dtype": like.dtype, "device": like.device}
+        # CPU: passes run CACHE_BLOCK elements at a time; a GPU runs each op over a whole chunk
+        self._block = CACHE_BLOCK if like.device.type == "cpu" else max(self.chunk, numel + 1)
         self.layers: list[_Layer] = []
         for index, block in enumerate(topology.coordinate_blocks(numel)):
             nbrs = topology.neighbors(comm.rank, index)
@@ -168,10 +170,10 @@ class RelaySum:
         without these calls a transfer does not overlap computation at all)."""
         rows, total = layer.received, layer.total
         a, b = layer.row_of[0], layer.row_of[-1]
-        for lo in range(c.start, c.stop, self._block_size()):
+        for lo in range(c.start, c.stop, self._block):
             if pending is not None and lo > c.start:
                 pending.test()
-            block = slice(lo, min(lo + self._block_size(), c.stop))
+            block = slice(lo, min(lo + self._block, c.stop))
             mine = parcel[lo - c.start : block.stop - c.start]
             if total is None:  # degree 2: m_ia = [p, 1] + m_bi, the two rows swap roles
                 rows[b, block].add_(mine)
@@ -262,10 +264,6 @@ class RelaySum:
         layer.row_of = [targets.index(peer) for peer in layer.neighbors]
         self._in_flight.append((layer, [], (targets, *previous)))  # the last chunk lands in wait()
 
-    def _block_size(self) -> int:
-        """CACHE_BLOCK on the CPU; on a GPU every op runs over the whole chunk (one kernel each)."""
-        return CACHE_BLOCK if self._opts["device"].type == "cpu" else 1 << 62
-
     def _last_posted(self) -> Request | None:
         """A request of an earlier layer still in flight, to let the transport progress."""
         for _, requests, rest in reversed(self._in_flight):
@@ -314,14 +312,12 @@ class RelaySum:
         """out += the sum of the messages received this step (every layer to its block), then, with
         ``divide_by``, each layer's block /= divide_by[layer], in one cache-blocked sweep."""
         for index, layer in enumerate(self.layers):
-            k = len(layer.neighbors)
             target = out[layer.block]
             divisor = None if divide_by is None else divide_by[index]
             payload = layer.payload.start
             rows, total = layer.received, layer.total
-            step = self._block_size()
-            for lo in range(0, layer.size, step):
-                hi = min(lo + step, layer.size)
+            for lo in range(0, layer.size, self._block):
+                hi = min(lo + self._block, layer.size)
                 part, block = target[lo:hi], slice(lo + payload, hi + payload)
                 if total is not None:  # keep the sum: next step's assembly starts from it
                     _sum_rows(rows, block, total[block])
@@ -362,7 +358,8 @@ class RelaySum:
         return [layer.neighbors for layer in self.layers]
 
     def messages(self) -> list[dict[int, torch.Tensor]]:
-        """Per layer, neighbour -> the last message received from it (the counter at ``counter_index``)."""
+        """Per layer, neighbour -> the last message received from it ([counter, payload] on layer 0
+        of a multi-tree topology, [payload, counter] otherwise)."""
         return [
             {peer: layer.received[layer.row_of[p]] for p, peer in enumerate(layer.neighbors)}
             for layer in self.layers
@@ -375,9 +372,6 @@ class RelaySum:
         if self._own_parcel is not None:
             held.append(self._own_parcel)
         return held, self._bounce
-
-    def counter_index(self, layer: int) -> int:
-        return self.layers[layer].counter
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {

@@ -22,15 +22,9 @@ def cifar10_problem(directory: Path) -> str:
 
 def model_dir_problem(directory: Path) -> str:
     """'' if ``directory`` is a model folder the agnews task loads; else what is missing."""
-    from relaympi.tasks.agnews import WEIGHT_FILES, TOKENIZER_FILES
+    from relaympi.tasks.agnews import model_dir_missing
 
-    missing = []
-    if not (directory / "config.json").is_file():
-        missing.append("config.json")
-    if not any((directory / name).is_file() for name in WEIGHT_FILES):
-        missing.append("weights (model.safetensors or pytorch_model.bin)")
-    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
-        missing.append("a tokenizer (tokenizer.json or vocab.txt)")
+    missing = model_dir_missing(directory)
     return f"missing {', '.join(missing)}" if missing else ""
 
 

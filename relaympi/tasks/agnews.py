@@ -23,6 +23,18 @@ WEIGHT_FILES = (
     "pytorch_model.bin.index.json",
 )
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+
+
+def model_dir_missing(directory: Path) -> list[str]:
+    """What a saved model folder lacks for this task: config, weights, tokenizer ([] when complete)."""
+    missing = []
+    if not (directory / "config.json").is_file():
+        missing.append("config.json")
+    if not any((directory / name).is_file() for name in WEIGHT_FILES):
+        missing.append("weights (model.safetensors or pytorch_model.bin)")
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        missing.append("a tokenizer (tokenizer.json or vocab.txt)")
+    return missing
 # Config keys of dropout probabilities across BERT-family configs; all set to 0 (see build_model).
 _DROPOUT_KEYS = (
     "dropout",
@@ -126,13 +138,7 @@ def check_model_dir(model_dir: Path | None) -> Path:
         raise TaskError(
             f"{model_dir} is not a directory; {expected}. {_fetch_hint('distilbert', model_dir)} Or {_SAVE_HINT}"
         )
-    missing = []
-    if not (model_dir / "config.json").is_file():
-        missing.append("config.json")
-    if not any((model_dir / name).is_file() for name in WEIGHT_FILES):
-        missing.append("weights (model.safetensors or pytorch_model.bin)")
-    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
-        missing.append("a tokenizer (tokenizer.json or vocab.txt)")
+    missing = model_dir_missing(model_dir)
     if missing:
         raise TaskError(f"{model_dir} lacks {', '.join(missing)}; {expected}. {_SAVE_HINT}")
     return model_dir
