@@ -567,7 +567,7 @@ def check_job(job: Job, sweep_name: str, settings: Settings, *, need_inputs: boo
     import tempfile
 
     from relaympi.config import ConfigError, parse_args
-    from relaympi.train import resolve
+    from relaympi.training.plan import resolve
 
     args = _train_args(job.config, sweep_name, settings, job.out, job.checkpoint_dir)
     for flag, name in (("--data-dir", "RELAYMPI_DATA_DIR"), ("--model-dir", "RELAYMPI_MODEL_DIR")):

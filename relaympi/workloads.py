@@ -2,31 +2,89 @@
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Iterator
-from typing import Any
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 
 from relaympi.comm import flatten_module
 from relaympi.comm.buffers import padded_zeros
-from relaympi.config import RunConfig
-from relaympi.tasks.base import Task
+from relaympi.tasks.base import ClassificationTask, TaskOptions
+from relaympi.tasks.partition import ShardSampler, dirichlet_partition, steps_per_epoch
+
+if TYPE_CHECKING:
+    from relaympi.tasks.quadratics import Quadratics
+    from relaympi.training.plan import Plan
 
 # In-process ranks are threads: model construction seeds torch's global RNG (fork_rng +
 # manual_seed), so two ranks building at once would draw from each other's seed.
 _BUILD_LOCK = threading.Lock()
 
 
-class ModelWorkload:
+class Workload(ABC):
+    """One worker's trainable state: flat parameters ``x`` and gradient ``grad`` (views the
+    algorithms update in place), and how to compute gradients and evaluate."""
+
+    x: torch.Tensor
+    grad: torch.Tensor
+    steps_per_epoch: int
+    num_classes: int | None = None  # for the chance-accuracy check of classification runs
+    # whether rank 0 needs every worker's parameters at evaluation (summarize)
+    reports_params: ClassVar[bool] = False
+
+    @abstractmethod
+    def gradient(self, step: int) -> float:
+        """Fill ``grad`` with the stochastic gradient of step ``step``; return its loss."""
+
+    @abstractmethod
+    def evaluate(self) -> dict[str, float]:
+        """This worker's own evaluation metrics, by name (the same names on every worker)."""
+
+    def current_loss(self) -> float:
+        """The training loss at the current model, before any step was taken (NaN: not known cheaply)."""
+        return math.nan
+
+    def summarize(self, X: np.ndarray) -> dict[str, Any]:
+        """Rank 0: run-level metrics of all workers' parameters X [n, d] (when reports_params)."""
+        return {}
+
+
+_SHARED: dict[tuple, Any] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared(key: tuple, make: Callable[[], Any]) -> Any:
+    """One instance per process of read-only setup (data sets, partitions), shared by in-process ranks."""
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = make()
+        return _SHARED[key]
+
+
+def model_workload(task_cls: type[ClassificationTask], plan: Plan, rank: int, device: str) -> ModelWorkload:
+    """Worker ``rank``'s model on its Dirichlet shard; the data set and partition are loaded once per process."""
+    cfg = plan.cfg
+    options = TaskOptions(
+        data_dir=cfg.data_dir, model_dir=cfg.model_dir, seed=cfg.seed, eval_batch_size=cfg.eval_batch_size,
+        num_loader_workers=cfg.loader_workers, device=device,
+    )
+    task = _shared(("task", cfg.task, options), lambda: task_cls(options))
+    parts = _shared(("parts", cfg.task, options, plan.world_size, cfg.alpha), lambda: dirichlet_partition(task.train_labels, plan.world_size, cfg.alpha, cfg.seed))
+    return ModelWorkload(task, plan, rank, device, parts[rank])
+
+
+class ModelWorkload(Workload):
     """A classification task's model; parameters and gradients live in flat buffers."""
 
-    def __init__(self, task: Task, cfg: RunConfig, rank: int, world_size: int, batch_size: int, shard: np.ndarray):
-        from relaympi.tasks.partition import ShardSampler, steps_per_epoch
-
+    def __init__(self, task: ClassificationTask, plan: Plan, rank: int, device: str, shard: np.ndarray):
+        cfg, world_size, batch_size = plan.cfg, plan.world_size, plan.cfg.batch_size
         self.task, self.rank, self.world_size = task, rank, world_size
-        self.device = torch.device(cfg.device)
+        self.num_classes = int(task.num_classes)
+        self.device = torch.device(device)
         with _BUILD_LOCK:
             self.model = task.build_model(cfg.seed).to(self.device)
         self.x, self.grad = flatten_module(self.model)
@@ -77,11 +135,13 @@ def _to(value: Any, device: torch.device) -> Any:
     return value
 
 
-class QuadraticWorkload:
+class QuadraticWorkload(Workload):
     """Worker i minimizes f_i(x) = 1/2 ||A_i x - b_i||^2 (float64), starting from x(0) = 0."""
 
-    def __init__(self, problem: Any, cfg: RunConfig, rank: int):
-        self.problem, self.rank, self.seed = problem, rank, cfg.seed
+    reports_params = True  # suboptimality and consensus distance need every worker's x
+
+    def __init__(self, problem: Quadratics, seed: int, rank: int):
+        self.problem, self.rank, self.seed = problem, rank, seed
         self.AtA = torch.from_numpy(problem.AtA[rank])
         self.Atb = torch.from_numpy(problem.Atb[rank])
         self.x = padded_zeros(problem.dim, dtype=torch.float64)  # spare slots: RelaySum counters
@@ -93,9 +153,9 @@ class QuadraticWorkload:
         self.grad.sub_(self.Atb)
         if self.problem.sigma2:
             self.grad.add_(torch.from_numpy(self.problem.noise(self.seed, step, self.rank)))
-        return self.local_loss()
+        return self.current_loss()
 
-    def local_loss(self) -> float:
+    def current_loss(self) -> float:
         r = self.problem.A[self.rank] @ self.x.numpy() - self.problem.b[self.rank]
         return float(0.5 * r @ r)
 

@@ -472,7 +472,7 @@ def train(tmp_path: Path, data_root: Path, *args: str) -> subprocess.CompletedPr
 ])
 def test_resolve_fills_the_default_folders(tmp_path, monkeypatch, task, data, model):
     from relaympi.config import RunConfig
-    from relaympi.train import resolve
+    from relaympi.training.plan import resolve
 
     monkeypatch.setenv("RELAYMPI_DATA", str(tmp_path))
     cfg = resolve(RunConfig(task=task, backend="local", workers=2), 2).cfg

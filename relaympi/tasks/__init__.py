@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import importlib
 
-from relaympi.tasks.base import Task, TaskDefaults, TaskError, TaskOptions
+from relaympi.tasks.base import ClassificationTask, Task, TaskDefaults, TaskError, TaskOptions
 
 # name -> "module:Class"; modules are imported only when their task is used, so the
 # light tasks never pay for heavy imports (transformers, PIL decoding pools, ...).
 _REGISTRY = {
+    "quadratics": "relaympi.tasks.quadratics:QuadraticsTask",
     "digits": "relaympi.tasks.digits:DigitsTask",
     "cifar10": "relaympi.tasks.cifar10:Cifar10Task",
     "imagenet": "relaympi.tasks.imagenet:ImageNetTask",
     "agnews": "relaympi.tasks.agnews:AgNewsTask",
 }
 
-# quadratics is not a Task (no model, no data loader): the training loop treats it apart.
-TASK_NAMES = ("quadratics", *_REGISTRY)
+TASK_NAMES = tuple(_REGISTRY)
 
 
 def get_task_class(name: str) -> type[Task]:
@@ -27,4 +27,4 @@ def get_task_class(name: str) -> type[Task]:
     return getattr(importlib.import_module(module_name), class_name)
 
 
-__all__ = ["TASK_NAMES", "Task", "TaskDefaults", "TaskError", "TaskOptions", "get_task_class"]
+__all__ = ["TASK_NAMES", "ClassificationTask", "Task", "TaskDefaults", "TaskError", "TaskOptions", "get_task_class"]

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from relaympi.tasks.base import Task, TaskDefaults, TaskError, TaskOptions
+from relaympi.tasks.base import ClassificationTask, TaskDefaults, TaskError, TaskOptions
 
 NUM_CLASSES = 4  # World, Sports, Business, Sci/Tech
 WEIGHT_FILES = (
@@ -166,7 +166,7 @@ class _TokenizedSplit:
         return {"input_ids": input_ids, "attention_mask": attention_mask}, targets
 
 
-class AgNewsTask(Task):
+class AgNewsTask(ClassificationTask):
     """AG News (4 classes) with DistilBERT fine-tuning (paper appendix, "DistilBERT finetuning").
 
     ``--data-dir`` holds the official ``train.csv`` and ``test.csv``; ``--model-dir`` a local

@@ -6,9 +6,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from relaympi.config import RunConfig
+    from relaympi.training.plan import Plan
+    from relaympi.workloads import Workload
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,8 @@ class TaskDefaults:
     # the learning rates were tuned (by the paper, or our digits grid) for this many workers on each
     # algorithm's default topology; the trainer warns when a default lr runs at another worker count
     lr_tuned_workers: int | None = 16
+    # evaluate this many times per run instead of every eval_every_epochs (tasks whose "epoch" is one step)
+    evals_per_run: int | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,31 @@ class TaskError(ValueError):
 
 
 class Task(ABC):
+    """A training workload: what the training loop needs to know to run it on any backend.
+
+    The class is cheap (defaults and run-level settings, used to validate a configuration
+    without touching data); ``workload`` builds one worker's state (model or local objective,
+    data shard, gradients) for a resolved plan.
+    """
+
+    name: ClassVar[str]
+    defaults: ClassVar[TaskDefaults]
+    # the topology an algorithm runs on for this task when it differs from the algorithm's own default
+    default_topology_by_algo: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def settle(cls, cfg: RunConfig, world_size: int) -> tuple[RunConfig, Any]:
+        """The config with the task's own settings filled in, and the run-level problem the
+        workers share (None for tasks whose data each worker loads itself)."""
+        return cfg, None
+
+    @classmethod
+    @abstractmethod
+    def workload(cls, plan: Plan, rank: int, device: str) -> Workload:
+        """Worker ``rank``'s workload on ``device`` (the process's data is loaded once and shared)."""
+
+
+class ClassificationTask(Task):
     """One classification workload.
 
     A task owns its data and model definition; it knows nothing of workers or
@@ -60,9 +92,6 @@ class Task(ABC):
     which indices a worker sees at which step (``relaympi.tasks.partition``), so a run's data
     order is a pure function of (seed, rank, step) and resumes exactly.
     """
-
-    name: ClassVar[str]
-    defaults: ClassVar[TaskDefaults]
 
     def __init__(self, options: TaskOptions):
         self.options = options
@@ -104,3 +133,10 @@ class Task(ABC):
     def forward(self, model: Any, inputs: Any) -> Any:
         """Model outputs (logits) for a batch; tasks with structured inputs override this."""
         return model(inputs)
+
+    @classmethod
+    def workload(cls, plan: Plan, rank: int, device: str) -> Workload:
+        # lazy: torch and the data sets load only when a worker starts, not to validate a config
+        from relaympi.workloads import model_workload
+
+        return model_workload(cls, plan, rank, device)

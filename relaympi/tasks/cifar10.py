@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from relaympi.tasks.base import Task, TaskDefaults, TaskError, TaskOptions
+from relaympi.tasks.base import ClassificationTask, TaskDefaults, TaskError, TaskOptions
 from relaympi.tasks.models import VGG11, seeded
 
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
@@ -33,7 +33,7 @@ PYTHON_TEST = "test_batch"
 _RECORD_BYTES = 1 + PIXELS_PER_IMAGE  # binary version: label byte, then the pixels
 
 
-class Cifar10Task(Task):
+class Cifar10Task(ClassificationTask):
     """CIFAR-10 classification with VGG-11, the paper's main deep-learning benchmark.
 
     Images stay in memory as uint8 tensors and are converted per batch: training batches

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from relaympi.tasks.base import Task, TaskDefaults, TaskOptions
+from relaympi.tasks.base import ClassificationTask, TaskDefaults, TaskOptions
 from relaympi.tasks.models import digits_mlp, seeded
 
 # The train/test split is part of the task, not of a run: a constant seed gives every
@@ -30,7 +30,7 @@ def stratified_split(
     return train_indices, test_indices
 
 
-class DigitsTask(Task):
+class DigitsTask(ClassificationTask):
     """8x8 handwritten digits (1797 images, 10 classes) from ``sklearn.datasets.load_digits``.
 
     Real data that ships with scikit-learn, so it works offline. Pixels are scaled from

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from relaympi.tasks.base import Task, TaskDefaults, TaskError, TaskOptions
+from relaympi.tasks.base import ClassificationTask, TaskDefaults, TaskError, TaskOptions
 from relaympi.tasks.evonorm import resnet20_evonorm
 
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png")
@@ -192,7 +192,7 @@ def _scan_split(split_dir: Path, class_index: dict[str, int], allow_empty: bool)
     return _Split(split_dir, np.array(files, dtype=np.bytes_), np.array(labels, dtype=np.int64))
 
 
-class ImageNetTask(Task):
+class ImageNetTask(ClassificationTask):
     """ImageNet classification with ResNet-20-EvoNorm (paper appendix, "ImageNet").
 
     Model: ResNet-20 (3 stages x 3 basic blocks, widths 16/32/64) with EvoNorm-S0 in place of

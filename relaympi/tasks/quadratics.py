@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
+
+from relaympi.tasks.base import Task, TaskDefaults
+
+if TYPE_CHECKING:
+    from relaympi.config import RunConfig
+    from relaympi.training.plan import Plan
+    from relaympi.workloads import Workload
 
 
 @dataclass(frozen=True)
@@ -163,3 +171,49 @@ def generate(n: int, spec: QuadraticsSpec, seed: int = 0) -> Quadratics:
     x_star *= spec.r0 / max(np.linalg.norm(x_star), 1e-300)
     b = b + np.einsum("nij,j->ni", A, x_star)
     return from_arrays(A, b, None, None, spec.sigma2)
+
+
+class QuadraticsTask(Task):
+    """The random quadratics as a training task: worker i minimizes f_i from x(0) = 0 in float64.
+
+    One "epoch" is one step (every worker's full local objective); the run is evaluated
+    ``evals_per_run`` times. The problem is generated from the config (or read from
+    --problem-file) once, when the run is resolved, and shared by every worker.
+    """
+
+    name = "quadratics"
+    defaults = TaskDefaults(epochs=1, batch_size=1, lr=0.1, momentum=0.0, eval_every_epochs=1, lr_tuned_workers=None, evals_per_run=200)
+
+    @classmethod
+    def settle(cls, cfg: RunConfig, world_size: int) -> tuple[RunConfig, Quadratics]:
+        """The problem to train on, and the config recording what it is (the file's dim, not a default).
+
+        Raises ValueError (bad spec or file) for the caller to report as a usage error.
+        """
+        spec_keys = [f.name for f in fields(QuadraticsSpec)]
+        if cfg.problem_file is None:
+            given = {k: getattr(cfg, k) for k in spec_keys if getattr(cfg, k) is not None}
+            spec = replace(QuadraticsSpec(), **given)
+            return replace(cfg, **{k: getattr(spec, k) for k in spec_keys}), generate(world_size, spec, cfg.seed)
+        problem = load(cfg.problem_file, world_size)
+        for name, value in (("dim", problem.dim), ("sigma2", problem.sigma2)):
+            given = getattr(cfg, name)
+            if given is not None and given != value:
+                raise ValueError(f"--{name} {given} conflicts with --problem-file {cfg.problem_file}, which has {name} {value:g}; drop --{name}")
+        return replace(cfg, dim=problem.dim, sigma2=problem.sigma2), problem
+
+    @classmethod
+    def workload(cls, plan: Plan, rank: int, device: str) -> Workload:
+        # lazy: this module (the problem's math) stays torch-free for the benchmarks and config checks
+        from relaympi.workloads import QuadraticWorkload
+
+        return QuadraticWorkload(plan.problem, plan.cfg.seed, rank)
+
+    @staticmethod
+    def holds(path: str | Path, problem: Quadratics) -> bool:
+        """Whether the problem file at ``path`` holds exactly ``problem``."""
+        try:
+            saved = load(path)
+        except Exception:  # noqa: BLE001 - anything unreadable is "another file", never replaced silently
+            return False
+        return saved.A.shape == problem.A.shape and np.array_equal(saved.A, problem.A) and np.array_equal(saved.b, problem.b) and saved.sigma2 == problem.sigma2

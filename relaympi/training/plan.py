@@ -1,0 +1,195 @@
+"""A run, resolved: every default filled in, every derived quantity computed once, nothing mutable.
+
+``resolve`` is cheap (no data is read), so job scripts can validate a configuration before they
+submit it. The step schedule depends on the size of the training set, which only a loaded
+task knows; ``Plan.schedule`` derives it, a pure function of the plan and that size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from relaympi.algorithms import AlgorithmError, default_topology, get_algorithm_class
+from relaympi.algorithms.d2 import d2_mixing_matrix
+from relaympi.config import ConfigError, RunConfig
+from relaympi.data import task_dirs
+from relaympi.optim import OptimizerConfig
+from relaympi.tasks import Task, get_task_class
+from relaympi.topology import Topology, TopologyError, build, lr_correction
+
+log = logging.getLogger("relaympi.train")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When things happen, in steps: run length, evaluations, checkpoints and the lr schedule."""
+
+    steps_per_epoch: int
+    total_steps: int
+    eval_every: int
+    checkpoint_every: int
+    lr: float  # the base learning rate (after RelaySGD's lr correction)
+    warmup_steps: int
+    warmup_from: float
+    milestone_steps: tuple[int, ...]
+
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up (per step) then /10 at each milestone."""
+        factor = 1.0
+        if self.warmup_steps > 0 and step < self.warmup_steps:
+            factor = self.warmup_from + (1.0 - self.warmup_from) * step / self.warmup_steps
+        decays = sum(step >= m for m in self.milestone_steps)
+        return self.lr * factor * 0.1**decays
+
+    def epoch_at(self, step: int) -> float:
+        return step / self.steps_per_epoch
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The resolved run."""
+
+    cfg: RunConfig
+    world_size: int
+    topology: Topology
+    task: type[Task]
+    optimizer: OptimizerConfig
+    lr: float  # the base learning rate, RelaySGD's lr correction applied
+    problem: Any = None  # the run-level problem the task settled on (quadratics), else None
+    lr_warning: str | None = None  # a default lr used at a worker count it was not tuned for
+
+    def warn_untuned_lr(self) -> None:
+        if self.lr_warning:
+            log.warning("warning: %s", self.lr_warning)
+
+    def schedule(self, steps_per_epoch: int) -> Schedule:
+        """The step schedule for a training set that gives ``steps_per_epoch`` steps per epoch."""
+        cfg, defaults = self.cfg, self.task.defaults
+        total = cfg.steps if cfg.steps is not None else max(1, math.ceil(cfg.epochs * steps_per_epoch))
+        if cfg.eval_every is not None:
+            eval_every = cfg.eval_every
+        elif defaults.evals_per_run:
+            eval_every = max(1, total // defaults.evals_per_run)
+        else:
+            eval_every = max(1, round(defaults.eval_every_epochs * steps_per_epoch))
+        return Schedule(
+            steps_per_epoch=steps_per_epoch,
+            total_steps=total,
+            eval_every=eval_every,
+            checkpoint_every=cfg.checkpoint_every or eval_every,
+            lr=self.lr,
+            warmup_steps=round(cfg.warmup_epochs * steps_per_epoch) if self.world_size > 1 else 0,
+            warmup_from=defaults.warmup_from,
+            milestone_steps=tuple(round(m * steps_per_epoch) for m in cfg.milestones),
+        )
+
+    def with_out(self, out: Path) -> Plan:
+        return replace(self, cfg=replace(self.cfg, out=out))
+
+
+def resolve(cfg: RunConfig, world_size: int) -> Plan:
+    """Fill defaults from the task and algorithm, build the topology, check every combination."""
+    task = get_task_class(cfg.task)
+    defaults = task.defaults
+    cfg = _with_data_dirs(cfg)
+    topo_name = cfg.topology or task.default_topology_by_algo.get(cfg.algo) or default_topology(cfg.algo)
+    try:
+        topology = build(topo_name, world_size)
+    except TopologyError as exc:
+        hint = "; one worker is the centralized baseline: --algo allreduce" if world_size == 1 else ""
+        raise ConfigError(f"topology {topo_name!r} with {world_size} workers: {exc}{hint}") from exc
+    lr_warning = None
+    tuned = defaults.lr_tuned_workers
+    if cfg.lr is None and tuned and world_size != tuned:
+        lr_warning = (f"the default lr of {cfg.task}/{cfg.algo} was tuned for {tuned} workers; this run has {world_size}, "
+                      "so it may not converge (a worker at chance accuracy): pass --lr, e.g. from a sweep (jobs/sweep_lr.sh)")
+    cfg = replace(
+        cfg,
+        topology=topo_name,
+        lr=cfg.lr if cfg.lr is not None else defaults.lr_by_algo.get(cfg.algo, defaults.lr),
+        # quasi-global *momentum* is meaningless without momentum: 0.9 where the task's default is 0
+        momentum=cfg.momentum if cfg.momentum is not None else (0.9 if cfg.algo == "qgm" and not defaults.momentum else defaults.momentum),
+        optimizer=cfg.optimizer or defaults.optimizer,
+        weight_decay=cfg.weight_decay if cfg.weight_decay is not None else defaults.weight_decay,
+        batch_size=cfg.batch_size or defaults.batch_size,
+        warmup_epochs=cfg.warmup_epochs if cfg.warmup_epochs is not None else defaults.warmup_epochs,
+        milestones=cfg.milestones if cfg.milestones is not None else defaults.milestones,
+    )
+    if cfg.steps is None and cfg.epochs is None:
+        cfg = replace(cfg, epochs=defaults.epochs)
+    try:
+        optimizer = OptimizerConfig(name=cfg.optimizer, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if cfg.algo == "relay" and cfg.relay_mode is None:
+        cfg = replace(cfg, relay_mode="counts")
+    try:
+        cfg, problem = task.settle(cfg, world_size)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    try:
+        get_algorithm_class(cfg.algo)
+        _check_combination(cfg, topology, world_size)
+    except AlgorithmError as exc:
+        raise ConfigError(str(exc)) from exc
+    lr = float(cfg.lr) * (lr_correction(topology) if cfg.relay_lr_correction else 1.0)  # validate() refused it for other algorithms
+    return Plan(cfg=cfg, world_size=world_size, topology=topology, task=task, optimizer=optimizer, lr=lr, problem=problem, lr_warning=lr_warning)
+
+
+def _with_data_dirs(cfg: RunConfig) -> RunConfig:
+    """--data-dir / --model-dir as absolute paths, defaulting to the task's folders under the data
+    root ($RELAYMPI_DATA, else ~/.cache/relaympi), so the run file records where data came from."""
+    data_dir, model_dir = task_dirs(cfg.task)
+    data_dir = cfg.data_dir or data_dir
+    model_dir = cfg.model_dir or model_dir
+    return replace(
+        cfg,
+        data_dir=Path(data_dir).expanduser().absolute() if data_dir else None,
+        model_dir=Path(model_dir).expanduser().absolute() if model_dir else None,
+    )
+
+
+def _check_combination(cfg: RunConfig, topology: Any, world_size: int) -> None:
+    """Refuse invalid algorithm x topology pairs before any worker starts (the same check on every rank)."""
+    if cfg.algo in ("relay", "relay-grad") and not topology.is_tree:
+        raise AlgorithmError(
+            f"{cfg.algo} relays over spanning trees; topology {topology.name!r} is not a tree. Choose chain, star, "
+            "binary-tree, double-binary-trees, social-network-tree or spanning-tree:<graph>"
+        )
+    if cfg.algo == "allreduce" and topology.name != "fully-connected":
+        raise AlgorithmError(f"allreduce averages over all workers (topology fully-connected), not over {topology.name!r}")
+    if cfg.algo == "sgp" and topology.name != "exponential":
+        raise AlgorithmError(f"sgp runs on the time-varying 'exponential' topology, not {topology.name!r}")
+    if cfg.algo in ("dpsgd", "qgm", "d2", "gt") and topology.num_layers != 1:
+        raise AlgorithmError(f"{cfg.algo} gossips over one graph; {topology.name!r} has {topology.num_layers} layers (use ring, chain, binary-tree, ...)")
+    if cfg.algo in ("dpsgd", "qgm", "d2", "gt") and topology.name == "exponential":
+        raise AlgorithmError(f"{cfg.algo} needs a fixed graph; 'exponential' is SGP's time-varying schedule")
+    if cfg.algo == "d2":
+        d2_mixing_matrix(topology, cfg.d2_exact_diffusion, cfg.d2_force)
+    if cfg.algo == "qgm" and (cfg.optimizer != "sgd" or not cfg.momentum):
+        raise AlgorithmError(f"qgm needs --optimizer sgd with --momentum > 0 (got {cfg.optimizer}, momentum {cfg.momentum})")
+
+
+def default_out(cfg: RunConfig, world_size: int) -> Path:
+    """results/<task>-<algo>-<topology>-n<N>-a<alpha>-s<seed>.h5: a plain file name directly in results/."""
+    return Path("results") / f"{cfg.task}-{cfg.algo}-{_topology_slug(cfg.topology)}-n{world_size}-a{cfg.alpha:g}-s{cfg.seed}.h5"
+
+
+def _topology_slug(name: str) -> str:
+    """A topology name as part of a file name: an edge list becomes its file's stem and a short
+    hash of its content (two different files named chain.txt never share a run file)."""
+    prefix, sep, path = name.partition("edge-list:")
+    if sep:
+        file = Path(path)
+        try:
+            digest = hashlib.sha256(file.read_bytes()).hexdigest()[:8]
+        except OSError:
+            digest = hashlib.sha256(path.encode()).hexdigest()[:8]
+        name = f"{prefix}edge-list-{file.stem}-{digest}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")
