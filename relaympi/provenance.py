@@ -12,6 +12,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import h5py
+import numpy
+
 import relaympi
 
 _SLURM_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NAME", "SLURM_JOB_PARTITION", "SLURM_NNODES", "SLURM_NTASKS")
@@ -30,9 +33,6 @@ def git_commit() -> str:
 
 def collect(transport: dict[str, Any], hosts: list[str] | None = None, command: str | None = None) -> dict[str, Any]:
     """Provenance of a run; `command` is the command that runs it again (default: this process's argv)."""
-    import h5py
-    import numpy
-
     info: dict[str, Any] = {
         "relaympi_version": relaympi.__version__,
         "git_commit": git_commit(),
@@ -45,7 +45,7 @@ def collect(transport: dict[str, Any], hosts: list[str] | None = None, command: 
         "start_time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **{f"transport_{k}": v for k, v in transport.items()},
     }
-    try:
+    try:  # torch is optional here: benchmarks record provenance without it
         import torch
 
         info["torch"] = torch.__version__

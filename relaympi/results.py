@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import sys
@@ -61,8 +62,6 @@ def _locked_by_a_writer(path: Path) -> bool:
 
     Must be asked before h5py.File(path, "w"): that truncates the file before it finds the lock.
     """
-    import fcntl
-
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

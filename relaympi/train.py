@@ -30,7 +30,15 @@ from relaympi import provenance
 from relaympi.comm import Communicator, DropPolicy, mpi_communicator, run_local
 from relaympi.config import ConfigError, RunConfig, parse_args
 from relaympi.entrypoint import launcher_rank
-from relaympi.results import CHANCE_FACTOR, RESUMABLE_STATUSES, RunExistsError, RunWriter, read_run, run_status, workers_at_chance
+from relaympi.results import (
+    CHANCE_FACTOR,
+    RESUMABLE_STATUSES,
+    RunExistsError,
+    RunWriter,
+    read_run,
+    run_status,
+    workers_at_chance,
+)
 from relaympi.tasks.quadratics import QuadraticsTask
 from relaympi.training.loop import STOP, USAGE_ERRORS, Worker
 from relaympi.training.plan import Plan, default_out, resolve

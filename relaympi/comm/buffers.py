@@ -10,6 +10,9 @@ from typing import Any
 
 import numpy as np
 
+# torch and cupy are imported inside the functions that handle their arrays: both are optional
+# array kinds, and the Communicator (benchmarks, numpy-only tests) must work without them.
+
 CUDA_AWARE_ENV = "RELAYMPI_CUDA_AWARE"
 
 

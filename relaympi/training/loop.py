@@ -168,7 +168,7 @@ class Worker:
     def run(self) -> str:
         """Train to the end; return the run's status (completed, diverged or preempted)."""
         self.start()
-        schedule, cfg = self.schedule, self.plan.cfg
+        schedule = self.schedule
         step = self.start_step
         bar = _progress_bar(schedule.total_steps, step) if self.rank == 0 else None
         try:
