@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# relaympi GPU check: one prepared run on a machine with an NVIDIA GPU (about 5 minutes; never
-# more than GPU_CHECK_BUDGET_S, default 480 s, plus 30 s for the report and a few to pack results).
+# relaympi GPU check: one prepared run on a machine with an NVIDIA GPU (about 8 minutes; never
+# more than GPU_CHECK_BUDGET_S, default 540 s, plus 30 s for the report and a few to pack results).
 #
 #   bash benchmarks/gpu_check.sh                   # on the GPU machine, from the repository root
 #   GPU_CHECK_CPU=1 bash benchmarks/gpu_check.sh   # dry run on a CPU machine (--device cpu, small sizes)
@@ -16,6 +16,9 @@
 #   data             a CIFAR-10 binary-format data set (5 x 2000 train, 2000 test records, random pixels)
 #   train-relay      VGG-11, --device cuda, 4 ranks, 300 steps, RelaySGD on double binary trees
 #   train-allreduce  the same with all-reduce
+#   batched-16/64    VGG-11 RelaySGD, 16 and 64 workers as one batched computation on the GPU
+#                    (--backend batched), and mpi-16: the same 16 workers as `mpirun -n 16` ranks
+#                    sharing the GPU (issue 12's comparison: samples/s and peak memory of each)
 #   bench-n2/4/8     benchmarks.gpu_report comm: RelaySum and allreduce on host, staged and
 #                    CUDA-aware buffers, 1e3 to 9.2M float32s, 2/4/8 ranks sharing the one GPU
 #   report           samples/s, ms per step split into compute and communication, peak GPU memory
@@ -32,12 +35,13 @@
 # (about 14 MiB). mpich is installed with --prefix, not --target: pip --target drops the wheel's
 # lib/ (libmpi.so.12), and mpi4py then finds no MPI library.
 #
-# The device tool call: run with carry [".whl"], timeout_s 560, command
+# The device tool call: run with carry [".whl"], timeout_s 600, command
 #   PYTHONUNBUFFERED=1 bash benchmarks/gpu_check.sh
 #
 # Knobs: GPU_CHECK_PYTHON (python3; .venv/bin/python in CPU mode), GPU_CHECK_WHEELS (.whl),
 # GPU_CHECK_MPI=system (use an MPI and mpi4py already on the machine instead of the wheels),
 # GPU_CHECK_STEPS, GPU_CHECK_RECORDS (per data batch), GPU_CHECK_SIZES, GPU_CHECK_RANKS ("2 4 8"),
+# GPU_CHECK_BATCHED (worker counts of the batched stages, "16 64"; the first is also run under mpirun),
 # GPU_CHECK_BUDGET_S, GPU_CHECK_KEEP=1 (keep the work folder /tmp/gpu-check.*), GPU_CHECK_ONLY (stage names to run, e.g. "wheels mpi tests-mpi": a rerun of
 # what failed; keep wheels and mpi in it for any MPI stage, data for training).
 
@@ -47,7 +51,7 @@ cd "$(dirname "$0")/.." || exit 2
 REPO=$PWD
 START=$(date +%s)
 CPU_MODE=${GPU_CHECK_CPU:-0}
-BUDGET=${GPU_CHECK_BUDGET_S:-480}
+BUDGET=${GPU_CHECK_BUDGET_S:-540}
 OUT=${OUT:-$REPO/gpu-check-out}
 WORK=$(mktemp -d /tmp/gpu-check.XXXXXX)
 mkdir -p "$OUT" "$WORK/logs" "$WORK/runs"
@@ -62,6 +66,7 @@ if [ "$CPU_MODE" = 1 ]; then
     TRAIN_EXTRA="--batch-size 16 --threads 1 --eval-batch-size 100"
     SIZES=${GPU_CHECK_SIZES:-1e3,1e5}
     REPS=3
+    BATCHED=${GPU_CHECK_BATCHED:-4}
     export RELAYMPI_TEST_GPU_DEVICE=cpu  # tests/test_gpu.py runs its bodies on CPU tensors
     export OMP_NUM_THREADS=1
 else
@@ -73,6 +78,7 @@ else
     TRAIN_EXTRA="--log-every 50"
     SIZES=${GPU_CHECK_SIZES:-1e3,1e5,1e6,9225610}  # 9,225,610: VGG-11 (benchmarks.comm.vgg11_params)
     REPS=5
+    BATCHED=${GPU_CHECK_BATCHED:-16 64}
 fi
 PY=$(command -v "$PY" || echo "$PY")  # absolute: mpirun starts it by this name
 RANKS=${GPU_CHECK_RANKS:-2 4 8}
@@ -210,6 +216,19 @@ train_stage() {  # $ALGO
         --out "$WORK/runs/train-$ALGO.h5" --overwrite $TRAIN_EXTRA
 }
 
+batched_stage() {  # $WORKERS_N, $LAUNCH (batched | mpi)
+    [ -d "$WORK/cifar10/cifar-10-batches-bin" ] || { echo "skip: no data set (see the data stage)"; exit 77; }
+    local launch=() backend=(--backend batched --workers "$WORKERS_N")
+    if [ "$LAUNCH" = mpi ]; then
+        [ "${MPI_OK:-0}" = 1 ] || { echo "skip: MPI unusable (see the mpi stage)"; exit 77; }
+        launch=("$MPIRUN" -n "$WORKERS_N"); backend=()
+    fi
+    # shellcheck disable=SC2086
+    "${launch[@]}" "$PY" -m benchmarks.gpu_report train -- --task cifar10 --data-dir "$WORK/cifar10" \
+        --algo relay --steps "$STEPS" --eval-every "$STEPS" --device "$DEVICE" "${backend[@]}" \
+        --out "$WORK/runs/$LAUNCH-n$WORKERS_N.h5" --overwrite $TRAIN_EXTRA
+}
+
 bench_stage() {  # $RANKS_N
     local launch=() backend=()
     if [ "${MPI_OK:-0}" = 1 ]; then launch=("$MPIRUN" -n "$RANKS_N"); else backend=(--backend local --workers "$RANKS_N"); fi
@@ -224,7 +243,7 @@ report_stage() {
         | tee "$WORK/report.txt"
 }
 
-export -f env_stage wheels_stage mpi_env mpi_stage tests_local_stage tests_mpi_stage data_stage train_stage bench_stage report_stage
+export -f env_stage wheels_stage mpi_env mpi_stage tests_local_stage tests_mpi_stage data_stage train_stage batched_stage bench_stage report_stage
 
 # -- the run ---------------------------------------------------------------------------------
 
@@ -240,6 +259,11 @@ stage tests-mpi 150 tests_mpi_stage
 stage data 60 data_stage
 stage train-relay 120 "ALGO=relay train_stage"
 stage train-allreduce 120 "ALGO=allreduce train_stage"
+for n in $BATCHED; do
+    stage "batched-$n" 120 "WORKERS_N=$n LAUNCH=batched batched_stage"
+done
+n=${BATCHED%% *}
+stage "mpi-$n" 150 "WORKERS_N=$n LAUNCH=mpi batched_stage"
 for n in $RANKS; do
     stage "bench-n$n" 90 "RANKS_N=$n bench_stage"
 done
