@@ -126,6 +126,16 @@ def _pct(value: float) -> str:
     return f"{100 * value:.1f}%"
 
 
+def _seeds_text(
+    values: Sequence[float], show: Callable[[float], str], spread: bool, note: str
+) -> str:
+    """A cell's display: the mean over seeds, [min, max] where ``spread``, (note) where one is given."""
+    text = show(np.mean(values))
+    if spread:
+        text += f" [{show(min(values))}, {show(max(values))}]"
+    return f"{text} ({note})" if note else text
+
+
 def format_accuracy(cell: Cell | None) -> str:
     if cell is None:
         return "-"
@@ -140,12 +150,8 @@ def format_accuracy(cell: Cell | None) -> str:
             if low == high
             else f"diverged at epochs {low:.3g}-{high:.3g}"
         )
-    text = _pct(np.mean(values))
-    if len(values) > 1:
-        text += f" [{_pct(min(values))}, {_pct(max(values))}]"
-    if cell.n_diverged:
-        text += f" ({cell.n_diverged}/{cell.n_seeds} diverged)"
-    return text
+    note = f"{cell.n_diverged}/{cell.n_seeds} diverged" if cell.n_diverged else ""
+    return _seeds_text(values, _pct, len(values) > 1, note)
 
 
 def format_steps(cell: StepsCell | None) -> str:
@@ -154,12 +160,8 @@ def format_steps(cell: StepsCell | None) -> str:
     values = cell.values
     if not values:
         return "diverged" if cell.n_diverged == cell.n_seeds else "not reached"
-    text = f"{np.mean(values):.0f}"
-    if len(values) > 1 and min(values) != max(values):
-        text += f" [{min(values)}, {max(values)}]"
-    if cell.n_reached < cell.n_seeds:
-        text += f" ({cell.n_reached}/{cell.n_seeds} reached)"
-    return text
+    note = f"{cell.n_reached}/{cell.n_seeds} reached" if cell.n_reached < cell.n_seeds else ""
+    return _seeds_text(values, "{:.0f}".format, min(values) != max(values), note)
 
 
 def format_lr(choice: LrChoice | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -60,12 +61,10 @@ def _slug(*parts: Any) -> str:
     return "".join(c if c.isalnum() or c in "-." else "_" for c in text).strip("_")
 
 
-
 def _metric_caption(metric_names: set[str | None], last_epochs: float) -> str:
     names = sorted(n for n in metric_names if n)
     text = "; ".join(METRIC_TEXT[n].format(w=last_epochs) for n in names if n in METRIC_TEXT)
     return f"Metric: {text}. " if text else ""
-
 
 
 # -------------------------------------------------------------------- the accuracy-like tables
@@ -75,7 +74,7 @@ def _metric_caption(metric_names: set[str | None], last_epochs: float) -> str:
 class Dimension:
     """A RunSummary field that tables are grouped by or spread across in columns."""
 
-    field: str
+    name: str  # the RunSummary attribute
     part: Callable[[Any], tuple[str, Any]]  # its piece of a table's title, (key, value); value None: left out
     slug: Callable[[Any], str]  # its piece of a table's file name ("": left out)
     label: Callable[[Any], str]  # its column header
@@ -113,12 +112,16 @@ class TableSpec:
     lowest_drop: bool = False  # only the family's runs at its lowest drop probability (named in the title)
 
 
+ACCURACY = TableSpec(
+    "accuracy", "Test accuracy", (TASK, WORKERS, DROP), ALPHA, min_columns=1, descending=True
+)
 SPECS = (
-    TableSpec("accuracy", "Test accuracy", (TASK, WORKERS, DROP), ALPHA, min_columns=1, descending=True),
+    ACCURACY,
     TableSpec("scaling", "Scaling the number of workers", (TASK, ALPHA), WORKERS, lowest_drop=True),
     TableSpec("robustness", "Robustness to dropped messages", (TASK, ALPHA, WORKERS), DROP),
 )
-LR_SPEC = TableSpec("lr", "Learning rates", (TASK, WORKERS, DROP), ALPHA, min_columns=1, descending=True)
+# the learning-rate tables: the accuracy tables' families and columns, the best lr in each cell
+LR_SPEC = dataclasses.replace(ACCURACY, kind="lr", title="Learning rates")
 
 
 @dataclass(frozen=True)
@@ -150,12 +153,12 @@ def spec_families(spec: TableSpec, runs: Sequence[RunSummary]) -> Iterator[Famil
     classification = [r for r in runs if r.metric_name is not None]
 
     def key(run: RunSummary) -> tuple:
-        return (*(getattr(run, d.field) for d in spec.family), run.extra)
+        return (*(getattr(run, d.name) for d in spec.family), run.extra)
 
     for (*values, extra), family in _families(classification, key).items():
         if spec.lowest_drop:
             family = _min_drop(family)
-        if len({getattr(r, spec.column.field) for r in family}) < spec.min_columns:
+        if len({getattr(r, spec.column.name) for r in family}) < spec.min_columns:
             continue
         named = list(zip(spec.family, values, strict=True))
         if spec.lowest_drop:
@@ -165,7 +168,7 @@ def spec_families(spec: TableSpec, runs: Sequence[RunSummary]) -> Iterator[Famil
         yield Family(
             name=_slug(spec.kind, *slugs, *[v for _, v in extra]),
             title=f"{spec.title}: {_family_title(parts)}",
-            base={**{d.field: v for d, v in named}, **dict(extra)},
+            base={**{d.name: v for d, v in named}, **dict(extra)},
             runs=family,
         )
 
@@ -182,12 +185,47 @@ def _cell_base(base: dict[str, Any], label: str, key: tuple) -> dict[str, Any]:
     }
 
 
+Cells = dict[tuple, dict[Any, LrChoice]]
+
+
+def _fill_rows(
+    table: Table,
+    row_keys: Sequence[tuple],
+    columns: Sequence[Any],
+    cells: Cells,
+    display: Callable[[LrChoice], str],
+    record: Callable[[str, tuple, Any, LrChoice], dict[str, Any]],
+    plotted: Callable[[dict[str, Any], Any], bool] = lambda record, column: False,
+) -> dict[tuple, str]:
+    """One row per row key with each column's display text ("-": no runs); one record per cell,
+    and a plot point (mean, min, max) where ``plotted``. Returns the row labels."""
+    labels = row_labels(row_keys)
+    for key in row_keys:
+        label = labels[key]
+        row = [label, key[2]]
+        for col in columns:
+            choice = cells[key].get(col)
+            row.append(display(choice) if choice else "-")
+            if choice is None:
+                continue
+            cell = record(label, key, col, choice)
+            table.records.append(cell)
+            if plotted(cell, col):
+                table.series.setdefault(_series_name(label, key), {})[col] = (
+                    cell["mean"],
+                    cell["min"],
+                    cell["max"],
+                )
+        table.rows.append(row)
+    table.hold(cells)
+    return labels
+
+
 def _accuracy_like_table(spec: TableSpec, family: Family, settings: ReportSettings) -> Table:
-    column_key = spec.column.field
+    column_key = spec.column.name
     row_keys, columns, cells = pivot(family.runs, lambda r: getattr(r, column_key))
     if spec.descending:
         columns = columns[::-1]
-    labels = row_labels(row_keys)
     tuned = any(len(choice.by_lr) > 1 for cols in cells.values() for choice in cols.values())
     caption = _metric_caption({r.metric_name for r in family.runs}, settings.last_epochs)
     caption += "Cells: mean over seeds [min, max over seeds]"
@@ -204,28 +242,22 @@ def _accuracy_like_table(spec: TableSpec, family: Family, settings: ReportSettin
         header=["Algorithm", "Topology", *[spec.column.label(c) for c in columns]],
         rows=[],
     )
-    for key in row_keys:
-        label = labels[key]
-        row = [label, key[2]]
-        for col in columns:
-            choice = cells[key].get(col)
-            row.append(format_accuracy(choice.best) if choice else "-")
-            if choice is None:
-                continue
-            record = cell_record(
-                spec.kind, {**_cell_base(family.base, label, key), column_key: col}, choice
-            )
-            table.records.append(record)
-            if record["n_seeds"] > record["n_diverged"] and col is not None:
-                table.series.setdefault(_series_name(label, key), {})[col] = (
-                    record["mean"],
-                    record["min"],
-                    record["max"],
-                )
-            if spec.kind == "accuracy":
-                curves = [r.curve for r in choice.best.runs if r.curve is not None]
-                table.curves.setdefault(col, {})[_series_name(label, key)] = curves
-        table.rows.append(row)
+
+    def record(label: str, key: tuple, col: Any, choice: LrChoice) -> dict[str, Any]:
+        if spec.kind == "accuracy":
+            curves = [r.curve for r in choice.best.runs if r.curve is not None]
+            table.curves.setdefault(col, {})[_series_name(label, key)] = curves
+        return cell_record(spec.kind, {**_cell_base(family.base, label, key), column_key: col}, choice)
+
+    labels = _fill_rows(
+        table,
+        row_keys,
+        columns,
+        cells,
+        lambda choice: format_accuracy(choice.best),
+        record,
+        lambda cell, col: cell["n_seeds"] > cell["n_diverged"] and col is not None,
+    )
     for key in row_keys:
         for col, choice in cells[key].items():
             for run in choice.best.runs:
@@ -240,7 +272,6 @@ def _accuracy_like_table(spec: TableSpec, family: Family, settings: ReportSettin
         table.notes.append(
             f"{partial} cell(s) have diverged seeds: their numbers are over the converged seeds only."
         )
-    table.hold(cells)
     return table
 
 
@@ -256,14 +287,28 @@ def accuracy_like_tables(runs: Sequence[RunSummary], settings: ReportSettings) -
 # ------------------------------------------------------------------------- the other tables
 
 
+def _lr_record(base: dict[str, Any], label: str, key: tuple, alpha: Any, choice: LrChoice) -> dict[str, Any]:
+    record = cell_record("lr", {**_cell_base(base, label, key), "alpha": alpha}, choice)
+    record["lr_means"] = " ".join(
+        f"{lr:g}:{c.mean:.4f}"
+        for lr, c in sorted(
+            ((lr, c) for lr, c in choice.by_lr.items() if lr is not None),
+            key=lambda x: x[0],
+        )
+    )
+    record["display"] = format_lr(choice)
+    return record
+
+
 def lr_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> list[Table]:
     """Per (task, world size, drop probability): the best lr of algorithms x alpha, with the grid check."""
     tables = []
     for family in spec_families(LR_SPEC, runs):
-        row_keys, columns, cells = pivot(family.runs, lambda r: r.alpha)
+        row_keys, columns, cells = pivot(family.runs, lambda r: getattr(r, LR_SPEC.column.name))
         if not any(len(choice.by_lr) > 1 for cols in cells.values() for choice in cols.values()):
             continue
-        columns = columns[::-1]
+        if LR_SPEC.descending:
+            columns = columns[::-1]
         caption = (
             "Best learning rate per cell (highest mean metric over seeds, preferring learning rates "
             "at which no seed diverged); in parentheses the number of converged seeds at it. "
@@ -275,38 +320,22 @@ def lr_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> list[Tabl
             title=family.title,
             caption=caption,
             kind="lr",
-            header=["Algorithm", "Topology", *[ALPHA.label(a) for a in columns]],
+            header=["Algorithm", "Topology", *[LR_SPEC.column.label(a) for a in columns]],
             rows=[],
         )
-        labels = row_labels(row_keys)
-        edges = 0
-        for key in row_keys:
-            label = labels[key]
-            row = [label, key[2]]
-            for alpha in columns:
-                choice = cells[key].get(alpha)
-                row.append(format_lr(choice))
-                if choice is None:
-                    continue
-                edges += not choice.sandwiched
-                record = cell_record(
-                    "lr", {**_cell_base(family.base, label, key), "alpha": alpha}, choice
-                )
-                record["lr_means"] = " ".join(
-                    f"{lr:g}:{c.mean:.4f}"
-                    for lr, c in sorted(
-                        ((lr, c) for lr, c in choice.by_lr.items() if lr is not None),
-                        key=lambda x: x[0],
-                    )
-                )
-                record["display"] = format_lr(choice)
-                table.records.append(record)
-            table.rows.append(row)
+        _fill_rows(
+            table,
+            row_keys,
+            columns,
+            cells,
+            format_lr,
+            lambda label, key, alpha, choice, base=family.base: _lr_record(base, label, key, alpha, choice),
+        )
+        edges = sum(not choice.sandwiched for cols in cells.values() for choice in cols.values())
         if edges:
             table.notes.append(
                 f"{edges} cell(s) have their best learning rate at the edge of the grid."
             )
-        table.hold(cells)
         tables.append(table)
     return tables
 
@@ -319,7 +348,7 @@ def quadratics_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> l
         quadratic, lambda r: (r.task, r.drop_prob, r.extra)
     ).items():
         row_keys, columns, cells = pivot(family, lambda r: r.world_size, steps=True)
-        parts = [("", task), ("drop_prob", f"{drop:g}" if drop else None), *extra]
+        parts = [("", task), DROP.part(drop), *extra]
         tuned = any(len(c.by_lr) > 1 for cols in cells.values() for c in cols.values())
         caption = (
             f"Steps until the averaged model's suboptimality is <= {settings.target:g} (first evaluation "
@@ -333,48 +362,31 @@ def quadratics_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> l
         table = Table(
             name=_slug(
                 "quadratics" if task == "quadratics" else f"quadratics_{task}",
-                f"drop{drop:g}" if drop else "",
+                DROP.slug(drop),
                 *[f"{k}{v}" for k, v in extra],
             ),
             title=f"Steps to suboptimality <= {settings.target:g}: {_family_title(parts)}",
             caption=caption,
             kind="quadratics",
-            header=["Algorithm", "Topology", *[f"{n} workers" for n in columns]],
+            header=["Algorithm", "Topology", *[WORKERS.label(n) for n in columns]],
             rows=[],
         )
-        labels = row_labels(row_keys)
-        for key in row_keys:
-            label = labels[key]
-            row = [label, key[2]]
-            for n in columns:
-                choice = cells[key].get(n)
-                row.append(format_steps(choice.best) if choice else "-")
-                if choice is None:
-                    continue
-                record = cell_record(
-                    "quadratics",
-                    {
-                        "task": task,
-                        "drop_prob": drop,
-                        **dict(extra),
-                        "algorithm": label,
-                        "algo": key[1],
-                        "topology": key[2],
-                        "momentum": key[4],
-                        "world_size": n,
-                        "target": settings.target,
-                    },
-                    choice,
-                )
-                table.records.append(record)
-                if record["n_reached"]:
-                    table.series.setdefault(_series_name(label, key), {})[n] = (
-                        record["mean"],
-                        record["min"],
-                        record["max"],
-                    )
-            table.rows.append(row)
-        table.hold(cells)
+        base = {"task": task, "drop_prob": drop, **dict(extra)}
+
+        def record(label: str, key: tuple, n: Any, choice: LrChoice, base: dict = base) -> dict[str, Any]:
+            fields = {**_cell_base(base, label, key), "world_size": n, "target": settings.target}
+            del fields["optimizer"]  # quadratics records leave the optimizer out
+            return cell_record("quadratics", fields, choice)
+
+        _fill_rows(
+            table,
+            row_keys,
+            columns,
+            cells,
+            lambda choice: format_steps(choice.best),
+            record,
+            lambda cell, n: bool(cell["n_reached"]),
+        )
         tables.append(table)
     return tables
 
