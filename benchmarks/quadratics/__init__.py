@@ -23,4 +23,11 @@ hold or do not, and its wall time. File layout: root attributes `kind` ("quadrat
 study's table (one entry per row); `curves/<i>` holds row i's suboptimality per step at its
 tuned learning rate and `trials/<i>` every learning rate its search tried [lr, steps to target
 or -1, lowest suboptimality]; group `data` holds study-specific arrays (DME: MSE per checkpoint).
+
+Modules: one per study (fig2, heterogeneity for "heterogeneity" and "star", social, dme,
+lr_correction), each with its settings, run and findings; tuned (the problems, and the tune /
+log / row / table step the optimization studies share); tables (plain-text tables, row
+look-ups); results (StudyResult, its HDF5 file and printed form); studies (the table of
+studies and their --quick settings); __main__ (the command line). The DME estimators live in
+relaympi.algorithms.dme_estimates.
 """

@@ -31,6 +31,11 @@ class DmeSettings:
     chunk: int = 100  # repetitions simulated at once (memory: chunk x T x n floats)
 
 
+def _squared_errors(estimates: np.ndarray, mean: float) -> np.ndarray:
+    """Per checkpoint: the squared error averaged over workers, summed over repetitions."""
+    return ((estimates - mean) ** 2).mean(axis=2).sum(axis=0)
+
+
 def study_dme(s: DmeSettings, seed: int) -> StudyResult:
     result = StudyResult("dme", s)
     rng = np.random.default_rng([seed, 0xD3E])
@@ -43,16 +48,8 @@ def study_dme(s: DmeSettings, seed: int) -> StudyResult:
         for start in range(0, s.repetitions, s.chunk):
             reps = min(s.chunk, s.repetitions - start)
             samples = rng.normal(s.mean, 1.0, size=(reps, T, n))
-            relay_sq += (
-                ((relaysum_dme_estimates(samples, chain, s.checkpoints) - s.mean) ** 2)
-                .mean(axis=2)
-                .sum(axis=0)
-            )
-            gossip_sq += (
-                ((gossip_dme_estimates(samples, mixing, s.checkpoints) - s.mean) ** 2)
-                .mean(axis=2)
-                .sum(axis=0)
-            )
+            relay_sq += _squared_errors(relaysum_dme_estimates(samples, chain, s.checkpoints), s.mean)
+            gossip_sq += _squared_errors(gossip_dme_estimates(samples, mixing, s.checkpoints), s.mean)
         relay_mse, gossip_mse = relay_sq / s.repetitions, gossip_sq / s.repetitions
         e_bar = float(effective_delays(chain, 0).mean())
         for k, steps in enumerate(s.checkpoints):

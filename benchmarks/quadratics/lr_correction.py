@@ -18,17 +18,15 @@ from relaympi.topology import Topology, build, lr_correction
 class LrCorrectionSettings:
     topologies: tuple[str, ...] = ("chain", "binary-tree", "double-binary-trees", "star")
     n_values: tuple[int, ...] = (4, 16, 64)
-    tolerance: float = (
-        1e-10  # stop once every value of the last tau_max + 1 steps lies within this relative width
-    )
+    # stop once every value of the last tau_max + 1 steps lies within this relative width
+    tolerance: float = 1e-10
 
 
 @dataclass
 class LrCorrectionMeasurement:
     factor: float  # 1 / (alpha n), averaged over layers like relaympi.topology.lr_correction
-    limits: (
-        np.ndarray
-    )  # per layer: the value every worker settles on after a +1 update on every worker (= alpha n)
+    # per layer: the value every worker settles on after a +1 update on every worker (= alpha n)
+    limits: np.ndarray
     steps: int  # steps run after the update
     converged: bool
 

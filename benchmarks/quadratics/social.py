@@ -47,9 +47,8 @@ def study_social(s: SocialSettings) -> StudyResult:
         for method, root in methods:
             edges = len(method.topology.edges(0))
             payload = _bytes_per_step(edges, d) if method.algo != "allreduce" else -1
-            counters = (
-                edges * 2 * 8 if method.algo == "relay" else 0
-            )  # RelaySGD's messages carry a float64 counter
+            # RelaySGD's messages carry a float64 counter
+            counters = edges * 2 * 8 if method.algo == "relay" else 0
             row = add_tuned(
                 result,
                 problem,
