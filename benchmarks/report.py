@@ -25,7 +25,8 @@ from benchmarks.report_format import (
     render_problems,
     table_csv,
 )
-from benchmarks.report_tables import DATASETS, RunSummary, Settings, Table, all_tables, summarize, untabulated
+from benchmarks.report_summary import DATASETS, ReportSettings, RunSummary, summarize
+from benchmarks.report_tables import Table, all_tables, untabulated
 from relaympi.results import RunFileError, read_run
 
 
@@ -53,7 +54,7 @@ def _unfinished_reason(run) -> str:
     return reason
 
 
-def load_runs(files: Sequence[Path], settings: Settings) -> tuple[list[RunSummary], list[Problem]]:
+def load_runs(files: Sequence[Path], settings: ReportSettings) -> tuple[list[RunSummary], list[Problem]]:
     """Summaries of finished runs, and (path, reason) for every file left out."""
     runs: list[RunSummary] = []
     problems: list[Problem] = []
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--last-epochs must be positive, got {args.last_epochs}")
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         parser.error(f"--out {args.out} is a file; --out takes a directory for the CSV, LaTeX and PNG files")
-    settings = Settings(
+    settings = ReportSettings(
         last_epochs=args.last_epochs,
         metric=args.metric,
         target=args.target,

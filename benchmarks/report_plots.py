@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.report_tables import Curve, Table
+from benchmarks.report_summary import Curve
+from benchmarks.report_tables import Table
 
 
 def _pyplot():

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from benchmarks import report
-from benchmarks.report_tables import Settings, all_tables, worker_means
+from benchmarks.report_summary import ReportSettings, worker_means
+from benchmarks.report_tables import all_tables
 from tests import run_factories as rf
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,10 +88,10 @@ def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tables(sweep_dir: Path) -> dict[str, list]:
-    runs, problems = report.load_runs(report.find_run_files([sweep_dir]), Settings())
+    runs, problems = report.load_runs(report.find_run_files([sweep_dir]), ReportSettings())
     assert problems == []
     result: dict[str, list] = {}
-    for table in all_tables(runs, Settings()):
+    for table in all_tables(runs, ReportSettings()):
         result.setdefault(table.kind, []).append(table)
     return result
 
@@ -163,8 +164,8 @@ def test_partially_diverged_cell(tmp_path: Path) -> None:
         rf.write_classification_run(
             tmp_path / f"r{seed}.h5", curve(0.9, seed), seed=seed, status=status, diverged_epoch=3.0
         )
-    runs, _ = report.load_runs(report.find_run_files([tmp_path]), Settings())
-    (table,) = [t for t in all_tables(runs, Settings()) if t.kind == "accuracy"]
+    runs, _ = report.load_runs(report.find_run_files([tmp_path]), ReportSettings())
+    (table,) = [t for t in all_tables(runs, ReportSettings()) if t.kind == "accuracy"]
     record = table.records[0]
     values = [hand_metric(curve(0.9, s)) for s in (0, 2)]
     assert record["mean"] == pytest.approx(np.mean(values))
@@ -178,13 +179,13 @@ def test_mean_metric_for_imagenet_and_short_runs(tmp_path: Path) -> None:
     acc = np.array([[0.1, 0.1], [0.2, 0.4], [0.3, 0.5], [0.4, 0.6], [0.5, 0.9]])
     rf.write_classification_run(tmp_path / "in.h5", acc, epochs, task="imagenet")
     rf.write_classification_run(tmp_path / "c.h5", acc, epochs, task="cifar10")
-    runs, _ = report.load_runs(report.find_run_files([tmp_path]), Settings())
+    runs, _ = report.load_runs(report.find_run_files([tmp_path]), ReportSettings())
     by_task = {r.task: r for r in runs}
     assert by_task["imagenet"].metric == pytest.approx(
         np.mean([(0.2 + 0.3 + 0.4 + 0.5) / 4, (0.4 + 0.5 + 0.6 + 0.9) / 4])
     )
     assert by_task["cifar10"].metric == pytest.approx((0.2 + 0.3 + 0.4 + 0.5) / 4)
-    tables = {t.records[0]["task"]: t for t in all_tables(runs, Settings()) if t.kind == "accuracy"}
+    tables = {t.records[0]["task"]: t for t in all_tables(runs, ReportSettings()) if t.kind == "accuracy"}
     assert "mean over workers" in tables["imagenet"].caption
     assert "worst worker" in tables["cifar10"].caption
 
@@ -198,8 +199,8 @@ def test_scaling_and_robustness_tables(tmp_path: Path) -> None:
         rf.write_classification_run(
             tmp_path / f"d{drop}.h5", curve(top, 0), alpha=0.01, drop_prob=drop
         )
-    runs, _ = report.load_runs(report.find_run_files([tmp_path]), Settings())
-    kinds = {t.kind: t for t in all_tables(runs, Settings())}
+    runs, _ = report.load_runs(report.find_run_files([tmp_path]), ReportSettings())
+    kinds = {t.kind: t for t in all_tables(runs, ReportSettings())}
     scaling = kinds["scaling"]
     assert scaling.header[2:] == ["4 workers", "8 workers"]
     record = _record(scaling, world_size=8)
@@ -224,15 +225,15 @@ def test_quadratics_steps_to_target(tmp_path: Path) -> None:
         tmp_path / "b.h5", [1, 0.5, 0.4, 0.3, 0.2], steps, algo="d2", topology="ring", world_size=4
     )
     rf.write_quadratics_run(tmp_path / "c.h5", [1, 1e-3, 1e-7, 1e-9, 1e-9], steps, world_size=8)
-    runs, _ = report.load_runs(report.find_run_files([tmp_path]), Settings())
-    (table,) = [t for t in all_tables(runs, Settings()) if t.kind == "quadratics"]
+    runs, _ = report.load_runs(report.find_run_files([tmp_path]), ReportSettings())
+    (table,) = [t for t in all_tables(runs, ReportSettings()) if t.kind == "quadratics"]
     relay4 = _record(table, algo="relay", world_size=4)
     assert (relay4["mean"], relay4["min"], relay4["max"], relay4["n_reached"]) == (35.0, 30, 40, 2)
     assert relay4["display"] == "35 [30, 40]"
     assert _record(table, algo="relay", world_size=8)["mean"] == 20
     assert _record(table, algo="d2", world_size=4)["display"] == "not reached"
-    runs, _ = report.load_runs(report.find_run_files([tmp_path]), Settings(target=1e-3))
-    (table,) = [t for t in all_tables(runs, Settings(target=1e-3)) if t.kind == "quadratics"]
+    runs, _ = report.load_runs(report.find_run_files([tmp_path]), ReportSettings(target=1e-3))
+    (table,) = [t for t in all_tables(runs, ReportSettings(target=1e-3)) if t.kind == "quadratics"]
     assert _record(table, algo="relay", world_size=4)["mean"] == 20  # 1e-4 and 1e-3 at step 20
     assert "<= 0.001" in table.title
 
@@ -400,13 +401,13 @@ def test_crossing_curves_hand_values_are_all_different() -> None:
 )
 def test_metric_order_on_crossing_curves(tmp_path: Path, task: str, expected: float) -> None:
     rf.write_classification_run(tmp_path / "r.h5", CROSSING, CROSSING_EPOCHS, task=task)
-    runs, problems = report.load_runs(report.find_run_files([tmp_path]), Settings())
+    runs, problems = report.load_runs(report.find_run_files([tmp_path]), ReportSettings())
     assert problems == []
     (run,) = runs
     assert run.metric == pytest.approx(expected, abs=1e-12)
     for name, wrong in WRONG_ORDERS.items():
         assert abs(run.metric - wrong) > 0.02, name
-    (table,) = [t for t in all_tables(runs, Settings()) if t.kind == "accuracy"]
+    (table,) = [t for t in all_tables(runs, ReportSettings()) if t.kind == "accuracy"]
     assert table.records[0]["display"] == f"{100 * expected:.1f}%"
     assert any(row[0].startswith("RelaySGD") and row[-1] == f"{100 * expected:.1f}%" for row in table.rows), table.rows
 
@@ -421,9 +422,9 @@ def test_scaling_and_robustness_tables_on_crossing_curves(tmp_path: Path) -> Non
     rf.write_classification_run(tmp_path / "n3s1.h5", shifted, CROSSING_EPOCHS, seed=1, **common)
     rf.write_classification_run(tmp_path / "n6s0.h5", wide, CROSSING_EPOCHS, seed=0, **common)
     rf.write_classification_run(tmp_path / "n3d.h5", lossy, CROSSING_EPOCHS, seed=0, drop_prob=0.1, **common)
-    runs, problems = report.load_runs(report.find_run_files([tmp_path]), Settings())
+    runs, problems = report.load_runs(report.find_run_files([tmp_path]), ReportSettings())
     assert problems == []
-    kinds = {t.kind: t for t in all_tables(runs, Settings())}
+    kinds = {t.kind: t for t in all_tables(runs, ReportSettings())}
 
     scaling = kinds["scaling"]
     assert scaling.header[2:] == ["3 workers", "6 workers"]

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from benchmarks import report
-from benchmarks.report_tables import Settings, all_tables
+from benchmarks.report_summary import ReportSettings as Settings
+from benchmarks.report_tables import all_tables
 from relaympi.config import NON_SEMANTIC_KEYS, RunConfig, experiment_settings
 from tests import run_factories as rf
 

@@ -1,0 +1,92 @@
+"""The table of studies: each one's settings (the paper's, or the reduced --quick ones) and how it runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmarks._tuning import SearchConfig
+from benchmarks.quadratics.dme import DmeSettings, study_dme
+from benchmarks.quadratics.fig2 import Fig2Settings, study_fig2
+from benchmarks.quadratics.heterogeneity import HeterogeneitySettings, study_heterogeneity
+from benchmarks.quadratics.lr_correction import LrCorrectionSettings, study_lr_correction
+from benchmarks.quadratics.results import StudyResult
+from benchmarks.quadratics.social import SocialSettings, study_social
+
+QUICK_SEARCH = {"grid_points": 10, "rounds": 1, "round_points": 5, "max_steps": 2000}
+
+
+@dataclass(frozen=True)
+class Study:
+    """One study: the paper's settings, the changes --quick makes to them, and its run (settings, seed)."""
+
+    settings: Any
+    quick: dict[str, Any]
+    run: Callable[[Any, int], StudyResult]
+    quick_search: dict[str, Any] = field(default_factory=dict)  # beyond QUICK_SEARCH, with --quick
+
+
+def _heterogeneity(topology: str) -> Study:
+    # --quick: noise-free only (the social study's quick run covers gradient noise)
+    return Study(
+        HeterogeneitySettings(topology=topology),
+        {"n": 8, "zeta2_values": (0.0, 10.0), "sigma2_values": (0.0,)},
+        lambda s, seed: study_heterogeneity(s),
+    )
+
+
+TABLE: dict[str, Study] = {
+    "fig2": Study(
+        Fig2Settings(),
+        {"n_values": (4, 8), "zeta2_values": (0.0, 10.0)},
+        lambda s, seed: study_fig2(s),
+    ),
+    "heterogeneity": _heterogeneity("ring"),
+    "star": _heterogeneity("star"),
+    "social": Study(
+        SocialSettings(),
+        {"roots": (0, 21)},
+        lambda s, seed: study_social(s),
+        quick_search={"noise_seeds": 2, "max_steps": 3000},
+    ),
+    "dme": Study(
+        DmeSettings(),
+        {"n_values": (8,), "checkpoints": (1, 4, 16, 64), "repetitions": 200},
+        study_dme,
+    ),
+    "lr-correction": Study(
+        LrCorrectionSettings(),
+        {"n_values": (4, 16)},
+        lambda s, seed: study_lr_correction(s),
+    ),
+}
+STUDIES = tuple(TABLE)
+
+
+def settings_for(study: str, quick: bool, seed: int, max_steps: int | None) -> Any:
+    """The settings of one study: the paper's setup, or the reduced --quick one."""
+    if study not in TABLE:
+        raise ValueError(f"unknown study {study!r}; choose one of {', '.join(STUDIES)} or all")
+    entry = TABLE[study]
+    settings = dataclasses.replace(entry.settings, **entry.quick) if quick else entry.settings
+    if not isinstance(getattr(settings, "search", None), SearchConfig):
+        return settings  # no learning-rate search: seed and max_steps do not apply
+    changes: dict[str, Any] = {"seed": seed}
+    if quick:
+        changes.update(QUICK_SEARCH, **entry.quick_search)
+    if max_steps is not None:
+        changes["max_steps"] = max_steps
+    return dataclasses.replace(settings, search=dataclasses.replace(settings.search, **changes))
+
+
+def run_study(
+    study: str, quick: bool = False, seed: int = 0, max_steps: int | None = None
+) -> StudyResult:
+    settings = settings_for(study, quick, seed, max_steps)
+    start = time.perf_counter()
+    result = TABLE[study].run(settings, seed)
+    result.elapsed_s = time.perf_counter() - start
+    return result

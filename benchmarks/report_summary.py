@@ -1,0 +1,280 @@
+"""One finished run reduced to what the report's tables need, by the paper's metric (`ReportSettings`, `summarize`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from relaympi.config import experiment_settings
+from relaympi.results import Run, workers_at_chance
+
+ALGO_NAMES = {
+    "allreduce": "All-reduce",
+    "relay": "RelaySGD",
+    "relay-grad": "RelaySGD/Grad",
+    "dpsgd": "D-PSGD",
+    "qgm": "D-PSGD + quasi-global momentum",
+    "d2": "D2",
+    "gt": "Gradient tracking",
+    "sgp": "SGP",
+}
+ALGO_ORDER = {name: i for i, name in enumerate(ALGO_NAMES)}
+# The paper's reported metric per task (appendix "Detailed experimental setup").
+TASK_METRICS = {
+    "cifar10": "worst",
+    "digits": "worst",
+    "imagenet": "mean",
+    "agnews": "mean",
+    "ag_news": "mean",
+}
+METRIC_TEXT = {
+    "worst": "the worst worker's mean test accuracy over the last {w:g} epochs",
+    "mean": "the mean over workers of each worker's mean test accuracy over the last {w:g} epochs",
+}
+QUADRATIC_TASKS = ("quadratics", "quadratic")
+# Quadratics problem constants (paper appendix "Random quadratics"): each setting gets its own table.
+QUADRATIC_KEYS = ("dim", "mu", "L", "zeta2", "sigma2", "r0")
+DATASETS = ("step", "epoch", "test_accuracy", "suboptimality")  # all the report reads
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """How the report computes its numbers (the command line's --last-epochs, --metric, --target, --split-by)."""
+
+    last_epochs: float = 5.0
+    metric: str = "auto"  # auto | worst | mean
+    target: float = 1e-6  # quadratics: suboptimality to reach
+    split_by: tuple[str, ...] = ()  # extra config keys that separate tables
+
+    def metric_for(self, task: str, config: dict[str, Any]) -> str:
+        if self.metric != "auto":
+            return self.metric
+        if config.get("metric") in METRIC_TEXT:
+            return str(config["metric"])
+        return TASK_METRICS.get(task, "worst")
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Per-evaluation worst / mean / best worker test accuracy of one run."""
+
+    epoch: np.ndarray
+    worst: np.ndarray
+    mean: np.ndarray
+    best: np.ndarray
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What the tables need from one finished (completed or diverged) run."""
+
+    path: Path
+    status: str
+    task: str
+    algo: str
+    topology: str
+    alpha: float | None
+    lr: float | None
+    momentum: float
+    optimizer: str
+    world_size: int
+    seed: int | None
+    drop_prob: float
+    relay_mode: str | None
+    extra: tuple[tuple[str, str], ...]
+    # every other setting of the experiment (relaympi.config.experiment_settings), as text
+    settings: tuple[tuple[str, str], ...] = ()
+    metric_name: str | None = None  # worst | mean, for classification runs
+    metric: float = math.nan  # in [0, 1]; NaN when diverged or without accuracy
+    final_epoch: float = math.nan
+    diverged_epoch: float | None = None
+    steps_to_target: int | None = None  # quadratics: first step with suboptimality <= target
+    curve: Curve | None = None
+    at_chance: tuple[int, ...] = ()  # workers whose metric window ends at chance accuracy
+
+    @property
+    def converged(self) -> bool:
+        return self.status == "completed" and math.isfinite(self.metric)
+
+    @property
+    def is_quadratic(self) -> bool:
+        return self.task in QUADRATIC_TASKS
+
+    @property
+    def identity(self) -> tuple:
+        """Everything that makes two runs the same experiment (duplicates share it)."""
+        return (
+            self.task,
+            self.row_key,
+            self.alpha,
+            self.lr,
+            self.world_size,
+            self.seed,
+            self.drop_prob,
+            self.extra,
+        )
+
+    @property
+    def row_key(self) -> tuple:
+        return (
+            ALGO_ORDER.get(self.algo, len(ALGO_ORDER)),
+            self.algo,
+            self.topology,
+            self.optimizer,
+            self.momentum,
+            self.relay_mode or "",
+            self.settings,
+        )
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _float(value: Any, default: float | None = None) -> float | None:
+    if value is None:
+        return default
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _relay_mode(config: dict[str, Any]) -> str | None:
+    """RelaySGD's normalization when it is not Algorithm 1's counts (other algorithms: None)."""
+    mode = config.get("relay_mode")
+    if config.get("algo") != "relay" or mode in (None, "counts"):
+        return None
+    return str(mode)
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+# settings with their own field in RunSummary (or in its table family): not repeated in `settings`
+_OWN_FIELDS = ("task", "algo", "topology", "alpha", "lr", "momentum", "optimizer", "seed", "drop_prob", "relay_mode")
+
+
+def _settings(config: dict[str, Any], extra_keys: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """The experiment's settings beyond the summary's own fields, so no two experiments merge."""
+    settings = experiment_settings(config)
+    skip = {*_OWN_FIELDS, *extra_keys}
+    return tuple((k, _value_text(v)) for k, v in sorted(settings.items()) if k not in skip)
+
+
+def worker_means(epoch: np.ndarray, accuracy: np.ndarray, last_epochs: float) -> np.ndarray:
+    """Each worker's mean test accuracy over the evaluations of the last ``last_epochs`` epochs.
+
+    The window holds the evaluations with final_epoch - last_epochs < epoch (final_epoch: the
+    last evaluation's epoch) and epoch > 0, so an evaluation of the initial model never counts;
+    a run shorter than the window uses all its evaluations after epoch 0, and a run with
+    no such evaluation uses its last one. NaN evaluations are ignored.
+    """
+    accuracy = accuracy.reshape(len(accuracy), -1)
+    final = np.nanmax(epoch)
+    window = (epoch > final - last_epochs) & (epoch > 0)
+    if not window.any():
+        window = np.zeros(len(epoch), dtype=bool)
+        window[-1] = True
+    selected = accuracy[window]
+    with np.errstate(invalid="ignore"), _quiet():
+        return np.nanmean(selected, axis=0)
+
+
+class _quiet:
+    """Silence numpy's 'mean of empty slice' warnings (NaN is the intended answer)."""
+
+    def __enter__(self) -> None:
+        import warnings
+
+        self._catch = warnings.catch_warnings()
+        self._catch.__enter__()
+        warnings.simplefilter("ignore", RuntimeWarning)
+
+    def __exit__(self, *exc: object) -> None:
+        self._catch.__exit__(*exc)
+
+
+def paper_metric(epoch: np.ndarray, accuracy: np.ndarray, metric: str, last_epochs: float) -> float:
+    means = worker_means(epoch, accuracy, last_epochs)
+    if not np.isfinite(means).any():
+        return math.nan
+    return float(np.nanmin(means) if metric == "worst" else np.nanmean(means))
+
+
+def steps_to_target(step: np.ndarray, suboptimality: np.ndarray, target: float) -> int | None:
+    values = suboptimality.reshape(len(suboptimality), -1)
+    with _quiet():
+        worst = np.nanmax(values, axis=1) if values.shape[1] > 1 else values[:, 0]
+    reached = np.flatnonzero(worst <= target)
+    return int(step[reached[0]]) if len(reached) else None
+
+
+def summarize(run: Run, settings: ReportSettings) -> RunSummary:
+    """Reduce a completed or diverged run to the numbers the tables need."""
+    config = run.config
+    task = str(config.get("task", "unknown"))
+    world_size = int(config.get("world_size") or run.attrs.get("world_size", 0))
+    keys = settings.split_by
+    if task in QUADRATIC_TASKS:
+        keys = (*[k for k in QUADRATIC_KEYS if config.get(k) is not None], *keys)
+    extra = tuple((key, _value_text(config.get(key))) for key in keys)
+    diverged_epoch = _float(run.attrs.get("diverged_epoch")) if run.status == "diverged" else None
+    summary: dict[str, Any] = dict(
+        path=run.path,
+        status=run.status,
+        task=task,
+        algo=str(config.get("algo", "unknown")),
+        topology=str(config.get("topology") or "default"),
+        alpha=_float(config.get("alpha")),
+        lr=_float(config.get("lr")),
+        momentum=_float(config.get("momentum"), 0.0) or 0.0,
+        optimizer=str(config.get("optimizer") or "sgd"),
+        world_size=world_size,
+        seed=None if config.get("seed") is None else int(config["seed"]),
+        drop_prob=_float(config.get("drop_prob"), 0.0) or 0.0,
+        relay_mode=_relay_mode(config),
+        extra=extra,
+        settings=_settings(config, keys),
+        diverged_epoch=diverged_epoch,
+    )
+    data = run.data
+    epoch = data.get("epoch")
+    if epoch is not None and len(epoch):
+        summary["final_epoch"] = float(np.nanmax(epoch))
+        if run.status == "diverged" and diverged_epoch is None:
+            summary["diverged_epoch"] = summary["final_epoch"]
+    accuracy = data.get("test_accuracy")
+    if task not in QUADRATIC_TASKS and accuracy is not None and epoch is not None and len(epoch):
+        metric_name = settings.metric_for(task, config)
+        summary["metric_name"] = metric_name
+        if run.status == "completed":
+            summary["metric"] = paper_metric(epoch, accuracy, metric_name, settings.last_epochs)
+            means = worker_means(epoch, accuracy, settings.last_epochs)
+            summary["at_chance"] = tuple(workers_at_chance(means, _int(run.attrs.get("num_classes"))))
+        per_eval = accuracy.reshape(len(accuracy), -1)
+        with _quiet():
+            summary["curve"] = Curve(
+                epoch.copy(),
+                np.nanmin(per_eval, axis=1),
+                np.nanmean(per_eval, axis=1),
+                np.nanmax(per_eval, axis=1),
+            )
+    suboptimality = data.get("suboptimality")
+    if suboptimality is not None and "step" in data and len(suboptimality):
+        summary["steps_to_target"] = steps_to_target(data["step"], suboptimality, settings.target)
+    return RunSummary(**summary)
