@@ -18,6 +18,19 @@ from relaympi.comm import DropPolicy
 from relaympi.topology import ExponentialSchedule
 
 
+def mix(weights: torch.Tensor, X: torch.Tensor, out: torch.Tensor) -> None:
+    """out = weights @ X at full float32 precision: TF32 (which a model may switch on for speed)
+    would round every model to a 10-bit mantissa in each average."""
+    precision = torch.get_float32_matmul_precision()
+    if precision != "highest":
+        torch.set_float32_matmul_precision("highest")
+    try:
+        torch.mm(weights, X, out=out)
+    finally:
+        if precision != "highest":
+            torch.set_float32_matmul_precision(precision)
+
+
 class GossipMatrix:
     """x_i <- W_ii x_i + sum_j W_ij x_j for all workers as one matmul with a dense W on the device.
 
@@ -92,7 +105,7 @@ class BatchedDPSGD(_GossipAlgorithm):
 
     def step(self, X, G, lr, step):
         self.optimizer.update(G, X, lr, apply=True)
-        torch.mm(self._weights(step), X, out=self._mixed)
+        mix(self._weights(step), X, self._mixed)
         X.copy_(self._mixed)
 
 
@@ -116,7 +129,7 @@ class BatchedQGM(_GossipAlgorithm):
             d.mul_(beta).add_(g)
         self._x_before.copy_(X)
         X.add_(d, alpha=-lr)
-        torch.mm(self._weights(step), X, out=d)
+        mix(self._weights(step), X, d)
         X.copy_(d)
         if lr > 0:  # during a warm-up from lr = 0 the model did not move: keep m
             m.mul_(beta).add_(self._x_before.sub_(X), alpha=(1 - beta) / lr)
@@ -143,7 +156,7 @@ class BatchedD2(_GossipAlgorithm):
     def step(self, X, G, lr, step):
         self.optimizer.update(G, X, lr, apply=True)
         X.add_(self.correction)
-        torch.mm(self._weights(step), X, out=self._mixed)
+        mix(self._weights(step), X, self._mixed)
         self.correction.add_(self._mixed).sub_(X)
         X.copy_(self._mixed)
 
@@ -167,9 +180,9 @@ class BatchedGT(_GossipAlgorithm):
         u, c, scratch = self.optimizer.update(G, X, lr, apply=False), self.correction, self._mixed
         weights = self._weights(step, width=2)  # both halves travel in one message: one W(t)
         torch.add(X, u, out=scratch).add_(c)
-        torch.mm(weights, scratch, out=X)
+        mix(weights, scratch, X)
         torch.add(c, u, out=scratch)
-        torch.mm(weights, scratch, out=c)
+        mix(weights, scratch, c)
         c.sub_(u)
 
     def state_dict(self):
