@@ -35,17 +35,23 @@ class Case:
     optimizer: OptimizerConfig = SGD
     relay_mode: str = "counts"
     d2_exact_diffusion: bool = False
+    relay_in_place: bool = False  # message passing's memory/overlap options: the same numbers and bytes
+    relay_chunk: int | None = None
 
     @property
     def id(self) -> str:
         opt = self.optimizer
         tag = opt.name if opt.name == "adam" else ("sgd" if opt.momentum == 0 else f"mom{opt.momentum}")
         mode = f"-{self.relay_mode}" if self.algo == "relay" else ""
-        return f"{self.algo}-{self.topology}-n{self.workers}-{tag}{mode}" + ("-ed" if self.d2_exact_diffusion else "")
+        extra = ("-ed" if self.d2_exact_diffusion else "") + ("-in-place" if self.relay_in_place else "")
+        return f"{self.algo}-{self.topology}-n{self.workers}-{tag}{mode}{extra}" + (f"-chunk{self.relay_chunk}" if self.relay_chunk else "")
 
     @property
     def options(self) -> AlgorithmOptions:
-        return AlgorithmOptions(relay_mode=self.relay_mode, d2_exact_diffusion=self.d2_exact_diffusion)
+        return AlgorithmOptions(
+            relay_mode=self.relay_mode, d2_exact_diffusion=self.d2_exact_diffusion, relay_in_place=self.relay_in_place,
+            relay_chunk=self.relay_chunk,
+        )
 
 
 # every algorithm, every relay mode, each local optimizer somewhere, trees with degree 1, 2, 3 and n - 1
@@ -66,6 +72,8 @@ CASES = [
     Case("relay-grad", "chain", 6),
     Case("relay-grad", "double-binary-trees", 8, MOMENTUM),
     Case("relay", "binary-tree", 7, ADAM),
+    Case("relay", "double-binary-trees", 7, SGD, "initial", relay_in_place=True, relay_chunk=2),
+    Case("relay-grad", "double-binary-trees", 8, SGD, relay_chunk=3),
 ] + [
     Case("relay", topo, n, opt, mode)
     for topo, n, opt in (("chain", 6, SGD), ("star", 6, SGD), ("double-binary-trees", 7, SGD), ("double-binary-trees", 8, MOMENTUM))
@@ -156,7 +164,7 @@ def test_batched_equals_message_passing_and_oracle(case, prob):
         assert (batched.algorithm.bytes_sent < lossless.algorithm.bytes_sent).any()
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.relay_mode == "counts" or c.algo == "relay"], ids=lambda c: c.id)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_state_dict_round_trip_continues_bit_identically(case):
     drops, split = DropPolicy(DROP_PROB, seed=5), 7
     first = _Batched(case, drops)

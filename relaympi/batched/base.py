@@ -52,7 +52,8 @@ class BatchedAlgorithm:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Everything besides X and the optimizer needed to resume exactly (tensors only)."""
+        """Everything besides X and the optimizer needed to resume exactly (tensors only; live
+        buffers, as Algorithm.state_dict: save or clone them before the next step)."""
         return {}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:

@@ -131,7 +131,7 @@ class BatchedRelaySum:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         for k, tree in enumerate(self.trees):
             tree.messages.copy_(state[f"messages.{k}"])
-            tree.counters = state[f"counters.{k}"].numpy().astype(np.float64, copy=True)
+            tree.counters = state[f"counters.{k}"].cpu().numpy().astype(np.float64, copy=True)
             if len(tree.src):
                 self._sum_inbox(tree)
 
