@@ -11,7 +11,7 @@ from relaympi.algorithms import AlgorithmOptions, get_algorithm_class, round_id
 from relaympi.algorithms.d2 import d2_mixing_matrix
 from relaympi.algorithms.gossip import mixing_matrix_for
 from relaympi.algorithms.sgp import ROUNDS as SGP_ROUNDS
-from relaympi.batched.base import BatchedAlgorithm, check_combination, delivered, never_drops
+from relaympi.batched.base import BatchedAlgorithm, check_combination, delivered, never_drops, to_device
 from relaympi.batched.optim import BatchedOptimizer
 from relaympi.batched.relay import BatchedRelaySGD, BatchedRelaySGDGrad
 from relaympi.comm import DropPolicy
@@ -61,7 +61,7 @@ class GossipMatrix:
         total = np.diag(w) + others
         out = kept / total[:, None]
         np.fill_diagonal(out, np.diag(w) / total)
-        return torch.as_tensor(out, **self._opts)
+        return to_device(out, **self._opts)
 
     def weights(self, step: int, bytes_sent: np.ndarray, nbytes: int) -> torch.Tensor:
         """W(step) on the device, with this step's lost messages; counts ``nbytes`` per message sent."""
@@ -220,7 +220,7 @@ class BatchedSGP(BatchedAlgorithm):
             if arrived.all():
                 X.copy_(self._received)
             elif arrived.any():
-                rows = torch.as_tensor(ranks[arrived], device=X.device)
+                rows = to_device(ranks[arrived], None, X.device)
                 X.index_copy_(0, rows, self._received.index_select(0, rows))
 
 

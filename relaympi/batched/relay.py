@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from relaympi.algorithms import round_id
-from relaympi.batched.base import BatchedAlgorithm, delivered
+from relaympi.batched.base import BatchedAlgorithm, delivered, to_device
 from relaympi.comm import DropPolicy
 
 
@@ -92,7 +92,7 @@ class BatchedRelaySum:
             tree.spare.index_add_(0, tree.reverse_on_device, tree.messages, alpha=-1)  # spare[reverse[e]] -= messages[e]
             lost = np.flatnonzero(~arrived)
             if len(lost):
-                tree.spare.index_fill_(0, torch.as_tensor(lost, device=tree.spare.device), 0)
+                tree.spare.index_fill_(0, to_device(lost, None, tree.spare.device), 0)
             tree.messages, tree.spare = tree.spare, tree.messages
             # counters, on the host (they depend only on which messages were lost)
             held = np.bincount(tree.dst, weights=tree.counters, minlength=self.n)
@@ -146,7 +146,7 @@ class _DeviceCounts:
     def __call__(self, layer: int, values: np.ndarray) -> torch.Tensor:
         cached = self._cache.get(layer)
         if cached is None or not np.array_equal(cached[0], values):
-            cached = (values.copy(), torch.as_tensor(values[:, None], **self._opts))
+            cached = (values.copy(), to_device(values[:, None], **self._opts))
             self._cache[layer] = cached
         return cached[1]
 
