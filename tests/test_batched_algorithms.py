@@ -164,6 +164,16 @@ def test_batched_equals_message_passing_and_oracle(case, prob):
         assert (batched.algorithm.bytes_sent < lossless.algorithm.bytes_sent).any()
 
 
+@pytest.mark.parametrize("mode", RELAY_MODES)
+def test_relay_on_an_irregular_tree_equals_the_loss_model(mode):
+    """The social network's spanning tree (32 workers, degrees 1 to 8) with drops, against the loss model only
+    (32 message-passing threads would dominate this file's time)."""
+    case, drops = Case("relay", "social-network-tree", 32, MOMENTUM, mode), DropPolicy(DROP_PROB, seed=4)
+    batched = _Batched(case, drops)
+    trajectory = np.array([batched.step(t) for t in range(STEPS)])
+    np.testing.assert_allclose(trajectory, _oracle(case, drops), rtol=0, atol=1e-9)
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_state_dict_round_trip_continues_bit_identically(case):
     drops, split = DropPolicy(DROP_PROB, seed=5), 7
