@@ -203,19 +203,24 @@ class BatchedSGP(BatchedAlgorithm):
         self.schedule = ExponentialSchedule(self.n)
         self._received = torch.zeros_like(X0)
         self._ranks = np.arange(self.n)
-        # per hop exponent k: who each worker receives from, on the host and on the device
-        self._sources = [(self._ranks + 2**k) % self.n for k in range(self.schedule.period)]
-        self._sources_on_device = [torch.as_tensor(frm, device=X0.device) for frm in self._sources]
+        self._senders: dict[int, tuple[np.ndarray, torch.Tensor]] = {}  # per hop length, on host and device
+
+    def _receives_from(self, round: int, device: torch.device) -> tuple[np.ndarray, torch.Tensor]:
+        """Whom each worker receives from in communication round ``round`` (the schedule's recv_peer)."""
+        hop = self.schedule.offset(round)
+        if hop not in self._senders:
+            peers = np.array([self.schedule.recv_peer(round, i) for i in range(self.n)], dtype=np.int64)
+            self._senders[hop] = (peers, torch.as_tensor(peers, device=device))
+        return self._senders[hop]
 
     def step(self, X, G, lr, step):
         self.optimizer.update(G, X, lr, apply=True)
         ranks, nbytes = self._ranks, self.numel * self.itemsize
         for r in range(SGP_ROUNDS):
-            k = (SGP_ROUNDS * step + r) % self.schedule.period  # the hop 2^k of this round (ExponentialSchedule.offset)
-            frm = self._sources[k]
+            frm, frm_on_device = self._receives_from(SGP_ROUNDS * step + r, X.device)
             arrived = delivered(self.drops, round_id(step, r), 0, frm, ranks)
             self.bytes_sent[frm[arrived], ranks[arrived]] += nbytes
-            torch.index_select(X, 0, self._sources_on_device[k], out=self._received)
+            torch.index_select(X, 0, frm_on_device, out=self._received)
             self._received.add_(X).mul_(0.5)
             if arrived.all():
                 X.copy_(self._received)
