@@ -1,0 +1,77 @@
+"""The batched algorithm interface, and the simulated-drop decisions of message passing as masks."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from relaympi.algorithms import AlgorithmOptions, make_algorithm
+from relaympi.batched.optim import BatchedOptimizer
+from relaympi.comm import DropPolicy, LocalWorld
+from relaympi.optim import make_optimizer
+
+
+def never_drops(drops: DropPolicy) -> bool:
+    """Whether ``drops`` loses no message at all (then no decision needs to be asked)."""
+    return type(drops).dropped is DropPolicy.dropped and drops.prob == 0.0
+
+
+def delivered(drops: DropPolicy, round: int, tag: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Per message src[e] -> dst[e] of this round and tag: did it arrive? (the same DropPolicy decisions
+    as Communicator.exchange asks, so exactly the messages lost on the other backends are lost here)"""
+    if never_drops(drops):
+        return np.ones(len(src), dtype=bool)
+    return np.array([not drops.dropped(round, tag, int(s), int(d)) for s, d in zip(src, dst, strict=True)], dtype=bool)
+
+
+def to_device(values: np.ndarray, dtype: torch.dtype | None, device: torch.device) -> torch.Tensor:
+    """A small host array (this step's weights, lost edges, counts) on the device without waiting for
+    it: a plain copy to a GPU synchronizes the stream, so the host could no longer run ahead."""
+    host = torch.as_tensor(np.ascontiguousarray(values), dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)  # the caching host allocator keeps it until copied
+
+
+class BatchedAlgorithm:
+    """One decentralized optimizer for all N workers at once: ``step`` turns X(t) [N, d] into X(t+1) in place.
+
+    ``bytes_sent[i, j]``: bytes worker i's messages to worker j would have carried under message
+    passing (row i is rank i's Communicator.bytes_sent; lost messages are not counted, collectives
+    are not counted, as there).
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, topology: Any, optimizer: BatchedOptimizer, X0: torch.Tensor, options: AlgorithmOptions, drops: DropPolicy):
+        if X0.dim() != 2:
+            raise ValueError(f"X0 must be [workers, numel], got shape {tuple(X0.shape)}")
+        self.topology = topology
+        self.optimizer = optimizer
+        self.options = options
+        self.drops = drops
+        self.n, self.numel = X0.shape
+        self.itemsize = X0.element_size()
+        self.bytes_sent = np.zeros((self.n, self.n), dtype=np.int64)
+
+    def step(self, X: torch.Tensor, G: torch.Tensor, lr: float, step: int) -> None:
+        """X(t) -> X(t+1) in place, given every worker's gradient G at X(t)."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything besides X and the optimizer needed to resume exactly (tensors only; live
+        buffers, as Algorithm.state_dict: save or clone them before the next step)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        pass
+
+
+def check_combination(algo: str, topology: Any, optimizer: BatchedOptimizer, X0: torch.Tensor, options: AlgorithmOptions) -> None:
+    """Refuse what message passing refuses, with its messages: build rank 0's message-passing
+    algorithm on a one-element model (its constructor checks and never communicates)."""
+    world = LocalWorld(X0.shape[0])
+    like = torch.zeros(1, dtype=X0.dtype)
+    make_algorithm(algo, world.communicator(0), topology, make_optimizer(optimizer.config, like), like, options)

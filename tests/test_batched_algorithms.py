@@ -1,0 +1,283 @@
+"""The batched engine's algorithms and optimizers against message passing, the matrix oracle and the loss model."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from relaympi.algorithms import ALGORITHM_NAMES, RELAY_MODES, AlgorithmError, AlgorithmOptions, make_algorithm
+from relaympi.algorithms.matrix import make_matrix_algorithm
+from relaympi.batched import BatchedOptimizer, make_batched_algorithm
+from relaympi.comm import DropPolicy, run_local
+from relaympi.optim import OptimizerConfig, make_optimizer
+from relaympi.tasks.quadratics import QuadraticsSpec, generate
+from relaympi.topology import build
+from tests.drop_oracle import LossyOracle, delivered_by
+
+STEPS = 30
+DIM = 7
+DROP_PROB = 0.25
+SGD = OptimizerConfig()
+MOMENTUM = OptimizerConfig(momentum=0.9, weight_decay=1e-3)
+HEAVY_BALL = OptimizerConfig(momentum=0.5, nesterov=False)
+ADAM = OptimizerConfig(name="adam", weight_decay=1e-3)
+
+
+@dataclass(frozen=True)
+class Case:
+    algo: str
+    topology: str
+    workers: int
+    optimizer: OptimizerConfig = SGD
+    relay_mode: str = "counts"
+    d2_exact_diffusion: bool = False
+    relay_in_place: bool = False  # message passing's memory/overlap options: the same numbers and bytes
+    relay_chunk: int | None = None
+
+    @property
+    def id(self) -> str:
+        opt = self.optimizer
+        tag = opt.name if opt.name == "adam" else ("sgd" if opt.momentum == 0 else f"mom{opt.momentum}")
+        mode = f"-{self.relay_mode}" if self.algo == "relay" else ""
+        extra = ("-ed" if self.d2_exact_diffusion else "") + ("-in-place" if self.relay_in_place else "")
+        return f"{self.algo}-{self.topology}-n{self.workers}-{tag}{mode}{extra}" + (f"-chunk{self.relay_chunk}" if self.relay_chunk else "")
+
+    @property
+    def options(self) -> AlgorithmOptions:
+        return AlgorithmOptions(
+            relay_mode=self.relay_mode, d2_exact_diffusion=self.d2_exact_diffusion, relay_in_place=self.relay_in_place,
+            relay_chunk=self.relay_chunk,
+        )
+
+
+# every algorithm, every relay mode, each local optimizer somewhere, trees with degree 1, 2, 3 and n - 1
+CASES = [
+    Case("allreduce", "fully-connected", 4, MOMENTUM),
+    Case("dpsgd", "ring", 7),
+    Case("dpsgd", "star", 6, MOMENTUM),
+    Case("dpsgd", "binary-tree", 7, ADAM),
+    Case("qgm", "ring", 7, MOMENTUM),
+    Case("qgm", "chain", 5, HEAVY_BALL),
+    Case("d2", "ring", 7),
+    Case("d2", "chain", 6, MOMENTUM),
+    Case("d2", "ring", 6, SGD, d2_exact_diffusion=True),
+    Case("gt", "ring", 7),
+    Case("gt", "binary-tree", 7, MOMENTUM),
+    Case("sgp", "exponential", 8),
+    Case("sgp", "exponential", 4, MOMENTUM),
+    Case("relay-grad", "chain", 6),
+    Case("relay-grad", "double-binary-trees", 8, MOMENTUM),
+    Case("relay", "binary-tree", 7, ADAM),
+    Case("relay", "double-binary-trees", 7, SGD, "initial", relay_in_place=True, relay_chunk=2),
+    Case("relay-grad", "double-binary-trees", 8, SGD, relay_chunk=3),
+] + [
+    Case("relay", topo, n, opt, mode)
+    for topo, n, opt in (("chain", 6, SGD), ("star", 6, SGD), ("double-binary-trees", 7, SGD), ("double-binary-trees", 8, MOMENTUM))
+    for mode in RELAY_MODES
+]
+DROPS = (0.0, DROP_PROB)
+
+
+def test_every_algorithm_and_relay_mode_is_covered():
+    assert {c.algo for c in CASES} == set(ALGORITHM_NAMES)
+    assert {c.relay_mode for c in CASES if c.algo == "relay"} == set(RELAY_MODES)
+
+
+def _problem(n: int):
+    return generate(n, QuadraticsSpec(dim=DIM, zeta2=2.0, r0=3.0), seed=11)
+
+
+def _lr(t: int) -> float:
+    return 0.05 + 0.003 * t  # time-varying, as warm-up produces
+
+
+def _x0() -> np.ndarray:
+    return np.linspace(-1.0, 1.0, DIM)
+
+
+def _message_passing(comm, case: Case) -> tuple[np.ndarray, np.ndarray]:
+    topology, problem = build(case.topology, comm.world_size), _problem(comm.world_size)
+    x = torch.tensor(_x0(), dtype=torch.float64)
+    algorithm = make_algorithm(case.algo, comm, topology, make_optimizer(case.optimizer, x), x, case.options)
+    AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]), torch.from_numpy(problem.Atb[comm.rank])
+    trajectory = []
+    for t in range(STEPS):
+        algorithm.step(x, AtA @ x - Atb, _lr(t), t)
+        trajectory.append(x.numpy().copy())
+    return np.array(trajectory), comm.bytes_sent.copy()
+
+
+class _Batched:
+    """The batched engine on the case's quadratics, driven one step at a time."""
+
+    def __init__(self, case: Case, drops: DropPolicy):
+        n = case.workers
+        self.problem = _problem(n)
+        self.X = torch.tensor(np.repeat(_x0()[None], n, axis=0))
+        self.optimizer = BatchedOptimizer(case.optimizer, self.X)
+        self.algorithm = make_batched_algorithm(case.algo, build(case.topology, n), self.optimizer, self.X.clone(), case.options, drops)
+        self.AtA, self.Atb = torch.from_numpy(self.problem.AtA), torch.from_numpy(self.problem.Atb)
+
+    def step(self, t: int) -> np.ndarray:
+        G = torch.einsum("nij,nj->ni", self.AtA, self.X) - self.Atb
+        self.algorithm.step(self.X, G, _lr(t), t)
+        return self.X.numpy().copy()
+
+
+def _oracle(case: Case, drops: DropPolicy) -> np.ndarray:
+    """[steps, n, d]: the matrix oracle without drops, the independent loss model (tests/drop_oracle.py) with them."""
+    n = case.workers
+    topology, problem = build(case.topology, n), _problem(n)
+    if drops.prob == 0:
+        engine = make_matrix_algorithm(
+            case.algo, topology, n, _x0(), case.optimizer, relay_mode=case.relay_mode, d2_exact_diffusion=case.d2_exact_diffusion
+        )
+    else:
+        engine = LossyOracle(case.algo, topology, _x0(), case.optimizer, delivered_by(drops), case.relay_mode, case.d2_exact_diffusion)
+    X, trajectory = np.repeat(_x0()[None], n, axis=0), []
+    for t in range(STEPS):
+        X = engine.step(X, problem.gradients(X), _lr(t), t)
+        trajectory.append(X.copy())
+    return np.array(trajectory)
+
+
+@pytest.mark.parametrize("prob", DROPS, ids=lambda p: f"drop{p}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_batched_equals_message_passing_and_oracle(case, prob):
+    drops = DropPolicy(prob, seed=3)
+    batched = _Batched(case, drops)
+    trajectory = np.array([batched.step(t) for t in range(STEPS)])
+    results = run_local(case.workers, _message_passing, case, drops=drops)
+    passed = np.stack([r[0] for r in results], axis=1)
+    assert np.abs(trajectory).max() < 1e3  # a stable run: absolute tolerances mean something
+    np.testing.assert_allclose(trajectory, passed, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(trajectory, _oracle(case, drops), rtol=0, atol=1e-9)
+    np.testing.assert_array_equal(batched.algorithm.bytes_sent, np.stack([r[1] for r in results]))
+    if prob and case.algo != "allreduce":  # the drops were real: some link carried less than it would have
+        lossless = _Batched(case, DropPolicy())
+        for t in range(STEPS):
+            lossless.step(t)
+        assert (batched.algorithm.bytes_sent < lossless.algorithm.bytes_sent).any()
+
+
+@pytest.mark.parametrize("mode", RELAY_MODES)
+def test_relay_on_an_irregular_tree_equals_the_loss_model(mode):
+    """The social network's spanning tree (32 workers, degrees 1 to 8) with drops, against the loss model only
+    (32 message-passing threads would dominate this file's time)."""
+    case, drops = Case("relay", "social-network-tree", 32, MOMENTUM, mode), DropPolicy(DROP_PROB, seed=4)
+    batched = _Batched(case, drops)
+    trajectory = np.array([batched.step(t) for t in range(STEPS)])
+    np.testing.assert_allclose(trajectory, _oracle(case, drops), rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_state_dict_round_trip_continues_bit_identically(case):
+    drops, split = DropPolicy(DROP_PROB, seed=5), 7
+    first = _Batched(case, drops)
+    for t in range(split):
+        first.step(t)
+    saved = copy.deepcopy((first.X, first.algorithm.state_dict(), first.optimizer.state_dict()))
+    expected = [first.step(t) for t in range(split, split + 8)]
+    resumed = _Batched(case, drops)
+    X, algorithm_state, optimizer_state = saved
+    resumed.X.copy_(X)
+    resumed.algorithm.load_state_dict(algorithm_state)
+    resumed.optimizer.load_state_dict(optimizer_state)
+    for t, want in zip(range(split, split + 8), expected, strict=True):
+        np.testing.assert_array_equal(resumed.step(t), want)
+
+
+@pytest.mark.parametrize("config", [SGD, MOMENTUM, HEAVY_BALL, ADAM, OptimizerConfig(momentum=0.7, weight_decay=0.1, nesterov=False)],
+                         ids=["sgd", "nesterov-wd", "heavy-ball", "adam-wd", "heavy-ball-wd"])
+def test_batched_optimizer_matches_the_local_optimizer(config):
+    rng = np.random.default_rng(0)
+    n, d = 5, 33
+    X = torch.tensor(rng.standard_normal((n, d)))
+    rows = [X[i].clone() for i in range(n)]
+    batched = BatchedOptimizer(config, X)
+    local = [make_optimizer(config, row) for row in rows]
+    for t in range(12):
+        G = torch.tensor(rng.standard_normal((n, d)))
+        lr = 0.1 + 0.01 * t
+        if t % 3 == 2:  # apply=False returns the update and leaves X alone
+            before = X.clone()
+            U = batched.update(G, X, lr, apply=False)
+            assert torch.equal(X, before)
+            X.add_(U)
+            for i in range(n):
+                rows[i].add_(local[i].update(G[i], rows[i], lr))
+        else:
+            batched.update(G, X, lr)
+            for i in range(n):
+                local[i].update(G[i], rows[i], lr, apply=True)
+        np.testing.assert_allclose(X.numpy(), torch.stack(rows).numpy(), rtol=0, atol=1e-12)
+    state = batched.state_dict()
+    for key, value in local[0].state_dict().items():
+        np.testing.assert_allclose(np.asarray(state[key])[0] if state[key].dim() else state[key], value, rtol=0, atol=1e-12)
+
+
+def test_relay_counts_parcels_like_message_passing_on_a_chain():
+    """Chain of 3 with one lost message: the messages and counters the hand derivation gives
+    (tests/test_drop_oracle.py's chain, here through the batched engine)."""
+
+    class LoseOne(DropPolicy):
+        def dropped(self, round, tag, src, dst):
+            return (round, tag, src, dst) == (4, 0, 0, 1)  # step 1's message 0 -> 1
+
+    X = torch.zeros(3, 1, dtype=torch.float64)
+    optimizer = BatchedOptimizer(SGD, X)
+    algorithm = make_batched_algorithm("relay", build("chain", 3), optimizer, X.clone(), AlgorithmOptions(), LoseOne())
+    G = torch.tensor([[-1.0], [0.0], [0.0]])  # worker 0's update is +1 per step (lr 1)
+    expected = [(1 / 2, 1 / 3, 0.0), (11 / 18, 1 / 6, 4 / 9), (16 / 27, 20 / 27, 11 / 36)]
+    for t, want in enumerate(expected):
+        algorithm.step(X, G.clone(), 1.0, t)
+        np.testing.assert_allclose(X[:, 0].numpy(), want, rtol=0, atol=1e-15)
+    itemsize = 8
+    assert algorithm.bytes_sent[0, 1] == 2 * 2 * itemsize  # [payload, counter] in steps 0 and 2, step 1 lost
+    assert algorithm.bytes_sent[1, 0] == 3 * 2 * itemsize
+
+
+@pytest.mark.parametrize("algo, topology, n, config, match", [
+    ("relay", "ring", 6, SGD, "not a tree"),
+    ("sgp", "ring", 8, SGD, "exponential"),
+    ("qgm", "ring", 6, SGD, "momentum"),
+    ("nope", "ring", 6, SGD, "unknown algorithm"),
+])
+def test_refuses_what_message_passing_refuses(algo, topology, n, config, match):
+    X = torch.zeros(n, 3, dtype=torch.float64)
+    with pytest.raises(AlgorithmError, match=match):
+        make_batched_algorithm(algo, build(topology, n), BatchedOptimizer(config, X), X)
+
+
+def _float32_message_passing(comm, case: Case) -> np.ndarray:
+    topology, problem = build(case.topology, comm.world_size), _problem(comm.world_size)
+    x = torch.tensor(_x0(), dtype=torch.float32)
+    algorithm = make_algorithm(case.algo, comm, topology, make_optimizer(case.optimizer, x), x, case.options)
+    AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]).float(), torch.from_numpy(problem.Atb[comm.rank]).float()
+    for t in range(STEPS):
+        algorithm.step(x, AtA @ x - Atb, _lr(t), t)
+    return x.numpy().copy()
+
+
+@pytest.mark.parametrize("case", [Case("d2", "ring", 7), Case("relay", "double-binary-trees", 8, MOMENTUM, "previous")], ids=lambda c: c.id)
+def test_float32_agrees_with_message_passing_at_full_precision_even_with_tf32_allowed(case):
+    """float32 to rounding (measured ~1e-6, a few ulps of values ~2, after 30 steps); allowing TF32 for the models
+    leaves the gossip average in full precision, and the setting as it was."""
+    n, drops, before = case.workers, DropPolicy(DROP_PROB, seed=3), torch.get_float32_matmul_precision()
+    problem = _problem(n)
+    X = torch.tensor(np.repeat(_x0()[None], n, axis=0), dtype=torch.float32)
+    algorithm = make_batched_algorithm(case.algo, build(case.topology, n), BatchedOptimizer(case.optimizer, X), X.clone(), case.options, drops)
+    AtA, Atb = torch.from_numpy(problem.AtA).float(), torch.from_numpy(problem.Atb).float()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        for t in range(STEPS):
+            algorithm.step(X, torch.einsum("nij,nj->ni", AtA, X) - Atb, _lr(t), t)
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision(before)
+    expected = np.stack(run_local(n, _float32_message_passing, case, drops=drops))
+    np.testing.assert_allclose(X.numpy(), expected, rtol=0, atol=5e-6)
