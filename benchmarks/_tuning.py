@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from relaympi.algorithms.d2 import d2_allows
 from relaympi.algorithms.matrix import make_matrix_algorithm
 from relaympi.optim import OptimizerConfig
 from relaympi.tasks.quadratics import Quadratics
 from relaympi.topology import Topology, min_eigenvalue
-from relaympi.topology.mixing import D2_MIN_EIGENVALUE
 
 # A column block counts as diverged once its suboptimality exceeds this multiple of the start's.
 _DIVERGENCE_FACTOR = 1e8
@@ -29,9 +29,9 @@ class Method:
 
 
 def d2_method(label: str, topology: Topology) -> Method:
-    """D² on ``topology`` with MH weights, or with (W + I) / 2 where W's smallest eigenvalue is < -1/3."""
+    """D² on ``topology`` with MH weights, or with (W + I) / 2 where D² may not gossip with W (d2_allows)."""
     lowest = min_eigenvalue(topology.mixing_matrix(0))
-    return Method(label, "d2", topology, d2_exact_diffusion=lowest < D2_MIN_EIGENVALUE - 1e-12)
+    return Method(label, "d2", topology, d2_exact_diffusion=not d2_allows(lowest))
 
 
 @dataclass(frozen=True)

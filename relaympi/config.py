@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any
 
 BACKENDS = ("mpi", "local")
-RELAY_MODES = ("counts", "previous", "initial")
-OPTIMIZERS = ("sgd", "adam")
 
 
 # keys a run file's `config` attribute holds besides the flags (derived at run time)
@@ -151,7 +149,9 @@ def _positive(name: str, value: float | None, allow_zero: bool = False) -> None:
 
 def validate(cfg: RunConfig) -> None:
     """Checks that need no topology or data; the CLI turns failures into exit status 2."""
-    from relaympi.algorithms import ALGORITHM_NAMES
+    # imported here, not at the top: the report reads run configs (experiment_settings) without torch
+    from relaympi.algorithms import ALGORITHM_NAMES, RELAY_MODES
+    from relaympi.optim import OPTIMIZERS
     from relaympi.tasks import TASK_NAMES
 
     if cfg.task not in TASK_NAMES:
@@ -298,7 +298,9 @@ def _milestones(text: str) -> tuple[float, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from relaympi.algorithms import ALGORITHM_NAMES
+    # imported here, not at the top: the report reads run configs (experiment_settings) without torch
+    from relaympi.algorithms import ALGORITHM_NAMES, RELAY_MODES
+    from relaympi.optim import OPTIMIZERS
     from relaympi.tasks import TASK_NAMES
 
     from relaympi.topology import TOPOLOGY_NAMES

@@ -15,7 +15,7 @@ from threadpoolctl import threadpool_limits
 from benchmarks._tuning import Method, SearchConfig, d2_method, run_batch, suboptimality_batch, tune
 from benchmarks.quadratics.lr_correction import measure_lr_correction
 from benchmarks.quadratics.studies import STUDIES
-from relaympi.algorithms import make_algorithm
+from relaympi.algorithms import lr_correction, make_algorithm
 from relaympi.algorithms.dme import RelaySumMeanEstimator
 from relaympi.algorithms.dme_estimates import (
     gossip_dme_estimates,
@@ -27,7 +27,7 @@ from relaympi.algorithms.matrix import effective_delays, make_matrix_algorithm
 from relaympi.comm import run_local
 from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.tasks.quadratics import QuadraticsSpec, generate, load
-from relaympi.topology import build, lr_correction
+from relaympi.topology import build
 
 ROOT = Path(__file__).resolve().parent.parent
 TREES = ("chain", "binary-tree", "double-binary-trees", "star")

@@ -15,6 +15,7 @@ import networkx as nx
 import numpy as np
 import pytest
 
+from relaympi.algorithms import lr_correction
 from relaympi.topology import (
     TOPOLOGY_NAMES,
     ExponentialSchedule,
@@ -23,13 +24,12 @@ from relaympi.topology import (
     build,
     from_edge_list,
     from_graph,
-    lr_correction,
     metropolis_hastings,
     min_eigenvalue,
     spanning_tree,
     spectral_gap,
 )
-from relaympi.topology.cli import main
+from relaympi.topology.cli import describe, main
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = range(2, 65)
@@ -577,15 +577,15 @@ def test_lr_correction_single_worker_and_non_trees():
 
 def test_to_dict_is_json():
     tree = build("binary-tree", 8)
-    summary = json.loads(json.dumps(tree.to_dict()))
+    summary = json.loads(json.dumps(describe(tree)))
     assert summary["edges"] == [list(e) for e in tree.edges()]
     assert summary["lr_correction"] == pytest.approx(lr_correction(tree))
     assert summary["is_tree"] and summary["diameter"] == 5 and summary["max_degree"] == 3
-    ring = build("ring", 8).to_dict()
+    ring = describe(build("ring", 8))
     assert ring["lr_correction"] is None and ring["d2_allowed"] is True
     assert ring["spectral_gap"] == pytest.approx(1 - (1 + 2 * np.cos(2 * np.pi / 8)) / 3)
     assert ring["min_eigenvalue"] == pytest.approx(-1 / 3)
-    double = build("double-binary-trees", 8).to_dict()
+    double = describe(build("double-binary-trees", 8))
     assert len(double["edges"]) == 2 and double["models_per_step"] == 2
     assert len(double["spectral_gap"]) == 2
 

@@ -9,9 +9,10 @@ import numpy as np
 
 from benchmarks.quadratics.results import Finding, StudyResult
 from benchmarks.quadratics.tables import find, grid
+from relaympi.algorithms import lr_correction
 from relaympi.algorithms.matrix import effective_delays, make_matrix_algorithm
 from relaympi.optim import OptimizerConfig
-from relaympi.topology import Topology, build, lr_correction
+from relaympi.topology import Topology, build
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class LrCorrectionSettings:
 
 @dataclass
 class LrCorrectionMeasurement:
-    factor: float  # 1 / (alpha n), averaged over layers like relaympi.topology.lr_correction
+    factor: float  # 1 / (alpha n), averaged over layers like relaympi.algorithms.lr_correction
     # per layer: the value every worker settles on after a +1 update on every worker (= alpha n)
     limits: np.ndarray
     steps: int  # steps run after the update
@@ -106,7 +107,7 @@ def study_lr_correction(s: LrCorrectionSettings) -> StudyResult:
     worst = max(r["relative_difference"] for r in result.rows)
     result.findings = [
         Finding(
-            "measured correction factor equals relaympi.topology.lr_correction (rel. 1e-9)",
+            "measured correction factor equals relaympi.algorithms.lr_correction (rel. 1e-9)",
             worst <= 1e-9 and all(r["converged"] for r in result.rows),
             f"largest relative difference {worst:.1e}",
         ),

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from relaympi.algorithms.allreduce import AllReduce
@@ -13,9 +11,11 @@ from relaympi.algorithms.dpsgd import DPSGD
 from relaympi.algorithms.gt import GradientTracking
 from relaympi.algorithms.qgm import QuasiGlobalMomentum
 from relaympi.algorithms.relay import RELAY_MODES, RelaySGD, RelaySGDGrad
+from relaympi.algorithms.relay_lr import lr_correction
 from relaympi.algorithms.sgp import SGP
 from relaympi.comm import Communicator
-from relaympi.optim import LocalOptimizer
+from relaympi.optim import LocalOptimizer, OptimizerConfig
+from relaympi.topology import Topology
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (AllReduce, DPSGD, QuasiGlobalMomentum, D2, GradientTracking, SGP, RelaySGD, RelaySGDGrad)
@@ -33,8 +33,13 @@ def get_algorithm_class(algo: str) -> type[Algorithm]:
     return ALGORITHMS[algo]
 
 
+def check_combination(algo: str, topology: Topology, optimizer: OptimizerConfig, options: AlgorithmOptions) -> None:
+    """Raise AlgorithmError unless ``algo`` runs on ``topology`` with this optimizer and options."""
+    get_algorithm_class(algo).check(topology, optimizer, options)
+
+
 def make_algorithm(
-    algo: str, comm: Communicator, topology: Any, optimizer: LocalOptimizer, x0: torch.Tensor, options: AlgorithmOptions | None = None
+    algo: str, comm: Communicator, topology: Topology, optimizer: LocalOptimizer, x0: torch.Tensor, options: AlgorithmOptions | None = None
 ) -> Algorithm:
     """Build algorithm ``algo`` for this worker; refuses invalid combinations with a clear error."""
     cls = get_algorithm_class(algo)
@@ -50,8 +55,10 @@ __all__ = [
     "Algorithm",
     "AlgorithmError",
     "AlgorithmOptions",
+    "check_combination",
     "default_topology",
     "get_algorithm_class",
+    "lr_correction",
     "make_algorithm",
     "round_id",
 ]

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from relaympi.algorithms.base import Algorithm
+from relaympi.algorithms.base import FULLY_CONNECTED, Algorithm, MatrixForm
+
+
+class AllReduceMatrix(MatrixForm):
+    """X(t+1) = X(t) + the local optimizers' update of the mean gradient (the same on every row)."""
+
+    def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
+        mean = np.repeat(G.mean(axis=0, keepdims=True), self.engine.n, axis=0)
+        return X + self.engine.optimizer.update(mean, X, lr)
 
 
 class AllReduce(Algorithm):
@@ -15,6 +24,8 @@ class AllReduce(Algorithm):
 
     name = "allreduce"
     default_topology = "fully-connected"
+    topology_kind = FULLY_CONNECTED
+    matrix_form = AllReduceMatrix
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
         self.comm.allreduce_mean(grad)

@@ -1,15 +1,20 @@
-"""The Algorithm interface: explicit state and one step over a Communicator; no training loop inside."""
+"""The Algorithm interface: what an algorithm accepts, explicit state and one step over a Communicator; no training loop inside."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import torch
 
 from relaympi.comm import Communicator
-from relaympi.optim import LocalOptimizer
+from relaympi.optim import LocalOptimizer, OptimizerConfig
+from relaympi.topology import Topology
+
+if TYPE_CHECKING:
+    from relaympi.algorithms.matrix import MatrixAlgorithm
 
 # communication rounds reserved per gradient step, so (step, sub-round) -> a unique round id
 ROUNDS_PER_STEP = 4
@@ -33,17 +38,78 @@ class AlgorithmOptions:
     d2_exact_diffusion: bool = False  # D² with (W + I) / 2 (the paper's choice on the social network)
 
 
+# The topology kinds an algorithm accepts (Algorithm.topology_kind), each with its check.
+TREES = "trees"  # every layer a spanning tree: RelaySum relays over them
+ONE_GRAPH = "one graph"  # one fixed graph: gossip with its Metropolis-Hastings matrix
+FULLY_CONNECTED = "fully-connected"  # the collective all-reduce
+EXPONENTIAL = "exponential"  # SGP's time-varying exponential graph
+
+
+def _check_trees(algo: str, topology: Topology) -> None:
+    if not topology.is_tree:
+        raise AlgorithmError(
+            f"{algo} relays over spanning trees; topology {topology.name!r} is not a tree. Choose chain, star, "
+            "binary-tree, double-binary-trees, social-network-tree or spanning-tree:<graph>"
+        )
+
+
+def _check_one_graph(algo: str, topology: Topology) -> None:
+    if topology.num_layers != 1:
+        raise AlgorithmError(f"{algo} gossips over one graph; {topology.name!r} has {topology.num_layers} layers (use ring, chain, binary-tree, ...)")
+    if topology.name == EXPONENTIAL:
+        raise AlgorithmError(f"{algo} needs a fixed graph; 'exponential' is SGP's time-varying schedule")
+
+
+def _check_fully_connected(algo: str, topology: Topology) -> None:
+    if topology.name != FULLY_CONNECTED:
+        raise AlgorithmError(f"{algo} averages over all workers (topology fully-connected), not over {topology.name!r}")
+
+
+def _check_exponential(algo: str, topology: Topology) -> None:
+    if topology.name != EXPONENTIAL:
+        raise AlgorithmError(f"{algo} runs on the time-varying 'exponential' topology, not {topology.name!r}")
+
+
+TOPOLOGY_CHECKS = {TREES: _check_trees, ONE_GRAPH: _check_one_graph, FULLY_CONNECTED: _check_fully_connected, EXPONENTIAL: _check_exponential}
+
+
+class MatrixForm(ABC):
+    """An algorithm vectorized over all n workers (rows of X, numpy), an independent formulation of
+    its message passing: the test oracle and the quadratics engine (see MatrixAlgorithm)."""
+
+    def __init__(self, engine: MatrixAlgorithm):
+        self.engine = engine
+
+    @abstractmethod
+    def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
+        """X(t+1) from X(t) and every worker's gradient G at X(t)."""
+
+
 class Algorithm(ABC):
     """One decentralized optimizer. ``step`` turns every worker's x(t) into x(t+1) in place.
 
     The local optimizer turns the gradient into the local update u(t) (x(t+1/2) = x(t) + u(t));
     the algorithm decides what is communicated and how models are combined.
+
+    A class declares what it accepts (``default_topology``, ``topology_kind``, ``needs_momentum``)
+    and ``check`` refuses anything else; ``matrix_form`` is its vectorized form.
     """
 
     name: ClassVar[str]
-    default_topology: ClassVar[str]
+    default_topology: ClassVar[str]  # the paper's topology for it (Table "Motivation of topology choices")
+    topology_kind: ClassVar[str]  # TREES, ONE_GRAPH, FULLY_CONNECTED or EXPONENTIAL
+    needs_momentum: ClassVar[bool] = False  # only SGD with momentum > 0 as the local optimizer
+    matrix_form: ClassVar[type[MatrixForm]]
 
-    def __init__(self, comm: Communicator, topology: Any, optimizer: LocalOptimizer, x0: torch.Tensor, options: AlgorithmOptions):
+    @classmethod
+    def check(cls, topology: Topology, optimizer: OptimizerConfig, options: AlgorithmOptions) -> None:
+        """Raise AlgorithmError unless this algorithm runs on ``topology`` with this optimizer and options."""
+        TOPOLOGY_CHECKS[cls.topology_kind](cls.name, topology)
+        if cls.needs_momentum and (optimizer.name != "sgd" or not optimizer.momentum):
+            raise AlgorithmError(f"{cls.name} needs --optimizer sgd with --momentum > 0 (got {optimizer.name}, momentum {optimizer.momentum})")
+
+    def __init__(self, comm: Communicator, topology: Topology, optimizer: LocalOptimizer, x0: torch.Tensor, options: AlgorithmOptions):
+        self.check(topology, optimizer.config, options)
         self.comm = comm
         self.topology = topology
         self.optimizer = optimizer

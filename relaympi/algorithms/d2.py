@@ -2,28 +2,53 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import torch
 
-from relaympi.algorithms.base import Algorithm, AlgorithmError, round_id
+from relaympi.algorithms.base import ONE_GRAPH, Algorithm, AlgorithmError, AlgorithmOptions, MatrixForm, round_id
 from relaympi.algorithms.gossip import GossipMixer, mixing_matrix_for
+from relaympi.optim import OptimizerConfig
+from relaympi.topology import Topology
 
-MIN_EIGENVALUE = -1.0 / 3.0
+# D² converges only if the gossip matrix's smallest eigenvalue is >= -1/3 (Tang et al. 2018).
+D2_MIN_EIGENVALUE = Fraction(-1, 3)
 
 
-def d2_mixing_matrix(topology, exact_diffusion: bool, force: bool) -> np.ndarray:
-    """The gossip matrix D² uses; refuses one whose smallest eigenvalue is below -1/3."""
+def d2_allows(smallest_eigenvalue: float) -> bool:
+    """Whether D² may gossip with a matrix whose smallest eigenvalue is this (to rounding)."""
+    return smallest_eigenvalue >= D2_MIN_EIGENVALUE - 1e-12
+
+
+def d2_mixing_matrix(topology: Topology, exact_diffusion: bool, force: bool) -> np.ndarray:
+    """The gossip matrix D² uses; refuses one whose smallest eigenvalue is below D2_MIN_EIGENVALUE."""
     w = mixing_matrix_for(topology)
     if exact_diffusion:
         w = (w + np.eye(w.shape[0])) / 2  # Exact Diffusion's matrix, as the paper uses on the social network
     smallest = float(np.linalg.eigvalsh((w + w.T) / 2).min())
-    if smallest < MIN_EIGENVALUE - 1e-12 and not force:
+    if not d2_allows(smallest) and not force:
         raise AlgorithmError(
-            f"D² needs a gossip matrix with smallest eigenvalue >= -1/3, but {topology.name!r} with "
+            f"D² needs a gossip matrix with smallest eigenvalue >= {D2_MIN_EIGENVALUE}, but {topology.name!r} with "
             f"{w.shape[0]} workers has {smallest:.4f}; use --d2-exact-diffusion (W+I)/2, another topology, "
             "or --d2-force to run it anyway"
         )
     return w
+
+
+class D2Matrix(MatrixForm):
+    """X(t+1) = W (X + U + C),  C(t+1) = X(t+1) - X - U."""
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.W = d2_mixing_matrix(engine.topology, engine.d2_exact_diffusion, engine.d2_force)
+        self.C = np.zeros((engine.n, engine.d))
+
+    def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
+        U = self.engine.optimizer.update(G, X, lr)
+        X_new = self.W @ (X + U + self.C)
+        self.C = X_new - X - U
+        return X_new
 
 
 class D2(Algorithm):
@@ -36,6 +61,13 @@ class D2(Algorithm):
 
     name = "d2"
     default_topology = "ring"
+    topology_kind = ONE_GRAPH
+    matrix_form = D2Matrix
+
+    @classmethod
+    def check(cls, topology: Topology, optimizer: OptimizerConfig, options: AlgorithmOptions) -> None:
+        super().check(topology, optimizer, options)
+        d2_mixing_matrix(topology, options.d2_exact_diffusion, options.d2_force)
 
     def __init__(self, comm, topology, optimizer, x0, options):
         super().__init__(comm, topology, optimizer, x0, options)

@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from relaympi.algorithms.base import Algorithm, round_id
+from relaympi.algorithms.base import ONE_GRAPH, Algorithm, MatrixForm, round_id
 from relaympi.algorithms.gossip import GossipMixer, mixing_matrix_for
+
+
+class DPSGDMatrix(MatrixForm):
+    """X(t+1) = W (X(t) + U(t))."""
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.W = engine.topology.mixing_matrix(0)
+
+    def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
+        return self.W @ (X + self.engine.optimizer.update(G, X, lr))
 
 
 class DPSGD(Algorithm):
     name = "dpsgd"
     default_topology = "ring"
+    topology_kind = ONE_GRAPH
+    matrix_form = DPSGDMatrix
 
     def __init__(self, comm, topology, optimizer, x0, options):
         super().__init__(comm, topology, optimizer, x0, options)

@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from relaympi.algorithms.base import Algorithm, round_id
+from relaympi.algorithms.base import ONE_GRAPH, Algorithm, MatrixForm, round_id
 from relaympi.algorithms.gossip import GossipMixer, mixing_matrix_for
+
+
+class GradientTrackingMatrix(MatrixForm):
+    """X(t+1) = W (X + U + C),  C(t+1) = W (C + U) - U."""
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.W = engine.topology.mixing_matrix(0)
+        self.C = np.zeros((engine.n, engine.d))
+
+    def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
+        U = self.engine.optimizer.update(G, X, lr)
+        X_new = self.W @ (X + U + self.C)
+        self.C = self.W @ (self.C + U) - U
+        return X_new
 
 
 class GradientTracking(Algorithm):
@@ -20,6 +36,8 @@ class GradientTracking(Algorithm):
 
     name = "gt"
     default_topology = "ring"
+    topology_kind = ONE_GRAPH
+    matrix_form = GradientTrackingMatrix
 
     def __init__(self, comm, topology, optimizer, x0, options):
         super().__init__(comm, topology, optimizer, x0, options)

@@ -2,10 +2,32 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from relaympi.algorithms.base import Algorithm, AlgorithmError, round_id
+from relaympi.algorithms.base import ONE_GRAPH, Algorithm, MatrixForm, round_id
 from relaympi.algorithms.gossip import GossipMixer, mixing_matrix_for
+
+
+class QuasiGlobalMomentumMatrix(MatrixForm):
+    """D = beta M + G (Nesterov: G + beta D);  X(t+1) = W (X - lr D);  M <- beta M + (1 - beta) (X - X(t+1)) / lr."""
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.W = engine.topology.mixing_matrix(0)
+        self.M = np.zeros((engine.n, engine.d))
+
+    def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
+        c = self.engine.optimizer.config
+        beta = c.momentum
+        G = G + c.weight_decay * X if c.weight_decay else G
+        D = beta * self.M + G
+        if c.nesterov:
+            D = G + beta * D
+        X_new = self.W @ (X - lr * D)
+        if lr > 0:
+            self.M = beta * self.M + (1 - beta) * (X - X_new) / lr
+        return X_new
 
 
 class QuasiGlobalMomentum(Algorithm):
@@ -18,16 +40,13 @@ class QuasiGlobalMomentum(Algorithm):
 
     name = "qgm"
     default_topology = "ring"
+    topology_kind = ONE_GRAPH
+    needs_momentum = True  # quasi-global *momentum*: meaningless without it
+    matrix_form = QuasiGlobalMomentumMatrix
 
     def __init__(self, comm, topology, optimizer, x0, options):
         super().__init__(comm, topology, optimizer, x0, options)
-        cfg = optimizer.config
-        if cfg.name != "sgd" or cfg.momentum <= 0:
-            raise AlgorithmError(
-                f"qgm is quasi-global *momentum* SGD: it needs --optimizer sgd with --momentum > 0 "
-                f"(got optimizer {cfg.name!r}, momentum {cfg.momentum}); use dpsgd for plain or Adam local steps"
-            )
-        self.beta = cfg.momentum
+        self.beta = optimizer.config.momentum
         self.mixer = GossipMixer(comm, mixing_matrix_for(topology), topology.neighbors(comm.rank), self.numel, x0)
         self.momentum_buffer = torch.zeros_like(x0)
         self._x_before = torch.zeros_like(x0)

@@ -2,22 +2,84 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from relaympi.algorithms.base import Algorithm, AlgorithmError, round_id
+from relaympi.algorithms.base import TREES, Algorithm, AlgorithmError, AlgorithmOptions, MatrixForm, round_id
 from relaympi.algorithms.relaysum import DEFAULT_CHUNK, RelaySum
+from relaympi.optim import OptimizerConfig
+from relaympi.topology import Topology
 
 RELAY_MODES = ("counts", "previous", "initial")
 
 
-def _relaysum(comm, topology, x0, name, options) -> RelaySum:
-    if not topology.is_tree:
-        raise AlgorithmError(
-            f"{name} relays over spanning trees; topology {topology.name!r} is not a tree. Choose chain, star, "
-            "binary-tree, double-binary-trees, social-network-tree or a spanning-tree:<graph>"
-        )
+def effective_delays(topology: Topology, layer: int) -> np.ndarray:
+    """e_ij = max(tau_ij - 1, 0): worker j's x(s + 1/2) enters x_i(t + 1) for s = t - e_ij (Algorithm 1's timing)."""
+    return np.maximum(topology.delays(layer) - 1, 0)
+
+
+def _relaysum(comm, topology, x0, options) -> RelaySum:
     chunk = options.relay_chunk or DEFAULT_CHUNK
     return RelaySum(comm, topology, x0.numel(), x0, in_place=options.relay_in_place, chunk=chunk)
+
+
+class _DelayedSum(MatrixForm):
+    """RelaySum in matrix form: per coordinate, sum_j V_j(t - e_ij) over the j whose value has arrived.
+
+    Columns are the engine's width // coordinate_period copies of one period-vector, each split
+    into the layers' coordinate blocks (layer k relays block k)."""
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        d = engine.d
+        period = engine.coordinate_period or d
+        if d % period:
+            raise ValueError(f"width {d} is not a multiple of the coordinate period {period}")
+        blocks = engine.topology.coordinate_blocks(period)
+        if period == d:
+            self.layer_coords = list(blocks)
+        else:
+            starts = np.arange(0, d, period)[:, None]
+            self.layer_coords = [(starts + np.arange(b.start, b.stop)[None, :]).ravel() for b in blocks]
+        delays = [effective_delays(engine.topology, k) for k in range(engine.topology.num_layers)]
+        self.tau_max = max(int(e.max()) for e in delays)
+        # masks[layer][e][i, j] = 1 where j's value from e steps ago reaches i now
+        self.masks = [[(delay == e).astype(float) for e in range(self.tau_max + 1)] for delay in delays]
+        self.history: list[np.ndarray] = []  # the relayed values, newest last
+
+    def delayed_sum(self, current: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """The delayed sum including ``current`` (this step's values), and how many values it holds."""
+        n, d = self.engine.n, self.engine.d
+        self.history.append(current)
+        del self.history[: -(self.tau_max + 1)]
+        total = np.zeros((n, d))
+        count = np.zeros((n, d))
+        for coords, masks in zip(self.layer_coords, self.masks, strict=True):
+            for e in range(min(t, self.tau_max) + 1):
+                total[:, coords] += masks[e] @ self.history[-1 - e][:, coords]
+                count[:, coords] += masks[e].sum(axis=1, keepdims=True)
+        return total, count
+
+
+class RelaySGDMatrix(_DelayedSum):
+    """X(t+1) = the delayed sum of X(s + 1/2) / how many arrived (counts), or with the missing
+    ones filled by X(t) (previous) or x(0) (initial), / n."""
+
+    def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
+        engine = self.engine
+        total, count = self.delayed_sum(X + engine.optimizer.update(G, X, lr), t)
+        if engine.relay_mode == "counts":
+            return total / count
+        missing = engine.n - count
+        fill = X if engine.relay_mode == "previous" else np.broadcast_to(engine.x0, X.shape)
+        return (total + missing * fill) / engine.n
+
+
+class RelaySGDGradMatrix(_DelayedSum):
+    """X(t+1) = X(t) + the delayed sum of U(s) / n."""
+
+    def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
+        return X + self.delayed_sum(self.engine.optimizer.update(G, X, lr), t)[0] / self.engine.n
 
 
 class RelaySGD(Algorithm):
@@ -30,13 +92,19 @@ class RelaySGD(Algorithm):
 
     name = "relay"
     default_topology = "double-binary-trees"
+    topology_kind = TREES
+    matrix_form = RelaySGDMatrix
+
+    @classmethod
+    def check(cls, topology: Topology, optimizer: OptimizerConfig, options: AlgorithmOptions) -> None:
+        super().check(topology, optimizer, options)
+        if options.relay_mode not in RELAY_MODES:
+            raise AlgorithmError(f"unknown relay mode {options.relay_mode!r}; choose one of {', '.join(RELAY_MODES)}")
 
     def __init__(self, comm, topology, optimizer, x0, options):
         super().__init__(comm, topology, optimizer, x0, options)
-        if options.relay_mode not in RELAY_MODES:
-            raise AlgorithmError(f"unknown relay mode {options.relay_mode!r}; choose one of {', '.join(RELAY_MODES)}")
         self.mode = options.relay_mode
-        self.relay = _relaysum(comm, topology, x0, "relay", options)
+        self.relay = _relaysum(comm, topology, x0, options)
         self.x_initial = x0.detach().clone() if self.mode == "initial" else None
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
@@ -72,10 +140,12 @@ class RelaySGDGrad(Algorithm):
 
     name = "relay-grad"
     default_topology = "double-binary-trees"
+    topology_kind = TREES
+    matrix_form = RelaySGDGradMatrix
 
     def __init__(self, comm, topology, optimizer, x0, options):
         super().__init__(comm, topology, optimizer, x0, options)
-        self.relay = _relaysum(comm, topology, x0, "relay-grad", options)
+        self.relay = _relaysum(comm, topology, x0, options)
         self._total = torch.zeros_like(x0)
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:

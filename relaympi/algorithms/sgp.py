@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from relaympi.algorithms.base import Algorithm, AlgorithmError, round_id
+from relaympi.algorithms.base import EXPONENTIAL, Algorithm, AlgorithmError, MatrixForm, round_id
+from relaympi.topology import ExponentialSchedule, TopologyError
 
 ROUNDS = 2  # two communication rounds per gradient step equalize bandwidth with RelaySGD
+
+
+class SGPMatrix(MatrixForm):
+    """X(t+1) = W(2t + 1) W(2t) (X + U), W(t') the exponential schedule's averaging matrix of round t'."""
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.schedule = ExponentialSchedule(engine.n)
+
+    def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
+        Y = X + self.engine.optimizer.update(G, X, lr)
+        for r in range(ROUNDS):
+            Y = self.schedule.mixing_matrix(ROUNDS * t + r) @ Y
+        return Y
 
 
 class SGP(Algorithm):
@@ -17,13 +33,11 @@ class SGP(Algorithm):
 
     name = "sgp"
     default_topology = "exponential"
+    topology_kind = EXPONENTIAL
+    matrix_form = SGPMatrix
 
     def __init__(self, comm, topology, optimizer, x0, options):
         super().__init__(comm, topology, optimizer, x0, options)
-        from relaympi.topology import ExponentialSchedule, TopologyError
-
-        if topology.name != "exponential":
-            raise AlgorithmError(f"sgp runs on the time-varying 'exponential' topology, not {topology.name!r}")
         try:
             self.schedule = ExponentialSchedule(comm.world_size)
         except TopologyError as exc:

@@ -17,7 +17,6 @@ from .graphs import (
 )
 from .mixing import metropolis_hastings, min_eigenvalue, spectral_gap
 from .registry import TOPOLOGY_NAMES, build
-from .relay import lr_correction
 from .schedule import ExponentialSchedule
 from .trees import spanning_tree
 
@@ -36,7 +35,6 @@ __all__ = [
     "from_graph",
     "fully_connected",
     "hypercube",
-    "lr_correction",
     "metropolis_hastings",
     "min_eigenvalue",
     "ring",

@@ -10,9 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from relaympi.algorithms import lr_correction
+from relaympi.algorithms.d2 import D2_MIN_EIGENVALUE, d2_allows
+
 from .core import Topology
 from .errors import TopologyError
-from .mixing import D2_MIN_EIGENVALUE
 from .registry import EDGE_LIST, SPANNING_TREE_PREFIX, TOPOLOGY_NAMES, build
 from .schedule import ExponentialSchedule
 
@@ -20,8 +22,15 @@ __all__ = ["describe", "main"]
 
 
 def describe(topology: Topology) -> dict[str, Any]:
-    """Topology.to_dict(), plus the SGP schedule (period, offsets, peers per round) for "exponential"."""
+    """Topology.to_dict() with what the algorithms make of it (RelaySGD's learning-rate correction,
+    None unless every layer is a tree; whether D² may gossip on each layer), plus the SGP schedule
+    (period, offsets, peers per round) for "exponential"."""
     summary = topology.to_dict()
+    gossip = {key: summary.pop(key) for key in ("spectral_gap", "min_eigenvalue")}
+    summary["lr_correction"] = lr_correction(topology) if topology.is_tree else None
+    summary |= gossip
+    allowed = [d2_allows(low) for low in _per_layer(summary, "min_eigenvalue")]
+    summary["d2_allowed"] = allowed[0] if topology.num_layers == 1 else allowed
     if topology.name == "exponential":
         schedule = ExponentialSchedule(topology.world_size)
         ranks = range(topology.world_size)
@@ -68,12 +77,13 @@ def _text(summary: dict[str, Any]) -> str:
         )
     gaps = _per_layer(summary, "spectral_gap")
     lowest = _per_layer(summary, "min_eigenvalue")
-    for k, (gap, low) in enumerate(zip(gaps, lowest, strict=True)):
+    allowed = _per_layer(summary, "d2_allowed")
+    for k, (gap, low, d2) in enumerate(zip(gaps, lowest, allowed, strict=True)):
         where = f" (layer {k})" if layers > 1 else ""
-        verdict = "allowed" if low >= D2_MIN_EIGENVALUE - 1e-12 else "not allowed, use (W + I) / 2"
+        verdict = "allowed" if d2 else "not allowed, use (W + I) / 2"
         lines.append(
             f"Metropolis-Hastings{where}: spectral gap {gap:.6g}, smallest eigenvalue {low:.6g} "
-            f"(D2 {verdict}: needs >= -1/3)"
+            f"(D2 {verdict}: needs >= {D2_MIN_EIGENVALUE})"
         )
     if "schedule" in summary:
         schedule = summary["schedule"]

@@ -10,8 +10,7 @@ import networkx as nx
 import numpy as np
 
 from .errors import TopologyError
-from .mixing import D2_MIN_EIGENVALUE, metropolis_hastings, min_eigenvalue, spectral_gap
-from .relay import lr_correction
+from .mixing import metropolis_hastings, min_eigenvalue, spectral_gap
 
 __all__ = ["Topology", "check_world_size"]
 
@@ -201,14 +200,13 @@ class Topology:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able summary.
 
-        Multi-layer topologies give per-layer lists for edges and for the gossip quantities;
-        lr_correction is None unless every layer is a tree.
+        Multi-layer topologies give per-layer lists for edges and for the gossip quantities.
+        What the algorithms make of a topology is theirs to say (``python -m relaympi.topology``).
         """
         per_layer = range(self.num_layers)
         edges = [[list(e) for e in self.edges(k)] for k in per_layer]
         gaps = [spectral_gap(self.mixing_matrix(k)) for k in per_layer]
         lowest = [min_eigenvalue(self.mixing_matrix(k)) for k in per_layer]
-        d2_allowed = [value >= D2_MIN_EIGENVALUE - 1e-12 for value in lowest]
 
         def single(values: list) -> Any:
             return values[0] if self.num_layers == 1 else values
@@ -223,8 +221,6 @@ class Topology:
             "max_degree": self.max_degree,
             "models_per_step": max(self.models_per_step(r) for r in range(self.world_size)),
             "is_tree": self.is_tree,
-            "lr_correction": lr_correction(self) if self.is_tree else None,
             "spectral_gap": single(gaps),
             "min_eigenvalue": single(lowest),
-            "d2_allowed": single(d2_allowed),
         }

@@ -7,10 +7,7 @@ import numpy as np
 
 from .errors import TopologyError
 
-__all__ = ["metropolis_hastings", "spectral_gap", "min_eigenvalue", "D2_MIN_EIGENVALUE"]
-
-# D^2 (Tang et al. 2018) converges only if the gossip matrix's smallest eigenvalue is >= -1/3.
-D2_MIN_EIGENVALUE = -1.0 / 3.0
+__all__ = ["metropolis_hastings", "spectral_gap", "min_eigenvalue"]
 
 
 def metropolis_hastings(graph: nx.Graph) -> np.ndarray:
@@ -65,5 +62,5 @@ def spectral_gap(matrix: np.ndarray) -> float:
 
 
 def min_eigenvalue(matrix: np.ndarray) -> float:
-    """Smallest eigenvalue of a symmetric gossip matrix (D^2 needs it >= -1/3)."""
+    """Smallest eigenvalue of a symmetric gossip matrix (D² bounds it: relaympi.algorithms.d2)."""
     return float(_symmetric_eigenvalues(matrix)[0])

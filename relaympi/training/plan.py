@@ -15,13 +15,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from relaympi.algorithms import AlgorithmError, default_topology, get_algorithm_class
-from relaympi.algorithms.d2 import d2_mixing_matrix
+from relaympi.algorithms import AlgorithmError, AlgorithmOptions, check_combination, default_topology, get_algorithm_class, lr_correction
 from relaympi.config import ConfigError, RunConfig
 from relaympi.data import task_dirs
 from relaympi.optim import OptimizerConfig
 from relaympi.tasks import Task, get_task_class
-from relaympi.topology import Topology, TopologyError, build, lr_correction
+from relaympi.topology import Topology, TopologyError, build
 
 log = logging.getLogger("relaympi.train")
 
@@ -157,23 +156,9 @@ def _with_data_dirs(cfg: RunConfig) -> RunConfig:
 
 def _check_combination(cfg: RunConfig, topology: Any, world_size: int) -> None:
     """Refuse invalid algorithm x topology pairs before any worker starts (the same check on every rank)."""
-    if cfg.algo in ("relay", "relay-grad") and not topology.is_tree:
-        raise AlgorithmError(
-            f"{cfg.algo} relays over spanning trees; topology {topology.name!r} is not a tree. Choose chain, star, "
-            "binary-tree, double-binary-trees, social-network-tree or spanning-tree:<graph>"
-        )
-    if cfg.algo == "allreduce" and topology.name != "fully-connected":
-        raise AlgorithmError(f"allreduce averages over all workers (topology fully-connected), not over {topology.name!r}")
-    if cfg.algo == "sgp" and topology.name != "exponential":
-        raise AlgorithmError(f"sgp runs on the time-varying 'exponential' topology, not {topology.name!r}")
-    if cfg.algo in ("dpsgd", "qgm", "d2", "gt") and topology.num_layers != 1:
-        raise AlgorithmError(f"{cfg.algo} gossips over one graph; {topology.name!r} has {topology.num_layers} layers (use ring, chain, binary-tree, ...)")
-    if cfg.algo in ("dpsgd", "qgm", "d2", "gt") and topology.name == "exponential":
-        raise AlgorithmError(f"{cfg.algo} needs a fixed graph; 'exponential' is SGP's time-varying schedule")
-    if cfg.algo == "d2":
-        d2_mixing_matrix(topology, cfg.d2_exact_diffusion, cfg.d2_force)
-    if cfg.algo == "qgm" and (cfg.optimizer != "sgd" or not cfg.momentum):
-        raise AlgorithmError(f"qgm needs --optimizer sgd with --momentum > 0 (got {cfg.optimizer}, momentum {cfg.momentum})")
+    optimizer = OptimizerConfig(name=cfg.optimizer, momentum=cfg.momentum)
+    options = AlgorithmOptions(relay_mode=cfg.relay_mode or "counts", d2_force=cfg.d2_force, d2_exact_diffusion=cfg.d2_exact_diffusion)
+    check_combination(cfg.algo, topology, optimizer, options)
 
 
 def default_out(cfg: RunConfig, world_size: int) -> Path:

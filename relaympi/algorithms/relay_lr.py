@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
 
 import networkx as nx
 import numpy as np
 
-from .errors import TopologyError
-
-if TYPE_CHECKING:
-    from .core import Topology
+from relaympi.topology import Topology, TopologyError
 
 __all__ = ["lr_correction"]
 
