@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from relaympi.algorithms.relaysum import RelaySum
 from relaympi.comm import Communicator
+from relaympi.topology import Topology
 
 
 class RelaySumMeanEstimator:
     """Each step a worker adds its new sample; its estimate is the uniform average of every
     sample that has reached it so far (y / s), with variance O(1/(n T))."""
 
-    def __init__(self, comm: Communicator, topology: Any, like: torch.Tensor):
+    def __init__(self, comm: Communicator, topology: Topology, like: torch.Tensor):
         self.relay = RelaySum(comm, topology, like.numel(), like)
         self.total = torch.zeros_like(like)  # y: sum of samples received
         self.count = 0.0  # s: number of samples in y (per layer identical for one layer)

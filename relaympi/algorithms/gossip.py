@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
 from relaympi.comm import Communicator
+from relaympi.topology import Topology
 
 
 class GossipMixer:
@@ -35,7 +34,7 @@ class GossipMixer:
                 x.add_(self.received[j], alpha=self.weights[j] / total)
 
 
-def mixing_matrix_for(topology: Any) -> np.ndarray:
+def mixing_matrix_for(topology: Topology) -> np.ndarray:
     if topology.num_layers != 1:
         raise ValueError(f"gossip needs a single-graph topology, {topology.name!r} has {topology.num_layers} layers")
     return topology.mixing_matrix(0)

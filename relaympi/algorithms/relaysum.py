@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from relaympi.comm import Communicator, Request
 from relaympi.comm.buffers import padded_zeros, spare_slots
+from relaympi.topology import Topology
 
 # Elements per chunk of a message: assembly of chunk c + 1 overlaps the transfer of chunk c.
 # Measured with `python -m benchmarks.comm --chunk ...` (README, "Communication figures").
@@ -85,7 +85,7 @@ class RelaySum:
     def __init__(
         self,
         comm: Communicator,
-        topology: Any,
+        topology: Topology,
         numel: int,
         like: torch.Tensor,
         in_place: bool = False,
