@@ -26,7 +26,7 @@ def describe(topology: Topology) -> dict[str, Any]:
     None unless every layer is a tree; whether D² may gossip on each layer), plus the SGP schedule
     (period, offsets, peers per round) for "exponential"."""
     summary = topology.to_dict()
-    gossip = {key: summary.pop(key) for key in ("spectral_gap", "min_eigenvalue")}
+    gossip = {key: summary.pop(key) for key in ("spectral_gap", "min_eigenvalue")}  # the keys keep their order
     summary["lr_correction"] = lr_correction(topology) if topology.is_tree else None
     summary |= gossip
     allowed = [d2_allows(low) for low in _per_layer(summary, "min_eigenvalue")]
