@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from relaympi.algorithms import AlgorithmOptions, make_algorithm
+from relaympi.algorithms import make_algorithm
 from relaympi.checkpoint import CheckpointError
 from relaympi.comm import Communicator
 from relaympi.config import ConfigError, RunConfig
@@ -83,8 +83,7 @@ class Worker:
         self.schedule = plan.schedule(self.workload.steps_per_epoch)
         x = self.workload.x
         self.optimizer = make_optimizer(plan.optimizer, x)
-        options = AlgorithmOptions(relay_mode=cfg.relay_mode or "counts", relay_in_place=cfg.relay_in_place, relay_chunk=cfg.relay_chunk, d2_force=cfg.d2_force, d2_exact_diffusion=cfg.d2_exact_diffusion)
-        self.algorithm = make_algorithm(cfg.algo, comm, plan.topology, self.optimizer, x, options)
+        self.algorithm = make_algorithm(cfg.algo, comm, plan.topology, self.optimizer, x, plan.algorithm_options)
         self.checkpoints = Checkpoints(comm, cfg, Path(cfg.out))
         self.evaluator = Evaluator(comm, plan, self.schedule, self.workload)
         self.writer_factory = writer_factory

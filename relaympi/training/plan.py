@@ -15,7 +15,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from relaympi.algorithms import AlgorithmError, AlgorithmOptions, check_combination, default_topology, get_algorithm_class, lr_correction
+from relaympi.algorithms import (
+    AlgorithmError,
+    AlgorithmOptions,
+    check_combination,
+    default_topology,
+    get_algorithm_class,
+    lr_correction,
+)
 from relaympi.config import ConfigError, RunConfig
 from relaympi.data import task_dirs
 from relaympi.optim import OptimizerConfig
@@ -59,6 +66,7 @@ class Plan:
     topology: Topology
     task: type[Task]
     optimizer: OptimizerConfig
+    algorithm_options: AlgorithmOptions
     lr: float  # the base learning rate, RelaySGD's lr correction applied
     problem: Any = None  # the run-level problem the task settled on (quadratics), else None
     lr_warning: str | None = None  # a default lr used at a worker count it was not tuned for
@@ -95,6 +103,10 @@ class Plan:
 def resolve(cfg: RunConfig, world_size: int) -> Plan:
     """Fill defaults from the task and algorithm, build the topology, check every combination."""
     task = get_task_class(cfg.task)
+    try:
+        algorithm = get_algorithm_class(cfg.algo)
+    except AlgorithmError as exc:
+        raise ConfigError(str(exc)) from exc
     defaults = task.defaults
     cfg = _with_data_dirs(cfg)
     topo_name = cfg.topology or task.default_topology_by_algo.get(cfg.algo) or default_topology(cfg.algo)
@@ -112,8 +124,8 @@ def resolve(cfg: RunConfig, world_size: int) -> Plan:
         cfg,
         topology=topo_name,
         lr=cfg.lr if cfg.lr is not None else defaults.lr_by_algo.get(cfg.algo, defaults.lr),
-        # quasi-global *momentum* is meaningless without momentum: 0.9 where the task's default is 0
-        momentum=cfg.momentum if cfg.momentum is not None else (0.9 if cfg.algo == "qgm" and not defaults.momentum else defaults.momentum),
+        # an algorithm that needs momentum (quasi-global momentum) gets 0.9 where the task's default is 0
+        momentum=cfg.momentum if cfg.momentum is not None else (0.9 if algorithm.needs_momentum and not defaults.momentum else defaults.momentum),
         optimizer=cfg.optimizer or defaults.optimizer,
         weight_decay=cfg.weight_decay if cfg.weight_decay is not None else defaults.weight_decay,
         batch_size=cfg.batch_size or defaults.batch_size,
@@ -126,19 +138,20 @@ def resolve(cfg: RunConfig, world_size: int) -> Plan:
         optimizer = OptimizerConfig(name=cfg.optimizer, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    if cfg.algo == "relay" and cfg.relay_mode is None:
-        cfg = replace(cfg, relay_mode="counts")
+    if cfg.algo == "relay" and cfg.relay_mode is None:  # recorded in the run file: the mode that ran
+        cfg = replace(cfg, relay_mode=AlgorithmOptions.relay_mode)
     try:
         cfg, problem = task.settle(cfg, world_size)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    options = algorithm_options(cfg)
     try:
-        get_algorithm_class(cfg.algo)
-        _check_combination(cfg, topology, world_size)
+        check_combination(cfg.algo, topology, optimizer, options)
     except AlgorithmError as exc:
         raise ConfigError(str(exc)) from exc
     lr = float(cfg.lr) * (lr_correction(topology) if cfg.relay_lr_correction else 1.0)  # validate() refused it for other algorithms
-    return Plan(cfg=cfg, world_size=world_size, topology=topology, task=task, optimizer=optimizer, lr=lr, problem=problem, lr_warning=lr_warning)
+    return Plan(cfg=cfg, world_size=world_size, topology=topology, task=task, optimizer=optimizer, algorithm_options=options,
+                lr=lr, problem=problem, lr_warning=lr_warning)
 
 
 def _with_data_dirs(cfg: RunConfig) -> RunConfig:
@@ -154,11 +167,12 @@ def _with_data_dirs(cfg: RunConfig) -> RunConfig:
     )
 
 
-def _check_combination(cfg: RunConfig, topology: Any, world_size: int) -> None:
-    """Refuse invalid algorithm x topology pairs before any worker starts (the same check on every rank)."""
-    optimizer = OptimizerConfig(name=cfg.optimizer, momentum=cfg.momentum)
-    options = AlgorithmOptions(relay_mode=cfg.relay_mode or "counts", d2_force=cfg.d2_force, d2_exact_diffusion=cfg.d2_exact_diffusion)
-    check_combination(cfg.algo, topology, optimizer, options)
+def algorithm_options(cfg: RunConfig) -> AlgorithmOptions:
+    """The algorithm's options from the run's config."""
+    return AlgorithmOptions(
+        relay_mode=cfg.relay_mode or AlgorithmOptions.relay_mode, relay_in_place=cfg.relay_in_place, relay_chunk=cfg.relay_chunk,
+        d2_force=cfg.d2_force, d2_exact_diffusion=cfg.d2_exact_diffusion,
+    )
 
 
 def default_out(cfg: RunConfig, world_size: int) -> Path:
