@@ -28,6 +28,7 @@ from relaympi.train import resolve
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: the default results folder, the trainer's PYTHONPATH
 LAUNCHERS = ("srun", "mpirun", "local")
+_INPUT_FLAGS = {"RELAYMPI_DATA_DIR": ("--data-dir", "data"), "RELAYMPI_MODEL_DIR": ("--model-dir", "a model")}
 
 
 @dataclass(frozen=True)
@@ -168,13 +169,12 @@ def check_job(job: Job, settings: JobSettings, scratch: Path, *, need_inputs: bo
     directory that is not set yet is no reason.
     """
     if job.unset and need_inputs:
-        variable = job.unset[0]
-        reads = "data" if variable == "RELAYMPI_DATA_DIR" else "a model"
-        flag = "--data-dir" if variable == "RELAYMPI_DATA_DIR" else "--model-dir"
-        return f"task {job.config.task} reads {flag} {reads}: set {variable} (jobs/README.md)"
-    # data not fetched yet: data_problems reports it, with the fetch command; the run file's
-    # directory is made when the job starts: check against an existing one
-    absent = {f: None for f in ("data_dir", "model_dir") if getattr(job.config, f) is not None and not getattr(job.config, f).is_dir()}
+        flag, reads = _INPUT_FLAGS[job.unset[0]]
+        return f"task {job.config.task} reads {flag} {reads}: set {job.unset[0]} (jobs/README.md)"
+    # a folder not fetched yet is left to data_problems (it prints the fetch command); the run
+    # file's folder is made when the job starts: check against an existing one
+    folders = {field: getattr(job.config, field) for field in ("data_dir", "model_dir")}
+    absent = {field: None for field, folder in folders.items() if folder is not None and not folder.is_dir()}
     config = replace(job.config, out=scratch / f"{job.name}.h5", **absent)
     config_file = scratch / f"{job.name}.json"
     config_file.write_text(config_json(config), encoding="utf-8")

@@ -14,9 +14,7 @@
 # Under sbatch this file runs from a spool copy: find the checkout (RELAYMPI_ROOT, this file's
 # folder, the submit folder, or where SLURM says the script came from) and hand over to jobs/lib.sh.
 for root in "${RELAYMPI_ROOT-}" "$(dirname "${BASH_SOURCE[0]}")/.." "${SLURM_SUBMIT_DIR-}" "${SLURM_SUBMIT_DIR:+$SLURM_SUBMIT_DIR/..}" ask; do
-    [[ "$root" == ask && -n "${SLURM_JOB_ID-}" ]] && root="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's|^ *Command=\(.*\)/jobs/[^/]*$|\1|p')"
-    # shellcheck source=lib.sh
+    [[ "$root" == ask && -n "${SLURM_JOB_ID-}" ]] && root="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's|^ *Command=\(.*\)/jobs/[^/]*$|\1|p' | head -n 1)"  # an array's last task lists them all
     [[ -n "$root" && -f "$root/jobs/lib.sh" ]] && source "$root/jobs/lib.sh" && relaympi_sweep sweep_agnews "$@"
 done
-echo "cannot find jobs/lib.sh: set RELAYMPI_ROOT to the relaympi checkout" >&2
-exit 2
+echo "cannot find jobs/lib.sh: set RELAYMPI_ROOT to the relaympi checkout" >&2; exit 2

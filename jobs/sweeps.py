@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jobs.settings import JobSettings, JobsError
 from relaympi.algorithms import ALGORITHM_NAMES, default_topology
@@ -37,16 +37,17 @@ class Sweep:
     needs_model: bool = False
 
 
+_ALPHA = Sweep(
+    "CIFAR-10 accuracy vs data heterogeneity (paper Table 'cifar10-trees'), 16 workers",
+    task="cifar10",
+    algos=("allreduce", "relay", "dpsgd", "qgm", "d2", "sgp"),
+    alphas=(1.0, 0.1, 0.01),
+    workers=(16,),
+    momenta=(0.0, 0.9),
+    seeds=(0, 1, 2),
+)
 SWEEPS = {
-    "sweep_alpha": Sweep(
-        "CIFAR-10 accuracy vs data heterogeneity (paper Table 'cifar10-trees'), 16 workers",
-        task="cifar10",
-        algos=("allreduce", "relay", "dpsgd", "qgm", "d2", "sgp"),
-        alphas=(1.0, 0.1, 0.01),
-        workers=(16,),
-        momenta=(0.0, 0.9),
-        seeds=(0, 1, 2),
-    ),
+    "sweep_alpha": _ALPHA,
     "sweep_workers": Sweep(
         "CIFAR-10 scaling the number of workers at alpha 0.01 (paper Table 'scaling')",
         task="cifar10",
@@ -56,14 +57,9 @@ SWEEPS = {
         momenta=(0.9,),
         seeds=(0, 1, 2),
     ),
-    "sweep_lr": Sweep(
-        "Learning-rate grid search, lr = centre * 2^k (paper appendix 'Hyper-parameters and tuning')",
-        task="cifar10",
-        algos=("allreduce", "relay", "dpsgd", "qgm", "d2", "sgp"),
-        alphas=(1.0, 0.1, 0.01),
-        workers=(16,),
-        momenta=(0.0, 0.9),
-        seeds=(0, 1, 2),
+    "sweep_lr": replace(  # sweep_alpha's grid, each cell at lr = centre * 2^k
+        _ALPHA,
+        description="Learning-rate grid search, lr = centre * 2^k (paper appendix 'Hyper-parameters and tuning')",
         lr_exponents=(-2, -1, 0, 1, 2),
     ),
     "sweep_drop": Sweep(

@@ -242,6 +242,9 @@ def test_local_run_is_idempotent(tmp_path: Path) -> None:
     assert first.returncode == 0, first.stdout + first.stderr
     (out,) = (tmp_path / "results dir" / "sweep_alpha" / "quadratics").glob("relay_*.h5")
     assert run_status(out) == "completed"
+    config_file = out.with_suffix(".json")  # the trainer's --config, beside the run file: the recorded command reruns it
+    assert shlex.split(read_run(out, datasets=()).provenance["command"])[-2:] == ["--config", str(config_file)]
+    assert json.loads(config_file.read_text())["out"] == str(out)
     mtime = out.stat().st_mtime_ns
     again = bash("sweep_alpha.sh", "--index", "0", **settings)
     assert again.returncode == 0 and "already completed; skipping" in again.stdout
