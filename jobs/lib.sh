@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Sourced by the sweep scripts and submit.sh: site settings, environment set-up, and the hand-off
-# to jobs/grid.py (which owns the grid). Settings: environment first, then $RELAYMPI_JOBS_CONFIG.
+# to jobs/grid.py (the grid itself is jobs/sweeps.py). Settings: environment first, then $RELAYMPI_JOBS_CONFIG.
 
 RELAYMPI_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export RELAYMPI_ROOT

@@ -17,7 +17,7 @@ class TaskDefaults:
 
     Learning rates are per worker and per step; ``lr_by_algo`` overrides ``lr`` for an
     algorithm (an explicit ``--lr`` always wins over both). ``tuned_lr`` is the paper's table of
-    tuned learning rates where it has one (jobs/grid.py reads every cell of it); ``lr_by_algo``
+    tuned learning rates where it has one (jobs/sweeps.py reads every cell of it); ``lr_by_algo``
     is then one column of it (``lr_column``).
     """
 
