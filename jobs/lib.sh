@@ -1,39 +1,15 @@
 # shellcheck shell=bash
 # Sourced by the sweep scripts and submit.sh: site settings, environment set-up, and the hand-off
-# to jobs/grid.py (which owns the grid). Settings: environment first, then $RELAYMPI_JOBS_CONFIG.
+# to jobs/grid.py (the grid itself is jobs/sweeps.py). Settings: environment first, then $RELAYMPI_JOBS_CONFIG.
 
 RELAYMPI_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export RELAYMPI_ROOT
 
 # relaympi_cfg NAME [DEFAULT]: the setting NAME from the environment, else from the KEY=VALUE
-# file $RELAYMPI_JOBS_CONFIG (same rules as jobs/grid.py's parser), else DEFAULT.
+# file $RELAYMPI_JOBS_CONFIG, else DEFAULT: jobs/settings.py reads it (the parser grid.py uses).
+# Before relaympi_setup has chosen the Python, any python3 does (the parser is standard library).
 relaympi_cfg() {
-    local name="$1" default="${2-}" file="${RELAYMPI_JOBS_CONFIG-}" line key value found="" result=""
-    if [[ -n "${!name-}" ]]; then
-        printf '%s' "${!name}"
-        return
-    fi
-    if [[ -n "$file" && -r "$file" ]]; then
-        while IFS= read -r line || [[ -n "$line" ]]; do
-            line="${line#"${line%%[![:space:]]*}"}"
-            line="${line%"${line##*[![:space:]]}"}"
-            [[ -z "$line" || "$line" == \#* ]] && continue
-            [[ "$line" == "export "* ]] && line="${line#export }" && line="${line#"${line%%[![:space:]]*}"}"
-            key="${line%%=*}"
-            value="${line#*=}"
-            [[ "$key" == "$name" && "$line" == *=* ]] || continue
-            if [[ ${#value} -ge 2 && ( "$value" == \"*\" || "$value" == \'*\' ) ]]; then
-                value="${value:1:${#value}-2}"
-            fi
-            found=1
-            result="$value"
-        done <"$file"
-    fi
-    if [[ -n "$found" && -n "$result" ]]; then
-        printf '%s' "$result"
-    else
-        printf '%s' "$default"
-    fi
+    "${RELAYMPI_PY:-python3}" "$RELAYMPI_ROOT/jobs/settings.py" "$@"
 }
 
 # relaympi_setup: load modules, run the site prelude, choose the Python; sets RELAYMPI_PY.
@@ -62,9 +38,10 @@ relaympi_setup() {
 }
 
 # relaympi_sweep SWEEP [--dry-run | --index I]: run this array task's configuration (or list them).
+# exec: SLURM's time-limit signal (B:USR1) goes to this process, and grid.py forwards it. By path,
+# not `-m jobs.grid`: -m puts the working (submit) directory first on sys.path, where a folder
+# named jobs/ would shadow the checkout's; PYTHONPATH (relaympi_setup) finds the rest.
 relaympi_sweep() {
-    local sweep="$1"
-    shift
     relaympi_setup || exit 1
-    exec "$RELAYMPI_PY" "$RELAYMPI_ROOT/jobs/grid.py" run "$sweep" "$@"
+    exec "$RELAYMPI_PY" "$RELAYMPI_ROOT/jobs/grid.py" run "$@"
 }

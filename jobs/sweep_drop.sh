@@ -10,21 +10,11 @@
 # The paper's robustness table: drop_prob {0, 0.01, 0.1} at alpha 0.01 for relay, qgm, d2, sgp with momentum.
 # Configurations: DRY_RUN=1 bash jobs/sweep_drop.sh. Submit: bash jobs/submit.sh sweep_drop (sizes the array
 # from the grid and applies site settings), or plain sbatch jobs/sweep_drop.sh for the default grid.
-# The grid lives in jobs/grid.py; every setting is a RELAYMPI_* variable (jobs/README.md).
-# Under sbatch this file runs from a spool copy: find the checkout via RELAYMPI_ROOT, this
-# file's directory, the submit directory, or else ask SLURM where the script was submitted from.
-_relaympi_lib() {
-    local dir
-    for dir in "${RELAYMPI_ROOT-}" "$(dirname "${BASH_SOURCE[0]}")/.." "${SLURM_SUBMIT_DIR-}" \
-        "${SLURM_SUBMIT_DIR:+$SLURM_SUBMIT_DIR/..}"; do
-        [[ -n "$dir" && -f "$dir/jobs/lib.sh" ]] && { echo "$dir/jobs/lib.sh"; return; }
-    done
-    [[ -n "${SLURM_JOB_ID-}" ]] || return 0
-    dir="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's|^ *Command=\(.*\)/jobs/[^/]*$|\1|p' | head -n 1)"
-    [[ -n "$dir" && -f "$dir/jobs/lib.sh" ]] && echo "$dir/jobs/lib.sh"
-}
-_lib="$(_relaympi_lib)"
-[[ -n "$_lib" ]] || { echo "cannot find jobs/lib.sh: set RELAYMPI_ROOT to the relaympi checkout" >&2; exit 2; }
-# shellcheck source=lib.sh
-source "$_lib"
-relaympi_sweep sweep_drop "$@"
+# The grid lives in jobs/sweeps.py; every setting is a RELAYMPI_* variable (jobs/README.md).
+# Under sbatch this file runs from a spool copy: find the checkout (RELAYMPI_ROOT, this file's
+# folder, the submit folder, or where SLURM says the script came from) and hand over to jobs/lib.sh.
+for root in "${RELAYMPI_ROOT-}" "$(dirname "${BASH_SOURCE[0]}")/.." "${SLURM_SUBMIT_DIR-}" "${SLURM_SUBMIT_DIR:+$SLURM_SUBMIT_DIR/..}" ask; do
+    [[ "$root" == ask && -n "${SLURM_JOB_ID-}" ]] && root="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's|^ *Command=\(.*\)/jobs/[^/]*$|\1|p' | head -n 1)"  # an array's last task lists them all
+    [[ -n "$root" && -f "$root/jobs/lib.sh" ]] && source "$root/jobs/lib.sh" && relaympi_sweep sweep_drop "$@"
+done
+echo "cannot find jobs/lib.sh: set RELAYMPI_ROOT to the relaympi checkout" >&2; exit 2

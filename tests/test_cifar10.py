@@ -264,4 +264,4 @@ def test_defaults_follow_the_paper():
     assert (defaults.epochs, defaults.batch_size, defaults.momentum) == (200, 32, 0.9)
     assert (defaults.weight_decay, defaults.milestones) == (1e-4, (150, 180))
     assert (defaults.warmup_epochs, defaults.warmup_from, defaults.metric) == (5, 0.0, "worst")
-    assert defaults.lr_by_algo["relay"] == 0.15 and defaults.lr_by_algo["d2"] == 0.013
+    assert defaults.lr_by_algo["relay"] == 0.15 and defaults.lr_by_algo["d2"] == 0.0125

@@ -25,7 +25,7 @@ def _run_into_closed_pipe(cmd: list[str], env: dict[str, str] | None = None) -> 
     [sys.executable, "-m", "relaympi.topology", "social-network", "-n", "32"],
     [sys.executable, "-m", "relaympi.train", "--help"],
     [sys.executable, "-m", "benchmarks.report", "--help"],
-    [sys.executable, "jobs/grid.py", "sweeps"],
+    [sys.executable, "-m", "jobs.grid", "sweeps"],
 ], ids=["topology", "train-help", "report-help", "grid"])
 def test_closed_pipe_is_not_an_error(cmd) -> None:
     proc = _run_into_closed_pipe(cmd)

@@ -42,7 +42,7 @@ def _submit(tmp_path: Path, **settings: str) -> tuple[subprocess.CompletedProces
 def test_a_typo_in_the_algorithms_exits_2_before_sbatch(tmp_path: Path) -> None:
     proc, called = _submit(tmp_path, **DIGITS, RELAYMPI_ALGOS="relay foo")
     assert proc.returncode == 2, proc.stderr
-    assert "sweep_alpha[1] foo_" in proc.stderr and "invalid choice: 'foo'" in proc.stderr
+    assert "sweep_alpha[1] foo_" in proc.stderr and "unknown algorithm 'foo'" in proc.stderr
     assert not called.exists()
 
 

@@ -10,6 +10,7 @@ import csv
 import functools
 import importlib.util
 import io
+import json
 import os
 import re
 import shlex
@@ -48,7 +49,7 @@ def clean_env(**settings: str) -> dict[str, str]:
 
 def grid(*args: str, **settings: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(JOBS / "grid.py"), *args],
+        [sys.executable, "-m", "jobs.grid", *args],
         capture_output=True,
         text=True,
         env=clean_env(**settings),
@@ -98,22 +99,25 @@ def test_paper_grids() -> None:
     assert "90 configurations" in out
     commands = [line.strip() for line in out.splitlines() if line.startswith("    ")]
     assert len(commands) == 90
+    # the trainer reads each configuration from its --config JSON: the listing's field lines show it
+    fields = [line + " " for line in out.splitlines() if line.startswith("[")]
     relay = [
         c
-        for c in commands
-        if "--algo relay " in c and "--alpha 0.01 " in c and "--momentum 0.9 " in c
+        for c in fields
+        if " algo=relay " in c and " alpha=0.01 " in c and " momentum=0.9 " in c
     ]
     assert len(relay) == 3 and all(
-        "--lr 0.15 " in c and "--topology double-binary-trees" in c for c in relay
+        " lr=0.15 " in c and " topology=double-binary-trees " in c for c in relay
     )
     assert all(c.startswith("srun --ntasks=16 ") for c in commands)
-    assert not [c for c in commands if "--algo qgm" in c and "--momentum 0 " in c]
+    assert not [c for c in fields if " algo=qgm " in c and " momentum=0.0 " in c]
     drop = grid("list", "sweep_drop").stdout
-    assert "--drop-prob 0.1 " in drop and "--algo qgm --topology ring" in drop
+    assert " drop_prob=0.1\n" in drop and " algo=qgm topology=ring " in drop
     agnews = grid("list", "sweep_agnews", RELAYMPI_DATA="/data root").stdout
-    assert "--algo relay --topology chain" in agnews and "--optimizer adam" in agnews
-    assert "--lr 0.0009 " in agnews
-    assert "--data-dir '/data root/agnews' --model-dir '/data root/distilbert' " in agnews
+    assert " algo=relay topology=chain " in agnews and " optimizer=adam " in agnews
+    assert " lr=0.0009 " in agnews
+    config = json.loads(grid("config", "sweep_agnews", "--index", "1", RELAYMPI_DATA="/data root").stdout)
+    assert (config["data_dir"], config["model_dir"]) == ("/data root/agnews", "/data root/distilbert")
     workers = grid("plan", "sweep_workers", "--all", "--dry-run").stdout
     assert [line.split("\t")[1] for line in workers.splitlines() if line.startswith("group")] == [
         "16",
@@ -135,7 +139,7 @@ def test_lr_grid_and_overrides(tmp_path: Path) -> None:
         RELAYMPI_LR_KMIN="-1",
         RELAYMPI_LR_KMAX="2",
     ).stdout
-    assert re.findall(r"--lr (\S+)", out) == ["0.05", "0.1", "0.2", "0.4"]
+    assert re.findall(r" lr=(\S+)", out) == ["0.05", "0.1", "0.2", "0.4"]
     missing = grid("list", "sweep_lr", RELAYMPI_TASK="digits")
     assert missing.returncode == 2 and "RELAYMPI_LR_CENTER" in missing.stderr
     bad = grid("list", "sweep_alpha", RELAYMPI_SEEDS="zero")
@@ -187,11 +191,11 @@ def test_dry_run_lists_exact_commands(tmp_path: Path) -> None:
         ]
         assert len(commands) == 3
         for command in commands:
-            out = Path(command[command.index("--out") + 1])
+            config = Path(command[command.index("--config") + 1])  # beside the run file
             assert (
-                out.parent == results / "sweep_alpha" / "quadratics"
+                config.parent == results / "sweep_alpha" / "quadratics"
             )  # the space survived quoting
-            assert command[1:5] == ["-m", "relaympi.train", "--backend", "local"]
+            assert command[1:4] == ["-m", "relaympi.train", "--config"]
         assert "3 missing" in proc.stdout
     assert not results.exists()  # a dry run writes nothing
 
@@ -238,6 +242,9 @@ def test_local_run_is_idempotent(tmp_path: Path) -> None:
     assert first.returncode == 0, first.stdout + first.stderr
     (out,) = (tmp_path / "results dir" / "sweep_alpha" / "quadratics").glob("relay_*.h5")
     assert run_status(out) == "completed"
+    config_file = out.with_suffix(".json")  # the trainer's --config, beside the run file: the recorded command reruns it
+    assert shlex.split(read_run(out, datasets=()).provenance["command"])[-2:] == ["--config", str(config_file)]
+    assert json.loads(config_file.read_text())["out"] == str(out)
     mtime = out.stat().st_mtime_ns
     again = bash("sweep_alpha.sh", "--index", "0", **settings)
     assert again.returncode == 0 and "already completed; skipping" in again.stdout
@@ -427,7 +434,7 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes(cluster: None, tmp_
     assert proc.returncode == 0, proc.stderr
     job = proc.stdout.strip().split(";")[0]
     (out,) = [
-        Path(c[c.index("--out") + 1])
+        Path(c[c.index("--config") + 1]).with_suffix(".h5")
         for c in (
             shlex.split(line)
             for line in grid("list", "sweep_alpha", **settings).stdout.splitlines()

@@ -21,7 +21,9 @@ class TaskDefaults:
     """A task's default hyper-parameters (the paper's settings for that workload).
 
     Learning rates are per worker and per step; ``lr_by_algo`` overrides ``lr`` for an
-    algorithm (an explicit ``--lr`` always wins over both).
+    algorithm (an explicit ``--lr`` always wins over both). ``tuned_lr`` is the paper's table of
+    tuned learning rates where it has one (jobs/sweeps.py reads every cell of it); ``lr_by_algo``
+    is then one column of it (``lr_column``).
     """
 
     epochs: float = 10
@@ -41,6 +43,19 @@ class TaskDefaults:
     lr_tuned_workers: int | None = 16
     # evaluate this many times per run instead of every eval_every_epochs (tasks whose "epoch" is one step)
     evals_per_run: int | None = None
+    # (algo, with momentum) -> {alpha: lr}: the paper's tuned rates, one row per table line
+    tuned_lr: dict[tuple[str, bool], dict[float, float]] = field(default_factory=dict)
+
+    def tuned_lr_for(self, algo: str, momentum: float | None, alpha: float) -> float | None:
+        """The paper's tuned lr for this cell, or None where it has none (momentum None: the task's)."""
+        with_momentum = bool(self.momentum if momentum is None else momentum)
+        return self.tuned_lr.get((algo, with_momentum), {}).get(alpha)
+
+
+def lr_column(tuned_lr: dict[tuple[str, bool], dict[float, float]], alpha: float) -> dict[str, float]:
+    """One alpha column of a tuned_lr table per algorithm: its momentum row, where it has one."""
+    algos = dict.fromkeys(algo for algo, _ in tuned_lr)
+    return {algo: tuned_lr.get((algo, True), tuned_lr.get((algo, False)))[alpha] for algo in algos}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""The paper's sweeps as SLURM job arrays: python -m jobs.grid (see jobs/README.md)."""
