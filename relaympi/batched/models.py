@@ -1,0 +1,108 @@
+"""All workers' models as one stacked parameter matrix X [N, d], run through torch.func.
+
+Row i of X is worker i's flat parameter vector in the layout of ``flatten_module`` (the
+module's parameters in ``parameters()`` order), so a row is bit for bit the ``x`` of the
+same worker on the other backends. One forward/backward of all N models is a vmap over
+rows of a functional call of one template module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from relaympi.config import ConfigError
+from relaympi.tasks.base import Task
+
+# Samples (workers x batch) per vmapped evaluation call: bounds the activations' memory.
+EVAL_SAMPLES = 8192
+
+
+def unsupported_reason(task: Task, module: nn.Module) -> str | None:
+    """Why ``module`` cannot run as vmapped stacked copies, or None when it can."""
+    if type(task).forward is not Task.forward:
+        return f"its model takes structured inputs ({type(task).__name__}.forward), which differ in shape between workers"
+    for name, sub in module.named_modules():
+        if isinstance(sub, nn.modules.batchnorm._BatchNorm) and sub.track_running_stats:
+            return f"its module {name!r} ({type(sub).__name__}) updates running statistics in every forward pass"
+        if isinstance(sub, nn.modules.dropout._DropoutNd) and sub.p > 0:
+            return f"its module {name!r} draws dropout masks from torch's global random generator"
+    if any(p.dtype != torch.float32 for p in module.parameters()):
+        return "its parameters are not all float32"
+    return None
+
+
+class BatchedModel:
+    """N copies of ``task.build_model(seed)`` held as X [N, d]; gradients and evaluation for all at once.
+
+    Buffers (constants such as a normalization layer's mean) are shared by every worker, which
+    is exact because ``unsupported_reason`` refuses modules that change buffers in forward.
+    """
+
+    def __init__(self, task: Task, seed: int, device: torch.device | str):
+        self.task = task
+        self.device = torch.device(device)
+        self.module = task.build_model(seed).to(self.device)
+        reason = unsupported_reason(task, self.module)
+        if reason is not None:
+            raise ConfigError(f"--backend batched cannot run task {task.name!r}: {reason}; run it with --backend local --workers N, or under mpirun")
+        named = [(name, p) for name, p in self.module.named_parameters() if p.requires_grad]
+        self.names = [name for name, _ in named]
+        self.shapes = [p.shape for _, p in named]
+        self.sizes = [p.numel() for _, p in named]
+        self.buffers = dict(self.module.named_buffers())
+        with torch.no_grad():
+            self.x0 = torch.cat([p.detach().reshape(-1) for _, p in named])
+        self._gradients = vmap(grad_and_value(self._loss))
+        self._outputs = vmap(self._forward, in_dims=(0, None))
+
+    @property
+    def numel(self) -> int:
+        return self.x0.numel()
+
+    def stacked(self, world_size: int) -> torch.Tensor:
+        """X(0) [N, d]: every worker starts from the same model, as on the other backends."""
+        return self.x0.repeat(world_size, 1)
+
+    def parameters(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One worker's row as named parameter views (split, so backward is one concatenation)."""
+        pieces = torch.split(x, self.sizes)
+        return {name: piece.view(shape) for name, piece, shape in zip(self.names, pieces, self.shapes, strict=True)}
+
+    def _forward(self, x: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.module, {**self.parameters(x), **self.buffers}, (inputs,))
+
+    def _loss(self, x: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.task.loss(self._forward(x, inputs), targets)
+
+    def gradients(self, X: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(G [N, d], losses [N]): each worker's minibatch gradient and loss at its row of X.
+
+        ``inputs`` [N, B, ...] and ``targets`` [N, B] hold each worker's own batch.
+        """
+        self.module.train()
+        return self._gradients(X, inputs, targets)
+
+    @torch.no_grad()
+    def evaluate(self, X: torch.Tensor, batches: Any) -> dict[str, torch.Tensor]:
+        """Every worker's own model on the full test set: per-worker test_loss and test_accuracy [N]."""
+        self.module.eval()
+        n = X.shape[0]
+        loss_sum = torch.zeros(n, dtype=torch.float64, device=X.device)
+        correct = torch.zeros(n, dtype=torch.int64, device=X.device)
+        count = 0
+        for inputs, targets in batches:
+            inputs, targets = inputs.to(X.device), targets.to(X.device)
+            group = max(1, EVAL_SAMPLES // max(int(targets.shape[0]), 1))
+            for lo in range(0, n, group):
+                outputs = self._outputs(X[lo : lo + group], inputs)  # [g, b, classes]
+                g, b = outputs.shape[:2]
+                losses = nn.functional.cross_entropy(outputs.reshape(g * b, -1), targets.repeat(g), reduction="none").view(g, b)
+                loss_sum[lo : lo + g] += losses.sum(dim=1, dtype=torch.float64)
+                correct[lo : lo + g] += (outputs.argmax(dim=2) == targets).sum(dim=1)
+            count += int(targets.shape[0])
+        count = max(count, 1)
+        return {"test_loss": loss_sum / count, "test_accuracy": correct.double() / count}
