@@ -129,8 +129,9 @@ def test_batched_gradients_equal_each_workers_model_workload(task_name, cifar_di
             torch.testing.assert_close(G[rank], workload.grad, rtol=1e-5, atol=1e-6)
 
 
-def test_cifar10_batches_are_the_tasks_batches_bit_for_bit(cifar_dir):
-    task = _task("cifar10", data_dir=cifar_dir)
+@pytest.mark.parametrize("task_name", ["digits", "cifar10"])
+def test_batches_are_the_tasks_batches_bit_for_bit(task_name, cifar_dir):
+    task = _task(task_name, data_dir=cifar_dir)
     parts = dirichlet_partition(task.train_labels, 3, 0.5, 7)
     data = BatchedData(task, parts, 5, 7, "cpu")
     for step in (0, 9):

@@ -14,6 +14,7 @@ import torch
 
 from relaympi.tasks import cifar10
 from relaympi.tasks.base import Task
+from relaympi.tasks.digits import DigitsTask
 from relaympi.tasks.partition import ShardSampler, steps_per_epoch
 
 
@@ -28,6 +29,8 @@ class BatchedData:
         self.samplers = [ShardSampler(part, batch_size, seed, rank) for rank, part in enumerate(parts)]
         self.steps_per_epoch = steps_per_epoch(len(task.train_labels), self.world_size, batch_size)
         self._images = self._targets = None
+        # digits batches are rows gathered by index, no augmentation: one gather serves all workers
+        self._gather_only = isinstance(task, DigitsTask)
         if isinstance(task, cifar10.Cifar10Task):
             # the task keeps its training set as uint8 tensors in host memory; one device copy serves all workers
             self._images = task._train_images.to(self.device)
@@ -37,6 +40,10 @@ class BatchedData:
         """(inputs [N, B, ...], targets [N, B]) of step ``step`` on the training device."""
         if self._images is not None:
             return self._image_batch(step)
+        if self._gather_only:
+            indices = np.concatenate([sampler.batch(step) for sampler in self.samplers])
+            inputs, targets = self.task.train_batch(indices, self.samplers[0].rng(step))  # DigitsTask ignores the rng
+            return inputs.view(self.world_size, self.batch_size, *inputs.shape[1:]).to(self.device), targets.view(self.world_size, -1).to(self.device)
         pairs = [self.task.train_batch(sampler.batch(step), sampler.rng(step)) for sampler in self.samplers]
         inputs = torch.stack([inputs for inputs, _ in pairs]).to(self.device)
         targets = torch.stack([targets for _, targets in pairs]).to(self.device)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import functional_call, vmap
 
 from relaympi.config import ConfigError
 from relaympi.tasks.base import Task
@@ -56,8 +56,9 @@ class BatchedModel:
         self.buffers = dict(self.module.named_buffers())
         with torch.no_grad():
             self.x0 = torch.cat([p.detach().reshape(-1) for _, p in named])
-        self._gradients = vmap(grad_and_value(self._loss))
-        self._outputs = vmap(self._forward, in_dims=(0, None))
+        self._outputs = vmap(self._forward, in_dims=(0, 0))
+        self._shared_outputs = vmap(self._forward, in_dims=(0, None))
+        self._default_loss = type(task).loss is Task.loss
 
     @property
     def numel(self) -> int:
@@ -75,16 +76,27 @@ class BatchedModel:
     def _forward(self, x: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         return functional_call(self.module, {**self.parameters(x), **self.buffers}, (inputs,))
 
-    def _loss(self, x: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.task.loss(self._forward(x, inputs), targets)
-
     def gradients(self, X: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(G [N, d], losses [N]): each worker's minibatch gradient and loss at its row of X.
 
-        ``inputs`` [N, B, ...] and ``targets`` [N, B] hold each worker's own batch.
+        ``inputs`` [N, B, ...] and ``targets`` [N, B] hold each worker's own batch. Worker i's
+        loss depends on row i alone, so the gradient of the sum of losses is every worker's own
+        gradient: one vmapped forward and one ordinary backward (faster than vmap over grad).
         """
         self.module.train()
-        return self._gradients(X, inputs, targets)
+        X = X.detach().requires_grad_()
+        with torch.enable_grad():
+            losses = self._losses(self._outputs(X, inputs), targets)
+            (G,) = torch.autograd.grad(losses.sum(), X)
+        return G, losses.detach()
+
+    def _losses(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Each worker's task loss [N] of outputs [N, B, classes] (cross-entropy outside vmap: faster)."""
+        if not self._default_loss:
+            return vmap(self.task.loss)(outputs, targets)
+        n, b = outputs.shape[:2]
+        flat = nn.functional.cross_entropy(outputs.reshape(n * b, -1), targets.reshape(n * b), reduction="none")
+        return flat.view(n, b).mean(dim=1)
 
     @torch.no_grad()
     def evaluate(self, X: torch.Tensor, batches: Any) -> dict[str, torch.Tensor]:
@@ -98,7 +110,7 @@ class BatchedModel:
             inputs, targets = inputs.to(X.device), targets.to(X.device)
             group = max(1, EVAL_SAMPLES // max(int(targets.shape[0]), 1))
             for lo in range(0, n, group):
-                outputs = self._outputs(X[lo : lo + group], inputs)  # [g, b, classes]
+                outputs = self._shared_outputs(X[lo : lo + group], inputs)  # [g, b, classes]
                 g, b = outputs.shape[:2]
                 losses = nn.functional.cross_entropy(outputs.reshape(g * b, -1), targets.repeat(g), reduction="none").view(g, b)
                 loss_sum[lo : lo + g] += losses.sum(dim=1, dtype=torch.float64)
