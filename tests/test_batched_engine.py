@@ -187,8 +187,8 @@ def test_batched_run_file_matches_the_local_backend(tmp_path, task_args, cifar_d
     assert set(local.data) == set(batched.data)
     for name in NUMBERS:
         np.testing.assert_array_equal(batched.data[name], local.data[name])
-    np.testing.assert_allclose(batched.data["test_loss"], local.data["test_loss"], rtol=1e-4)
-    np.testing.assert_allclose(batched.data["train_loss"][1:], local.data["train_loss"][1:], rtol=1e-4)
+    np.testing.assert_allclose(batched.data["test_loss"], local.data["test_loss"], rtol=1e-5)
+    np.testing.assert_allclose(batched.data["train_loss"][1:], local.data["train_loss"][1:], rtol=1e-5)
     assert np.all(np.isnan(batched.data["train_loss"][0]))  # nothing trained at step 0, as on local
     num_test = 359 if task_args is DIGITS else 16
     assert np.abs(batched.data["test_accuracy"] - local.data["test_accuracy"]).max() <= 1 / num_test + 1e-12

@@ -21,9 +21,14 @@ from relaympi.tasks.base import Task
 EVAL_SAMPLES = 8192
 
 
+def _overrides(task: Task, method: str) -> bool:
+    """Whether ``task``'s class overrides the task interface's own ``method``."""
+    return len([cls for cls in type(task).__mro__ if method in vars(cls)]) > 1
+
+
 def unsupported_reason(task: Task, module: nn.Module) -> str | None:
     """Why ``module`` cannot run as vmapped stacked copies, or None when it can."""
-    if type(task).forward is not Task.forward:
+    if _overrides(task, "forward"):
         return f"its model takes structured inputs ({type(task).__name__}.forward), which differ in shape between workers"
     for name, sub in module.named_modules():
         if isinstance(sub, nn.modules.batchnorm._BatchNorm) and sub.track_running_stats:
@@ -33,6 +38,16 @@ def unsupported_reason(task: Task, module: nn.Module) -> str | None:
     if any(p.dtype != torch.float32 for p in module.parameters()):
         return "its parameters are not all float32"
     return None
+
+
+def _plain_layers(module: nn.Module) -> list[nn.Module] | None:
+    """The Linear and ReLU layers of an nn.Sequential(Flatten(), Linear/ReLU, ...) (the digits MLP), else None."""
+    layers = list(module) if type(module) is nn.Sequential else []
+    if not layers or type(layers[0]) is not nn.Flatten or (layers[0].start_dim, layers[0].end_dim) != (1, -1):
+        return None
+    if not all(type(layer) in (nn.Linear, nn.ReLU) for layer in layers[1:]) or not all(p.requires_grad for p in module.parameters()):
+        return None
+    return layers[1:]
 
 
 class BatchedModel:
@@ -56,9 +71,11 @@ class BatchedModel:
         self.buffers = dict(self.module.named_buffers())
         with torch.no_grad():
             self.x0 = torch.cat([p.detach().reshape(-1) for _, p in named])
+        # small MLPs run faster as explicit batched matrix products than through vmap's dispatch
+        self._layers = _plain_layers(self.module)
         self._outputs = vmap(self._forward, in_dims=(0, 0))
         self._shared_outputs = vmap(self._forward, in_dims=(0, None))
-        self._default_loss = type(task).loss is Task.loss
+        self._default_loss = not _overrides(task, "loss")
 
     @property
     def numel(self) -> int:
@@ -76,6 +93,23 @@ class BatchedModel:
     def _forward(self, x: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         return functional_call(self.module, {**self.parameters(x), **self.buffers}, (inputs,))
 
+    def outputs(self, X: torch.Tensor, inputs: torch.Tensor, shared: bool = False) -> torch.Tensor:
+        """Every worker's logits [N, B, classes] for its own inputs [N, B, ...] (``shared``: one batch [B, ...] for all)."""
+        if self._layers is None:
+            return (self._shared_outputs if shared else self._outputs)(X, inputs)
+        h = inputs.expand(X.shape[0], *inputs.shape) if shared else inputs
+        n, params = X.shape[0], iter(torch.split(X, self.sizes, dim=1))
+        h = h.flatten(2).transpose(1, 2)
+        # activations as [N, features, B]: W h needs no transposed weight, so the weights' gradients
+        # come out contiguous, in X's layout (no copy per layer in backward)
+        for layer in self._layers:
+            if isinstance(layer, nn.ReLU):
+                h = torch.relu(h)
+            elif isinstance(layer, nn.Linear):  # parameters in named_parameters order: weight, then bias
+                weight = next(params).view(n, *layer.weight.shape)
+                h = torch.bmm(weight, h) if layer.bias is None else torch.baddbmm(next(params).view(n, -1, 1), weight, h)
+        return h.transpose(1, 2)
+
     def gradients(self, X: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(G [N, d], losses [N]): each worker's minibatch gradient and loss at its row of X.
 
@@ -86,7 +120,7 @@ class BatchedModel:
         self.module.train()
         X = X.detach().requires_grad_()
         with torch.enable_grad():
-            losses = self._losses(self._outputs(X, inputs), targets)
+            losses = self._losses(self.outputs(X, inputs), targets)
             (G,) = torch.autograd.grad(losses.sum(), X)
         return G, losses.detach()
 
@@ -110,7 +144,7 @@ class BatchedModel:
             inputs, targets = inputs.to(X.device), targets.to(X.device)
             group = max(1, EVAL_SAMPLES // max(int(targets.shape[0]), 1))
             for lo in range(0, n, group):
-                outputs = self._shared_outputs(X[lo : lo + group], inputs)  # [g, b, classes]
+                outputs = self.outputs(X[lo : lo + group], inputs, shared=True)  # [g, b, classes]
                 g, b = outputs.shape[:2]
                 losses = nn.functional.cross_entropy(outputs.reshape(g * b, -1), targets.repeat(g), reduction="none").view(g, b)
                 loss_sum[lo : lo + g] += losses.sum(dim=1, dtype=torch.float64)

@@ -104,7 +104,8 @@ def run_batched(plan: Any, out: Path, command: str, *, make_optimizer: Callable 
     ("completed", "diverged", "preempted"). A failure is recorded in the run file, then re-raised.
 
     ``make_optimizer(config, X)`` and ``make_algorithm(algo, topology, optimizer, X0, options, drops)``
-    default to relaympi.batched's vectorized optimizers and algorithms.
+    default to relaympi.batched's vectorized optimizers and algorithms; an algorithm's ``bytes_sent``
+    is a numpy int64 array [N] or [N, N] (by destination) of the bytes message passing would send.
     """
     if make_optimizer is None or make_algorithm is None:
         # imported here so that tests can run this driver with stand-in algorithms
@@ -134,8 +135,7 @@ class BatchedRun:
         self.device = torch.device(_device_for(cfg, 0))
         self.writer = None
         self.engine = make_engine(plan, self.device)
-        if not plan.total_steps:  # a plan whose step counts wait for the data set size
-            finish_plan(plan, self.engine.steps_per_epoch)
+        self.schedule = _schedule(plan, self.engine.steps_per_epoch)
         self.optimizer = make_optimizer(plan.optimizer, self.engine.X)
         options = AlgorithmOptions(relay_mode=cfg.relay_mode or "counts", relay_in_place=cfg.relay_in_place, relay_chunk=cfg.relay_chunk,
                                    d2_force=cfg.d2_force, d2_exact_diffusion=cfg.d2_exact_diffusion)
@@ -156,7 +156,7 @@ class BatchedRun:
             "algorithm": _to_cpu(self.algorithm.state_dict()),
             "loss_sum": torch.from_numpy(self.loss_sum.copy()),
             "loss_count": torch.tensor(self.loss_count),
-            "bytes_sent": torch.as_tensor(np.asarray(self.algorithm.bytes_sent, dtype=np.int64)),
+            "bytes_sent": torch.from_numpy(np.array(self.algorithm.bytes_sent, dtype=np.int64)),
             "timers": torch.tensor([self.time_compute, self.time_comm, self.time_eval, self._elapsed()], dtype=torch.float64),
         }
 
@@ -199,11 +199,7 @@ class BatchedRun:
         self.optimizer.load_state_dict(_to_device(state["optimizer"], self.device))
         self.algorithm.load_state_dict(_to_device(state["algorithm"], self.device))
         self.loss_sum, self.loss_count = state["loss_sum"].numpy().copy(), int(state["loss_count"])
-        counts = self.algorithm.bytes_sent
-        if isinstance(counts, torch.Tensor):
-            counts.copy_(state["bytes_sent"])
-        else:
-            counts[:] = state["bytes_sent"].numpy()
+        self.algorithm.bytes_sent[...] = state["bytes_sent"].numpy()
         self.time_compute, self.time_comm, self.time_eval, self.wall_offset = (float(v) for v in state["timers"])
         return step
 
@@ -219,11 +215,11 @@ class BatchedRun:
         every = np.ones(self.n)
         row = {
             "step": step,
-            "epoch": self.plan.epoch_at(step),
+            "epoch": self.schedule.epoch_at(step),
             "time_s": self._elapsed(),
-            "lr": self.plan.lr_at(step),
+            "lr": self.schedule.lr_at(step),
             "train_loss": np.asarray(train_loss, dtype=np.float64),
-            "bytes_sent": np.asarray(self.algorithm.bytes_sent, dtype=np.float64),
+            "bytes_sent": self._bytes_per_worker(),
             # one process runs every worker: each worker's column holds the process's times
             "time_compute_s": every * self.time_compute,
             "time_comm_s": every * self.time_comm,
@@ -236,8 +232,12 @@ class BatchedRun:
         self.writer.append(row)
         self._log_eval(step, row)
 
+    def _bytes_per_worker(self) -> np.ndarray:
+        """Bytes each worker sent so far ([N], or [N, N] by destination as Communicator.bytes_sent, summed)."""
+        return np.asarray(self.algorithm.bytes_sent, dtype=np.float64).reshape(self.n, -1).sum(axis=1)
+
     def _log_eval(self, step: int, row: dict[str, Any]) -> None:
-        parts = [f"step {step}/{self.plan.total_steps}", f"epoch {row['epoch']:.2f}"]
+        parts = [f"step {step}/{self.schedule.total_steps}", f"epoch {row['epoch']:.2f}"]
         if np.isfinite(row["train_loss"]).any():
             parts.append(f"train_loss {np.nanmean(row['train_loss']):.4f}")
         if "test_accuracy" in row:
@@ -252,7 +252,7 @@ class BatchedRun:
 
     # -- the loop --------------------------------------------------------------------------
     def run(self) -> str:
-        plan, cfg = self.plan, self.cfg
+        plan, cfg, schedule = self.plan, self.cfg, self.schedule
         self.t0 = time.perf_counter()
         self.start_step = self.try_resume() if self._resumable() else 0
         if self.start_step:
@@ -267,13 +267,13 @@ class BatchedRun:
         step = self.start_step
         try:
             while True:
-                if step % plan.eval_every == 0 or step == plan.total_steps:
+                if step % schedule.eval_every == 0 or step == schedule.total_steps:
                     t_eval = time.perf_counter()
                     self.evaluate(step)
                     self.time_eval += time.perf_counter() - t_eval
-                if step == plan.total_steps:
+                if step == schedule.total_steps:
                     break
-                if cfg.checkpoint_dir is not None and step > self.start_step and step % plan.checkpoint_every == 0:
+                if cfg.checkpoint_dir is not None and step > self.start_step and step % schedule.checkpoint_every == 0:
                     self.save_checkpoint(step)
                 if self.inject is not None and self.inject[1] == step:
                     raise RuntimeError(f"injected failure on worker {self.inject[0]} at step {step} ({FAULT_ENV})")
@@ -281,7 +281,7 @@ class BatchedRun:
                 G, losses = self.engine.gradient(step)
                 sync()
                 t_mid = time.perf_counter()
-                self.algorithm.step(X, G, plan.lr_at(step), step)
+                self.algorithm.step(X, G, schedule.lr_at(step), step)
                 sync()
                 self.time_compute += t_mid - t
                 self.time_comm += time.perf_counter() - t_mid
@@ -292,22 +292,30 @@ class BatchedRun:
                 if not (np.isfinite(losses).all() and self.model_finite):
                     # the step recorded by rank 0 of the other backends: its own loss decides
                     raise _Stop("diverged", step if math.isfinite(losses[0]) else step - 1, "non-finite loss or model")
-                if _STOP.is_set() and step < plan.total_steps:
+                if _STOP.is_set() and step < schedule.total_steps:
                     raise _Stop("preempted", step)
                 if cfg.log_every and step % cfg.log_every == 0:
-                    log.info("step %d/%d loss %.4f lr %.4g", step, plan.total_steps, losses[0], plan.lr_at(step))
+                    log.info("step %d/%d loss %.4f lr %.4g", step, schedule.total_steps, losses[0], schedule.lr_at(step))
             if not bool(torch.isfinite(X).all()):
                 raise _Stop("diverged", step, "non-finite model")
         except _Stop as stop:
             if stop.status == "preempted" and cfg.checkpoint_dir is not None:
                 self.save_checkpoint(stop.step)
-            attrs = {"stopped_step": stop.step, "stopped_epoch": plan.epoch_at(stop.step)}
+            attrs = {"stopped_step": stop.step, "stopped_epoch": schedule.epoch_at(stop.step)}
             if stop.status == "diverged":
-                attrs = {"diverged_step": stop.step, "diverged_epoch": plan.epoch_at(stop.step)}
+                attrs = {"diverged_step": stop.step, "diverged_epoch": schedule.epoch_at(stop.step)}
             self.writer.set_status(stop.status, **attrs)
             return stop.status
-        self.writer.set_status("completed", total_steps=plan.total_steps, time_compute_s=self.time_compute, time_comm_s=self.time_comm)
+        self.writer.set_status("completed", total_steps=schedule.total_steps, time_compute_s=self.time_compute, time_comm_s=self.time_comm)
         return "completed"
+
+
+def _schedule(plan: Any, steps_per_epoch: int) -> Any:
+    """The run's step schedule (total_steps, eval_every, checkpoint_every, lr_at, epoch_at), which
+    depends on the training set's size: relaympi.train's plan takes it in place."""
+    if not plan.total_steps:
+        finish_plan(plan, steps_per_epoch)
+    return plan
 
 
 def _to_cpu(state: dict[str, Any]) -> dict[str, Any]:
