@@ -1,14 +1,15 @@
 """--backend batched: stacked models, batches and the run driver against the per-worker backends.
 
 Tolerances. Float64 quadratics agree to 1e-9 (only summation order differs). Float32 models:
-the vmapped forward/backward contracts the same products as the per-worker one in another
-order (batched matrix products), so one gradient differs from ModelWorkload's by a few float32
-rounding errors, ~1e-7 relative (tested at rtol 1e-5, atol 1e-6). Over a short training run
-these differences are carried, not amplified much (12 SGD steps at lr 0.4 on a smooth MLP), so
-the test losses after 12 steps agree to rtol 1e-4: far below any difference an algorithm change
-makes (a wrong sign or a missed message moves the loss by > 1e-2), far above float32 noise.
-Test accuracies may differ only by a test image whose two largest logits are within the noise:
-at most one image (1/359) per worker.
+the batched forward/backward contracts the same products as the per-worker one in another
+order (batched matrix products, grouped convolutions), so a gradient differs from
+ModelWorkload's by a few float32 roundings: ~1e-7 relative for the MLP, a few 1e-6 of the
+largest entry for ResNet-20 (tested at rtol 1e-5, atol 1e-5 of the largest entry). Training
+carries these differences without amplifying them much over a short run: the digits test losses
+differ by 7e-8 (relative) after 12 steps and 2e-7 after the 240 of the default run, so the
+run-file test asserts rtol 1e-5: 50x above float32 noise, far below what an algorithmic change
+makes (a wrong sign or a lost message moves the loss by > 1e-3). Test accuracies may differ by an
+image whose two largest logits are within that noise: at most one image per worker.
 """
 
 from __future__ import annotations
@@ -109,9 +110,17 @@ def _workloads(task, workers, batch, alpha, seed=0):
 
 
 # -- models and data -----------------------------------------------------------------------------
-@pytest.mark.parametrize("task_name", ["digits", "cifar10"])
-def test_batched_gradients_equal_each_workers_model_workload(task_name, cifar_dir):
-    task = _task(task_name, data_dir=cifar_dir)
+@pytest.fixture(scope="module")
+def imagenet_dir(tmp_path_factory):
+    from tests.test_imagenet import make_imagenet_dir
+
+    return make_imagenet_dir(tmp_path_factory.mktemp("imagenet"), train_per_class=4, val_per_class=2)
+
+
+@pytest.mark.parametrize("task_name", ["digits", "cifar10", "imagenet"])
+def test_batched_gradients_equal_each_workers_model_workload(task_name, request):
+    data_dir = {"cifar10": "cifar_dir", "imagenet": "imagenet_dir"}.get(task_name)
+    task = _task(task_name, data_dir=request.getfixturevalue(data_dir) if data_dir else None, num_loader_workers=0)
     workers, batch = (4, 8) if task_name == "digits" else (2, 3)
     parts, workloads = _workloads(task, workers, batch, alpha=0.1)
     model = BatchedModel(task, 0, "cpu")
@@ -126,7 +135,8 @@ def test_batched_gradients_equal_each_workers_model_workload(task_name, cifar_di
             workload.x.copy_(X[rank])
             loss = workload.gradient(step)
             assert losses[rank].item() == pytest.approx(loss, rel=1e-5)
-            torch.testing.assert_close(G[rank], workload.grad, rtol=1e-5, atol=1e-6)
+            # float32 rounding relative to the gradient's scale (ResNet-20's deep sums round more than the MLP's)
+            torch.testing.assert_close(G[rank], workload.grad, rtol=1e-5, atol=1e-5 * float(workload.grad.abs().max()))
 
 
 @pytest.mark.parametrize("task_name", ["digits", "cifar10"])
