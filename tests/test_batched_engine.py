@@ -81,10 +81,11 @@ def _plan(args, workers):
     return train.resolve(cfg, workers)
 
 
-def _run_batched(args, workers, out, **stand_in):
+def _run_batched(args, workers, out, algorithms=None):
+    """run_batched with the stand-ins by default; ``algorithms={}`` runs relaympi.batched's own."""
     plan = _plan(args, workers)
     plan.cfg = replace(plan.cfg, out=out)
-    return run_batched(plan, out, "test", **(stand_in or STAND_IN))
+    return run_batched(plan, out, "test", **(STAND_IN if algorithms is None else algorithms))
 
 
 def _run_local(args, workers, out):
@@ -206,6 +207,25 @@ def test_batched_run_file_matches_the_local_backend(tmp_path, task_args, cifar_d
     np.testing.assert_array_equal(batched.data["bytes_sent"][-1], 8 * 12 if task_args is DIGITS else 8 * 4)
 
 
+@pytest.mark.parametrize("args", [
+    ["--task", "digits", "--algo", "relay", "--alpha", "0.01", "--steps", "24", "--eval-every", "12"],
+    ["--task", "digits", "--algo", "dpsgd", "--topology", "ring", "--steps", "24", "--eval-every", "12", "--drop-prob", "0.2"],
+    ["--task", "cifar10", "--algo", "relay", "--steps", "3", "--eval-every", "3", "--batch-size", "4", "--eval-batch-size", "16"],
+], ids=["digits-relay", "digits-dpsgd-drops", "vgg11-relay-nesterov"])
+def test_vectorized_algorithms_match_the_local_backend(tmp_path, args, cifar_dir):
+    """With relaympi.batched's own optimizers and algorithms (momentum, weight decay, drops)."""
+    pytest.importorskip("relaympi.batched.algorithms")
+    args = [*args, "--data-dir", cifar_dir] if "cifar10" in args else args
+    workers = 4 if "cifar10" in args else 8
+    _run_local(args, workers, tmp_path / "local.h5")
+    plan = _plan(args, workers)
+    assert run_batched(plan, tmp_path / "batched.h5", "test") == "completed"
+    local, batched = read_run(tmp_path / "local.h5"), read_run(tmp_path / "batched.h5")
+    np.testing.assert_allclose(batched.data["test_loss"], local.data["test_loss"], rtol=1e-5)
+    np.testing.assert_allclose(batched.data["train_loss"][1:], local.data["train_loss"][1:], rtol=1e-5)
+    np.testing.assert_array_equal(batched.data["bytes_sent"], local.data["bytes_sent"])
+
+
 def test_quadratics_run_in_float64_equal_the_local_backend(tmp_path):
     args = ["--task", "quadratics", "--algo", "allreduce", "--steps", "30", "--eval-every", "10", "--sigma2", "0.1", "--record-params"]
     _run_local(args, 4, tmp_path / "local.h5")
@@ -216,20 +236,51 @@ def test_quadratics_run_in_float64_equal_the_local_backend(tmp_path):
         np.testing.assert_allclose(batched.data[name], local.data[name], rtol=1e-9, atol=1e-12)
 
 
+QUADRATICS_CASES = [
+    ["--algo", "relay", "--relay-mode", "counts", "--drop-prob", "0.1"],
+    ["--algo", "relay", "--relay-mode", "previous", "--drop-prob", "0.1"],
+    ["--algo", "relay", "--relay-mode", "initial", "--topology", "double-binary-trees", "--relay-lr-correction"],
+    ["--algo", "relay-grad", "--topology", "chain"],
+    ["--algo", "dpsgd", "--topology", "ring", "--drop-prob", "0.1"],
+    ["--algo", "qgm", "--topology", "ring"],
+    ["--algo", "d2", "--topology", "ring"],
+    ["--algo", "gt", "--topology", "ring"],
+    ["--algo", "sgp"],
+    ["--algo", "allreduce", "--optimizer", "adam", "--weight-decay", "0.01"],
+]
+
+
+@pytest.mark.parametrize("case", QUADRATICS_CASES, ids=lambda case: "-".join(a.lstrip("-") for a in case[1::2]))
+def test_vectorized_algorithms_on_quadratics_equal_the_local_backend(tmp_path, case):
+    pytest.importorskip("relaympi.batched.algorithms")
+    args = ["--task", "quadratics", *case, "--steps", "40", "--eval-every", "10", "--sigma2", "0.1", "--record-params", "--lr", "0.05"]
+    _run_local(args, 8, tmp_path / "local.h5")
+    assert run_batched(_plan(args, 8), tmp_path / "batched.h5", "test") == "completed"
+    local, batched = read_run(tmp_path / "local.h5"), read_run(tmp_path / "batched.h5")
+    for name in ("params", "train_loss", "suboptimality", "consensus_distance"):
+        np.testing.assert_allclose(batched.data[name], local.data[name], rtol=1e-9, atol=1e-12, err_msg=name)
+    np.testing.assert_array_equal(batched.data["bytes_sent"], local.data["bytes_sent"])
+
+
 def _rows(path):
     run = read_run(path)
     return {k: v for k, v in run.data.items() if not k.startswith("time")}
 
 
-def test_preempted_run_resumes_bit_identical(tmp_path, monkeypatch):
-    args = [*DIGITS, "--checkpoint-dir", tmp_path / "ckpt", "--eval-every", "4", "--checkpoint-every", "3"]
-    straight = _plan(args, 4)
-    assert run_batched(straight, tmp_path / "straight.h5", "test", **STAND_IN) == "completed"
-    monkeypatch.setattr(train._STOP, "is_set", lambda: True)  # SIGTERM before the first step ends
-    assert _run_batched([*args, "--checkpoint-dir", tmp_path / "c2"], 4, tmp_path / "cut.h5") == "preempted"
-    assert read_run(tmp_path / "cut.h5").status == "preempted"
+@pytest.mark.parametrize("engine", ["stand-in", "vectorized"])
+def test_preempted_run_resumes_bit_identical(tmp_path, monkeypatch, engine):
+    args, algorithms = [*DIGITS, "--eval-every", "4", "--checkpoint-every", "3"], STAND_IN
+    if engine == "vectorized":  # relaympi.batched's RelaySGD with Nesterov momentum: messages and momentum in the checkpoint
+        pytest.importorskip("relaympi.batched.algorithms")
+        args, algorithms = [*args, "--algo", "relay", "--momentum", "0.9", "--alpha", "0.01", "--lr", "0.1"], {}
+    assert _run_batched([*args, "--checkpoint-dir", tmp_path / "c1"], 4, tmp_path / "straight.h5", algorithms) == "completed"
+    steps = iter(range(1, 100))
+    monkeypatch.setattr(train._STOP, "is_set", lambda: next(steps) >= 5)  # SIGTERM during step 5
+    assert _run_batched([*args, "--checkpoint-dir", tmp_path / "c2"], 4, tmp_path / "cut.h5", algorithms) == "preempted"
+    cut = read_run(tmp_path / "cut.h5")
+    assert (cut.status, cut.attrs["stopped_step"]) == ("preempted", 5)
     monkeypatch.undo()
-    assert _run_batched([*args, "--checkpoint-dir", tmp_path / "c2"], 4, tmp_path / "cut.h5") == "completed"
+    assert _run_batched([*args, "--checkpoint-dir", tmp_path / "c2"], 4, tmp_path / "cut.h5", algorithms) == "completed"
     expected, resumed = _rows(tmp_path / "straight.h5"), _rows(tmp_path / "cut.h5")
     assert set(expected) == set(resumed)
     for name in expected:
