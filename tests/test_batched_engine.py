@@ -168,15 +168,17 @@ def test_every_worker_is_evaluated_on_its_own_model():
     assert len(set(result["test_accuracy"].tolist())) == 3  # three different models
 
 
-def test_modules_that_cannot_be_stacked_are_refused():
-    task = _task("digits")
-    assert unsupported_reason(task, torch.nn.Linear(2, 2)) is None
-    assert "running statistics" in unsupported_reason(task, torch.nn.Sequential(torch.nn.BatchNorm1d(4)))
-    assert "dropout" in unsupported_reason(task, torch.nn.Sequential(torch.nn.Dropout(0.1)))
+def test_modules_that_cannot_be_stacked_are_refused(tmp_path):
     from relaympi.tasks.agnews import AgNewsTask
+    from relaympi.tasks.digits import DigitsTask
 
-    fake = object.__new__(AgNewsTask)  # agnews' forward takes token dictionaries
-    assert "structured inputs" in unsupported_reason(fake, torch.nn.Linear(2, 2))
+    assert unsupported_reason(DigitsTask, torch.nn.Linear(2, 2)) is None
+    assert "running statistics" in unsupported_reason(DigitsTask, torch.nn.Sequential(torch.nn.BatchNorm1d(4)))
+    assert "dropout" in unsupported_reason(DigitsTask, torch.nn.Sequential(torch.nn.Dropout(0.1)))
+    # agnews' forward takes token dictionaries: refused before its data or model would load
+    with pytest.raises(ConfigError, match="cannot run task 'agnews'.*structured inputs.*--backend local --workers N, or under mpirun"):
+        _run_batched(["--task", "agnews", "--data-dir", tmp_path, "--model-dir", tmp_path, "--steps", "2"], 2, tmp_path / "a.h5")
+    assert not (tmp_path / "a.h5").exists()
 
 
 # -- the run driver --------------------------------------------------------------------------------

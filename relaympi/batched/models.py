@@ -21,15 +21,18 @@ from relaympi.tasks.base import Task
 EVAL_SAMPLES = 8192
 
 
-def _overrides(task: Task, method: str) -> bool:
-    """Whether ``task``'s class overrides the task interface's own ``method``."""
-    return len([cls for cls in type(task).__mro__ if method in vars(cls)]) > 1
+def _overrides(task_class: type, method: str) -> bool:
+    """Whether ``task_class`` overrides the task interface's own ``method``."""
+    return len([cls for cls in task_class.__mro__ if method in vars(cls)]) > 1
 
 
-def unsupported_reason(task: Task, module: nn.Module) -> str | None:
-    """Why ``module`` cannot run as vmapped stacked copies, or None when it can."""
-    if _overrides(task, "forward"):
-        return f"its model takes structured inputs ({type(task).__name__}.forward), which differ in shape between workers"
+def unsupported_reason(task_class: type, module: nn.Module | None = None) -> str | None:
+    """Why a task's model cannot run as vmapped stacked copies, or None when it can (``module``
+    None: what the class alone tells, before any data or model is loaded)."""
+    if _overrides(task_class, "forward"):
+        return f"its model takes structured inputs ({task_class.__name__}.forward), which differ in shape between workers"
+    if module is None:
+        return None
     for name, sub in module.named_modules():
         if isinstance(sub, nn.modules.batchnorm._BatchNorm) and sub.track_running_stats:
             return f"its module {name!r} ({type(sub).__name__}) updates running statistics in every forward pass"
@@ -50,6 +53,13 @@ def _plain_layers(module: nn.Module) -> list[nn.Module] | None:
     return layers[1:]
 
 
+def refuse_unsupported(task_class: type, module: nn.Module | None = None) -> None:
+    """ConfigError (exit 2) naming the backends that run the task, if this one cannot."""
+    reason = unsupported_reason(task_class, module)
+    if reason is not None:
+        raise ConfigError(f"--backend batched cannot run task {task_class.name!r}: {reason}; run it with --backend local --workers N, or under mpirun")
+
+
 class BatchedModel:
     """N copies of ``task.build_model(seed)`` held as X [N, d]; gradients and evaluation for all at once.
 
@@ -61,9 +71,7 @@ class BatchedModel:
         self.task = task
         self.device = torch.device(device)
         self.module = task.build_model(seed).to(self.device)
-        reason = unsupported_reason(task, self.module)
-        if reason is not None:
-            raise ConfigError(f"--backend batched cannot run task {task.name!r}: {reason}; run it with --backend local --workers N, or under mpirun")
+        refuse_unsupported(type(task), self.module)
         named = [(name, p) for name, p in self.module.named_parameters() if p.requires_grad]
         self.names = [name for name, _ in named]
         self.shapes = [p.shape for _, p in named]
@@ -75,7 +83,7 @@ class BatchedModel:
         self._layers = _plain_layers(self.module)
         self._outputs = vmap(self._forward, in_dims=(0, 0))
         self._shared_outputs = vmap(self._forward, in_dims=(0, None))
-        self._default_loss = not _overrides(task, "loss")
+        self._default_loss = not _overrides(type(task), "loss")
 
     @property
     def numel(self) -> int:

@@ -24,7 +24,7 @@ import torch
 from relaympi import checkpoint
 from relaympi.algorithms import AlgorithmOptions
 from relaympi.batched.data import BatchedData
-from relaympi.batched.models import BatchedModel
+from relaympi.batched.models import BatchedModel, refuse_unsupported
 from relaympi.comm import DropPolicy
 from relaympi.config import ConfigError
 from relaympi.results import run_status
@@ -45,7 +45,9 @@ class ModelEngine:
         cfg = plan.cfg
         options = TaskOptions(data_dir=cfg.data_dir, model_dir=cfg.model_dir, seed=cfg.seed, eval_batch_size=cfg.eval_batch_size,
                               num_loader_workers=cfg.loader_workers, device=str(device))
-        self.task = get_task_class(cfg.task)(options)
+        task_class = get_task_class(cfg.task)
+        refuse_unsupported(task_class)  # before its data loads
+        self.task = task_class(options)
         self.model = BatchedModel(self.task, cfg.seed, device)
         parts = dirichlet_partition(self.task.train_labels, plan.world_size, cfg.alpha, cfg.seed)
         self.data = BatchedData(self.task, parts, cfg.batch_size, cfg.seed, device)
