@@ -282,6 +282,7 @@ def test_preempted_run_resumes_bit_identical(tmp_path, monkeypatch, engine):
     cut = read_run(tmp_path / "cut.h5")
     assert (cut.status, cut.attrs["stopped_step"]) == ("preempted", 5)
     monkeypatch.undo()
+    assert not train._STOP.is_set()
     assert _run_batched([*args, "--checkpoint-dir", tmp_path / "c2"], 4, tmp_path / "cut.h5", algorithms) == "completed"
     expected, resumed = _rows(tmp_path / "straight.h5"), _rows(tmp_path / "cut.h5")
     assert set(expected) == set(resumed)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import socket
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -101,9 +102,13 @@ def make_engine(plan: Any, device: torch.device) -> ModelEngine | QuadraticEngin
     return (QuadraticEngine if plan.cfg.task == "quadratics" else ModelEngine)(plan, device)
 
 
-def run_batched(plan: Any, out: Path, command: str, *, make_optimizer: Callable | None = None, make_algorithm: Callable | None = None) -> str:
+def run_batched(plan: Any, out: Path, command: str, *, stop: threading.Event = _STOP, make_optimizer: Callable | None = None,
+                make_algorithm: Callable | None = None) -> str:
     """Train all of ``plan``'s workers in this process; return the final status
     ("completed", "diverged", "preempted"). A failure is recorded in the run file, then re-raised.
+
+    ``stop`` is the event the SIGTERM/SIGUSR1 handler sets (checkpoint at the next step boundary,
+    then "preempted"); under ``python -m relaympi.train`` that is ``__main__``'s, so main passes it.
 
     ``make_optimizer(config, X)`` and ``make_algorithm(algo, topology, optimizer, X0, options, drops)``
     default to relaympi.batched's vectorized optimizers and algorithms; an algorithm's ``bytes_sent``
@@ -115,7 +120,7 @@ def run_batched(plan: Any, out: Path, command: str, *, make_optimizer: Callable 
         from relaympi.batched.optim import BatchedOptimizer
 
         make_optimizer, make_algorithm = make_optimizer or BatchedOptimizer, make_algorithm or make_batched_algorithm
-    run = BatchedRun(plan, out, command, make_optimizer, make_algorithm)
+    run = BatchedRun(plan, out, command, make_optimizer, make_algorithm, stop)
     try:
         return run.run()
     except BaseException as exc:
@@ -130,7 +135,7 @@ def run_batched(plan: Any, out: Path, command: str, *, make_optimizer: Callable 
 class BatchedRun:
     """The training loop of relaympi.train's Worker, for all workers at once."""
 
-    def __init__(self, plan: Any, out: Path, command: str, make_optimizer: Callable, make_algorithm: Callable):
+    def __init__(self, plan: Any, out: Path, command: str, make_optimizer: Callable, make_algorithm: Callable, stop: threading.Event):
         cfg = plan.cfg
         self.plan, self.cfg, self.out, self.command = plan, cfg, Path(out), command
         self.n = plan.world_size
@@ -149,6 +154,7 @@ class BatchedRun:
         self.start_step = 0
         self.model_finite = True
         self.inject = _fault_injection()
+        self.stop = stop
 
     # -- checkpoints -----------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -294,7 +300,7 @@ class BatchedRun:
                 if not (np.isfinite(losses).all() and self.model_finite):
                     # the step recorded by rank 0 of the other backends: its own loss decides
                     raise _Stop("diverged", step if math.isfinite(losses[0]) else step - 1, "non-finite loss or model")
-                if _STOP.is_set() and step < schedule.total_steps:
+                if self.stop.is_set() and step < schedule.total_steps:
                     raise _Stop("preempted", step)
                 if cfg.log_every and step % cfg.log_every == 0:
                     log.info("step %d/%d loss %.4f lr %.4g", step, schedule.total_steps, losses[0], schedule.lr_at(step))
