@@ -3,8 +3,9 @@
     python -m relaympi.train --task digits --backend batched --workers 16 --algo relay --alpha 0.01
 
 The run file has the schema of the other backends (one row per evaluation, one column per
-worker); gradients of all workers are one vmapped call (``time_compute_s``) and the
-algorithm's step over all workers is ``time_comm_s``. Exit statuses as relaympi.train.
+worker); every worker's gradient comes from one batched forward and backward (``time_compute_s``,
+data included) and the algorithm's step over all workers is ``time_comm_s``; one process runs
+them all, so each worker's column holds the process's times. Exit statuses as relaympi.train.
 """
 
 from __future__ import annotations
