@@ -240,7 +240,7 @@ def configurations(sweep_name: str, settings: JobSettings) -> list[GridPoint]:
             for entry in algos:
                 algo, topology = _parse_algo(entry, topologies)
                 for momentum in momenta:
-                    if get_algorithm_class(algo).needs_momentum and momentum == 0:  # e.g. quasi-global momentum
+                    if algo in ALGORITHM_NAMES and get_algorithm_class(algo).needs_momentum and momentum == 0:  # quasi-global momentum
                         continue
                     if paper_momenta and algo in PAPER_PLAIN_ONLY and momentum:
                         continue

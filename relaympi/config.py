@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-BACKENDS = ("mpi", "local")
+BACKENDS = ("mpi", "local", "batched")
 
 
 # keys a run file's `config` attribute holds besides the flags (derived at run time)
@@ -191,11 +191,11 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"unknown --relay-mode {cfg.relay_mode!r}; choose one of {', '.join(RELAY_MODES)}")
     if cfg.backend not in BACKENDS:
         raise ConfigError(f"unknown --backend {cfg.backend!r}; choose one of {', '.join(BACKENDS)}")
-    if cfg.backend == "local":
+    if cfg.backend in ("local", "batched"):
         if cfg.workers is None or cfg.workers < 1:
-            raise ConfigError(f"--backend local needs --workers N with N >= 1, got {cfg.workers}")
+            raise ConfigError(f"--backend {cfg.backend} needs --workers N with N >= 1, got {cfg.workers}")
     elif cfg.workers is not None:
-        raise ConfigError("--workers is for --backend local; under mpirun/srun the world size is the number of ranks")
+        raise ConfigError("--workers is for --backend local or batched; under mpirun/srun the world size is the number of ranks")
     for name in ("eval_every", "checkpoint_every"):
         value = getattr(cfg, name)
         if value is not None and value < 1:
@@ -351,8 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--d2-exact-diffusion", action="store_true", default=None, help="--algo d2 only: D² with the Exact Diffusion matrix (W+I)/2")
     a("--eval-every", type=int, help="steps between evaluations")
     a("--checkpoint-every", type=int, help="steps between periodic checkpoints (default: at every evaluation)")
-    a("--backend", choices=BACKENDS, help="mpi (one worker per rank, default) or local (--workers threads in one process)")
-    a("--workers", type=int, help="number of workers for --backend local")
+    a("--backend", choices=BACKENDS, help="mpi (one worker per rank, default), local (--workers threads in one process) "
+      "or batched (--workers models as one vmapped computation on one device)")
+    a("--workers", type=int, help="number of workers for --backend local or batched")
     a("--out", type=Path, help="HDF5 run file to write (default results/<task>-<algo>-<topology>-n<N>-a<alpha>-s<seed>.h5)")
     a("--overwrite", action="store_true", default=None, help="replace an existing completed run file (and an existing --save-problem file holding another problem)")
     a("--checkpoint-dir", type=Path, help="directory for per-rank checkpoints; re-running the command resumes from it")

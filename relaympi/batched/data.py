@@ -1,0 +1,60 @@
+"""Every worker's training batch of a step, stacked [N, B, ...]: the same samples and augmentation as the other backends.
+
+Worker r's batch at step s is ``ShardSampler(shard_r, B, seed, r).batch(s)``, augmented with
+``.rng(s)``, exactly as ``ModelWorkload`` draws it. CIFAR-10 batches are assembled for all
+workers at once on the training device: its uint8 training set is copied there once, the crop
+offsets and flips are drawn from each worker's generator in the task's order, and crop, flip
+and normalization run as one gather over the N x B images.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from relaympi.tasks import cifar10
+from relaympi.tasks.base import Task
+from relaympi.tasks.digits import DigitsTask
+from relaympi.tasks.partition import ShardSampler, steps_per_epoch
+
+
+class BatchedData:
+    """Batches of N workers with Dirichlet shards ``parts`` (from ``dirichlet_partition``)."""
+
+    def __init__(self, task: Task, parts: list[np.ndarray], batch_size: int, seed: int, device: torch.device | str):
+        self.task = task
+        self.world_size = len(parts)
+        self.batch_size = batch_size
+        self.device = torch.device(device)
+        self.samplers = [ShardSampler(part, batch_size, seed, rank) for rank, part in enumerate(parts)]
+        self.steps_per_epoch = steps_per_epoch(len(task.train_labels), self.world_size, batch_size)
+        self._images = self._targets = None
+        # digits batches are rows gathered by index, no augmentation: one gather serves all workers
+        self._gather_only = isinstance(task, DigitsTask)
+        if isinstance(task, cifar10.Cifar10Task):
+            # the task keeps its training set as uint8 tensors in host memory; one device copy serves all workers
+            self._images = task._train_images.to(self.device)
+            self._targets = task._train_targets.to(self.device)
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs [N, B, ...], targets [N, B]) of step ``step`` on the training device."""
+        if self._images is not None:
+            return self._image_batch(step)
+        if self._gather_only:
+            indices = np.concatenate([sampler.batch(step) for sampler in self.samplers])
+            inputs, targets = self.task.train_batch(indices, self.samplers[0].rng(step))  # DigitsTask ignores the rng
+            return inputs.view(self.world_size, self.batch_size, *inputs.shape[1:]).to(self.device), targets.view(self.world_size, -1).to(self.device)
+        pairs = [self.task.train_batch(sampler.batch(step), sampler.rng(step)) for sampler in self.samplers]
+        inputs = torch.stack([inputs for inputs, _ in pairs]).to(self.device)
+        targets = torch.stack([targets for _, targets in pairs]).to(self.device)
+        return inputs, targets
+
+    def _image_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n, b = self.world_size, self.batch_size
+        indices = np.concatenate([sampler.batch(step) for sampler in self.samplers])
+        draws = [cifar10.draw_crop_flip(sampler.rng(step), b) for sampler in self.samplers]
+        top, left, flip = (np.concatenate(column) for column in zip(*draws, strict=True))
+        index = torch.from_numpy(indices).to(self.device)
+        images = cifar10.crop_flip(self._images[index], top, left, flip)
+        inputs = cifar10.normalize(images)
+        return inputs.view(n, b, *inputs.shape[1:]), self._targets[index].view(n, b)
