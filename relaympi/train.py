@@ -1,10 +1,12 @@
 """Train with a decentralized algorithm and record the run in one HDF5 file.
 
-Launch one worker per MPI rank, or all workers as threads of one process:
+Launch one worker per MPI rank, all workers as threads of one process, or all workers as one
+batched computation (stacked models on one device; the fastest way to sweep):
 
     python -m relaympi.data fetch cifar10       # once: into $RELAYMPI_DATA or ~/.cache/relaympi
     mpirun -n 16 python -m relaympi.train --algo relay --task cifar10
     python -m relaympi.train --task digits --backend local --workers 16 --algo relay --alpha 0.01
+    python -m relaympi.train --task digits --backend batched --workers 16 --algo relay --alpha 0.01
     python -m relaympi.train --task quadratics --backend local --workers 8 --algo relay --topology chain --steps 200
 
 Exit status: 0 completed, 1 failed, 2 misuse, 3 diverged (recorded), 4 preempted (checkpoint saved).
@@ -26,22 +28,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from relaympi import provenance
+from relaympi.batched.run import run_batched
 from relaympi.comm import Communicator, DropPolicy, mpi_communicator, run_local
 from relaympi.config import ConfigError, RunConfig, parse_args
 from relaympi.entrypoint import launcher_rank
-from relaympi.results import (
-    CHANCE_FACTOR,
-    RESUMABLE_STATUSES,
-    RunExistsError,
-    RunWriter,
-    read_run,
-    run_status,
-    workers_at_chance,
-)
 from relaympi.tasks.quadratics import QuadraticsTask
 from relaympi.training.loop import STOP, USAGE_ERRORS, Worker
 from relaympi.training.plan import Plan, default_out, resolve
+from relaympi.training.run_file import print_summary, writer_factory
 
 log = logging.getLogger("relaympi.train")
 
@@ -64,34 +58,11 @@ class BarSafeHandler(logging.StreamHandler):
             self.handleError(record)
 
 
-def _writer_factory(plan: Plan, out: Path, command: str) -> Any:
-    """Rank 0's run file: reopened to resume an unfinished run, else created."""
-
-    def make(start_step: int, hosts: list[str], transport: dict[str, Any], total_steps: int) -> RunWriter:
-        try:
-            if start_step > 0 and run_status(out) in RESUMABLE_STATUSES:
-                return RunWriter.reopen(out, resume_step=start_step - 1)
-            return RunWriter.create(
-                out, config=plan.cfg.to_dict() | {"world_size": plan.world_size, "lr_effective": plan.lr, "total_steps": total_steps},
-                provenance=provenance.collect(transport, hosts, command=command), world_size=plan.world_size, overwrite=plan.cfg.overwrite,
-            )
-        except RunExistsError as exc:
-            raise ConfigError(f"{out} already holds a finished run; pass --overwrite to replace it") from exc
-        except OSError as exc:
-            # a live run holds HDF5's lock: RunWriter.create probes it (RunInUseError, a BlockingIOError) before
-            # h5py would truncate the file; reopen fails on the lock without writing
-            if isinstance(exc, BlockingIOError) or "lock" in str(exc).lower():
-                raise ConfigError(f"{out} is being written by another run; give this run another --out, or wait for that one to end") from exc
-            raise ConfigError(f"cannot write the run file --out {out}: {exc}; choose a writable path") from exc
-
-    return make
-
-
 def _run_rank(comm: Communicator, plan: Plan, out: Path, command: str) -> str:
     """One rank's whole run; a failure is recorded (rank 0) or reported to rank 0 (others)."""
     worker = None
     try:
-        worker = Worker(comm, plan, _writer_factory(plan, out, command))
+        worker = Worker(comm, plan, writer_factory(plan, out, command))
     except USAGE_ERRORS as exc:
         # setup errors are the same on every rank; agree on them so none waits for the others
         comm.allreduce_flags(np.array([1.0]))
@@ -135,39 +106,6 @@ def _save_problem(plan: Plan) -> None:
 _EXIT = {"completed": EXIT_COMPLETED, "diverged": EXIT_DIVERGED, "preempted": EXIT_PREEMPTED}
 
 
-def _summary(out: Path, status: str) -> None:
-    try:
-        run = read_run(out)
-    except Exception:  # noqa: BLE001 - a summary must never turn success into failure
-        log.info("%s: %s", status, out)
-        return
-    line = f"{status}: {out}"
-    # only a completed run has a final model; otherwise say where it stopped
-    steps = run.data.get("step")
-    at = f"at step {int(steps[-1])} (not final: {status})" if steps is not None and len(steps) else f"(not final: {status})"
-    final = {"test": "final test accuracy", "sub": "final suboptimality"}
-    if status != "completed":
-        final = {"test": f"test accuracy {at}", "sub": f"suboptimality {at}"}
-    if "test_accuracy" in run.data and len(run.data["test_accuracy"]):
-        acc = run.data["test_accuracy"][-1]
-        line += f" | {final['test']}: worst worker {np.min(acc):.4f}, mean {np.mean(acc):.4f}, best {np.max(acc):.4f}"
-        epoch = run.data["epoch"]
-        window = (epoch > epoch[-1] - 5) & (epoch > 0)  # the paper's last-5-epochs window, as the report uses it
-        if window.any():
-            acc = run.data["test_accuracy"][window].mean(axis=0)
-            line += f" | last 5 epochs (paper metric): worst worker {acc.min():.4f}, mean {acc.mean():.4f}"
-        num_classes = run.attrs.get("num_classes")
-        chance = workers_at_chance(acc, num_classes)
-        if chance:
-            line += (
-                f" | WARNING: worker(s) {', '.join(map(str, chance))} at chance accuracy (< {CHANCE_FACTOR / num_classes:.0%}); "
-                "check the learning rate (the defaults were tuned for 16 workers)"
-            )
-    if "suboptimality" in run.data and len(run.data["suboptimality"]):
-        line += f" | {final['sub']} {run.data['suboptimality'][-1]:.3e}"
-    print(line, flush=True)
-
-
 def _configure(cfg: RunConfig, rank: int, local_size: int) -> None:
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // max(local_size, 1))
     torch.set_num_threads(threads)
@@ -185,8 +123,21 @@ def _main_local(cfg: RunConfig, argv: list[str]) -> int:
     plan = plan.with_out(out)
     _save_problem(plan)
     statuses = run_local(plan.world_size, _run_rank, plan, out, _rerun_command(argv), drops=DropPolicy(cfg.drop_prob, cfg.seed))
-    _summary(out, statuses[0])
+    print_summary(out, statuses[0])
     return _EXIT[statuses[0]]
+
+
+def _main_batched(cfg: RunConfig, argv: list[str]) -> int:
+    _configure(cfg, 0, 1)  # one process computes for every worker: all cores (--threads to choose)
+    plan = resolve(cfg, cfg.workers)
+    plan.warn_untuned_lr()
+    out = Path(cfg.out) if cfg.out else default_out(plan.cfg, plan.world_size)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plan = plan.with_out(out)
+    _save_problem(plan)
+    status = run_batched(plan, out, _rerun_command(argv))
+    print_summary(out, status)
+    return _EXIT[status]
 
 
 def _local_size() -> int:
@@ -241,7 +192,7 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
         comm.abort(EXIT_FAILED)
         return EXIT_FAILED
     if comm.rank == 0:
-        _summary(out, status)
+        print_summary(out, status)
     return _EXIT[status]
 
 
@@ -269,13 +220,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg = parse_args(argv)
-        if cfg.backend == "local":
+        if cfg.backend in ("local", "batched"):
             if _launched_by_mpi() > 1:
                 raise ConfigError(
-                    f"--backend local runs all workers in one process, but this is one of {_launched_by_mpi()} MPI ranks: "
+                    f"--backend {cfg.backend} runs all workers in one process, but this is one of {_launched_by_mpi()} MPI ranks: "
                     "drop --backend/--workers under mpirun/srun, or run the command without mpirun"
                 )
-            return _main_local(cfg, argv)
+            return _main_local(cfg, argv) if cfg.backend == "local" else _main_batched(cfg, argv)
         return _main_mpi(cfg, argv)
     except USAGE_ERRORS as exc:
         if launcher_rank() == 0:  # every rank found the same error: one copy of the message

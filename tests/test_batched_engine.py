@@ -15,7 +15,6 @@ image whose two largest logits are within that noise: at most one image per work
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -29,6 +28,8 @@ from relaympi.config import ConfigError, parse_args
 from relaympi.results import read_run
 from relaympi.tasks import TaskOptions, get_task_class
 from relaympi.tasks.partition import dirichlet_partition
+from relaympi.training.loop import FAULT_ENV, STOP
+from relaympi.training.plan import resolve
 from relaympi.workloads import ModelWorkload
 from tests.data_factories import write_cifar10_binary
 
@@ -78,13 +79,12 @@ STAND_IN = {"make_optimizer": _StandInSGD, "make_algorithm": _StandInAllReduce}
 
 def _plan(args, workers):
     cfg = parse_args([*map(str, args), "--backend", "batched", "--workers", str(workers)])
-    return train.resolve(cfg, workers)
+    return resolve(cfg, workers)
 
 
 def _run_batched(args, workers, out, algorithms=None):
     """run_batched with the stand-ins by default; ``algorithms={}`` runs relaympi.batched's own."""
-    plan = _plan(args, workers)
-    plan.cfg = replace(plan.cfg, out=out)
+    plan = _plan(args, workers).with_out(out)
     return run_batched(plan, out, "test", **(STAND_IN if algorithms is None else algorithms))
 
 
@@ -105,9 +105,10 @@ def _task(name, **options):
 
 
 def _workloads(task, workers, batch, alpha, seed=0):
-    cfg = parse_args(["--task", task.name, "--backend", "batched", "--workers", str(workers), "--seed", str(seed)])
+    cfg = parse_args(["--task", task.name, "--backend", "batched", "--workers", str(workers), "--seed", str(seed), "--batch-size", str(batch)])
+    plan = resolve(cfg, workers)
     parts = dirichlet_partition(task.train_labels, workers, alpha, seed)
-    return parts, [ModelWorkload(task, cfg, rank, workers, batch, parts[rank]) for rank in range(workers)]
+    return parts, [ModelWorkload(task, plan, rank, "cpu", parts[rank]) for rank in range(workers)]
 
 
 # -- models and data -----------------------------------------------------------------------------
@@ -169,7 +170,6 @@ def test_every_worker_is_evaluated_on_its_own_model():
 
 
 def test_modules_that_cannot_be_stacked_are_refused(tmp_path):
-    from relaympi.tasks.agnews import AgNewsTask
     from relaympi.tasks.digits import DigitsTask
 
     assert unsupported_reason(DigitsTask, torch.nn.Linear(2, 2)) is None
@@ -277,12 +277,12 @@ def test_preempted_run_resumes_bit_identical(tmp_path, monkeypatch, engine):
         args, algorithms = [*args, "--algo", "relay", "--momentum", "0.9", "--alpha", "0.01", "--lr", "0.1"], {}
     assert _run_batched([*args, "--checkpoint-dir", tmp_path / "c1"], 4, tmp_path / "straight.h5", algorithms) == "completed"
     steps = iter(range(1, 100))
-    monkeypatch.setattr(train._STOP, "is_set", lambda: next(steps) >= 5)  # SIGTERM during step 5
+    monkeypatch.setattr(STOP, "is_set", lambda: next(steps) >= 5)  # SIGTERM during step 5
     assert _run_batched([*args, "--checkpoint-dir", tmp_path / "c2"], 4, tmp_path / "cut.h5", algorithms) == "preempted"
     cut = read_run(tmp_path / "cut.h5")
     assert (cut.status, cut.attrs["stopped_step"]) == ("preempted", 5)
     monkeypatch.undo()
-    assert not train._STOP.is_set()
+    assert not STOP.is_set()
     assert _run_batched([*args, "--checkpoint-dir", tmp_path / "c2"], 4, tmp_path / "cut.h5", algorithms) == "completed"
     expected, resumed = _rows(tmp_path / "straight.h5"), _rows(tmp_path / "cut.h5")
     assert set(expected) == set(resumed)
@@ -293,11 +293,11 @@ def test_preempted_run_resumes_bit_identical(tmp_path, monkeypatch, engine):
 def test_failure_is_recorded_and_a_rerun_resumes_from_the_checkpoint(tmp_path, monkeypatch):
     args = [*DIGITS, "--checkpoint-dir", tmp_path / "ckpt", "--checkpoint-every", "5"]
     assert _run_batched(args, 4, tmp_path / "straight.h5") == "completed"
-    monkeypatch.setenv(train.FAULT_ENV, "0:7")
+    monkeypatch.setenv(FAULT_ENV, "0:7")
     with pytest.raises(RuntimeError, match="injected failure"):
         _run_batched([*args[:-4], "--checkpoint-dir", tmp_path / "c2", "--checkpoint-every", "5"], 4, tmp_path / "cut.h5")
     assert read_run(tmp_path / "cut.h5").status == "failed"
-    monkeypatch.delenv(train.FAULT_ENV)
+    monkeypatch.delenv(FAULT_ENV)
     assert _run_batched([*args[:-4], "--checkpoint-dir", tmp_path / "c2", "--checkpoint-every", "5"], 4, tmp_path / "cut.h5") == "completed"
     expected, resumed = _rows(tmp_path / "straight.h5"), _rows(tmp_path / "cut.h5")
     for name in expected:
@@ -306,10 +306,10 @@ def test_failure_is_recorded_and_a_rerun_resumes_from_the_checkpoint(tmp_path, m
 
 def test_a_local_checkpoint_is_not_resumed_by_the_batched_backend(tmp_path, monkeypatch):
     args = [*DIGITS, "--checkpoint-dir", tmp_path / "ckpt", "--checkpoint-every", "5"]
-    monkeypatch.setenv(train.FAULT_ENV, "0:7")  # the local run fails after its checkpoint of step 5
+    monkeypatch.setenv(FAULT_ENV, "0:7")  # the local run fails after its checkpoint of step 5
     assert train.main([*map(str, args), "--backend", "local", "--workers", "4", "--out", str(tmp_path / "r.h5")]) == train.EXIT_FAILED
-    monkeypatch.delenv(train.FAULT_ENV)
-    with pytest.raises(ConfigError, match="backend local or mpi vs batched"):
+    monkeypatch.delenv(FAULT_ENV)
+    with pytest.raises(ConfigError, match=r"engine message passing \(backend local or mpi\) vs batched"):
         _run_batched(args, 4, tmp_path / "r.h5")
 
 

@@ -13,6 +13,7 @@ from relaympi import train
 from relaympi.config import ConfigError, parse_args
 from relaympi.results import read_run
 from relaympi.tasks import quadratics
+from relaympi.training.run_file import print_summary
 
 LOCAL = ["--backend", "local", "--workers", "2"]
 QUAD = [*LOCAL, "--task", "quadratics", "--algo", "relay", "--topology", "chain", "--steps", "3"]
@@ -181,17 +182,17 @@ def _classification_run(path, accuracy, status="completed", num_classes=10):
 
 def test_preempted_summary_is_not_final(tmp_path, capsys) -> None:
     path = _classification_run(tmp_path / "p.h5", np.full((3, 2), 0.8), status="preempted")
-    train._summary(path, "preempted")
+    print_summary(path, "preempted")
     line = capsys.readouterr().out
     assert "final" not in line.replace("not final", "") and "at step 300 (not final: preempted)" in line
 
 
 def test_summary_flags_a_worker_at_chance(tmp_path, capsys) -> None:
     acc = np.tile([0.9, 0.0975, 0.85], (6, 1))
-    train._summary(_classification_run(tmp_path / "c.h5", acc), "completed")
+    print_summary(_classification_run(tmp_path / "c.h5", acc), "completed")
     line = capsys.readouterr().out
     assert "WARNING: worker(s) 1 at chance accuracy" in line
-    train._summary(_classification_run(tmp_path / "ok.h5", np.full((6, 3), 0.9)), "completed")
+    print_summary(_classification_run(tmp_path / "ok.h5", np.full((6, 3), 0.9)), "completed")
     assert "WARNING" not in capsys.readouterr().out
 
 

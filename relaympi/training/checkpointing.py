@@ -4,11 +4,11 @@ and a restart resumes only into the same run (same config, same world size, unfi
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from relaympi import checkpoint
-from relaympi.comm import Communicator
 from relaympi.config import ConfigError, RunConfig
 from relaympi.results import FINISHED_STATUSES, RESUMABLE_STATUSES, run_status
 
@@ -17,6 +17,9 @@ log = logging.getLogger("relaympi.train")
 # config keys that may differ between a run and its resumption: where output goes and how the
 # work is spread over processes, threads and devices
 _RESUME_FREE_KEYS = ("out", "overwrite", "checkpoint_dir", "backend", "workers", "log_every", "threads", "loader_workers", "device", "eval_batch_size")
+
+
+_MESSAGE_PASSING = "message passing (backend local or mpi)"
 
 
 def resume_key(cfg: RunConfig) -> dict[str, Any]:
@@ -28,10 +31,17 @@ def resume_key(cfg: RunConfig) -> dict[str, Any]:
 
 
 class Checkpoints:
-    """One rank's view of the run's checkpoint directory (None: the run keeps no checkpoints)."""
+    """One process's view of the run's checkpoint directory (None: the run keeps no checkpoints).
 
-    def __init__(self, comm: Communicator, cfg: RunConfig, out: Path):
-        self.comm, self.cfg, self.out = comm, cfg, out
+    ``barrier`` synchronizes the processes of a message-passing run. ``engine`` names an engine
+    whose checkpoints the others cannot read (the batched engine keeps every worker in one file);
+    None is message passing, whose checkpoints any backend of it resumes.
+    """
+
+    def __init__(self, cfg: RunConfig, out: Path, rank: int, world_size: int, barrier: Callable[[], None] | None = None, engine: str | None = None):
+        self.cfg, self.out, self.rank, self.world_size = cfg, out, rank, world_size
+        self.barrier = barrier or (lambda: None)
+        self.engine = engine
         self.directory = cfg.checkpoint_dir
 
     @property
@@ -40,12 +50,13 @@ class Checkpoints:
 
     def save(self, step: int, state: dict[str, Any]) -> None:
         """Collective: every rank writes ``state``; meta.json names the step once all have."""
-        checkpoint.save(self.directory, self.comm.rank, step, state)
-        self.comm.barrier()
-        if self.comm.rank == 0:
-            checkpoint.write_meta(self.directory, {"step": step, "world_size": self.comm.world_size, "config": resume_key(self.cfg)})
-        self.comm.barrier()
-        checkpoint.prune(self.directory, self.comm.rank, step)
+        checkpoint.save(self.directory, self.rank, step, state)
+        self.barrier()
+        if self.rank == 0:
+            engine = {"engine": self.engine} if self.engine else {}
+            checkpoint.write_meta(self.directory, {"step": step, "world_size": self.world_size, **engine, "config": resume_key(self.cfg)})
+        self.barrier()
+        checkpoint.prune(self.directory, self.rank, step)
 
     def resumable(self) -> bool:
         """Rank 0: resume only into this run's own unfinished file; otherwise forget a stale checkpoint."""
@@ -67,14 +78,18 @@ class Checkpoints:
         meta = checkpoint.read_meta(self.directory)
         if meta is None:
             return 0, None
-        n = self.comm.world_size
+        n = self.world_size
         saved, current = meta.get("config") or {}, resume_key(self.cfg)
-        if meta.get("world_size") != n or saved != current:
-            differences = [f"world size {meta.get('world_size')} vs {n}"] if meta.get("world_size") != n else []
-            differences += [f"{k} {saved.get(k)!r} vs {current.get(k)!r}" for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
+        differences = []
+        if meta.get("engine") != self.engine:
+            differences.append(f"engine {meta.get('engine') or _MESSAGE_PASSING} vs {self.engine or _MESSAGE_PASSING}")
+        if meta.get("world_size") != n:
+            differences.append(f"world size {meta.get('world_size')} vs {n}")
+        differences += [f"{k} {saved.get(k)!r} vs {current.get(k)!r}" for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
+        if differences:
             raise ConfigError(
                 f"checkpoint in {self.directory} belongs to a different run (checkpoint vs this command: {'; '.join(differences)}); "
                 "use another --checkpoint-dir or delete it"
             )
         step = int(meta["step"])
-        return step, checkpoint.load(self.directory, self.comm.rank, step)
+        return step, checkpoint.load(self.directory, self.rank, step)

@@ -9,6 +9,7 @@ import socket
 import sys
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from relaympi.optim import make_optimizer
 from relaympi.tasks import TaskError
 from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.evaluation import Evaluator, Timers, log_line
-from relaympi.training.plan import Plan
+from relaympi.training.plan import Plan, Schedule
 
 log = logging.getLogger("relaympi.train")
 
@@ -72,31 +73,181 @@ def fault_injection() -> tuple[int, int] | None:
     return rank, step
 
 
-class Worker:
-    """Builds this rank's workload, optimizer and algorithm, then runs the steps."""
+class TrainingLoop(ABC):
+    """The steps every backend runs: evaluate, checkpoint, gradient, algorithm step, agree on
+    stopping; and how a run ends (completed, diverged or preempted). A backend says how to compute
+    a gradient, step its algorithm, agree with the other ranks and evaluate."""
 
-    def __init__(self, comm: Communicator, plan: Plan, writer_factory: WriterFactory):
-        self.comm, self.plan = comm, plan
-        self.rank, self.n = comm.rank, comm.world_size
-        cfg = plan.cfg
-        self.workload = plan.task.workload(plan, self.rank, device_for(cfg, self.rank))
-        self.schedule = plan.schedule(self.workload.steps_per_epoch)
-        x = self.workload.x
-        self.optimizer = make_optimizer(plan.optimizer, x)
-        self.algorithm = make_algorithm(cfg.algo, comm, plan.topology, self.optimizer, x, plan.algorithm_options)
-        self.checkpoints = Checkpoints(comm, cfg, Path(cfg.out))
-        self.evaluator = Evaluator(comm, plan, self.schedule, self.workload)
-        self.writer_factory = writer_factory
+    plan: Plan
+    schedule: Schedule
+    checkpoints: Checkpoints
+    writer: Any  # rank 0's RunWriter, once the run agreed on it
+    is_root: bool  # this process writes the run file
+
+    def __init__(self, stop: threading.Event = STOP) -> None:
+        self.stop = stop
         self.start_step = 0
-        self.loss_sum, self.loss_count = 0.0, 0
+        self.loss_sum: float | np.ndarray = 0.0
+        self.loss_count = 0
         self.timers = Timers()
         self.wall_offset = 0.0  # seconds run before a resume
         self.t0 = time.perf_counter()
         self.inject = fault_injection()
 
     @property
+    @abstractmethod
+    def x(self) -> torch.Tensor:
+        """The parameters (checked for non-finite values)."""
+
+    @abstractmethod
+    def start(self) -> None:
+        """Agree on resuming, restore the checkpoint, open the run file; set t0."""
+
+    @abstractmethod
+    def gradient(self, step: int) -> float | np.ndarray:
+        """Compute the gradient of step ``step``; return its loss (one per worker this process runs)."""
+
+    @abstractmethod
+    def algorithm_step(self, step: int, lr: float) -> None:
+        """The algorithm's step with the gradient just computed."""
+
+    @abstractmethod
+    def agree(self, stop: bool, bad: bool) -> tuple[bool, bool]:
+        """(stop, diverged) as every rank sees it."""
+
+    @abstractmethod
+    def evaluate(self, step: int) -> None:
+        """Evaluate every worker and append the run file's row (collective)."""
+
+    @abstractmethod
+    def state(self) -> dict[str, Any]:
+        """This process's checkpoint state."""
+
+    @abstractmethod
+    def injected_failure(self, step: int) -> str | None:
+        """The message of a failure RELAYMPI_INJECT_FAILURE asks for at this step, else None."""
+
+    def elapsed(self) -> float:
+        return self.wall_offset + (time.perf_counter() - self.t0)
+
+    def common_state(self) -> dict[str, Any]:
+        """The loop's own part of a checkpoint: the running loss and the timers."""
+        return {
+            "loss_sum": torch.as_tensor(self.loss_sum, dtype=torch.float64).clone(),
+            "loss_count": torch.tensor(self.loss_count),
+            "timers": torch.tensor([*self.timers.to_list(), self.elapsed()], dtype=torch.float64),
+        }
+
+    def restore_common(self, state: dict[str, Any]) -> None:
+        loss_sum = state["loss_sum"].numpy()
+        self.loss_sum = float(loss_sum) if loss_sum.ndim == 0 else loss_sum.copy()
+        self.loss_count = int(state["loss_count"])
+        *timers, self.wall_offset = (float(v) for v in state["timers"])
+        self.timers = Timers.from_list(timers)
+
+    def train_loss(self, current: Callable[[], float | np.ndarray]) -> float | np.ndarray:
+        """The mean training loss since the last evaluation (``current()`` before any step), then reset."""
+        loss = self.loss_sum / self.loss_count if self.loss_count else current()
+        self.loss_sum, self.loss_count = self.loss_sum * 0.0, 0
+        return loss
+
+    def log_evaluation(self, row: dict[str, Any], workers: int) -> None:
+        log.info(log_line(row, self.schedule, self.start_step, self.t0, self.elapsed(), self.plan.cfg.batch_size * workers))
+
+    def run(self) -> str:
+        """Train to the end; return the run's status (completed, diverged or preempted)."""
+        self.start()
+        schedule = self.schedule
+        bar = _progress_bar(schedule.total_steps, self.start_step) if self.is_root else None
+        try:
+            self._steps(bar)
+        except Stopped as stop:
+            if bar is not None:
+                bar.close()
+            if stop.status == "preempted" and self.checkpoints.enabled:
+                self.checkpoints.save(stop.step, self.state())
+            if self.is_root:
+                attrs = {"stopped_step": stop.step, "stopped_epoch": schedule.epoch_at(stop.step)}
+                if stop.status == "diverged":
+                    attrs = {"diverged_step": stop.step, "diverged_epoch": schedule.epoch_at(stop.step)}
+                self.writer.set_status(stop.status, **attrs)
+            return stop.status
+        if bar is not None:
+            bar.close()
+        if self.is_root:
+            self.writer.set_status("completed", total_steps=schedule.total_steps, time_compute_s=self.timers.compute, time_comm_s=self.timers.comm)
+        return "completed"
+
+    def _steps(self, bar: Any) -> None:
+        schedule, cfg, timers, x = self.schedule, self.plan.cfg, self.timers, self.x
+        sync = (lambda: torch.cuda.synchronize(x.device)) if x.is_cuda else (lambda: None)
+        step, model_finite = self.start_step, True
+        while True:
+            if step % schedule.eval_every == 0 or step == schedule.total_steps:
+                t_eval = time.perf_counter()
+                model_finite = bool(torch.isfinite(x).all())
+                self.evaluate(step)
+                timers.eval += time.perf_counter() - t_eval
+            if step == schedule.total_steps:
+                break
+            if self.checkpoints.enabled and step > self.start_step and step % schedule.checkpoint_every == 0:
+                self.checkpoints.save(step, self.state())
+            failure = self.injected_failure(step)
+            if failure is not None:
+                raise RuntimeError(failure)
+            t = time.perf_counter()
+            loss = self.gradient(step)
+            sync()
+            t_mid = time.perf_counter()
+            self.algorithm_step(step, schedule.lr_at(step))
+            sync()
+            timers.compute += t_mid - t
+            timers.comm += time.perf_counter() - t_mid
+            self.loss_sum += loss
+            self.loss_count += 1
+            first = float(np.ravel(loss)[0])  # rank 0's loss: the one its log and run file report
+            bad = not (bool(np.isfinite(loss).all()) and model_finite)
+            t_sync = time.perf_counter()
+            stopping, diverged = self.agree(self.stop.is_set(), bad)
+            timers.sync += time.perf_counter() - t_sync
+            step += 1
+            if bar is not None:
+                bar.update(1)
+            if diverged:
+                raise Stopped("diverged", step if math.isfinite(first) else step - 1, "non-finite loss or model")
+            if stopping and step < schedule.total_steps:
+                raise Stopped("preempted", step)
+            if cfg.log_every and step % cfg.log_every == 0 and self.is_root:
+                log.info("step %d/%d loss %.4f lr %.4g", step, schedule.total_steps, first, schedule.lr_at(step))
+        if not bool(torch.isfinite(x).all()):
+            raise Stopped("diverged", step, "non-finite model")
+
+
+class Worker(TrainingLoop):
+    """One rank of a message-passing run: its workload, optimizer and algorithm over a Communicator."""
+
+    def __init__(self, comm: Communicator, plan: Plan, writer_factory: WriterFactory, stop: threading.Event = STOP):
+        super().__init__(stop)
+        self.comm, self.plan = comm, plan
+        self.rank, self.n = comm.rank, comm.world_size
+        self.is_root = self.rank == 0
+        cfg = plan.cfg
+        self.workload = plan.task.workload(plan, self.rank, device_for(cfg, self.rank))
+        self.schedule = plan.schedule(self.workload.steps_per_epoch)
+        x = self.workload.x
+        self.optimizer = make_optimizer(plan.optimizer, x)
+        self.algorithm = make_algorithm(cfg.algo, comm, plan.topology, self.optimizer, x, plan.algorithm_options)
+        self.checkpoints = Checkpoints(cfg, Path(cfg.out), self.rank, self.n, barrier=comm.barrier)
+        self.evaluator = Evaluator(comm, plan, self.schedule, self.workload)
+        self.writer_factory = writer_factory
+
+    @property
     def writer(self) -> Any:
         return self.evaluator.writer
+
+    @property
+    def x(self) -> torch.Tensor:
+        return self.workload.x
 
     # -- checkpoint state -------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -104,20 +255,16 @@ class Worker:
             "x": self.workload.x.detach().cpu(),
             "optimizer": {k: (v.detach().cpu() if hasattr(v, "detach") else v) for k, v in self.optimizer.state_dict().items()},
             "algorithm": {k: v.detach().cpu() for k, v in self.algorithm.state_dict().items()},
-            "loss_sum": torch.tensor(self.loss_sum, dtype=torch.float64),
-            "loss_count": torch.tensor(self.loss_count),
             "bytes_sent": torch.from_numpy(self.comm.bytes_sent.copy()),
-            "timers": torch.tensor([*self.timers.to_list(), self.elapsed()], dtype=torch.float64),
+            **self.common_state(),
         }
 
     def restore(self, state: dict[str, Any]) -> None:
         self.workload.x.copy_(state["x"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.algorithm.load_state_dict(state["algorithm"])
-        self.loss_sum, self.loss_count = float(state["loss_sum"]), int(state["loss_count"])
         self.comm.bytes_sent[:] = state["bytes_sent"].numpy()
-        *timers, self.wall_offset = (float(v) for v in state["timers"])
-        self.timers = Timers.from_list(timers)
+        self.restore_common(state)
 
     def on_rank0_agreed(self, action: Callable[[], Any]) -> bool:
         """Run ``action`` on rank 0 only and share its truth value; a usage error there stops every
@@ -133,20 +280,8 @@ class Worker:
             raise error if error is not None else ConfigError("rank 0 refused the run (see its error)")
         return bool(flags[1])
 
-    # -- evaluation ---------------------------------------------------------------------------
-    def elapsed(self) -> float:
-        return self.wall_offset + (time.perf_counter() - self.t0)
-
-    def evaluate(self, step: int) -> None:
-        train_loss = self.loss_sum / self.loss_count if self.loss_count else self.workload.current_loss()
-        self.loss_sum, self.loss_count = 0.0, 0
-        row = self.evaluator.evaluate(step, train_loss, float(self.comm.bytes_sent.sum()), self.timers, self.elapsed())
-        if row is not None:
-            log.info(log_line(row, self.schedule, self.start_step, self.t0, self.elapsed(), self.plan.cfg.batch_size * self.n))
-
-    # -- the loop -----------------------------------------------------------------------------
+    # -- the steps ----------------------------------------------------------------------------
     def start(self) -> None:
-        """Agree on resuming, load the checkpoint, open the run file (rank 0)."""
         self.t0 = time.perf_counter()
         hosts = self.comm.gather(socket.gethostname())
         if self.on_rank0_agreed(self.checkpoints.resumable):
@@ -164,74 +299,26 @@ class Worker:
             self.writer.set_attrs(num_classes=self.workload.num_classes)
         self.t0 = time.perf_counter()
 
-    def run(self) -> str:
-        """Train to the end; return the run's status (completed, diverged or preempted)."""
-        self.start()
-        schedule = self.schedule
-        step = self.start_step
-        bar = _progress_bar(schedule.total_steps, step) if self.rank == 0 else None
-        try:
-            step = self._steps(step, bar)
-        except Stopped as stop:
-            if bar is not None:
-                bar.close()
-            if stop.status == "preempted" and self.checkpoints.enabled:
-                self.checkpoints.save(stop.step, self.state())
-            if self.rank == 0:
-                attrs = {"stopped_step": stop.step, "stopped_epoch": schedule.epoch_at(stop.step)}
-                if stop.status == "diverged":
-                    attrs = {"diverged_step": stop.step, "diverged_epoch": schedule.epoch_at(stop.step)}
-                self.writer.set_status(stop.status, **attrs)
-            return stop.status
-        if bar is not None:
-            bar.close()
-        if self.rank == 0:
-            self.writer.set_status("completed", total_steps=schedule.total_steps, time_compute_s=self.timers.compute, time_comm_s=self.timers.comm)
-        return "completed"
+    def gradient(self, step: int) -> float:
+        return self.workload.gradient(step)
 
-    def _steps(self, step: int, bar: Any) -> int:
-        schedule, cfg, timers = self.schedule, self.plan.cfg, self.timers
-        workload, algorithm = self.workload, self.algorithm
-        sync = torch.cuda.synchronize if workload.x.is_cuda else (lambda: None)
-        model_finite = True
-        while True:
-            if step % schedule.eval_every == 0 or step == schedule.total_steps:
-                t_eval = time.perf_counter()
-                model_finite = bool(torch.isfinite(workload.x).all())
-                self.evaluate(step)
-                timers.eval += time.perf_counter() - t_eval
-            if step == schedule.total_steps:
-                break
-            if self.checkpoints.enabled and step > self.start_step and step % schedule.checkpoint_every == 0:
-                self.checkpoints.save(step, self.state())
-            if self.inject is not None and self.inject == (self.rank, step):
-                raise RuntimeError(f"injected failure on rank {self.rank} at step {step} ({FAULT_ENV})")
-            t = time.perf_counter()
-            loss = workload.gradient(step)
-            sync()
-            t_mid = time.perf_counter()
-            algorithm.step(workload.x, workload.grad, schedule.lr_at(step), step)
-            sync()
-            timers.compute += t_mid - t
-            timers.comm += time.perf_counter() - t_mid
-            self.loss_sum += loss
-            self.loss_count += 1
-            bad = not (math.isfinite(loss) and model_finite)
-            t_sync = time.perf_counter()
-            flags = self.comm.allreduce_flags(np.array([1.0 if STOP.is_set() else 0.0, 1.0 if bad else 0.0]))
-            timers.sync += time.perf_counter() - t_sync
-            step += 1
-            if bar is not None:
-                bar.update(1)
-            if flags[1] > 0:
-                raise Stopped("diverged", step if math.isfinite(loss) else step - 1, "non-finite loss or model")
-            if flags[0] > 0 and step < schedule.total_steps:
-                raise Stopped("preempted", step)
-            if cfg.log_every and step % cfg.log_every == 0 and self.rank == 0:
-                log.info("step %d/%d loss %.4f lr %.4g", step, schedule.total_steps, loss, schedule.lr_at(step))
-        if not bool(torch.isfinite(workload.x).all()):
-            raise Stopped("diverged", step, "non-finite model")
-        return step
+    def algorithm_step(self, step: int, lr: float) -> None:
+        self.algorithm.step(self.workload.x, self.workload.grad, lr, step)
+
+    def agree(self, stop: bool, bad: bool) -> tuple[bool, bool]:
+        flags = self.comm.allreduce_flags(np.array([1.0 if stop else 0.0, 1.0 if bad else 0.0]))
+        return bool(flags[0] > 0), bool(flags[1] > 0)
+
+    def evaluate(self, step: int) -> None:
+        train_loss = self.train_loss(self.workload.current_loss)
+        row = self.evaluator.evaluate(step, train_loss, float(self.comm.bytes_sent.sum()), self.timers, self.elapsed())
+        if row is not None:
+            self.log_evaluation(row, self.n)
+
+    def injected_failure(self, step: int) -> str | None:
+        if self.inject is not None and self.inject == (self.rank, step):
+            return f"injected failure on rank {self.rank} at step {step} ({FAULT_ENV})"
+        return None
 
 
 def _progress_bar(total: int, initial: int) -> tqdm | None:

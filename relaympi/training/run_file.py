@@ -1,0 +1,82 @@
+"""The run file of a training run: rank 0 creates (or reopens) it, and the command prints its summary."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from relaympi import provenance
+from relaympi.config import ConfigError
+from relaympi.results import (
+    CHANCE_FACTOR,
+    RESUMABLE_STATUSES,
+    RunExistsError,
+    RunWriter,
+    read_run,
+    run_status,
+    workers_at_chance,
+)
+from relaympi.training.plan import Plan
+
+log = logging.getLogger("relaympi.train")
+
+
+def writer_factory(plan: Plan, out: Path, command: str) -> Any:
+    """Rank 0's run file: reopened to resume an unfinished run, else created."""
+
+    def make(start_step: int, hosts: list[str], transport: dict[str, Any], total_steps: int) -> RunWriter:
+        try:
+            if start_step > 0 and run_status(out) in RESUMABLE_STATUSES:
+                return RunWriter.reopen(out, resume_step=start_step - 1)
+            return RunWriter.create(
+                out, config=plan.cfg.to_dict() | {"world_size": plan.world_size, "lr_effective": plan.lr, "total_steps": total_steps},
+                provenance=provenance.collect(transport, hosts, command=command), world_size=plan.world_size, overwrite=plan.cfg.overwrite,
+            )
+        except RunExistsError as exc:
+            raise ConfigError(f"{out} already holds a finished run; pass --overwrite to replace it") from exc
+        except OSError as exc:
+            # a live run holds HDF5's lock: RunWriter.create probes it (RunInUseError, a BlockingIOError) before
+            # h5py would truncate the file; reopen fails on the lock without writing
+            if isinstance(exc, BlockingIOError) or "lock" in str(exc).lower():
+                raise ConfigError(f"{out} is being written by another run; give this run another --out, or wait for that one to end") from exc
+            raise ConfigError(f"cannot write the run file --out {out}: {exc}; choose a writable path") from exc
+
+    return make
+
+
+
+def print_summary(out: Path, status: str) -> None:
+    """The line a finished command prints: where the run file is and its final metrics."""
+    try:
+        run = read_run(out)
+    except Exception:  # noqa: BLE001 - a summary must never turn success into failure
+        log.info("%s: %s", status, out)
+        return
+    line = f"{status}: {out}"
+    # only a completed run has a final model; otherwise say where it stopped
+    steps = run.data.get("step")
+    at = f"at step {int(steps[-1])} (not final: {status})" if steps is not None and len(steps) else f"(not final: {status})"
+    final = {"test": "final test accuracy", "sub": "final suboptimality"}
+    if status != "completed":
+        final = {"test": f"test accuracy {at}", "sub": f"suboptimality {at}"}
+    if "test_accuracy" in run.data and len(run.data["test_accuracy"]):
+        acc = run.data["test_accuracy"][-1]
+        line += f" | {final['test']}: worst worker {np.min(acc):.4f}, mean {np.mean(acc):.4f}, best {np.max(acc):.4f}"
+        epoch = run.data["epoch"]
+        window = (epoch > epoch[-1] - 5) & (epoch > 0)  # the paper's last-5-epochs window, as the report uses it
+        if window.any():
+            acc = run.data["test_accuracy"][window].mean(axis=0)
+            line += f" | last 5 epochs (paper metric): worst worker {acc.min():.4f}, mean {acc.mean():.4f}"
+        num_classes = run.attrs.get("num_classes")
+        chance = workers_at_chance(acc, num_classes)
+        if chance:
+            line += (
+                f" | WARNING: worker(s) {', '.join(map(str, chance))} at chance accuracy (< {CHANCE_FACTOR / num_classes:.0%}); "
+                "check the learning rate (the defaults were tuned for 16 workers)"
+            )
+    if "suboptimality" in run.data and len(run.data["suboptimality"]):
+        line += f" | {final['sub']} {run.data['suboptimality'][-1]:.3e}"
+    print(line, flush=True)
