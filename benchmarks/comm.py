@@ -24,9 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from relaympi.algorithms import AlgorithmOptions, make_algorithm
+from relaympi.algorithms import AlgorithmOptions, make_algorithm, relaysum
 from relaympi.algorithms.gossip import GossipMixer
-from relaympi.algorithms import relaysum
 from relaympi.algorithms.relaysum import DEFAULT_CHUNK, RelaySum
 from relaympi.comm.buffers import padded_zeros
 from relaympi.optim import OptimizerConfig, make_optimizer

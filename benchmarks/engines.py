@@ -23,7 +23,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from relaympi.results import read_run
 
 ENGINES = ("local", "batched", "mpirun")
@@ -89,7 +88,9 @@ def measure(engine: str, workload: Workload, extra: list[str], folder: Path) -> 
 
 
 def _cifar_dir(folder: Path) -> Path:
-    from tests.data_factories import write_cifar10_binary  # the generator the tests use (random pixels)
+    from tests.data_factories import (
+        write_cifar10_binary,  # the generator the tests use (random pixels)
+    )
 
     write_cifar10_binary(folder, n_per_batch=64)
     return folder

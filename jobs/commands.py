@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from jobs.settings import JobSettings, JobsError
+from jobs.settings import JobsError, JobSettings
 from jobs.sweeps import GridPoint, configurations, run_name, sweep
 from relaympi.config import ConfigError, RunConfig, parse_args
 from relaympi.data.paths import TASK_DATA, TASK_MODEL, data_root

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from jobs.commands import Job, check_jobs, config_json, data_problems, jobs, launcher, results_dir
 from jobs.runner import cmd_run
-from jobs.settings import JobSettings, JobsError
+from jobs.settings import JobsError, JobSettings
 from jobs.sweeps import SWEEPS, configurations, listed_fields, sweep
 from relaympi.entrypoint import run
 from relaympi.results import FINISHED_STATUSES, run_status

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from jobs.commands import ROOT, data_problems, jobs, write_config
-from jobs.settings import JobSettings, JobsError
+from jobs.settings import JobsError, JobSettings
 from jobs.sweeps import configurations
 from relaympi.results import FINISHED_STATUSES, RESUMABLE_STATUSES, run_status
 

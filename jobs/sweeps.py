@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from jobs.settings import JobSettings, JobsError
+from jobs.settings import JobsError, JobSettings
 from relaympi.algorithms import ALGORITHM_NAMES, default_topology, get_algorithm_class
 from relaympi.config import RunConfig
 from relaympi.tasks import TaskError, get_task_class

@@ -302,7 +302,6 @@ def build_parser() -> argparse.ArgumentParser:
     from relaympi.algorithms import ALGORITHM_NAMES, RELAY_MODES
     from relaympi.optim import OPTIMIZERS
     from relaympi.tasks import TASK_NAMES
-
     from relaympi.topology import TOPOLOGY_NAMES
 
     p = _Parser(

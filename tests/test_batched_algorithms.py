@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from relaympi.algorithms import ALGORITHM_NAMES, RELAY_MODES, AlgorithmError, AlgorithmOptions, make_algorithm
+from relaympi.algorithms import (
+    ALGORITHM_NAMES,
+    RELAY_MODES,
+    AlgorithmError,
+    AlgorithmOptions,
+    make_algorithm,
+)
 from relaympi.algorithms.matrix import make_matrix_algorithm
 from relaympi.batched import BatchedOptimizer, make_batched_algorithm
 from relaympi.comm import DropPolicy, run_local

@@ -7,7 +7,14 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-from relaympi.algorithms.base import ONE_GRAPH, Algorithm, AlgorithmError, AlgorithmOptions, MatrixForm, round_id
+from relaympi.algorithms.base import (
+    ONE_GRAPH,
+    Algorithm,
+    AlgorithmError,
+    AlgorithmOptions,
+    MatrixForm,
+    round_id,
+)
 from relaympi.algorithms.gossip import GossipMixer, mixing_matrix_for
 from relaympi.optim import OptimizerConfig
 from relaympi.topology import Topology

@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from relaympi.algorithms.base import TREES, Algorithm, AlgorithmError, AlgorithmOptions, MatrixForm, round_id
+from relaympi.algorithms.base import (
+    TREES,
+    Algorithm,
+    AlgorithmError,
+    AlgorithmOptions,
+    MatrixForm,
+    round_id,
+)
 from relaympi.algorithms.relaysum import DEFAULT_CHUNK, RelaySum
 from relaympi.optim import OptimizerConfig
 from relaympi.topology import Topology

@@ -11,7 +11,13 @@ from relaympi.algorithms import AlgorithmOptions, get_algorithm_class, round_id
 from relaympi.algorithms.d2 import d2_mixing_matrix
 from relaympi.algorithms.gossip import mixing_matrix_for
 from relaympi.algorithms.sgp import ROUNDS as SGP_ROUNDS
-from relaympi.batched.base import BatchedAlgorithm, check_combination, delivered, never_drops, to_device
+from relaympi.batched.base import (
+    BatchedAlgorithm,
+    check_combination,
+    delivered,
+    never_drops,
+    to_device,
+)
 from relaympi.batched.optim import BatchedOptimizer
 from relaympi.batched.relay import BatchedRelaySGD, BatchedRelaySGDGrad
 from relaympi.comm import DropPolicy

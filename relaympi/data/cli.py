@@ -74,7 +74,6 @@ def check_names(names: list[str]) -> list[str]:
     """Data set names for tasks or set names (agnews brings distilbert with it); ValueError if unknown."""
     from relaympi.data.paths import task_sets
     from relaympi.data.sets import DATASETS
-
     from relaympi.tasks import TASK_NAMES
 
     result: list[str] = []

@@ -6,7 +6,6 @@ import hashlib
 import http.client
 import logging
 import os
-import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -126,7 +125,7 @@ def _copy(response: object, part: Path, offset: int, total: int | None, progress
                 f.write(chunk)
                 received += len(chunk)
                 bar.update(len(chunk))
-        except (http.client.IncompleteRead, ConnectionError, socket.timeout, OSError) as exc:
+        except (TimeoutError, http.client.IncompleteRead, ConnectionError, OSError) as exc:
             raise _Interrupted(f"{type(exc).__name__} after {received} bytes") from None
     if total is not None and received != total:
         raise _Interrupted(f"got {received} of {total} bytes")

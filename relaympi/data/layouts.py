@@ -5,9 +5,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+
 def cifar10_problem(directory: Path) -> str:
     """'' if the CIFAR-10 loader finds a complete copy in ``directory``; else what is missing."""
-    from relaympi.tasks.cifar10 import BINARY_DIR, BINARY_TRAIN, BINARY_TEST, PYTHON_DIR, PYTHON_TEST, PYTHON_TRAIN
+    from relaympi.tasks.cifar10 import (
+        BINARY_DIR,
+        BINARY_TEST,
+        BINARY_TRAIN,
+        PYTHON_DIR,
+        PYTHON_TEST,
+        PYTHON_TRAIN,
+    )
 
     for folder, names in (
         (directory / BINARY_DIR, (*BINARY_TRAIN, BINARY_TEST)),
