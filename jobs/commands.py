@@ -28,6 +28,7 @@ from relaympi.training.plan import resolve
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: the default results folder, the trainer's PYTHONPATH
 LAUNCHERS = ("srun", "mpirun", "local")
+BACKENDS = ("mpi", "local", "batched")  # RELAYMPI_BACKEND: relaympi.train's --backend
 _INPUT_FLAGS = {"RELAYMPI_DATA_DIR": ("--data-dir", "data"), "RELAYMPI_MODEL_DIR": ("--model-dir", "a model")}
 
 
@@ -85,6 +86,26 @@ def launcher(settings: JobSettings) -> str:
     return name
 
 
+def backend(settings: JobSettings) -> str:
+    """The trainer's backend: RELAYMPI_BACKEND, else local under RELAYMPI_LAUNCHER=local, else mpi."""
+    name = settings.get("RELAYMPI_BACKEND") or ("local" if launcher(settings) == "local" else "mpi")
+    if name not in BACKENDS:
+        raise JobsError(f"RELAYMPI_BACKEND must be {', '.join(BACKENDS)}, got {name!r}")
+    if name == "mpi" and launcher(settings) == "local":
+        raise JobsError("RELAYMPI_BACKEND=mpi runs one process per worker: use RELAYMPI_LAUNCHER srun or mpirun")
+    return name
+
+
+def one_process(settings: JobSettings) -> bool:
+    """Whether each configuration runs as one process (--backend local or batched): --ntasks=1."""
+    return backend(settings) != "mpi"
+
+
+def device(settings: JobSettings) -> str | None:
+    """RELAYMPI_DEVICE; the batched backend runs each configuration on one GPU unless it says otherwise."""
+    return settings.get("RELAYMPI_DEVICE") or ("cuda" if backend(settings) == "batched" else None)
+
+
 def data_dirs(task: str, sweep_name: str, settings: JobSettings) -> list[tuple[str, Path | None, str | None, str]]:
     """(RunConfig field, folder, data set, variable) for data_dir / model_dir: RELAYMPI_DATA_DIR /
     _MODEL_DIR if set, else the task's folder under the data root ($RELAYMPI_DATA, else
@@ -125,7 +146,7 @@ def command(world_size: int, config_file: Path, settings: JobSettings) -> list[s
     python = settings.get("RELAYMPI_PYTHON") or sys.executable
     train = [python, "-m", settings.get("RELAYMPI_TRAIN_MODULE", "relaympi.train"), *_trainer_args(config_file, settings)]
     name = launcher(settings)
-    if name == "local":
+    if one_process(settings):
         return train
     launcher_args = shlex.split(settings.get("RELAYMPI_LAUNCHER_ARGS", ""))
     if name == "srun":
@@ -137,13 +158,14 @@ def _job(index: int, point: GridPoint, sweep_name: str, settings: JobSettings, r
     config, world_size = point
     name = run_name(config, world_size)
     dirs = data_dirs(config.task, sweep_name, settings)
-    local = launcher(settings) == "local"
+    single = one_process(settings)
     config = replace(
         config,
         out=results / sweep_name / config.task / f"{name}.h5",
         checkpoint_dir=checkpoints / sweep_name / config.task / name,
-        backend="local" if local else "mpi",
-        workers=world_size if local else None,
+        backend=backend(settings),
+        workers=world_size if single else None,
+        device=device(settings) or config.device,
         **{field: path for field, path, _, _ in dirs if path is not None},
     )
     unset = tuple(variable for _, path, _, variable in dirs if path is None)

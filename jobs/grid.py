@@ -20,7 +20,18 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from jobs.commands import Job, check_jobs, config_json, data_problems, jobs, launcher, results_dir
+from jobs.commands import (
+    Job,
+    backend,
+    check_jobs,
+    config_json,
+    data_problems,
+    device,
+    jobs,
+    launcher,
+    one_process,
+    results_dir,
+)
 from jobs.runner import cmd_run
 from jobs.settings import JobsError, JobSettings
 from jobs.sweeps import SWEEPS, configurations, listed_fields, sweep
@@ -50,7 +61,10 @@ def _header(sweep_name: str, all_jobs: Sequence[Job]) -> list[str]:
 def cmd_list(sweep_name: str, settings: JobSettings) -> int:
     all_jobs = jobs(sweep_name, settings)
     print("\n".join(_header(sweep_name, all_jobs)))
-    print(f"{len(all_jobs)} configurations; launcher {launcher(settings)}; results in {results_dir(settings)}")
+    how = f"launcher {launcher(settings)}"
+    if backend(settings) == "batched":
+        how = f"backend batched (one process per configuration, device {device(settings)})"
+    print(f"{len(all_jobs)} configurations; {how}; results in {results_dir(settings)}")
     counts: dict[str, int] = {}
     for job in all_jobs:
         status = run_status(job.out)
@@ -82,11 +96,12 @@ def array_spec(indices: Sequence[int]) -> str:
 
 
 def cmd_plan(sweep_name: str, settings: JobSettings, include_finished: bool, dry_run: bool = False) -> int:
-    """Lines 'group<TAB>NTASKS<TAB>ARRAY<TAB>COUNT' (one per task count), then 'logs<TAB>DIR'.
+    """Lines 'group<TAB>NTASKS<TAB>ARRAY<TAB>COUNT' (one per task count), 'sbatch<TAB>OPTION' for
+    options the jobs need (a GPU for the batched backend), then 'logs<TAB>DIR'.
 
     Refuses (JobsError) when the data the planned jobs read is not present and verified; a dry
     run only warns."""
-    local = launcher(settings) == "local"
+    single = one_process(settings)
     groups: dict[int, list[int]] = {}
     finished = 0
     all_jobs = jobs(sweep_name, settings)
@@ -101,7 +116,7 @@ def cmd_plan(sweep_name: str, settings: JobSettings, include_finished: bool, dry
         if not include_finished and run_status(job.out) in FINISHED_STATUSES:
             finished += 1
             continue
-        groups.setdefault(1 if local else job.world_size, []).append(job.index)
+        groups.setdefault(1 if single else job.world_size, []).append(job.index)
         selected.append(job)
     problems = data_problems(selected, sweep_name, settings, hashes=True)
     if problems:
@@ -115,6 +130,8 @@ def cmd_plan(sweep_name: str, settings: JobSettings, include_finished: bool, dry
         print(f"jobs/grid.py: warning: {message}", file=sys.stderr)
     for ntasks, indices in sorted(groups.items()):
         print(f"group\t{ntasks}\t{array_spec(indices)}\t{len(indices)}")
+    if backend(settings) == "batched" and device(settings) == "cuda" and not settings.get("RELAYMPI_GPUS_PER_NODE"):
+        print("sbatch\t--gpus-per-node=1")  # every worker of a configuration on one GPU
     print(f"finished\t{finished}")
     print(f"logs\t{results_dir(settings) / 'logs'}")
     return 0

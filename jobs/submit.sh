@@ -59,6 +59,10 @@ if [[ -n "$extra" ]]; then
     site+=("${extra_args[@]}")
 fi
 max_parallel="$(relaympi_cfg RELAYMPI_MAX_PARALLEL)"
+# options the jobs themselves need (jobs/grid.py plan: a GPU for RELAYMPI_BACKEND=batched)
+while IFS=$'\t' read -r _ option; do
+    [[ -z "$option" ]] || site+=("$option")
+done < <(awk -F'\t' '$1 == "sbatch"' <<<"$plan")
 
 logs="$(awk -F'\t' '$1 == "logs" {print $2}' <<<"$plan")"
 finished="$(awk -F'\t' '$1 == "finished" {print $2}' <<<"$plan")"

@@ -253,6 +253,24 @@ def test_local_run_is_idempotent(tmp_path: Path) -> None:
     assert "group\t1\t1-2\t2" in plan and "finished\t1" in plan
 
 
+@pytest.mark.skipif(not HAVE_TRAIN, reason="relaympi.train is not available")
+def test_batched_backend_runs_each_configuration_as_one_process(tmp_path: Path) -> None:
+    """RELAYMPI_BACKEND=batched: one process per configuration, the same numbers as the local backend."""
+    batched = {**QUADRATICS, "RELAYMPI_BACKEND": "batched", "RELAYMPI_RESULTS_DIR": str(tmp_path / "batched")}
+    plan = grid("plan", "sweep_alpha", **batched).stdout
+    assert "group\t1\t0-2\t3" in plan and "sbatch\t--gpus-per-node=1" in plan  # one GPU per configuration
+    assert "sbatch\t" not in grid("plan", "sweep_alpha", **batched, RELAYMPI_GPUS_PER_NODE="2").stdout  # the site's own
+    runs = {}
+    for name, settings in (("batched", {**batched, "RELAYMPI_DEVICE": "cpu"}), ("local", {**QUADRATICS, "RELAYMPI_RESULTS_DIR": str(tmp_path / "local")})):
+        proc = bash("sweep_alpha.sh", "--index", "0", **settings)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        (out,) = (tmp_path / name / "sweep_alpha" / "quadratics").glob("relay_*.h5")
+        runs[name] = read_run(out)
+    assert runs["batched"].config["backend"] == "batched" and runs["batched"].config["workers"] == 2
+    for metric in ("suboptimality", "consensus_distance", "train_loss", "bytes_sent"):
+        np.testing.assert_allclose(runs["batched"].metric(metric), runs["local"].metric(metric), rtol=1e-9, atol=1e-12, err_msg=metric)
+
+
 # ------------------------------------------------------------------------------- real cluster
 
 
