@@ -29,15 +29,15 @@ ENGINES = ("local", "batched", "mpirun")
 
 
 @dataclass(frozen=True)
-class Workload:
+class EngineCase:
     args: tuple[str, ...]
     workers: int
     batch_size: int  # samples per worker per step
 
 
 WORKLOADS = {
-    "digits": Workload(("--task", "digits", "--algo", "relay", "--alpha", "0.01"), workers=16, batch_size=8),
-    "vgg11": Workload(("--task", "cifar10", "--algo", "relay", "--alpha", "0.1", "--steps", "6", "--eval-every", "1000000",
+    "digits": EngineCase(("--task", "digits", "--algo", "relay", "--alpha", "0.01"), workers=16, batch_size=8),
+    "vgg11": EngineCase(("--task", "cifar10", "--algo", "relay", "--alpha", "0.1", "--steps", "6", "--eval-every", "1000000",
                        "--eval-batch-size", "64"), workers=4, batch_size=8),
 }
 
@@ -58,7 +58,7 @@ class Timing:
         return 1e3 * self.train_s / self.steps
 
 
-def command(engine: str, workload: Workload, extra: list[str], out: Path) -> list[str]:
+def command(engine: str, workload: EngineCase, extra: list[str], out: Path) -> list[str]:
     train = [sys.executable, "-m", "relaympi.train", *workload.args, "--batch-size", str(workload.batch_size), *extra, "--out", str(out), "--overwrite"]
     if engine == "mpirun":
         return [_mpirun(), "-n", str(workload.workers), *train]
@@ -73,7 +73,7 @@ def _mpirun() -> str:
     return found
 
 
-def measure(engine: str, workload: Workload, extra: list[str], folder: Path) -> Timing:
+def measure(engine: str, workload: EngineCase, extra: list[str], folder: Path) -> Timing:
     """Train once with ``engine``; its timing from the run file."""
     out = folder / f"{engine}.h5"
     t0 = time.perf_counter()

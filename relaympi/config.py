@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relaympi.entrypoint import UsageParser
+
 BACKENDS = ("mpi", "local", "batched")
 
 
@@ -280,16 +282,6 @@ def _check_inputs_not_outputs(cfg: RunConfig) -> None:
                 raise ConfigError(f"{_flag(a)} and {_flag(b)} are the same file {getattr(cfg, a)}: {what}; choose another {_flag(b)}")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse misuse: exit 2 with a one-line reason
-        from relaympi.entrypoint import launcher_rank
-
-        if launcher_rank() != 0:  # under mpirun every rank parses the same flags: one copy of the message
-            self.exit(2)
-        self.print_usage()
-        self.exit(2, f"error: {message}\n")
-
-
 def _milestones(text: str) -> tuple[float, ...]:
     try:
         return tuple(float(v) for v in text.split(",") if v.strip())
@@ -304,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     from relaympi.tasks import TASK_NAMES
     from relaympi.topology import TOPOLOGY_NAMES
 
-    p = _Parser(
+    p = UsageParser(
         prog="python -m relaympi.train",
         description="Train with a decentralized algorithm: one worker per MPI rank (mpirun/srun), "
         "or --backend local --workers N in one process. Writes one HDF5 run file.",

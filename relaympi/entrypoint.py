@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable
 from typing import NoReturn
+
+EXIT_USAGE = 2
 
 
 def run(main: Callable[[], int | None]) -> NoReturn:
@@ -30,3 +33,14 @@ def launcher_rank() -> int:
         if value.isdigit():
             return int(value)
     return 0
+
+
+class UsageParser(argparse.ArgumentParser):
+    """argparse for relaympi's commands: misuse prints the usage and a one-line reason to stderr
+    and exits 2; under mpirun only rank 0 prints (every rank parses the same flags)."""
+
+    def error(self, message: str) -> NoReturn:
+        if launcher_rank() != 0:
+            self.exit(EXIT_USAGE)
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"error: {message}\n")

@@ -27,7 +27,7 @@ or -1, lowest suboptimality]; group `data` holds study-specific arrays (DME: MSE
 Modules: one per study (fig2, heterogeneity for "heterogeneity" and "star", social, dme,
 lr_correction), each with its settings, run and findings; tuned (the problems, and the tune /
 log / row / table step the optimization studies share); tables (plain-text tables, row
-look-ups); results (StudyResult, its HDF5 file and printed form); studies (the table of
+look-ups); findings (StudyResult, its HDF5 file and printed form); studies (the table of
 studies and their --quick settings); __main__ (the command line). The DME estimators live in
 relaympi.algorithms.dme_estimates.
 """

@@ -9,7 +9,7 @@ from pathlib import Path
 from threadpoolctl import threadpool_limits
 
 import benchmarks.quadratics
-from benchmarks.quadratics.results import report, write_result
+from benchmarks.quadratics.findings import report, write_result
 from benchmarks.quadratics.studies import STUDIES, run_study
 from relaympi.entrypoint import run
 from relaympi.provenance import collect

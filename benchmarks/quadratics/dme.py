@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.quadratics.results import Finding, StudyResult
+from benchmarks.quadratics.findings import Finding, StudyResult
 from benchmarks.quadratics.tables import find, grid
 from relaympi.algorithms.dme_estimates import (
     gossip_dme_estimates,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks._tuning import Method, SearchConfig, d2_method
-from benchmarks.quadratics.results import Finding, StudyResult
+from benchmarks.quadratics.findings import Finding, StudyResult
 from benchmarks.quadratics.tables import fmt, log_log_slope, ratio_within, steps_of
 from benchmarks.quadratics.tuned import (
     EXACT_DIFFUSION_MARK,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks._tuning import Method, SearchConfig, d2_method
-from benchmarks.quadratics.results import Finding, StudyResult
+from benchmarks.quadratics.findings import Finding, StudyResult
 from benchmarks.quadratics.tables import fmt, ratio_within, steps_of
 from benchmarks.quadratics.tuned import ProblemSettings, add_tuned, make_problem, tuned_tables
 from relaympi.topology import build

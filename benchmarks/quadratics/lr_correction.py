@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from benchmarks.quadratics.results import Finding, StudyResult
+from benchmarks.quadratics.findings import Finding, StudyResult
 from benchmarks.quadratics.tables import find, grid
 from relaympi.algorithms import lr_correction
 from relaympi.algorithms.matrix import effective_delays, make_matrix_algorithm

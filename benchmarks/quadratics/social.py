@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks._tuning import Method, SearchConfig
-from benchmarks.quadratics.results import Finding, StudyResult
+from benchmarks.quadratics.findings import Finding, StudyResult
 from benchmarks.quadratics.tables import find, fmt, grid
 from benchmarks.quadratics.tuned import ProblemSettings, add_tuned, make_problem, steps_cell
 from relaympi.topology import build, spanning_tree

@@ -11,9 +11,9 @@ from typing import Any
 from benchmarks._tuning import SearchConfig
 from benchmarks.quadratics.dme import DmeSettings, study_dme
 from benchmarks.quadratics.fig2 import Fig2Settings, study_fig2
+from benchmarks.quadratics.findings import StudyResult
 from benchmarks.quadratics.heterogeneity import HeterogeneitySettings, study_heterogeneity
 from benchmarks.quadratics.lr_correction import LrCorrectionSettings, study_lr_correction
-from benchmarks.quadratics.results import StudyResult
 from benchmarks.quadratics.social import SocialSettings, study_social
 
 QUICK_SEARCH = {"grid_points": 10, "rounds": 1, "round_points": 5, "max_steps": 2000}

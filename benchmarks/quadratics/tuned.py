@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks._tuning import Method, SearchConfig, Tuned, tune
-from benchmarks.quadratics.results import StudyResult
+from benchmarks.quadratics.findings import StudyResult
 from benchmarks.quadratics.tables import Row, find, fmt, grid
 from relaympi.tasks.quadratics import Quadratics, QuadraticsSpec, generate
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from relaympi.data.download import DataError
 from relaympi.data.manifest import VERIFIED
 from relaympi.data.paths import MIRROR_ENV, ROOT_ENV, data_root, fetch_command
+from relaympi.entrypoint import UsageParser
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -29,22 +30,16 @@ Exit status: 0 done, 1 failed (offline, bad checksum; check: a named set is not 
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # misuse: exit 2 with a one-line reason
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     from relaympi.data.sets import DATASETS, FETCHABLE
 
-    p = _Parser(
+    p = UsageParser(
         prog="python -m relaympi.data",
         description="Fetch, check and prepare the data sets of relaympi's tasks.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=UsageParser)
     root_help = f"data root (default ${ROOT_ENV}, else ~/.cache/relaympi)"
 
     fetch = sub.add_parser("fetch", help="download, verify and lay out public data sets")
