@@ -343,7 +343,8 @@ def _peak_allocated_bytes(fn, tmp_path) -> int:
 def test_relay_memory_is_no_more_than_message_passing(topo, n, tmp_path):
     """Issue 12: memory per worker no more than message passing uses. Batched: every tensor and array
     the relay holds plus the peak of what its steps allocate (with drops, both row parities); message
-    passing: every rank's RelaySum.buffers() (its steps allocate none), default options. float32."""
+    passing: every rank's RelaySum.buffers(), default options (its steps allocate no buffer of its
+    own; the transport's copies in flight are not counted, in its favour). float32."""
     numel, topology = 1 << 12, build(topo, n)
     X = torch.randn(n, numel)
     relay = BatchedRelaySum(topology, X, DropPolicy(DROP_PROB, seed=1))
