@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import gzip
+import json
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from relaympi.algorithms import (
     ALGORITHM_NAMES,
@@ -17,8 +22,11 @@ from relaympi.algorithms import (
     make_algorithm,
 )
 from relaympi.algorithms.matrix import make_matrix_algorithm
+from relaympi.algorithms.relaysum import RelaySum
 from relaympi.batched import BatchedOptimizer, make_batched_algorithm
+from relaympi.batched.relay import BatchedRelaySum
 from relaympi.comm import DropPolicy, run_local
+from relaympi.comm.buffers import padded_zeros
 from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.tasks.quadratics import QuadraticsSpec, generate
 from relaympi.topology import build
@@ -287,3 +295,80 @@ def test_float32_agrees_with_message_passing_at_full_precision_even_with_tf32_al
         torch.set_float32_matmul_precision(before)
     expected = np.stack(run_local(n, _float32_message_passing, case, drops=drops))
     np.testing.assert_allclose(X.numpy(), expected, rtol=0, atol=5e-6)
+
+
+def _held_bytes(obj, seen: set) -> int:
+    """Bytes of every tensor and numpy array reachable from ``obj`` through dataclasses, lists,
+    tuples and dicts, each storage once."""
+    if isinstance(obj, torch.Tensor):
+        key = obj.untyped_storage().data_ptr()
+        fresh = key not in seen
+        seen.add(key)
+        return obj.untyped_storage().nbytes() if fresh else 0
+    if isinstance(obj, np.ndarray):
+        base = obj if obj.base is None else obj.base
+        fresh = id(base) not in seen
+        seen.add(id(base))
+        return base.nbytes if fresh else 0
+    if isinstance(obj, (list, tuple)):
+        return sum(_held_bytes(x, seen) for x in obj)
+    if isinstance(obj, dict):
+        return sum(_held_bytes(x, seen) for x in obj.values())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return sum(_held_bytes(getattr(obj, f.name), seen) for f in dataclasses.fields(obj))
+    return 0
+
+
+def _peak_allocated_bytes(fn, tmp_path) -> int:
+    """The most CPU memory that what ``fn`` allocated ever held at once: the allocator's events,
+    as torch's memory profiler records them (its raw timeline: CREATE = 2, DESTROY = 4)."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        fn()
+    path = str(tmp_path / "memory.raw.json.gz")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # deprecated for CUDA's snapshots; the CPU timeline has no successor
+        prof.export_memory_timeline(path, device="cpu")
+    with gzip.open(path, "rt") as f:
+        events = json.load(f)
+    live = peak = 0
+    for _, action, nbytes, _ in sorted(events, key=lambda e: e[0]):
+        if action in (2, 4):
+            live += nbytes
+            peak = max(peak, live)
+    return peak
+
+
+@pytest.mark.parametrize("n", [16, 64])
+@pytest.mark.parametrize("topo", ["chain", "star", "binary-tree", "double-binary-trees"])
+def test_relay_memory_is_no_more_than_message_passing(topo, n, tmp_path):
+    """Issue 12: memory per worker no more than message passing uses. Batched: every tensor and array
+    the relay holds plus the peak of what its steps allocate (with drops, both row parities); message
+    passing: every rank's RelaySum.buffers(), default options (its steps allocate no buffer of its
+    own; the transport's copies in flight are not counted, in its favour). float32."""
+    numel, topology = 1 << 12, build(topo, n)
+    X = torch.randn(n, numel)
+    relay = BatchedRelaySum(topology, X, DropPolicy(DROP_PROB, seed=1))
+    sent = np.zeros((n, n), dtype=np.int64)
+
+    def steps(first: int) -> None:
+        for t in range(first, first + 2):
+            relay.exchange(X, t, sent)
+            relay.add_received(X, [float(n)] * topology.num_layers)
+
+    steps(0)
+    temporaries = _peak_allocated_bytes(lambda: steps(2), tmp_path)
+    batched = _held_bytes(relay.trees, set()) + temporaries
+    assert _peak_allocated_bytes(lambda: X.index_select(0, torch.arange(n)), tmp_path) >= X.nbytes  # it sees temporaries
+
+    def held_by_rank(comm) -> int:
+        parcel = padded_zeros(numel, dtype=torch.float32)
+        mp = RelaySum(comm, topology, numel, parcel)
+        for t in range(2):
+            mp.exchange(parcel, t)
+        held, bounce = mp.buffers()
+        return sum(b.untyped_storage().nbytes() for b in held + ([bounce] if bounce is not None else []))
+
+    passing = sum(run_local(n, held_by_rank))
+    model = n * numel * X.element_size()
+    assert temporaries < 0.05 * model  # no block-sized temporary: index arrays only
+    assert batched <= passing, f"batched {batched / model:.3f} vs message passing {passing / model:.3f} models per worker"
