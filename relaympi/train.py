@@ -114,14 +114,20 @@ def _configure(cfg: RunConfig, rank: int, local_size: int) -> None:
     signal.signal(signal.SIGUSR1, _request_stop)
 
 
-def _main_local(cfg: RunConfig, argv: list[str]) -> int:
-    _configure(cfg, 0, cfg.workers if cfg.workers > 1 else 1)
+def _one_process_plan(cfg: RunConfig) -> tuple[Plan, Path]:
+    """The plan of a run whose workers all live in this process, and its run file's path."""
     plan = resolve(cfg, cfg.workers)
     plan.warn_untuned_lr()
     out = Path(cfg.out) if cfg.out else default_out(plan.cfg, plan.world_size)
     out.parent.mkdir(parents=True, exist_ok=True)
     plan = plan.with_out(out)
     _save_problem(plan)
+    return plan, out
+
+
+def _main_local(cfg: RunConfig, argv: list[str]) -> int:
+    _configure(cfg, 0, cfg.workers if cfg.workers > 1 else 1)
+    plan, out = _one_process_plan(cfg)
     statuses = run_local(plan.world_size, _run_rank, plan, out, _rerun_command(argv), drops=DropPolicy(cfg.drop_prob, cfg.seed))
     print_summary(out, statuses[0])
     return _EXIT[statuses[0]]
@@ -129,12 +135,7 @@ def _main_local(cfg: RunConfig, argv: list[str]) -> int:
 
 def _main_batched(cfg: RunConfig, argv: list[str]) -> int:
     _configure(cfg, 0, 1)  # one process computes for every worker: all cores (--threads to choose)
-    plan = resolve(cfg, cfg.workers)
-    plan.warn_untuned_lr()
-    out = Path(cfg.out) if cfg.out else default_out(plan.cfg, plan.world_size)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    plan = plan.with_out(out)
-    _save_problem(plan)
+    plan, out = _one_process_plan(cfg)
     status = run_batched(plan, out, _rerun_command(argv))
     print_summary(out, status)
     return _EXIT[status]
