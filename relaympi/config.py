@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from relaympi.entrypoint import UsageParser
+from relaympi.tasks.quadratics import QuadraticsSpec
+from relaympi.topology import TOPOLOGY_NAMES
 
 BACKENDS = ("mpi", "local", "batched")
 
@@ -161,7 +163,6 @@ def validate(cfg: RunConfig) -> None:
     if cfg.algo not in ALGORITHM_NAMES:
         raise ConfigError(f"unknown algorithm {cfg.algo!r}; choose one of {', '.join(ALGORITHM_NAMES)}")
     if cfg.topology is not None:
-        from relaympi.topology import TOPOLOGY_NAMES
 
         base = cfg.topology.split(":", 1)[0]
         if cfg.topology not in TOPOLOGY_NAMES and base not in ("spanning-tree", "edge-list"):
@@ -215,7 +216,6 @@ def validate(cfg: RunConfig) -> None:
     if cfg.problem_file is not None and not Path(cfg.problem_file).is_file():
         raise ConfigError(f"--problem-file {cfg.problem_file} does not exist")
     if cfg.task == "quadratics":
-        from relaympi.tasks.quadratics import QuadraticsSpec
 
         spec = QuadraticsSpec()
         if cfg.dim is not None and cfg.dim < 1:
@@ -294,12 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
     from relaympi.algorithms import ALGORITHM_NAMES, RELAY_MODES
     from relaympi.optim import OPTIMIZERS
     from relaympi.tasks import TASK_NAMES
-    from relaympi.topology import TOPOLOGY_NAMES
 
     p = UsageParser(
         prog="python -m relaympi.train",
         description="Train with a decentralized algorithm: one worker per MPI rank (mpirun/srun), "
-        "or --backend local --workers N in one process. Writes one HDF5 run file.",
+        "--backend local --workers N (threads of one process), or --backend batched --workers N "
+        "(one batched computation on one device). Writes one HDF5 run file.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n".join([
             "topologies (--topology):",

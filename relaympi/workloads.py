@@ -17,6 +17,7 @@ from relaympi.tasks.base import ClassificationTask, TaskOptions
 from relaympi.tasks.partition import ShardSampler, dirichlet_partition, steps_per_epoch
 
 if TYPE_CHECKING:
+    from relaympi.config import RunConfig
     from relaympi.tasks.quadratics import Quadratics
     from relaympi.training.plan import Plan
 
@@ -65,13 +66,18 @@ def _shared(key: tuple, make: Callable[[], Any]) -> Any:
         return _SHARED[key]
 
 
-def model_workload(task_cls: type[ClassificationTask], plan: Plan, rank: int, device: str) -> ModelWorkload:
-    """Worker ``rank``'s model on its Dirichlet shard; the data set and partition are loaded once per process."""
-    cfg = plan.cfg
-    options = TaskOptions(
+def task_options(cfg: RunConfig, device: str) -> TaskOptions:
+    """What the run's config tells a task."""
+    return TaskOptions(
         data_dir=cfg.data_dir, model_dir=cfg.model_dir, seed=cfg.seed, eval_batch_size=cfg.eval_batch_size,
         num_loader_workers=cfg.loader_workers, device=device,
     )
+
+
+def model_workload(task_cls: type[ClassificationTask], plan: Plan, rank: int, device: str) -> ModelWorkload:
+    """Worker ``rank``'s model on its Dirichlet shard; the data set and partition are loaded once per process."""
+    cfg = plan.cfg
+    options = task_options(cfg, device)
     task = _shared(("task", cfg.task, options), lambda: task_cls(options))
     parts = _shared(("parts", cfg.task, options, plan.world_size, cfg.alpha), lambda: dirichlet_partition(task.train_labels, plan.world_size, cfg.alpha, cfg.seed))
     return ModelWorkload(task, plan, rank, device, parts[rank])

@@ -61,6 +61,15 @@ def test_a_combination_the_trainer_refuses_exits_2(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "not a tree" in proc.stderr and not called.exists()
 
 
+def test_a_task_the_batched_backend_cannot_run_exits_2(tmp_path: Path) -> None:
+    """AG News (structured inputs) under RELAYMPI_BACKEND=batched: refused before any GPU job starts."""
+    settings = {**DIGITS, "RELAYMPI_TASK": "agnews", "RELAYMPI_BACKEND": "batched", "RELAYMPI_ALLOW_UNVERIFIED_DATA": "1",
+                "RELAYMPI_DATA_DIR": str(tmp_path), "RELAYMPI_MODEL_DIR": str(tmp_path)}
+    proc, called = _submit(tmp_path, **settings, RELAYMPI_ALGOS="relay")
+    assert proc.returncode == 2, proc.stderr
+    assert "--backend batched cannot run task 'agnews'" in proc.stderr and not called.exists()
+
+
 def test_a_valid_grid_is_submitted(tmp_path: Path) -> None:
     proc, called = _submit(tmp_path, **DIGITS, RELAYMPI_ALGOS="relay dpsgd")
     assert proc.returncode == 0, proc.stderr

@@ -33,8 +33,8 @@ class BatchedData:
         self._gather_only = isinstance(task, DigitsTask)
         if isinstance(task, cifar10.Cifar10Task):
             # the task keeps its training set as uint8 tensors in host memory; one device copy serves all workers
-            self._images = task._train_images.to(self.device)
-            self._targets = task._train_targets.to(self.device)
+            images, targets = task.train_tensors
+            self._images, self._targets = images.to(self.device), targets.to(self.device)
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs [N, B, ...], targets [N, B]) of step ``step`` on the training device."""

@@ -28,17 +28,18 @@ import torch
 
 from relaympi.batched.algorithms import make_batched_algorithm
 from relaympi.batched.data import BatchedData
-from relaympi.batched.models import BatchedModel, refuse_unsupported
+from relaympi.batched.models import BatchedModel
 from relaympi.batched.optim import BatchedOptimizer
 from relaympi.comm import DropPolicy
-from relaympi.tasks import TaskOptions
+from relaympi.config import ConfigError
 from relaympi.tasks.partition import dirichlet_partition
 from relaympi.tasks.quadratics import QuadraticsTask
 from relaympi.training.checkpointing import Checkpoints
+from relaympi.training.evaluation import device_memory, row_header
 from relaympi.training.loop import FAULT_ENV, STOP, TrainingLoop, device_for
 from relaympi.training.plan import Plan
 from relaympi.training.run_file import writer_factory
-from relaympi.workloads import QuadraticWorkload
+from relaympi.workloads import QuadraticWorkload, task_options
 
 log = logging.getLogger("relaympi.train")
 
@@ -50,11 +51,8 @@ class ModelEngine:
 
     def __init__(self, plan: Plan, device: torch.device):
         cfg = plan.cfg
-        options = TaskOptions(data_dir=cfg.data_dir, model_dir=cfg.model_dir, seed=cfg.seed, eval_batch_size=cfg.eval_batch_size,
-                              num_loader_workers=cfg.loader_workers, device=str(device))
-        task_class = plan.task
-        refuse_unsupported(task_class)  # before its data loads
-        self.task = task_class(options)
+        options = task_options(cfg, str(device))
+        self.task = plan.task(options)  # resolve refused tasks this engine cannot run, before any data loads
         self.model = BatchedModel(self.task, cfg.seed, device)
         parts = dirichlet_partition(self.task.train_labels, plan.world_size, cfg.alpha, cfg.seed)
         self.data = BatchedData(self.task, parts, cfg.batch_size, cfg.seed, device)
@@ -150,6 +148,8 @@ class BatchedRun(TrainingLoop):
         self.checkpoints = Checkpoints(cfg, self.out, 0, self.n, engine=BACKEND)
         self.loss_sum = np.zeros(self.n)
         self._G: torch.Tensor | None = None
+        if self.inject is not None and not 0 <= self.inject[0] < self.n:
+            raise ConfigError(f"{FAULT_ENV} names worker {self.inject[0]}, but the run has workers 0..{self.n - 1}")
 
     @property
     def x(self) -> torch.Tensor:
@@ -198,20 +198,15 @@ class BatchedRun(TrainingLoop):
 
     def evaluate(self, step: int) -> None:
         train_loss = self.train_loss(self.engine.current_losses)
-        every = np.ones(self.n)
+        # one process runs every worker: each worker's column holds the process's times and memory
+        shared = {name: np.full(self.n, value) for name, value in {**self.timers.record(), **device_memory(self.engine.X)}.items()}
         row = {
-            "step": step,
-            "epoch": self.schedule.epoch_at(step),
-            "time_s": self.elapsed(),
-            "lr": self.schedule.lr_at(step),
+            **row_header(self.schedule, step, self.elapsed()),
             "train_loss": np.asarray(train_loss, dtype=np.float64),
             "bytes_sent": self._bytes_per_worker(),
-            # one process runs every worker: each worker's column holds the process's times
-            **{name: every * seconds for name, seconds in self.timers.record().items()},
+            **shared,
+            **self.engine.metrics(),
         }
-        if self.device.type == "cuda":
-            row["gpu_max_memory_bytes"] = every * float(torch.cuda.max_memory_allocated(self.device))
-        row.update(self.engine.metrics())
         self.writer.append(row)
         self.log_evaluation(row, self.n)
 

@@ -31,6 +31,8 @@ Exit status: 0 done, 1 failed (offline, bad checksum; check: a named set is not 
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # relaympi.data.sets and the task modules are imported where a subcommand needs them, so that
+    # `--help` and a usage error answer at once
     from relaympi.data.sets import DATASETS, FETCHABLE
 
     p = UsageParser(

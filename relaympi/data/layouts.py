@@ -8,6 +8,8 @@ from pathlib import Path
 
 def cifar10_problem(directory: Path) -> str:
     """'' if the CIFAR-10 loader finds a complete copy in ``directory``; else what is missing."""
+    # the task modules are imported where asked: they import torch (and relaympi.data), which
+    # `python -m relaympi.data check` must not pay for
     from relaympi.tasks.cifar10 import (
         BINARY_DIR,
         BINARY_TEST,

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from relaympi.data.paths import fetch_hint
 from relaympi.tasks.base import ClassificationTask, TaskDefaults, TaskError, TaskOptions, lr_column
 
 NUM_CLASSES = 4  # World, Sports, Business, Sci/Tech
@@ -66,12 +67,6 @@ _CSV_HINT = (
 )
 
 
-def _fetch_hint(name: str, directory: Path) -> str:
-    from relaympi.data.paths import fetch_hint
-
-    return fetch_hint(name, directory)
-
-
 def _transformers() -> Any:
     """Import transformers with the hub switched off: this task never downloads anything."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -107,7 +102,7 @@ def read_agnews_csv(path: Path) -> tuple[list[str], np.ndarray]:
     Fields are CSV-quoted (commas and doubled quotes inside them); a header row is skipped.
     """
     if not path.is_file():
-        raise TaskError(f"{path} not found; expected {_CSV_HINT}. {_fetch_hint('agnews', path.parent)}")
+        raise TaskError(f"{path} not found; expected {_CSV_HINT}. {fetch_hint('agnews', path.parent)}")
     texts: list[str] = []
     labels: list[int] = []
     with open(path, newline="", encoding="utf-8") as f:
@@ -145,7 +140,7 @@ def check_model_dir(model_dir: Path | None) -> Path:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise TaskError(
-            f"{model_dir} is not a directory; {expected}. {_fetch_hint('distilbert', model_dir)} Or {_SAVE_HINT}"
+            f"{model_dir} is not a directory; {expected}. {fetch_hint('distilbert', model_dir)} Or {_SAVE_HINT}"
         )
     missing = model_dir_missing(model_dir)
     if missing:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from relaympi.data.paths import fetch_hint
 from relaympi.tasks.base import ClassificationTask, TaskDefaults, TaskError, TaskOptions, lr_column
 from relaympi.tasks.models import VGG11, seeded
 
@@ -102,6 +103,12 @@ class Cifar10Task(ClassificationTask):
     @property
     def num_test(self) -> int:
         return len(self._test_targets)
+
+    @property
+    def train_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(uint8 images [n, *IMAGE_SHAPE], int64 targets [n]) of the training set, in index
+        order: what ``train_batch`` crops, flips and normalizes (the batched engine does it on a device)."""
+        return self._train_images, self._train_targets
 
     def build_model(self, seed: int) -> torch.nn.Module:
         return seeded(seed, lambda: VGG11(NUM_CLASSES)).to(self.options.device)
@@ -216,8 +223,6 @@ def load_cifar10(data_dir: Path | str | None) -> tuple[Split, Split]:
 
 
 def _where_to_get_it(data_dir: Path | None) -> str:
-    from relaympi.data.paths import fetch_hint
-
     return (
         f"{fetch_hint('cifar10', data_dir)} "
         "Expected the binary version: cifar-10-batches-bin/data_batch_1.bin ... "

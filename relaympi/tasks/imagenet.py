@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+from relaympi.data.paths import fetch_hint
 from relaympi.tasks.base import ClassificationTask, TaskDefaults, TaskError, TaskOptions
 from relaympi.tasks.evonorm import resnet20_evonorm
 
@@ -243,8 +244,6 @@ class ImageNetTask(ClassificationTask):
                     if split == "val"
                     else ""
                 )
-                from relaympi.data.paths import fetch_hint
-
                 raise TaskError(f"{root / split} is not a directory; expected {_LAYOUT}{hint}. {fetch_hint('imagenet', root)}")
         self._classes = _class_dirs(root / "train")
         if not self._classes:

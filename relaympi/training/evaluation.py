@@ -39,12 +39,19 @@ class Timers:
         return cls(*values)
 
 
+def row_header(schedule: Schedule, step: int, elapsed: float) -> dict[str, float]:
+    """The run file's per-evaluation values that are the same for every worker."""
+    return {"step": step, "epoch": schedule.epoch_at(step), "time_s": elapsed, "lr": schedule.lr_at(step)}
+
+
+def device_memory(x: torch.Tensor) -> dict[str, float]:
+    """The peak GPU memory of ``x``'s device (the run file's gpu_max_memory_bytes), nothing on a CPU."""
+    return {"gpu_max_memory_bytes": float(torch.cuda.max_memory_allocated(x.device))} if x.is_cuda else {}
+
+
 def worker_record(workload: Workload, train_loss: float, bytes_sent: float, timers: Timers) -> dict[str, float]:
     """This worker's values at an evaluation, by column name (the same names on every worker)."""
-    record = {"train_loss": train_loss, **workload.evaluate(), "bytes_sent": bytes_sent, **timers.record()}
-    if workload.x.is_cuda:
-        record["gpu_max_memory_bytes"] = float(torch.cuda.max_memory_allocated(workload.x.device))
-    return record
+    return {"train_loss": train_loss, **workload.evaluate(), "bytes_sent": bytes_sent, **timers.record(), **device_memory(workload.x)}
 
 
 def gather_record(comm: Communicator, record: dict[str, float]) -> dict[str, np.ndarray] | None:
@@ -68,7 +75,7 @@ class Evaluator:
         params = self.comm.gather_rows(self.workload.x.detach().cpu().numpy()) if self.workload.reports_params else None
         if self.comm.rank != 0:
             return None
-        row: dict[str, Any] = {"step": step, "epoch": self.schedule.epoch_at(step), "time_s": elapsed, "lr": self.schedule.lr_at(step), **columns}
+        row: dict[str, Any] = {**row_header(self.schedule, step, elapsed), **columns}
         if params is not None:
             row.update(self.workload.summarize(params))
             if self.plan.cfg.record_params:

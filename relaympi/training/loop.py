@@ -148,7 +148,7 @@ class TrainingLoop(ABC):
     def train_loss(self, current: Callable[[], float | np.ndarray]) -> float | np.ndarray:
         """The mean training loss since the last evaluation (``current()`` before any step), then reset."""
         loss = self.loss_sum / self.loss_count if self.loss_count else current()
-        self.loss_sum, self.loss_count = self.loss_sum * 0.0, 0
+        self.loss_sum, self.loss_count = (np.zeros_like(self.loss_sum) if isinstance(self.loss_sum, np.ndarray) else 0.0), 0
         return loss
 
     def log_evaluation(self, row: dict[str, Any], workers: int) -> None:

@@ -23,6 +23,7 @@ from relaympi.algorithms import (
     get_algorithm_class,
     lr_correction,
 )
+from relaympi.batched.models import refuse_unsupported
 from relaympi.config import ConfigError, RunConfig
 from relaympi.data import task_dirs
 from relaympi.optim import OptimizerConfig
@@ -149,6 +150,8 @@ def resolve(cfg: RunConfig, world_size: int) -> Plan:
         check_combination(cfg.algo, topology, optimizer, options)
     except AlgorithmError as exc:
         raise ConfigError(str(exc)) from exc
+    if cfg.backend == "batched":
+        refuse_unsupported(task)  # what the task's class tells (its model is checked once built)
     lr = float(cfg.lr) * (lr_correction(topology) if cfg.relay_lr_correction else 1.0)  # validate() refused it for other algorithms
     return Plan(cfg=cfg, world_size=world_size, topology=topology, task=task, optimizer=optimizer, algorithm_options=options,
                 lr=lr, problem=problem, lr_warning=lr_warning)

@@ -47,7 +47,6 @@ def writer_factory(plan: Plan, out: Path, command: str) -> Any:
     return make
 
 
-
 def print_summary(out: Path, status: str) -> None:
     """The line a finished command prints: where the run file is and its final metrics."""
     try:
