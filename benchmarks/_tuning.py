@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from relaympi.algorithms.d2 import d2_allows
+from relaympi.algorithms.d2_rule import d2_allows
 from relaympi.algorithms.matrix import make_matrix_algorithm
 from relaympi.optim import OptimizerConfig
 from relaympi.tasks.quadratics import Quadratics

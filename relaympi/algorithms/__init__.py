@@ -1,51 +1,38 @@
-"""Decentralized optimizers over a Communicator: RelaySGD, RelaySGD/Grad and the paper's baselines."""
+"""Decentralized optimizers over a Communicator: RelaySGD, RelaySGD/Grad and the paper's baselines.
+
+Names load on first use (PEP 562): the torch-free parts (RelaySGD's lr correction, D²'s
+eigenvalue rule) serve `python -m relaympi.topology` without importing torch.
+"""
 
 from __future__ import annotations
 
-import torch
+import importlib
+from typing import Any
 
-from relaympi.algorithms.allreduce import AllReduce
-from relaympi.algorithms.base import Algorithm, AlgorithmError, AlgorithmOptions, round_id
-from relaympi.algorithms.d2 import D2
-from relaympi.algorithms.dpsgd import DPSGD
-from relaympi.algorithms.gt import GradientTracking
-from relaympi.algorithms.qgm import QuasiGlobalMomentum
-from relaympi.algorithms.relay import RELAY_MODES, RelaySGD, RelaySGDGrad
-from relaympi.algorithms.relay_lr import lr_correction
-from relaympi.algorithms.sgp import SGP
-from relaympi.comm import Communicator
-from relaympi.optim import LocalOptimizer, OptimizerConfig
-from relaympi.topology import Topology
-
-ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (AllReduce, DPSGD, QuasiGlobalMomentum, D2, GradientTracking, SGP, RelaySGD, RelaySGDGrad)
+_HOME = {
+    "ALGORITHMS": "registry",
+    "ALGORITHM_NAMES": "registry",
+    "check_combination": "registry",
+    "default_topology": "registry",
+    "get_algorithm_class": "registry",
+    "make_algorithm": "registry",
+    "RELAY_MODES": "relay",
+    "Algorithm": "base",
+    "AlgorithmError": "base",
+    "AlgorithmOptions": "base",
+    "round_id": "base",
+    "lr_correction": "relay_lr",
 }
-ALGORITHM_NAMES = tuple(ALGORITHMS)
 
 
-def default_topology(algo: str) -> str:
-    return get_algorithm_class(algo).default_topology
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
 
 
-def get_algorithm_class(algo: str) -> type[Algorithm]:
-    if algo not in ALGORITHMS:
-        raise AlgorithmError(f"unknown algorithm {algo!r}; choose one of {', '.join(ALGORITHM_NAMES)}")
-    return ALGORITHMS[algo]
-
-
-def check_combination(algo: str, topology: Topology, optimizer: OptimizerConfig, options: AlgorithmOptions) -> None:
-    """Raise AlgorithmError unless ``algo`` runs on ``topology`` with this optimizer and options."""
-    get_algorithm_class(algo).check(topology, optimizer, options)
-
-
-def make_algorithm(
-    algo: str, comm: Communicator, topology: Topology, optimizer: LocalOptimizer, x0: torch.Tensor, options: AlgorithmOptions | None = None
-) -> Algorithm:
-    """Build algorithm ``algo`` for this worker; refuses invalid combinations with a clear error."""
-    cls = get_algorithm_class(algo)
-    if topology.world_size != comm.world_size:
-        raise AlgorithmError(f"topology {topology.name!r} is for {topology.world_size} workers, the world has {comm.world_size}")
-    return cls(comm, topology, optimizer, x0, options or AlgorithmOptions())
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOME])
 
 
 __all__ = [

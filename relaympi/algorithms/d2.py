@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 import numpy as np
 import torch
 
@@ -15,17 +13,10 @@ from relaympi.algorithms.base import (
     MatrixForm,
     round_id,
 )
+from relaympi.algorithms.d2_rule import D2_MIN_EIGENVALUE, d2_allows
 from relaympi.algorithms.gossip import GossipMixer, mixing_matrix_for
 from relaympi.optim import OptimizerConfig
 from relaympi.topology import Topology
-
-# D² converges only if the gossip matrix's smallest eigenvalue is >= -1/3 (Tang et al. 2018).
-D2_MIN_EIGENVALUE = Fraction(-1, 3)
-
-
-def d2_allows(smallest_eigenvalue: float) -> bool:
-    """Whether D² may gossip with a matrix whose smallest eigenvalue is this (to rounding)."""
-    return smallest_eigenvalue >= D2_MIN_EIGENVALUE - 1e-12
 
 
 def d2_mixing_matrix(topology: Topology, exact_diffusion: bool, force: bool) -> np.ndarray:

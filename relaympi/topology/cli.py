@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from relaympi.algorithms import lr_correction
-from relaympi.algorithms.d2 import D2_MIN_EIGENVALUE, d2_allows
+from relaympi.algorithms.d2_rule import D2_MIN_EIGENVALUE, d2_allows
 
 from .core import Topology
 from .errors import TopologyError
