@@ -28,5 +28,5 @@ class AllReduce(Algorithm):
     matrix_form = AllReduceMatrix
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        self.comm.allreduce_mean(grad)
+        self.mixers.allreduce_mean(grad)
         self.optimizer.update(grad, x, lr, apply=True)

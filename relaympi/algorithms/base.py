@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
+from relaympi.algorithms.gossip import CommMixers, Mixers
 from relaympi.comm import Communicator
 from relaympi.optim import LocalOptimizer, OptimizerConfig
 from relaympi.topology import Topology
@@ -93,6 +94,10 @@ class Algorithm(ABC):
 
     A class declares what it accepts (``default_topology``, ``topology_kind``, ``needs_momentum``)
     and ``check`` refuses anything else; ``matrix_form`` is its vectorized form.
+
+    The gossip algorithms, SGP and all-reduce communicate only through ``mixers`` (gossip.Mixers):
+    by default CommMixers over ``comm``; the batched engine passes its BatchedMixers (and no
+    comm), and the same step then runs on every worker's x stacked as the rows of x [N, numel].
     """
 
     name: ClassVar[str]
@@ -108,9 +113,13 @@ class Algorithm(ABC):
         if cls.needs_momentum and (optimizer.name != "sgd" or not optimizer.momentum):
             raise AlgorithmError(f"{cls.name} needs --optimizer sgd with --momentum > 0 (got {optimizer.name}, momentum {optimizer.momentum})")
 
-    def __init__(self, comm: Communicator, topology: Topology, optimizer: LocalOptimizer, x0: torch.Tensor, options: AlgorithmOptions):
+    def __init__(
+        self, comm: Communicator | None, topology: Topology, optimizer: LocalOptimizer, x0: torch.Tensor, options: AlgorithmOptions,
+        mixers: Mixers | None = None,
+    ):
         self.check(topology, optimizer.config, options)
         self.comm = comm
+        self.mixers = mixers if mixers is not None else CommMixers(comm)
         self.topology = topology
         self.optimizer = optimizer
         self.options = options

@@ -14,7 +14,7 @@ from relaympi.algorithms.base import (
     round_id,
 )
 from relaympi.algorithms.d2_rule import D2_MIN_EIGENVALUE, d2_allows
-from relaympi.algorithms.gossip import GossipMixer, mixing_matrix_for
+from relaympi.algorithms.gossip import mixing_matrix_for
 from relaympi.optim import OptimizerConfig
 from relaympi.topology import Topology
 
@@ -67,10 +67,9 @@ class D2(Algorithm):
         super().check(topology, optimizer, options)
         d2_mixing_matrix(topology, options.d2_exact_diffusion, options.d2_force)
 
-    def __init__(self, comm, topology, optimizer, x0, options):
-        super().__init__(comm, topology, optimizer, x0, options)
-        w = d2_mixing_matrix(topology, options.d2_exact_diffusion, options.d2_force)
-        self.mixer = GossipMixer(comm, w, topology.neighbors(comm.rank), self.numel, x0)
+    def __init__(self, comm, topology, optimizer, x0, options, mixers=None):
+        super().__init__(comm, topology, optimizer, x0, options, mixers)
+        self.mixer = self.mixers.gossip(d2_mixing_matrix(topology, options.d2_exact_diffusion, options.d2_force), x0)
         self.correction = torch.zeros_like(x0)
         self._half = torch.zeros_like(x0)
 

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from relaympi.algorithms.base import ONE_GRAPH, Algorithm, MatrixForm, round_id
-from relaympi.algorithms.gossip import GossipMixer, mixing_matrix_for
+from relaympi.algorithms.gossip import mixing_matrix_for
 
 
 class DPSGDMatrix(MatrixForm):
@@ -26,9 +26,9 @@ class DPSGD(Algorithm):
     topology_kind = ONE_GRAPH
     matrix_form = DPSGDMatrix
 
-    def __init__(self, comm, topology, optimizer, x0, options):
-        super().__init__(comm, topology, optimizer, x0, options)
-        self.mixer = GossipMixer(comm, mixing_matrix_for(topology), topology.neighbors(comm.rank), self.numel, x0)
+    def __init__(self, comm, topology, optimizer, x0, options, mixers=None):
+        super().__init__(comm, topology, optimizer, x0, options, mixers)
+        self.mixer = self.mixers.gossip(mixing_matrix_for(topology), x0)
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
         self.optimizer.update(grad, x, lr, apply=True)  # x(t+1/2), paper eq. (DP-SGD)

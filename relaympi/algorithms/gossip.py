@@ -1,6 +1,8 @@
-"""Gossip averaging with a fixed mixing matrix W over the topology's neighbours (with drop renormalization)."""
+"""Gossip averaging with a mixing matrix W (with drop renormalization), and the injectable Mixers an algorithm communicates through."""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -9,29 +11,76 @@ from relaympi.comm import Communicator
 from relaympi.topology import Topology
 
 
+class Mixer(Protocol):
+    def mix(self, x: torch.Tensor, round: int, tag: int = 0) -> None:
+        """In place: x <- W x over this mixer's matrix, in communication round ``round``."""
+
+
+class Mixers(Protocol):
+    """What the gossip algorithms and all-reduce communicate through: CommMixers here (one worker's x),
+    relaympi.batched.mixer.BatchedMixers in the batched engine (every worker's x as the rows of X)."""
+
+    def gossip(self, mixing: np.ndarray, like: torch.Tensor) -> Mixer:
+        """A mixer averaging tensors shaped as ``like`` with W = ``mixing``: worker i receives from
+        every j != i with W_ij != 0 (the topology's neighbours for a gossip matrix)."""
+
+    def allreduce_mean(self, x: torch.Tensor) -> None:
+        """In place: x <- the mean of x over all workers (a collective: never dropped, no bytes counted)."""
+
+
 class GossipMixer:
     """x_i <- W_ii x_i + sum_j W_ij x_j over neighbours j.
 
     A lost message's weight is dropped and the remaining weights are renormalized to sum
-    to one, so a worker never mixes in stale or empty models.
+    to one, so a worker never mixes in stale or empty models. x goes to ``send_to``
+    (default: the neighbours).
     """
 
-    def __init__(self, comm: Communicator, mixing: np.ndarray, neighbors: tuple[int, ...], numel: int, like: torch.Tensor):
+    def __init__(
+        self, comm: Communicator, mixing: np.ndarray, neighbors: tuple[int, ...], numel: int, like: torch.Tensor,
+        send_to: tuple[int, ...] | None = None, received: dict[int, torch.Tensor] | None = None,
+    ):
         self.comm = comm
         self.neighbors = tuple(sorted(neighbors))
+        self.send_to = self.neighbors if send_to is None else tuple(sorted(send_to))
         self.self_weight = float(mixing[comm.rank, comm.rank])
         self.weights = {j: float(mixing[comm.rank, j]) for j in self.neighbors}
-        self.received = {j: torch.empty(numel, dtype=like.dtype, device=like.device) for j in self.neighbors}
+        if received is None:
+            received = {j: torch.empty(numel, dtype=like.dtype, device=like.device) for j in self.neighbors}
+        self.received = received
 
     def mix(self, x: torch.Tensor, round: int, tag: int = 0) -> None:
         """In place: x <- the weighted average of x and the neighbours' x."""
-        request = self.comm.exchange({j: x for j in self.neighbors}, self.received, tag=tag, round=round)
+        request = self.comm.exchange({j: x for j in self.send_to}, self.received, tag=tag, round=round)
         delivered = request.wait()
         total = self.self_weight + sum(self.weights[j] for j in delivered)
         x.mul_(self.self_weight / total)
         for j in self.neighbors:  # sorted: the same summation order on every backend
             if j in delivered:
                 x.add_(self.received[j], alpha=self.weights[j] / total)
+
+
+class CommMixers:
+    """Mixers over one worker's Communicator. Mixers of the same size share receive buffers
+    (an algorithm's mixers take turns: SGP's one per hop length needs one buffer, not one per hop)."""
+
+    def __init__(self, comm: Communicator):
+        self.comm = comm
+        self._buffers: dict[tuple[int, int], torch.Tensor] = {}  # (k-th neighbour, numel) -> buffer
+
+    def gossip(self, mixing: np.ndarray, like: torch.Tensor) -> GossipMixer:
+        rank, numel = self.comm.rank, like.numel()
+        receive = tuple(int(j) for j in np.flatnonzero(mixing[rank]) if j != rank)
+        send = tuple(int(j) for j in np.flatnonzero(mixing[:, rank]) if j != rank)
+        received = {}
+        for k, j in enumerate(receive):
+            if (k, numel) not in self._buffers:
+                self._buffers[k, numel] = torch.empty(numel, dtype=like.dtype, device=like.device)
+            received[j] = self._buffers[k, numel]
+        return GossipMixer(self.comm, mixing, receive, numel, like, send_to=send, received=received)
+
+    def allreduce_mean(self, x: torch.Tensor) -> None:
+        self.comm.allreduce_mean(x)
 
 
 def mixing_matrix_for(topology: Topology) -> np.ndarray:

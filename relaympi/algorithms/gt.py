@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from relaympi.algorithms.base import ONE_GRAPH, Algorithm, MatrixForm, round_id
-from relaympi.algorithms.gossip import GossipMixer, mixing_matrix_for
+from relaympi.algorithms.gossip import mixing_matrix_for
 
 
 class GradientTrackingMatrix(MatrixForm):
@@ -39,17 +39,17 @@ class GradientTracking(Algorithm):
     topology_kind = ONE_GRAPH
     matrix_form = GradientTrackingMatrix
 
-    def __init__(self, comm, topology, optimizer, x0, options):
-        super().__init__(comm, topology, optimizer, x0, options)
-        n = self.numel
-        self.packed = torch.zeros(2 * n, dtype=x0.dtype, device=x0.device)
+    def __init__(self, comm, topology, optimizer, x0, options, mixers=None):
+        super().__init__(comm, topology, optimizer, x0, options, mixers)
+        n = x0.shape[-1]  # [x+u+c, c+u] side by side in the last dimension (batched: every row)
+        self.packed = torch.zeros((*x0.shape[:-1], 2 * n), dtype=x0.dtype, device=x0.device)
         self.correction = torch.zeros_like(x0)
-        self.mixer = GossipMixer(comm, mixing_matrix_for(topology), topology.neighbors(comm.rank), 2 * n, x0)
+        self.mixer = self.mixers.gossip(mixing_matrix_for(topology), self.packed)
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        n = self.numel
-        u = self.optimizer.update(grad, x, lr)
-        model, corr = self.packed[:n], self.packed[n:]
+        n = x.shape[-1]
+        u = self.optimizer.update(grad, x, lr, apply=False)
+        model, corr = self.packed[..., :n], self.packed[..., n:]
         torch.add(x, u, out=model).add_(self.correction)
         torch.add(self.correction, u, out=corr)
         self.mixer.mix(self.packed, round_id(step))

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from relaympi.algorithms.base import ONE_GRAPH, Algorithm, MatrixForm, round_id
-from relaympi.algorithms.gossip import GossipMixer, mixing_matrix_for
+from relaympi.algorithms.gossip import mixing_matrix_for
 
 
 class QuasiGlobalMomentumMatrix(MatrixForm):
@@ -44,10 +44,10 @@ class QuasiGlobalMomentum(Algorithm):
     needs_momentum = True  # quasi-global *momentum*: meaningless without it
     matrix_form = QuasiGlobalMomentumMatrix
 
-    def __init__(self, comm, topology, optimizer, x0, options):
-        super().__init__(comm, topology, optimizer, x0, options)
+    def __init__(self, comm, topology, optimizer, x0, options, mixers=None):
+        super().__init__(comm, topology, optimizer, x0, options, mixers)
         self.beta = optimizer.config.momentum
-        self.mixer = GossipMixer(comm, mixing_matrix_for(topology), topology.neighbors(comm.rank), self.numel, x0)
+        self.mixer = self.mixers.gossip(mixing_matrix_for(topology), x0)
         self.momentum_buffer = torch.zeros_like(x0)
         self._x_before = torch.zeros_like(x0)
         self._direction = torch.zeros_like(x0)

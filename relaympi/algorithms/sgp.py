@@ -28,30 +28,25 @@ class SGPMatrix(MatrixForm):
 class SGP(Algorithm):
     """Round r (global counter t' = 2 step + r): send x to i - 2^(t' mod log2 n), receive from
     i + 2^(t' mod log2 n), x <- (x + x_received) / 2. With exactly one in- and one out-neighbour
-    per round the push-sum weights stay 1, so they are not carried. A lost message leaves the
-    receiver's model as it was."""
+    per round the push-sum weights stay 1, so they are not carried. Each round is a gossip mix with
+    the schedule's W(t') (one mixer per hop length); a lost message leaves the receiver's model as
+    it was (its weight dropped, x's renormalized to 1)."""
 
     name = "sgp"
     default_topology = "exponential"
     topology_kind = EXPONENTIAL
     matrix_form = SGPMatrix
 
-    def __init__(self, comm, topology, optimizer, x0, options):
-        super().__init__(comm, topology, optimizer, x0, options)
+    def __init__(self, comm, topology, optimizer, x0, options, mixers=None):
+        super().__init__(comm, topology, optimizer, x0, options, mixers)
         try:
-            self.schedule = ExponentialSchedule(comm.world_size)
+            self.schedule = ExponentialSchedule(topology.world_size)
         except TopologyError as exc:
             raise AlgorithmError(f"sgp: {exc}") from exc
-        self.received = torch.zeros_like(x0)
+        # one gossip mixer per hop length: W(t') sends to i - o and mixes in i + o with weights 1/2
+        self.hops = [self.mixers.gossip(self.schedule.mixing_matrix(k), x0) for k in range(self.schedule.period)]
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
         self.optimizer.update(grad, x, lr, apply=True)
-        if self.comm.world_size == 1:
-            return
-        rank = self.comm.rank
         for r in range(ROUNDS):
-            t = ROUNDS * step + r
-            to, frm = self.schedule.send_peer(t, rank), self.schedule.recv_peer(t, rank)
-            request = self.comm.exchange({to: x}, {frm: self.received}, tag=0, round=round_id(step, r))
-            if frm in request.wait():
-                x.add_(self.received).mul_(0.5)
+            self.hops[(ROUNDS * step + r) % self.schedule.period].mix(x, round_id(step, r))

@@ -1,0 +1,86 @@
+"""The Mixers of relaympi.algorithms.gossip over every worker at once: gossip as a W product on X [N, d]."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from relaympi.batched.base import delivered, never_drops, to_device
+from relaympi.comm import DropPolicy
+
+
+def mix(weights: torch.Tensor, X: torch.Tensor, out: torch.Tensor) -> None:
+    """out = weights @ X at full float32 precision: TF32 (which a model may switch on for speed)
+    would round every model to a 10-bit mantissa in each average."""
+    precision = torch.get_float32_matmul_precision()
+    if precision != "highest":
+        torch.set_float32_matmul_precision("highest")
+    try:
+        torch.mm(weights, X, out=out)
+    finally:
+        if precision != "highest":
+            torch.set_float32_matmul_precision(precision)
+
+
+class BatchedMixer:
+    """GossipMixer for all workers as one matmul with a dense W on the device.
+
+    Every worker i receives x_j from each j != i with W_ij != 0 (in round ``round``, tag ``tag``);
+    a lost message's weight is dropped and the receiver's remaining weights renormalized to sum to
+    one, with the divisor GossipMixer computes.
+    """
+
+    def __init__(self, mixing: np.ndarray, like: torch.Tensor, drops: DropPolicy, bytes_sent: np.ndarray, scratch: torch.Tensor):
+        self.dst, self.src = (a.astype(np.int64) for a in np.nonzero(mixing * (1 - np.eye(mixing.shape[0]))))
+        self.mixing = mixing
+        self.drops = drops
+        self.bytes_sent = bytes_sent
+        self.nbytes = like.shape[-1] * like.element_size()  # one message: one worker's row
+        self._opts = {"dtype": like.dtype, "device": like.device}
+        self._fixed = self._weights(np.ones(len(self.src), dtype=bool)) if never_drops(drops) else None
+        self._mixed = scratch  # shaped as like
+
+    def _weights(self, arrived: np.ndarray) -> torch.Tensor:
+        """W with lost messages' weights dropped, each row divided by self weight + (0 + the kept
+        weights in neighbour order): the divisor GossipMixer computes."""
+        n, w = self.mixing.shape[0], self.mixing
+        kept = np.zeros_like(w)
+        kept[self.dst[arrived], self.src[arrived]] = w[self.dst[arrived], self.src[arrived]]
+        others = np.zeros(n)
+        for j in range(n):  # column by column: per row, the neighbours' weights in ascending order
+            others += kept[:, j]
+        total = np.diag(w) + others
+        out = kept / total[:, None]
+        np.fill_diagonal(out, np.diag(w) / total)
+        return to_device(out, **self._opts)
+
+    def mix(self, X: torch.Tensor, round: int, tag: int = 0) -> None:
+        """In place: X <- W(round) X, with this round's lost messages; counts the bytes of each message sent."""
+        if self._fixed is not None:
+            self.bytes_sent[self.src, self.dst] += self.nbytes
+            weights = self._fixed
+        else:
+            arrived = delivered(self.drops, round, tag, self.src, self.dst)
+            self.bytes_sent[self.src[arrived], self.dst[arrived]] += self.nbytes
+            weights = self._weights(arrived)
+        mix(weights, X, self._mixed)
+        X.copy_(self._mixed)
+
+
+class BatchedMixers:
+    """gossip.Mixers for X [N, d]: ``bytes_sent[i, j]`` counts the bytes of worker i's messages to j.
+    Mixers of the same shape share one scratch buffer (an algorithm's mixers take turns)."""
+
+    def __init__(self, drops: DropPolicy, bytes_sent: np.ndarray):
+        self.drops = drops
+        self.bytes_sent = bytes_sent
+        self._scratch: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def gossip(self, mixing: np.ndarray, like: torch.Tensor) -> BatchedMixer:
+        if tuple(like.shape) not in self._scratch:
+            self._scratch[tuple(like.shape)] = torch.zeros_like(like)
+        return BatchedMixer(mixing, like, self.drops, self.bytes_sent, self._scratch[tuple(like.shape)])
+
+    def allreduce_mean(self, X: torch.Tensor) -> None:
+        X.copy_((X.sum(dim=0) / X.shape[0]).expand_as(X))
+
