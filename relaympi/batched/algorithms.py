@@ -7,8 +7,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from relaympi.algorithms import ALGORITHMS, Algorithm, AlgorithmOptions, get_algorithm_class
-from relaympi.batched.base import BatchedAlgorithm, check_combination
+from relaympi.algorithms import (
+    ALGORITHMS,
+    Algorithm,
+    AlgorithmOptions,
+    check_combination,
+    check_world_size,
+)
+from relaympi.batched.base import BatchedAlgorithm
 from relaympi.batched.mixer import BatchedMixers
 from relaympi.batched.optim import BatchedOptimizer
 from relaympi.batched.relay import BatchedRelaySGD, BatchedRelaySGDGrad
@@ -48,7 +54,7 @@ def make_batched_algorithm(
     drops: DropPolicy | None = None,
 ) -> BatchedAlgorithm:
     """The batched form of ``algo`` for the workers of X0 [N, numel]; refuses what make_algorithm refuses."""
-    get_algorithm_class(algo)  # an unknown name: the same AlgorithmError
     options = options or AlgorithmOptions()
-    check_combination(algo, topology, optimizer, X0, options)
+    check_world_size(topology, X0.shape[0])
+    check_combination(algo, topology, optimizer.config, options)  # make_algorithm's refusals, with its messages
     return BATCHED_ALGORITHMS[algo](topology, optimizer, X0, options, drops or DropPolicy())

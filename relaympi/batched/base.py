@@ -7,10 +7,9 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from relaympi.algorithms import AlgorithmOptions, make_algorithm
+from relaympi.algorithms import AlgorithmOptions
 from relaympi.batched.optim import BatchedOptimizer
-from relaympi.comm import DropPolicy, LocalWorld
-from relaympi.optim import make_optimizer
+from relaympi.comm import DropPolicy
 
 
 def never_drops(drops: DropPolicy) -> bool:
@@ -68,10 +67,3 @@ class BatchedAlgorithm:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         pass
 
-
-def check_combination(algo: str, topology: Any, optimizer: BatchedOptimizer, X0: torch.Tensor, options: AlgorithmOptions) -> None:
-    """Refuse what message passing refuses, with its messages: build rank 0's message-passing
-    algorithm on a one-element model (its constructor checks and never communicates)."""
-    world = LocalWorld(X0.shape[0])
-    like = torch.zeros(1, dtype=X0.dtype)
-    make_algorithm(algo, world.communicator(0), topology, make_optimizer(optimizer.config, like), like, options)
