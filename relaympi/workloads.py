@@ -170,8 +170,4 @@ class QuadraticWorkload(Workload):
 
     def summarize(self, X: np.ndarray) -> dict[str, Any]:
         """Rank 0: metrics of all workers' iterates X [n, d]."""
-        mean = X.mean(axis=0)
-        return {
-            "suboptimality": self.problem.suboptimality(X),
-            "consensus_distance": float(np.mean(np.sum((X - mean) ** 2, axis=1))),
-        }
+        return self.problem.summary(X)

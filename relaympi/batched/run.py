@@ -39,7 +39,7 @@ from relaympi.training.evaluation import device_memory, row_header
 from relaympi.training.loop import FAULT_ENV, STOP, TrainingLoop, device_for
 from relaympi.training.plan import Plan
 from relaympi.training.run_file import writer_factory
-from relaympi.workloads import QuadraticWorkload, task_options
+from relaympi.workloads import task_options
 
 log = logging.getLogger("relaympi.train")
 
@@ -82,7 +82,6 @@ class QuadraticEngine:
         self.Atb = torch.from_numpy(self.problem.Atb).to(device)
         self.X = torch.zeros(plan.world_size, self.problem.dim, dtype=torch.float64, device=device)
         self.steps_per_epoch = 1
-        self._summary = QuadraticWorkload(self.problem, self.seed, 0)  # its summarize(): suboptimality, consensus
 
     def gradient(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         G = torch.bmm(self.AtA, self.X.unsqueeze(2)).squeeze(2).sub_(self.Atb)
@@ -96,7 +95,7 @@ class QuadraticEngine:
 
     def metrics(self) -> dict[str, Any]:
         params = self.X.cpu().numpy()
-        row = self._summary.summarize(params)
+        row = self.problem.summary(params)
         if self.cfg.record_params:
             row["params"] = params
         return row

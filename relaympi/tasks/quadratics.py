@@ -86,6 +86,11 @@ class Quadratics:
         """f(x_bar) - f* of the workers' average model."""
         return self.loss(X.mean(axis=0)) - self.f_star
 
+    def summary(self, X: np.ndarray) -> dict[str, float]:
+        """The run file's quadratics metrics of all workers' iterates X [n, d]."""
+        mean = X.mean(axis=0)
+        return {"suboptimality": self.suboptimality(X), "consensus_distance": float(np.mean(np.sum((X - mean) ** 2, axis=1)))}
+
     def heterogeneity(self) -> float:
         g = self.gradients(np.repeat(self.x_star[None], self.num_workers, axis=0))
         return float(np.mean(np.sum(g * g, axis=1)))
