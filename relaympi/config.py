@@ -19,6 +19,7 @@ from relaympi.tasks.quadratics import QuadraticsSpec
 from relaympi.topology import TOPOLOGY_NAMES
 
 BACKENDS = ("mpi", "local", "batched")
+AUTOCAST_DTYPES = ("bf16",)  # --autocast: the batched engine's forward and backward in this dtype
 
 
 # keys a run file's `config` attribute holds besides the flags (derived at run time)
@@ -93,6 +94,7 @@ class RunConfig:
     checkpoint_every: int | None = None  # steps between periodic checkpoints (default: every eval)
     backend: str = "mpi"
     workers: int | None = None  # in-process backend only
+    autocast: str | None = None  # batched backend only: "bf16" runs its forward and backward under torch.autocast
     out: Path | None = None
     overwrite: bool = False
     checkpoint_dir: Path | None = None
@@ -194,6 +196,8 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"unknown --relay-mode {cfg.relay_mode!r}; choose one of {', '.join(RELAY_MODES)}")
     if cfg.backend not in BACKENDS:
         raise ConfigError(f"unknown --backend {cfg.backend!r}; choose one of {', '.join(BACKENDS)}")
+    if cfg.autocast is not None and cfg.autocast not in AUTOCAST_DTYPES:
+        raise ConfigError(f"unknown --autocast {cfg.autocast!r}; choose one of {', '.join(AUTOCAST_DTYPES)} (or leave it out: float32)")
     if cfg.backend in ("local", "batched"):
         if cfg.workers is None or cfg.workers < 1:
             raise ConfigError(f"--backend {cfg.backend} needs --workers N with N >= 1, got {cfg.workers}")
@@ -267,6 +271,10 @@ def not_applicable(cfg: RunConfig) -> list[tuple[str, str]]:
             found.append((_flag(name), f"it applies to --algo d2 only, not {cfg.algo}"))
     if cfg.data_dir is not None and cfg.task in ("digits", "quadratics"):
         found.append(("--data-dir", f"{cfg.task} reads no data set from disk ({'embedded in scikit-learn' if cfg.task == 'digits' else 'generated or --problem-file'})"))
+    if cfg.autocast is not None and cfg.backend != "batched":
+        found.append(("--autocast", f"it is the batched engine's mixed precision (--backend batched), not --backend {cfg.backend}'s"))
+    elif cfg.autocast is not None and cfg.task == "quadratics":
+        found.append(("--autocast", "quadratics run in float64 without a model to autocast"))
     if cfg.model_dir is not None and cfg.task != "agnews":
         found.append(("--model-dir", f"it is the pretrained model of --task agnews, not {cfg.task}"))
     return found
@@ -345,6 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--backend", choices=BACKENDS, help="mpi (one worker per rank, default), local (--workers threads in one process) "
       "or batched (--workers models as one vmapped computation on one device)")
     a("--workers", type=int, help="number of workers for --backend local or batched")
+    a("--autocast", choices=AUTOCAST_DTYPES, help="--backend batched only: run the models' forward and backward under torch.autocast in "
+      "bfloat16 (parameters, optimizer and communication stay float32; evaluation stays float32). Default: off (float32)")
     a("--out", type=Path, help="HDF5 run file to write (default results/<task>-<algo>-<topology>-n<N>-a<alpha>-s<seed>.h5)")
     a("--overwrite", action="store_true", default=None, help="replace an existing completed run file (and an existing --save-problem file holding another problem)")
     a("--checkpoint-dir", type=Path, help="directory for per-rank checkpoints; re-running the command resumes from it")

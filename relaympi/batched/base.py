@@ -25,10 +25,11 @@ def delivered(drops: DropPolicy, round: int, tag: int, src: np.ndarray, dst: np.
     return np.array([not drops.dropped(round, tag, int(s), int(d)) for s, d in zip(src, dst, strict=True)], dtype=bool)
 
 
-def to_device(values: np.ndarray, dtype: torch.dtype | None, device: torch.device) -> torch.Tensor:
-    """A small host array (this step's weights, lost edges, counts) on the device without waiting for
-    it: a plain copy to a GPU synchronizes the stream, so the host could no longer run ahead."""
-    host = torch.as_tensor(np.ascontiguousarray(values), dtype=dtype)
+def to_device(values: np.ndarray | torch.Tensor, dtype: torch.dtype | None, device: torch.device) -> torch.Tensor:
+    """A host array or tensor (this step's weights, lost edges, counts, batch indices) on the device
+    without waiting for it: a plain copy to a GPU synchronizes the stream, so the host could no
+    longer run ahead."""
+    host = torch.as_tensor(values if isinstance(values, torch.Tensor) else np.ascontiguousarray(values), dtype=dtype)
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)  # the caching host allocator keeps it until copied

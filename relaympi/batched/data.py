@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from relaympi.batched.base import to_device
 from relaympi.tasks import cifar10
 from relaympi.tasks.base import Task
 from relaympi.tasks.digits import DigitsTask
@@ -43,18 +44,19 @@ class BatchedData:
         if self._gather_only:
             indices = np.concatenate([sampler.batch(step) for sampler in self.samplers])
             inputs, targets = self.task.train_batch(indices, self.samplers[0].rng(step))  # DigitsTask ignores the rng
-            return inputs.view(self.world_size, self.batch_size, *inputs.shape[1:]).to(self.device), targets.view(self.world_size, -1).to(self.device)
+            inputs, targets = inputs.view(self.world_size, self.batch_size, *inputs.shape[1:]), targets.view(self.world_size, -1)
+            return to_device(inputs, None, self.device), to_device(targets, None, self.device)
         pairs = [self.task.train_batch(sampler.batch(step), sampler.rng(step)) for sampler in self.samplers]
-        inputs = torch.stack([inputs for inputs, _ in pairs]).to(self.device)
-        targets = torch.stack([targets for _, targets in pairs]).to(self.device)
-        return inputs, targets
+        inputs = torch.stack([inputs for inputs, _ in pairs])
+        targets = torch.stack([targets for _, targets in pairs])
+        return to_device(inputs, None, self.device), to_device(targets, None, self.device)
 
     def _image_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         n, b = self.world_size, self.batch_size
         indices = np.concatenate([sampler.batch(step) for sampler in self.samplers])
         draws = [cifar10.draw_crop_flip(sampler.rng(step), b) for sampler in self.samplers]
-        top, left, flip = (np.concatenate(column) for column in zip(*draws, strict=True))
-        index = torch.from_numpy(indices).to(self.device)
+        top, left, flip = (to_device(np.concatenate(column), None, self.device) for column in zip(*draws, strict=True))
+        index = to_device(indices, None, self.device)
         images = cifar10.crop_flip(self._images[index], top, left, flip)
         inputs = cifar10.normalize(images)
         return inputs.view(n, b, *inputs.shape[1:]), self._targets[index].view(n, b)

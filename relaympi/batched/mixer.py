@@ -9,17 +9,26 @@ from relaympi.batched.base import delivered, never_drops, to_device
 from relaympi.comm import DropPolicy
 
 
+# columns of X per float64 product in mix: bounds its temporaries to 2 x N x MIX_COLUMNS float64s
+MIX_COLUMNS = 1 << 18
+
+
 def mix(weights: torch.Tensor, X: torch.Tensor, out: torch.Tensor) -> None:
-    """out = weights @ X at full float32 precision: TF32 (which a model may switch on for speed)
-    would round every model to a 10-bit mantissa in each average."""
-    precision = torch.get_float32_matmul_precision()
-    if precision != "highest":
-        torch.set_float32_matmul_precision("highest")
-    try:
-        torch.mm(weights, X, out=out)
-    finally:
-        if precision != "highest":
-            torch.set_float32_matmul_precision(precision)
+    """out = weights @ X, each float32 entry the rounding of its float64 sum.
+
+    A float32 matmul may run in TF32 (a model may switch it on for speed, torch's global matmul
+    precision), which would round every model to a 10-bit mantissa in each average. Products and
+    sums in float64, column block by column block, are exact to float32 whatever that setting,
+    without touching it. The inner dimension is the number of workers, so the product stays
+    memory-bound: the float64 copies cost two extra passes over each block (GPUs with slow
+    float64, consumer cards, pay more)."""
+    if X.dtype != torch.float32:
+        torch.mm(weights.to(X.dtype), X, out=out)
+        return
+    W64 = weights.to(torch.float64)
+    for start in range(0, X.shape[1], MIX_COLUMNS):
+        block = slice(start, start + MIX_COLUMNS)
+        out[:, block] = torch.mm(W64, X[:, block].to(torch.float64))
 
 
 class BatchedMixer:

@@ -67,9 +67,10 @@ class BatchedModel:
     is exact because ``unsupported_reason`` refuses modules that change buffers in forward.
     """
 
-    def __init__(self, task: Task, seed: int, device: torch.device | str):
+    def __init__(self, task: Task, seed: int, device: torch.device | str, autocast: torch.dtype | None = None):
         self.task = task
         self.device = torch.device(device)
+        self.autocast = autocast  # dtype of the training forward and backward under torch.autocast (None: float32)
         self.module = task.build_model(seed).to(self.device)
         refuse_unsupported(type(task), self.module)
         named = [(name, p) for name, p in self.module.named_parameters() if p.requires_grad]
@@ -127,8 +128,8 @@ class BatchedModel:
         """
         self.module.train()
         X = X.detach().requires_grad_()
-        with torch.enable_grad():
-            losses = self._losses(self.outputs(X, inputs), targets)
+        with torch.enable_grad(), torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
+            losses = self._losses(self.outputs(X, inputs), targets).float()
             (G,) = torch.autograd.grad(losses.sum(), X)
         return G, losses.detach()
 

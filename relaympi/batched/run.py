@@ -44,6 +44,7 @@ from relaympi.workloads import task_options
 log = logging.getLogger("relaympi.train")
 
 BACKEND = "batched"
+AUTOCAST = {None: None, "bf16": torch.bfloat16}  # --autocast
 
 
 class ModelEngine:
@@ -53,7 +54,7 @@ class ModelEngine:
         cfg = plan.cfg
         options = task_options(cfg, str(device))
         self.task = plan.task(options)  # resolve refused tasks this engine cannot run, before any data loads
-        self.model = BatchedModel(self.task, cfg.seed, device)
+        self.model = BatchedModel(self.task, cfg.seed, device, autocast=AUTOCAST[cfg.autocast])
         parts = dirichlet_partition(self.task.train_labels, plan.world_size, cfg.alpha, cfg.seed)
         self.data = BatchedData(self.task, parts, cfg.batch_size, cfg.seed, device)
         self.X = self.model.stacked(plan.world_size)
@@ -105,6 +106,17 @@ def make_engine(plan: Plan, device: torch.device) -> ModelEngine | QuadraticEngi
     return (QuadraticEngine if issubclass(plan.task, QuadraticsTask) else ModelEngine)(plan, device)
 
 
+# On a GPU the host reads the losses (the divergence check) and the step timers (CUDA events)
+# every DEFERRED_STEPS steps, not every step: the device runs ahead of the host in between. The
+# first non-finite step is still the one recorded, and nothing is evaluated or checkpointed past it.
+DEFERRED_STEPS = 16
+
+
+def check_lag(device: torch.device) -> int:
+    """Steps between the host's reads of losses and timers on ``device`` (1: every step)."""
+    return DEFERRED_STEPS if device.type == "cuda" else 1
+
+
 def run_batched(plan: Plan, out: Path, command: str, *, stop: threading.Event = STOP, make_optimizer: Callable = BatchedOptimizer,
                 make_algorithm: Callable = make_batched_algorithm) -> str:
     """Train all of ``plan``'s workers in this process; return the final status
@@ -145,6 +157,7 @@ class BatchedRun(TrainingLoop):
         self.optimizer = make_optimizer(plan.optimizer, self.engine.X)
         self.algorithm = make_algorithm(cfg.algo, plan.topology, self.optimizer, self.engine.X, plan.algorithm_options, DropPolicy(cfg.drop_prob, cfg.seed))
         self.checkpoints = Checkpoints(cfg, self.out, 0, self.n, engine=BACKEND)
+        self.check_lag = check_lag(self.device)
         self.loss_sum = np.zeros(self.n)
         self._G: torch.Tensor | None = None
         if self.inject is not None and not 0 <= self.inject[0] < self.n:
@@ -185,8 +198,10 @@ class BatchedRun(TrainingLoop):
             self.writer.set_attrs(num_classes=int(self.engine.task.num_classes))
         self.t0 = time.perf_counter()
 
-    def gradient(self, step: int) -> np.ndarray:
+    def gradient(self, step: int) -> np.ndarray | torch.Tensor:
         self._G, losses = self.engine.gradient(step)
+        if self.check_lag > 1:  # read later, many steps at once (TrainingLoop._settle)
+            return losses.detach().double()
         return losses.detach().double().cpu().numpy()
 
     def algorithm_step(self, step: int, lr: float) -> None:

@@ -151,18 +151,20 @@ def crop_flip(
     padding: int = PADDING,
 ) -> torch.Tensor:
     """Zero-pad [B, C, H, W] images by ``padding``, crop HxW at (top, left), then mirror
-    horizontally where ``flip``; output pixel (y, x) of image b is padded pixel
+    horizontally where ``flip`` (arrays or tensors; on a GPU pass them on the images' device
+    to keep the host from waiting); output pixel (y, x) of image b is padded pixel
     (top[b] + y, left[b] + x), or (top[b] + y, left[b] + W - 1 - x) when flipped."""
     batch, channels, height, width = images.shape
+    device = images.device  # index tensors where the images are: CPU indices into a GPU tensor would be copied (and wait) per call
     padded = images.new_zeros((batch, channels, height + 2 * padding, width + 2 * padding))
     padded[:, :, padding : padding + height, padding : padding + width] = images
-    rows = torch.as_tensor(top)[:, None] + torch.arange(height)  # [B, H]
-    columns = torch.arange(width).expand(batch, width)
-    columns = torch.where(torch.as_tensor(flip)[:, None], columns.flip(1), columns)
-    columns = columns + torch.as_tensor(left)[:, None]  # [B, W]
+    rows = torch.as_tensor(top, device=device)[:, None] + torch.arange(height, device=device)  # [B, H]
+    columns = torch.arange(width, device=device).expand(batch, width)
+    columns = torch.where(torch.as_tensor(flip, device=device)[:, None], columns.flip(1), columns)
+    columns = columns + torch.as_tensor(left, device=device)[:, None]  # [B, W]
     return padded[
-        torch.arange(batch)[:, None, None, None],
-        torch.arange(channels)[None, :, None, None],
+        torch.arange(batch, device=device)[:, None, None, None],
+        torch.arange(channels, device=device)[None, :, None, None],
         rows[:, None, :, None],
         columns[:, None, None, :],
     ]

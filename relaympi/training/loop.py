@@ -12,7 +12,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -93,6 +93,12 @@ class TrainingLoop(ABC):
         self.wall_offset = 0.0  # seconds run before a resume
         self.t0 = time.perf_counter()
         self.inject = fault_injection()
+        # steps between host reads of the losses (the divergence check) and of the step timers:
+        # 1 reads every step; more lets a GPU run ahead of the host (see _settle)
+        self.check_lag = 1
+        self._model_finite = True
+        self._last_loss = math.nan
+        self._clock: _HostClock | _EventClock = _HostClock(None)
 
     @property
     @abstractmethod
@@ -180,47 +186,126 @@ class TrainingLoop(ABC):
 
     def _steps(self, bar: Any) -> None:
         schedule, cfg, timers, x = self.schedule, self.plan.cfg, self.timers, self.x
-        sync = (lambda: torch.cuda.synchronize(x.device)) if x.is_cuda else (lambda: None)
-        step, model_finite = self.start_step, True
+        clock = self._clock = _EventClock() if x.is_cuda and self.check_lag > 1 else _HostClock(x)
+        pending: list[_Pending] = []
+        step = self.start_step
+        self._model_finite = True
         while True:
             if step % schedule.eval_every == 0 or step == schedule.total_steps:
+                self._settle_or_stop(pending)  # the evaluation reads the losses and the model
                 t_eval = time.perf_counter()
-                model_finite = bool(torch.isfinite(x).all())
+                self._model_finite = bool(torch.isfinite(x).all())
                 self.evaluate(step)
                 timers.eval += time.perf_counter() - t_eval
             if step == schedule.total_steps:
                 break
             if self.checkpoints.enabled and step > self.start_step and step % schedule.checkpoint_every == 0:
+                self._settle_or_stop(pending)  # never checkpoint past a diverged step
                 self.checkpoints.save(step, self.state())
             failure = self.injected_failure(step)
             if failure is not None:
                 raise RuntimeError(failure)
-            t = time.perf_counter()
+            t = clock.mark()
             loss = self.gradient(step)
-            sync()
-            t_mid = time.perf_counter()
+            t_mid = clock.mark()
             self.algorithm_step(step, schedule.lr_at(step))
-            sync()
-            timers.compute += t_mid - t
-            timers.comm += time.perf_counter() - t_mid
-            self.loss_sum += loss
-            self.loss_count += 1
-            first = float(np.ravel(loss)[0])  # rank 0's loss: the one its log and run file report
-            bad = not (bool(np.isfinite(loss).all()) and model_finite)
-            t_sync = time.perf_counter()
-            stopping, diverged = self.agree(self.stop.is_set(), bad)
-            timers.sync += time.perf_counter() - t_sync
+            pending.append(_Pending(step, loss, t, t_mid, clock.mark()))
             step += 1
             if bar is not None:
                 bar.update(1)
+            stop = self.stop.is_set()
+            logs = bool(cfg.log_every) and step % cfg.log_every == 0 and self.is_root
+            bad_step = None
+            if len(pending) >= self.check_lag or stop or logs:
+                bad_step = self._settle(pending)
+            t_sync = time.perf_counter()
+            stopping, diverged = self.agree(stop, bad_step is not None)
+            timers.sync += time.perf_counter() - t_sync
             if diverged:
-                raise Stopped("diverged", step if math.isfinite(first) else step - 1, "non-finite loss or model")
+                raise Stopped("diverged", step if bad_step is None else bad_step, "non-finite loss or model")
             if stopping and step < schedule.total_steps:
                 raise Stopped("preempted", step)
-            if cfg.log_every and step % cfg.log_every == 0 and self.is_root:
-                log.info("step %d/%d loss %.4f lr %.4g", step, schedule.total_steps, first, schedule.lr_at(step))
+            if logs:
+                log.info("step %d/%d loss %.4f lr %.4g", step, schedule.total_steps, self._last_loss, schedule.lr_at(step))
         if not bool(torch.isfinite(x).all()):
             raise Stopped("diverged", step, "non-finite model")
+
+    def _settle(self, pending: list[_Pending]) -> int | None:
+        """Account the pending steps' losses and times (one host read for all of them); return the
+        step a divergence is recorded at (the first step with a non-finite loss, or whose model was
+        non-finite at the evaluation before it), else None. The recorded step is the one message
+        passing records when it checks every step: the step after the bad one if rank 0's loss was
+        still finite, else the bad one."""
+        if not pending:
+            return None
+        if isinstance(pending[0].loss, torch.Tensor):
+            losses = list(torch.stack([p.loss for p in pending]).cpu().numpy())  # one synchronization
+        else:
+            losses = [p.loss for p in pending]
+        clock, bad_step = self._clock, None
+        for entry, loss in zip(pending, losses, strict=True):
+            self.timers.compute += clock.seconds(entry.start, entry.computed)
+            self.timers.comm += clock.seconds(entry.computed, entry.stepped)
+            self.loss_sum += loss
+            self.loss_count += 1
+            first = float(np.ravel(loss)[0])  # rank 0's loss: the one its log and run file report
+            self._last_loss = first
+            if not (bool(np.isfinite(loss).all()) and self._model_finite):
+                bad_step = entry.step + 1 if math.isfinite(first) else entry.step
+                break
+            self._model_finite = True
+        pending.clear()
+        return bad_step
+
+    def _settle_or_stop(self, pending: list[_Pending]) -> None:
+        """Settle before the evaluation, a checkpoint or the end reads the model (deferred checks only:
+        with one step pending at most, every step was settled already)."""
+        if pending:
+            bad_step = self._settle(pending)
+            if bad_step is not None:
+                raise Stopped("diverged", bad_step, "non-finite loss or model")
+
+
+class _Pending(NamedTuple):
+    """A step whose loss and times are not read yet (device values while checks are deferred)."""
+
+    step: int
+    loss: Any  # float, numpy [N], or a device tensor
+    start: Any  # clock marks
+    computed: Any
+    stepped: Any
+
+
+class _HostClock:
+    """Times with the host clock; on a GPU, each mark waits for the device (the step split into
+    compute and communication needs it)."""
+
+    def __init__(self, x: torch.Tensor | None):
+        self._sync = (lambda: torch.cuda.synchronize(x.device)) if x is not None and x.is_cuda else (lambda: None)
+
+    def mark(self) -> float:
+        self._sync()
+        return time.perf_counter()
+
+    @staticmethod
+    def seconds(start: float, end: float) -> float:
+        return end - start
+
+
+class _EventClock:
+    """Times with CUDA events: marks queue on the device's stream and never stall the host;
+    a duration is read once its end event completed (the settle's synchronization)."""
+
+    @staticmethod
+    def mark() -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @staticmethod
+    def seconds(start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0
 
 
 class Worker(TrainingLoop):
