@@ -378,8 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = p.parse_args(argv)
     if args.command == "triad":
-        return _triad(args, p)
-    return _model(args, p)
+        return _triad(args, t)
+    return _model(args, m)
 
 
 if __name__ == "__main__":
