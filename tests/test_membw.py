@@ -17,6 +17,8 @@ from benchmarks import membw
 from relaympi.topology import build
 
 REPO = Path(__file__).resolve().parents[1]
+# the venv's MPICH (pip install mpich) sits beside its python, on PATH or not
+MPIRUN = shutil.which("mpirun", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
 
 
 def _elements(t: membw.Traffic) -> tuple[list[float], list[float]]:
@@ -151,11 +153,11 @@ def test_model_table_from_a_comm_result(tmp_path):
     assert text.returncode == 2 and "--ranks 3 but the --comm results are for 2 ranks" in text.stderr
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
+@pytest.mark.skipif(MPIRUN is None, reason="needs mpirun")
 def test_triad_under_mpirun_2(tmp_path):
     out = tmp_path / "triad.json"
     run = subprocess.run(
-        ["mpirun", "-n", "2", sys.executable, "-m", "benchmarks.membw", "triad", "--mib", "2", "--reps", "3", "--out", str(out)],
+        [MPIRUN, "-n", "2", sys.executable, "-m", "benchmarks.membw", "triad", "--mib", "2", "--reps", "3", "--out", str(out)],
         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120,
     )
     assert run.returncode == 0, run.stderr
