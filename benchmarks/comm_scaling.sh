@@ -11,6 +11,8 @@
 # COMM_CACHE_BLOCKS (RelaySum cache blocks swept at the largest rank count, none by default),
 # COMM_CUDA_RANKS ("2 4": device buffers, host-staged unless the MPI is CUDA-aware; empty to skip),
 # COMM_GPU_TESTS=1 (also run tests/test_gpu.py in-process and under mpirun -n 2),
+# COMM_MEMBW=1 (a STREAM triad at the largest rank count, COMM_MEMBW_MIB MiB per array (128), then
+# python -m benchmarks.membw's table of bytes moved and memory-bound limit over that count's results),
 # COMM_PYTHON (python3), COMM_OUT ($OUT or ./bench-results/scaling). With COMM_BASE, every rank
 # count runs the base checkout's benchmark and this one back to back, so the ratios compare
 # figures taken minutes apart on the same machine. Results: one log and one HDF5 per run in COMM_OUT.
@@ -66,6 +68,17 @@ done
 for block in ${COMM_CACHE_BLOCKS:-}; do
     bench "n$largest-block$block" "$REPO" "$largest" --sizes "${SIZES##*,}" --cache-block "$block"
 done
+if [ "${COMM_MEMBW:-0}" = 1 ] && [ -n "$largest" ]; then  # the node's memory bandwidth against each exchange's bytes
+    echo "=== membw: triad (n=$largest), then the byte model over n$largest.h5"
+    PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH} timeout 120 "$MPIRUN" -n "$largest" "$PY" -m benchmarks.membw triad \
+        --mib "${COMM_MEMBW_MIB:-128}" --out "$OUTDIR/triad-n$largest.json" 2>&1 | tee "$OUTDIR/membw.log"
+    for copies in 2 1; do  # MPI transfers through a shared buffer (2 copies), or single-copy (CMA/XPMEM) = a cached shared buffer
+        model=(env PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH} "$PY" -m benchmarks.membw model --ranks "$largest"
+            --numel "${SIZES##*,}" --triad "$OUTDIR/triad-n$largest.json" --comm "$OUTDIR/n$largest.h5" --copies "$copies")
+        "${model[@]}" 2>&1 | tee -a "$OUTDIR/membw.log"
+        "${model[@]}" --json > "$OUTDIR/membw-copies$copies.json"
+    done
+fi
 if [ -n "$CUDA_RANKS" ] && "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     for n in $CUDA_RANKS; do
         bench "cuda-n$n" "$REPO" "$n" --sizes "$SIZES" --device cuda
