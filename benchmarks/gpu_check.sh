@@ -19,6 +19,10 @@
 #   batched-16/64    VGG-11 RelaySGD, 16 and 64 workers as one batched computation on the GPU
 #                    (--backend batched), and mpi-16: the same 16 workers as `mpirun -n 16` ranks
 #                    sharing the GPU (issue 12's comparison: samples/s and peak memory of each)
+#   compute          benchmarks.batched_compute: N VGG-11s' vmapped forward+backward alone against the
+#                    batched engine's step (deferred and per-step loss reads), float32 and --autocast bf16
+#   comm-16          benchmarks/comm_scaling.sh at 16 ranks, 9.2M float32, with the memory-bandwidth triad
+#                    and model (COMM_MEMBW=1; GPU_CHECK_COMM_RANKS)
 #   bench-n2/4/8     benchmarks.gpu_report comm: RelaySum and allreduce on host, staged and
 #                    CUDA-aware buffers, 1e3 to 9.2M float32s, 2/4/8 ranks sharing the one GPU
 #   report           samples/s, ms per step split into compute and communication, peak GPU memory
@@ -40,7 +44,8 @@
 #
 # Knobs: GPU_CHECK_PYTHON (python3; .venv/bin/python in CPU mode), GPU_CHECK_WHEELS (.whl),
 # GPU_CHECK_MPI=system (use an MPI and mpi4py already on the machine instead of the wheels),
-# GPU_CHECK_STEPS, GPU_CHECK_RECORDS (per data batch), GPU_CHECK_SIZES, GPU_CHECK_RANKS ("2 4 8"),
+# GPU_CHECK_STEPS, GPU_CHECK_BATCHED_STEPS (batched and mpi-N stages; default GPU_CHECK_STEPS), GPU_CHECK_BATCH
+# (samples per worker in those stages, 128), GPU_CHECK_RECORDS (per data batch), GPU_CHECK_SIZES, GPU_CHECK_RANKS ("2 4 8"),
 # GPU_CHECK_BATCHED (worker counts of the batched stages, "16 64"; the first is also run under mpirun),
 # GPU_CHECK_BUDGET_S, GPU_CHECK_KEEP=1 (keep the work folder /tmp/gpu-check.*), GPU_CHECK_ONLY (stage names to run, e.g. "wheels mpi tests-mpi": a rerun of
 # what failed; keep wheels and mpi in it for any MPI stage, data for training).
@@ -67,6 +72,9 @@ if [ "$CPU_MODE" = 1 ]; then
     SIZES=${GPU_CHECK_SIZES:-1e3,1e5}
     REPS=3
     BATCHED=${GPU_CHECK_BATCHED:-4}
+    BATCH=${GPU_CHECK_BATCH:-4}
+    COMPUTE_EXTRA="--steps 2 --warmup 1"
+    COMM_N=${GPU_CHECK_COMM_RANKS:-2}
     export RELAYMPI_TEST_GPU_DEVICE=cpu  # tests/test_gpu.py runs its bodies on CPU tensors
     export OMP_NUM_THREADS=1
 else
@@ -79,7 +87,11 @@ else
     SIZES=${GPU_CHECK_SIZES:-1e3,1e5,1e6,9225610}  # 9,225,610: VGG-11 (benchmarks.comm.vgg11_params)
     REPS=5
     BATCHED=${GPU_CHECK_BATCHED:-16 64}
+    BATCH=${GPU_CHECK_BATCH:-128}  # samples per worker per step in the batched, mpi-N and compute stages
+    COMPUTE_EXTRA=""
+    COMM_N=${GPU_CHECK_COMM_RANKS:-16}
 fi
+BATCHED_STEPS=${GPU_CHECK_BATCHED_STEPS:-$STEPS}
 PY=$(command -v "$PY" || echo "$PY")  # absolute: mpirun starts it by this name
 RANKS=${GPU_CHECK_RANKS:-2 4 8}
 WHEELS=${GPU_CHECK_WHEELS:-.whl}
@@ -87,7 +99,7 @@ MPI_MODE=${GPU_CHECK_MPI:-wheels}
 # harmless for MPICH; what Open MPI needs as root and beyond the core count
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export PY REPO WORK DEVICE RECORDS STEPS EVAL_EVERY TRAIN_EXTRA SIZES REPS WHEELS MPI_MODE CPU_MODE
+export PY REPO WORK DEVICE RECORDS STEPS EVAL_EVERY TRAIN_EXTRA SIZES REPS WHEELS MPI_MODE CPU_MODE BATCH BATCHED BATCHED_STEPS COMPUTE_EXTRA COMM_N
 MPIRUN=""
 if [ "$CPU_MODE" = 1 ] && [ -x "$REPO/.venv/bin/mpirun" ]; then MPIRUN=$REPO/.venv/bin/mpirun; fi
 export MPIRUN
@@ -188,13 +200,31 @@ if c.rank == 0: print("mpi ok:", c.size, "ranks,", " ".join(MPI.Get_library_vers
     "$PY" -m benchmarks.gpu_report probe
 }
 
+GPU_TESTS="tests/test_gpu.py tests/test_gpu_paths.py tests/test_deferred_checks.py"
+export GPU_TESTS
+
 tests_local_stage() {
-    "$PY" -m pytest tests/test_gpu.py -q -rs -p no:cacheprovider --timeout 120
+    # shellcheck disable=SC2086
+    "$PY" -m pytest $GPU_TESTS -m gpu -q -rs -p no:cacheprovider --timeout 120
 }
 
 tests_mpi_stage() {
     [ "${MPI_OK:-0}" = 1 ] || { echo "skip: MPI unusable (see the mpi stage)"; exit 77; }
-    "$MPIRUN" -n 2 "$PY" -m pytest tests/test_gpu.py --with-mpi -m "gpu and spmd" -q -rs -p no:cacheprovider --timeout 120
+    # shellcheck disable=SC2086
+    "$MPIRUN" -n 2 "$PY" -m pytest $GPU_TESTS --with-mpi -m "gpu and spmd" -q -rs -p no:cacheprovider --timeout 120
+}
+
+compute_stage() {  # the vmapped models' compute alone vs the engine's step, float32 and bf16
+    [ -d "$WORK/cifar10/cifar-10-batches-bin" ] || { echo "skip: no data set (see the data stage)"; exit 77; }
+    # shellcheck disable=SC2086
+    "$PY" -m benchmarks.batched_compute --data-dir "$WORK/cifar10" --device "$DEVICE" --workers $BATCHED \
+        --batch-size "$BATCH" --json "$WORK/runs/compute.json" $COMPUTE_EXTRA
+}
+
+comm_stage() {  # benchmarks/comm_scaling.sh at the node's rank count, with the memory-bandwidth model
+    [ "${MPI_OK:-0}" = 1 ] || { echo "skip: MPI unusable (see the mpi stage)"; exit 77; }
+    COMM_PYTHON=$PY COMM_RANKS=$COMM_N COMM_SIZES=9225610 COMM_REPS=5 COMM_CHUNKS="" COMM_CUDA_RANKS="" COMM_MEMBW=1 \
+        COMM_OUT="$WORK/runs/scaling" bash benchmarks/comm_scaling.sh
 }
 
 data_stage() {
@@ -225,8 +255,8 @@ batched_stage() {  # $WORKERS_N, $LAUNCH (batched | mpi)
     fi
     # shellcheck disable=SC2086
     "${launch[@]}" "$PY" -m benchmarks.gpu_report train -- --task cifar10 --data-dir "$WORK/cifar10" \
-        --algo relay --steps "$STEPS" --eval-every "$STEPS" --device "$DEVICE" "${backend[@]}" \
-        --out "$WORK/runs/$LAUNCH-n$WORKERS_N.h5" --overwrite $TRAIN_EXTRA
+        --algo relay --steps "$BATCHED_STEPS" --eval-every "$BATCHED_STEPS" --device "$DEVICE" "${backend[@]}" \
+        --batch-size "$BATCH" --out "$WORK/runs/$LAUNCH-n$WORKERS_N.h5" --overwrite $TRAIN_EXTRA
 }
 
 bench_stage() {  # $RANKS_N
@@ -243,7 +273,7 @@ report_stage() {
         | tee "$WORK/report.txt"
 }
 
-export -f env_stage wheels_stage mpi_env mpi_stage tests_local_stage tests_mpi_stage data_stage train_stage batched_stage bench_stage report_stage
+export -f env_stage wheels_stage mpi_env mpi_stage tests_local_stage tests_mpi_stage data_stage train_stage batched_stage bench_stage report_stage compute_stage comm_stage
 
 # -- the run ---------------------------------------------------------------------------------
 
@@ -257,6 +287,7 @@ if stage mpi 90 mpi_stage; then MPI_OK=1; fi
 stage tests-local 150 tests_local_stage
 stage tests-mpi 150 tests_mpi_stage
 stage data 60 data_stage
+stage compute 120 compute_stage
 stage train-relay 120 "ALGO=relay train_stage"
 stage train-allreduce 120 "ALGO=allreduce train_stage"
 for n in $BATCHED; do
@@ -267,6 +298,7 @@ stage "mpi-$n" 150 "WORKERS_N=$n LAUNCH=mpi batched_stage"
 for n in $RANKS; do
     stage "bench-n$n" 90 "RANKS_N=$n bench_stage"
 done
+stage "comm-$COMM_N" 150 comm_stage
 BUDGET=$(( BUDGET + 30 )) stage report 30 report_stage  # 30 s kept back for the report
 
 # -- summary and results ---------------------------------------------------------------------
