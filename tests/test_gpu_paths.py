@@ -31,6 +31,7 @@ from tests.test_gpu import _device, _ring_peers, pytest_generate_tests, run  # n
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+pytestmark = pytest.mark.gpu  # selected by benchmarks/gpu_check.sh's -m gpu / -m "gpu and spmd"
 
 
 # -- host staging on the side stream ---------------------------------------------------------------
