@@ -7,6 +7,9 @@
 Each (workload, engine) trains once through ``python -m relaympi.train`` in a subprocess and is
 timed from its run file: training time is the run's wall time less its evaluation time, so
 start-up (imports, data loading) and evaluation are excluded; "wall" is the whole process.
+Each engine runs with the trainer's default torch threads (relaympi.threads: its share of the CPUs
+the process may run on, capped by OMP_NUM_THREADS / SLURM_CPUS_PER_TASK) unless --threads is given;
+the "threads" column is the count its run file records.
 The digits workload is the default digits run (16 workers, RelaySGD, alpha 0.01, 20 epochs);
 vgg11 trains VGG-11 on generated CIFAR-10 files (random pixels: a speed test, not a result).
 On a shared machine timings vary between runs: compare engines from the same invocation.
@@ -48,6 +51,7 @@ class Timing:
     train_s: float
     wall_s: float
     samples: int
+    threads: int  # torch threads per process, as the run file records them
 
     @property
     def samples_per_s(self) -> float:
@@ -81,10 +85,12 @@ def measure(engine: str, workload: EngineCase, extra: list[str], folder: Path) -
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{engine} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
-    data = read_run(out).data
+    run = read_run(out)
+    data = run.data
     steps = int(data["step"][-1])
     train_s = float(data["time_s"][-1] - data["time_eval_s"][-1][0])  # worker 0's clock, as the log line's
-    return Timing(steps=steps, train_s=train_s, wall_s=wall, samples=steps * workload.workers * workload.batch_size)
+    return Timing(steps=steps, train_s=train_s, wall_s=wall, samples=steps * workload.workers * workload.batch_size,
+                  threads=int(run.provenance["torch_threads"]))
 
 
 def _cifar_dir(folder: Path) -> Path:
@@ -101,19 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated: {', '.join(WORKLOADS)}")
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated: {', '.join(ENGINES)}")
     parser.add_argument("--steps", type=int, help="train every workload for this many steps instead of its own length")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process, every engine (default 1: local and mpirun "
-                        "already give each of their 16 workers one thread on a 2-core machine; small models run slower on more)")
+    parser.add_argument("--threads", type=int, help="torch threads per worker, every engine (default: the trainer's, "
+                        "each process's share of the CPUs it may run on; see relaympi.threads)")
     args = parser.parse_args(argv)
     workloads, engines = args.workloads.split(","), args.engines.split(",")
     for name, allowed in [(w, WORKLOADS) for w in workloads] + [(e, ENGINES) for e in engines]:
         if name not in allowed:
             parser.error(f"unknown {name!r}; choose from {', '.join(allowed)}")
-    print(f"{'workload':8} {'engine':8} {'workers':>7} {'steps':>6} {'ms/step':>9} {'samples/s':>10} {'wall s':>7} {'vs local':>8}")
+    print(f"{'workload':8} {'engine':8} {'workers':>7} {'threads':>7} {'steps':>6} {'ms/step':>9} {'samples/s':>10} {'wall s':>7} {'vs local':>8}")
     failed = False
     with tempfile.TemporaryDirectory(prefix="engines-") as tmp:
         for name in workloads:
             workload = WORKLOADS[name]
-            extra = ["--threads", str(args.threads), *(["--steps", str(args.steps)] if args.steps else [])]
+            extra = [*(["--threads", str(args.threads)] if args.threads is not None else []), *(["--steps", str(args.steps)] if args.steps else [])]
             if name == "vgg11":
                 extra += ["--data-dir", str(_cifar_dir(Path(tmp) / "cifar10"))]
             baseline = None
@@ -128,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 baseline = timing if engine == "local" else baseline
                 ratio = f"{baseline.train_s / timing.train_s:7.1f}x" if baseline is not None else f"{'-':>8}"
-                print(f"{name:8} {engine:8} {workload.workers:7d} {timing.steps:6d} {timing.ms_per_step:9.2f} "
+                print(f"{name:8} {engine:8} {workload.workers:7d} {timing.threads:7d} {timing.steps:6d} {timing.ms_per_step:9.2f} "
                       f"{timing.samples_per_s:10.0f} {timing.wall_s:7.1f} {ratio}", flush=True)
     return 1 if failed else 0
 

@@ -6,17 +6,55 @@
 #   bash jobs/local_cluster.sh status
 #   sudo bash jobs/local_cluster.sh stop
 #
-# State, logs and slurm.conf live under ${RELAYMPI_SLURM_DIR:-/tmp/relaympi-slurm}; the
-# system's own /etc/slurm is never touched. Needs root (munged runs as user munge).
+# Several can run side by side (beside any other SLURM on the machine): each instance is its
+# folder, and start, status and stop act on the instance of the folder they are given:
+#
+#   --dir DIR           state, logs and slurm.conf (RELAYMPI_SLURM_DIR; /tmp/relaympi-slurm)
+#   --ctld-port PORT    slurmctld's port (RELAYMPI_SLURM_CTLD_PORT)
+#   --slurmd-port PORT  slurmd's port (RELAYMPI_SLURMD_PORT)
+#   --partition NAME    the one partition (RELAYMPI_SLURM_PARTITION; debug)
+#
+# Without ports, start takes SLURM's own 6817/6818 where they are free, else the next free
+# pair above them, and writes them into DIR/slurm.conf (start on a running instance keeps its
+# conf). The system's own /etc/slurm is never touched. Needs root (munged runs as user munge);
+# one munged serves every instance, and the stop that leaves no SLURM daemon running stops it
+# if an instance's start started it.
 set -euo pipefail
 
-SLURM_DIR="${RELAYMPI_SLURM_DIR:-/tmp/relaympi-slurm}"
-CONF="$SLURM_DIR/slurm.conf"
-PARTITION="${RELAYMPI_SLURM_PARTITION:-debug}"
 MUNGE_KEY=/etc/munge/munge.key
 MUNGE_RUN=/run/munge
+MUNGED_OURS=/run/relaympi-local-cluster.munged  # pid of the munged that a start started
 
 die() { echo "local_cluster.sh: $*" >&2; exit 1; }
+usage() { echo "local_cluster.sh: $*" >&2; echo "usage: $0 {install|start|stop|status} [--dir DIR] [--ctld-port PORT] [--slurmd-port PORT] [--partition NAME]" >&2; exit 2; }
+
+parse_options() {
+    SLURM_DIR="${RELAYMPI_SLURM_DIR:-/tmp/relaympi-slurm}"
+    CTLD_PORT="${RELAYMPI_SLURM_CTLD_PORT:-}"
+    SLURMD_PORT="${RELAYMPI_SLURMD_PORT:-}"
+    PARTITION="${RELAYMPI_SLURM_PARTITION:-debug}"
+    while (($#)); do
+        [[ $# -ge 2 ]] || usage "$1 needs a value"
+        case "$1" in
+            --dir) SLURM_DIR="$2" ;;
+            --ctld-port) CTLD_PORT="$2" ;;
+            --slurmd-port) SLURMD_PORT="$2" ;;
+            --partition) PARTITION="$2" ;;
+            *) usage "unknown option $1" ;;
+        esac
+        shift 2
+    done
+    [[ -n "$SLURM_DIR" && "$SLURM_DIR" != *[\"$'\n']* ]] || usage "--dir must be a folder name without quotes or newlines, got '$SLURM_DIR'"
+    [[ "$SLURM_DIR" == /* ]] || SLURM_DIR="$PWD/$SLURM_DIR"  # the conf names it; daemons run elsewhere
+    local port
+    for port in "$CTLD_PORT" "$SLURMD_PORT"; do
+        [[ -z "$port" || ( "$port" =~ ^[0-9]+$ && "$port" -ge 1024 && "$port" -le 65535 ) ]] \
+            || usage "a port must be a number in 1024-65535, got '$port'"
+    done
+    [[ -z "$CTLD_PORT" || "$CTLD_PORT" != "$SLURMD_PORT" ]] || usage "--ctld-port and --slurmd-port must differ, both are $CTLD_PORT"
+    [[ "$PARTITION" =~ ^[A-Za-z0-9_-]+$ ]] || usage "--partition must be letters, digits, _ or -, got '$PARTITION'"
+    CONF="$SLURM_DIR/slurm.conf"
+}
 
 need_root() {
     [[ "$(id -u)" == 0 ]] || die "'$1' needs root (try: sudo bash $0 $1)"
@@ -35,26 +73,63 @@ install() {
     echo "installed: $(slurmctld -V)"
 }
 
+port_in_use() {  # PORT: bound by a TCP socket on this machine (IPv4 or IPv6); TIME_WAIT (06) does not stop
+    local hex      # SLURM's daemons, which bind with SO_REUSEADDR
+    hex="$(printf ':%04X' "$1")"
+    awk -v hex="$hex" 'FNR > 1 && $4 != "06" && substr($2, length($2) - 4) == hex { found = 1 } END { exit !found }' \
+        /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
+pick_ports() {  # fill CTLD_PORT / SLURMD_PORT that were not given: 6817/6818 if free, else the next free ones
+    local port=6817
+    if [[ -z "$CTLD_PORT" ]]; then
+        while port_in_use "$port" || [[ "$port" == "$SLURMD_PORT" ]]; do port=$((port + 1)); done
+        CTLD_PORT=$port
+    fi
+    port=$((CTLD_PORT + 1))
+    if [[ -z "$SLURMD_PORT" ]]; then
+        while port_in_use "$port" || [[ "$port" == "$CTLD_PORT" ]]; do port=$((port + 1)); done
+        SLURMD_PORT=$port
+    fi
+    [[ "$CTLD_PORT" -le 65535 && "$SLURMD_PORT" -le 65535 ]] || die "no free ports for slurmctld and slurmd"
+    local given
+    for given in "$CTLD_PORT" "$SLURMD_PORT"; do
+        ! port_in_use "$given" || die "port $given is in use (another SLURM?); choose another with --ctld-port/--slurmd-port"
+    done
+}
+
+conf_value() {  # KEY: its value in this instance's slurm.conf
+    awk -F= -v key="$1" '$1 == key { print $2 }' "$CONF"
+}
+
+node_cpus() {
+    awk '$1 ~ /^NodeName=/ { for (i = 2; i <= NF; i++) if ($i ~ /^CPUs=/) print substr($i, 6) }' "$CONF"
+}
+
 write_conf() {
     local cpus memory_mb
-    cpus="$(nproc)"
+    # the CPUs this process may run on (nproc alone also obeys OMP_NUM_THREADS, which scripts set to 1)
+    cpus="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"
     memory_mb="$(awk '/MemTotal/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)"
+    pick_ports
     mkdir -p "$SLURM_DIR/state" "$SLURM_DIR/spool" "$SLURM_DIR/log"
     cat >"$CONF" <<EOF
 # Written by relaympi jobs/local_cluster.sh: a one-node cluster on localhost.
 ClusterName=relaympi
 SlurmctldHost=localhost
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 # A requeued job waits cred_expire seconds before it may start again (default 120).
 AuthInfo=cred_expire=10
-StateSaveLocation=$SLURM_DIR/state
-SlurmdSpoolDir=$SLURM_DIR/spool
-SlurmctldPidFile=$SLURM_DIR/slurmctld.pid
-SlurmdPidFile=$SLURM_DIR/slurmd.pid
-SlurmctldLogFile=$SLURM_DIR/log/slurmctld.log
-SlurmdLogFile=$SLURM_DIR/log/slurmd.log
+StateSaveLocation="$SLURM_DIR/state"
+SlurmdSpoolDir="$SLURM_DIR/spool"
+SlurmctldPidFile="$SLURM_DIR/slurmctld.pid"
+SlurmdPidFile="$SLURM_DIR/slurmd.pid"
+SlurmctldLogFile="$SLURM_DIR/log/slurmctld.log"
+SlurmdLogFile="$SLURM_DIR/log/slurmd.log"
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -91,8 +166,13 @@ start_munge() {
     mkdir -p "$MUNGE_RUN" /var/log/munge /var/lib/munge
     chown munge:munge "$MUNGE_RUN" /var/log/munge /var/lib/munge
     runuser -u munge -- munged
-    touch "$SLURM_DIR/munged.started-by-us"
-    for _ in $(seq 50); do munge_ok && return; sleep 0.1; done
+    for _ in $(seq 50); do
+        if munge_ok; then
+            cat "$MUNGE_RUN/munged.pid" >"$MUNGED_OURS"
+            return
+        fi
+        sleep 0.1
+    done
     die "munged did not come up"
 }
 
@@ -100,10 +180,19 @@ daemon_running() {  # pidfile
     [[ -s "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null
 }
 
+instance_running() {
+    daemon_running "$SLURM_DIR/slurmctld.pid" || daemon_running "$SLURM_DIR/slurmd.pid"
+}
+
 start() {
     need_root start
     command -v slurmctld >/dev/null || die "SLURM is not installed: run '$0 install' first"
-    write_conf
+    if instance_running && [[ -f "$CONF" ]]; then  # keep the ports its daemons listen on
+        CTLD_PORT="$(conf_value SlurmctldPort)" SLURMD_PORT="$(conf_value SlurmdPort)"
+        PARTITION="$(awk -F'[= ]' '$1 == "PartitionName" { print $2 }' "$CONF")"
+    else
+        write_conf
+    fi
     start_munge
     export SLURM_CONF="$CONF"
     daemon_running "$SLURM_DIR/slurmctld.pid" || slurmctld
@@ -121,8 +210,8 @@ start() {
     fi
     [[ "$state" == idle || "$state" == mixed || "$state" == allocated ]] \
         || die "node not idle after 60 s (state '$state'); logs in $SLURM_DIR/log"
-    echo "SLURM is up: partition $PARTITION, node localhost ($(nproc) CPUs)" >&2
-    echo "export SLURM_CONF=$CONF"
+    echo "SLURM is up: partition $PARTITION, node localhost ($(node_cpus) CPUs), ports $CTLD_PORT/$SLURMD_PORT, in $SLURM_DIR" >&2
+    printf 'export SLURM_CONF=%q\n' "$CONF"  # for eval: a folder may hold spaces
 }
 
 stop() {
@@ -130,15 +219,36 @@ stop() {
     if [[ -f "$CONF" ]]; then
         SLURM_CONF="$CONF" scontrol shutdown >/dev/null 2>&1 || true
         for _ in $(seq 50); do
-            daemon_running "$SLURM_DIR/slurmctld.pid" || daemon_running "$SLURM_DIR/slurmd.pid" || break
+            instance_running || break
             sleep 0.2
         done
+        local daemon
+        for daemon in slurmctld slurmd; do  # a daemon that missed the shutdown: by this instance's pid file only
+            if daemon_running "$SLURM_DIR/$daemon.pid"; then
+                kill "$(cat "$SLURM_DIR/$daemon.pid")" 2>/dev/null || true
+            fi
+        done
+        for _ in $(seq 50); do
+            instance_running || break
+            sleep 0.2
+        done
+        ! instance_running || die "the daemons of $SLURM_DIR are still running"
     fi
-    if [[ -f "$SLURM_DIR/munged.started-by-us" && -s "$MUNGE_RUN/munged.pid" ]]; then
-        kill "$(cat "$MUNGE_RUN/munged.pid")" 2>/dev/null || true
-        rm -f "$SLURM_DIR/munged.started-by-us"
+    stop_munge
+    echo "SLURM stopped ($SLURM_DIR)" >&2
+}
+
+stop_munge() {  # the munged a start started, once no SLURM daemon on this machine needs it
+    [[ -s "$MUNGED_OURS" ]] || return 0
+    # another instance (or another SLURM) still runs: the last stop ends munged (zombies of
+    # daemons that just exited do not count)
+    if ps -eo stat=,comm= | awk '$1 !~ /^Z/ && ($2 == "slurmctld" || $2 == "slurmd") { found = 1 } END { exit !found }'; then
+        return 0
     fi
-    echo "SLURM stopped" >&2
+    if [[ -s "$MUNGE_RUN/munged.pid" && "$(cat "$MUNGE_RUN/munged.pid")" == "$(cat "$MUNGED_OURS")" ]]; then
+        kill "$(cat "$MUNGED_OURS")" 2>/dev/null || true
+    fi
+    rm -f "$MUNGED_OURS"
 }
 
 status() {
@@ -146,17 +256,20 @@ status() {
         echo "no local cluster configured under $SLURM_DIR"
         return 1
     fi
-    echo "SLURM_CONF=$CONF"
+    echo "SLURM_CONF=$CONF (ports $(conf_value SlurmctldPort)/$(conf_value SlurmdPort))"
     daemon_running "$SLURM_DIR/slurmctld.pid" && echo "slurmctld: running" || echo "slurmctld: stopped"
     daemon_running "$SLURM_DIR/slurmd.pid" && echo "slurmd: running" || echo "slurmd: stopped"
     munge_ok && echo "munged: running" || echo "munged: stopped"
     SLURM_CONF="$CONF" sinfo 2>/dev/null || return 1
 }
 
-case "${1:-}" in
+command="${1:-}"
+if (($#)); then shift; fi
+parse_options "$@"
+case "$command" in
     install) install ;;
     start) start ;;
     stop) stop ;;
     status) status ;;
-    *) echo "usage: $0 {install|start|stop|status}" >&2; exit 2 ;;
+    *) usage "unknown command '$command'" ;;
 esac

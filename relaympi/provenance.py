@@ -16,6 +16,7 @@ import h5py
 import numpy
 
 import relaympi
+from relaympi.threads import allowed_cpus
 
 _SLURM_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NAME", "SLURM_JOB_PARTITION", "SLURM_NNODES", "SLURM_NTASKS")
 
@@ -43,6 +44,7 @@ def collect(transport: dict[str, Any], hosts: list[str] | None = None, command: 
         "hosts": sorted(set(hosts or [socket.gethostname()])),
         "command": command if command is not None else shlex.join(sys.argv),
         "start_time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "cpus_allowed": len(allowed_cpus()),
         **{f"transport_{k}": v for k, v in transport.items()},
     }
     try:  # torch is optional here: benchmarks record provenance without it
@@ -50,6 +52,7 @@ def collect(transport: dict[str, Any], hosts: list[str] | None = None, command: 
 
         info["torch"] = torch.__version__
         info["cuda"] = torch.version.cuda or "none"
+        info["torch_threads"] = torch.get_num_threads()  # what relaympi.threads' rule or --threads chose
     except ImportError:
         info["torch"] = "not installed"
     for var in _SLURM_VARS:

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from relaympi import threads
 from relaympi.batched.run import run_batched
 from relaympi.comm import Communicator, DropPolicy, mpi_communicator, run_local
 from relaympi.config import ConfigError, RunConfig, parse_args
@@ -106,12 +107,25 @@ def _save_problem(plan: Plan) -> None:
 _EXIT = {"completed": EXIT_COMPLETED, "diverged": EXIT_DIVERGED, "preempted": EXIT_PREEMPTED}
 
 
-def _configure(cfg: RunConfig, rank: int, local_size: int) -> None:
-    threads = cfg.threads or max(1, (os.cpu_count() or 1) // max(local_size, 1))
-    torch.set_num_threads(threads)
+def _configure(cfg: RunConfig, rank: int, cpus: frozenset[int], sharing: int) -> None:
+    """Logging, signals and torch's threads: `sharing` processes (or in-process workers) compute on `cpus`."""
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", handlers=[BarSafeHandler(sys.stderr)])
+    torch.set_num_threads(_threads(cfg, rank, cpus, sharing))
     signal.signal(signal.SIGTERM, _request_stop)
     signal.signal(signal.SIGUSR1, _request_stop)
+
+
+def _threads(cfg: RunConfig, rank: int, cpus: frozenset[int], sharing: int) -> int:
+    """--threads, or relaympi.threads' rule; more than this worker's share of `cpus` warns (rank 0, one line)."""
+    default = threads.default_threads(cpus, sharing)
+    if cfg.threads is None:
+        return default
+    allowed = threads.share(cpus, sharing)
+    if cfg.threads > allowed and rank == 0:
+        log.warning("--threads %d is more than the %d CPU(s) each worker may use (%d CPU(s) this process may run on, shared by %d "
+                    "worker(s)): the threads will compete for cores; leave --threads out for the default, %d",
+                    cfg.threads, allowed, len(cpus), sharing, default)
+    return cfg.threads
 
 
 def _one_process_plan(cfg: RunConfig) -> tuple[Plan, Path]:
@@ -126,7 +140,7 @@ def _one_process_plan(cfg: RunConfig) -> tuple[Plan, Path]:
 
 
 def _main_local(cfg: RunConfig, argv: list[str]) -> int:
-    _configure(cfg, 0, cfg.workers if cfg.workers > 1 else 1)
+    _configure(cfg, 0, threads.allowed_cpus(), cfg.workers)  # the workers are threads computing at once
     plan, out = _one_process_plan(cfg)
     statuses = run_local(plan.world_size, _run_rank, plan, out, _rerun_command(argv), drops=DropPolicy(cfg.drop_prob, cfg.seed))
     print_summary(out, statuses[0])
@@ -134,24 +148,16 @@ def _main_local(cfg: RunConfig, argv: list[str]) -> int:
 
 
 def _main_batched(cfg: RunConfig, argv: list[str]) -> int:
-    _configure(cfg, 0, 1)  # one process computes for every worker: all cores (--threads to choose)
+    _configure(cfg, 0, threads.allowed_cpus(), 1)  # one process computes for every worker: all its CPUs
     plan, out = _one_process_plan(cfg)
     status = run_batched(plan, out, _rerun_command(argv))
     print_summary(out, status)
     return _EXIT[status]
 
 
-def _local_size() -> int:
-    for var in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"):
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return 1
-
-
 def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
     # lazy: the only mpi4py importer; --backend local runs never load MPI
-    from relaympi.comm.mpi import world_size
+    from relaympi.comm.mpi import node_allgather, world_size
 
     size = world_size()
     if size == 1 and not _under_launcher():  # `mpirun -n 1` is the single-worker baseline; plain python is a mistake
@@ -162,7 +168,9 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
             "`mpirun -n 1 python -m relaympi.train --algo allreduce ...` or `--backend local --workers 1 --algo allreduce`"
         )
     comm = mpi_communicator(drops=DropPolicy(cfg.drop_prob, cfg.seed))
-    _configure(cfg, comm.rank, _local_size())
+    # bound ranks (srun --cpu-bind, mpirun -bind-to) each keep their own CPUs; unbound ones share theirs
+    cpus = threads.allowed_cpus()
+    _configure(cfg, comm.rank, cpus, threads.sharers(cpus, node_allgather(cpus)))
     error = None
     try:
         plan = resolve(cfg, size)

@@ -22,6 +22,18 @@ def world_size() -> int:
     return MPI.COMM_WORLD.Get_size()
 
 
+def node_allgather(obj: Any) -> list[Any]:
+    """A small picklable object from every rank on this rank's node (MPI_COMM_TYPE_SHARED), in node-local rank order.
+
+    Collective over MPI.COMM_WORLD: every rank must call it.
+    """
+    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.allgather(obj)
+    finally:
+        node.Free()
+
+
 def library_version() -> str:
     return MPI.Get_library_version().strip().splitlines()[0]
 
