@@ -246,7 +246,8 @@ def summarize(run: Run, settings: ReportSettings) -> RunSummary:
         optimizer=str(config.get("optimizer") or "sgd"),
         world_size=world_size,
         seed=None if config.get("seed") is None else int(config["seed"]),
-        drop_prob=_float(config.get("drop_prob"), 0.0) or 0.0,
+        # a drop probability that cannot apply (allreduce's collective drops nothing) is a reliable run
+        drop_prob=_float(experiment_settings(config).get("drop_prob"), 0.0) or 0.0,
         relay_mode=_relay_mode(config),
         extra=extra,
         settings=_settings(config, keys),
