@@ -78,7 +78,8 @@ def load_runs(files: Sequence[Path], settings: ReportSettings) -> tuple[list[Run
             problems.append(
                 (
                     path,
-                    f"duplicate of {seen[summary.identity]} (same configuration and seed); ignored",
+                    f"duplicate of {seen[summary.identity]} (same configuration and seed); ignored"
+                    + ("; this run is unstable, so the two may differ beyond rounding" if summary.unstable else ""),
                 )
             )
             continue
