@@ -75,6 +75,18 @@ def test_report_refuses_an_unknown_split_key_and_lists_the_allowed(tmp_path: Pat
     assert "--split-by 'nonsense'" in line and "batch_size" in line and "world_size" in line
 
 
+def test_report_splits_by_a_config_key(tmp_path: Path, capsys) -> None:
+    import numpy as np
+
+    from tests import run_factories as rf
+
+    for batch in (16, 32):
+        rf.write_classification_run(tmp_path / f"b{batch}.h5", np.full((3, 2), 0.5), batch_size=batch)
+    assert report.main([str(tmp_path), "--split-by", "batch_size"]) == 0
+    out = capsys.readouterr().out
+    assert "batch_size=16" in out and "batch_size=32" in out
+
+
 def test_engines_refuses_zero_steps(monkeypatch, capsys) -> None:
     monkeypatch.setattr(engines, "measure", lambda *a, **k: pytest.fail("a benchmark ran"))
     with pytest.raises(SystemExit) as info:
