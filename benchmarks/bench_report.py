@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--keep", type=Path, help="write the runs here and keep them")
     args = parser.parse_args(argv)
+    for flag, value in (("--runs", args.runs), ("--evals", args.evals), ("--workers", args.workers)):
+        if value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
     with tempfile.TemporaryDirectory(prefix="relaympi-bench-") as tmp:
         directory = args.keep or Path(tmp)
         directory.mkdir(parents=True, exist_ok=True)

@@ -110,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, help="torch threads per worker, every engine (default: the trainer's, "
                         "each process's share of the CPUs it may run on; see relaympi.threads)")
     args = parser.parse_args(argv)
+    for flag, value in (("--steps", args.steps), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
     workloads, engines = args.workloads.split(","), args.engines.split(",")
     for name, allowed in [(w, WORKLOADS) for w in workloads] + [(e, ENGINES) for e in engines]:
         if name not in allowed:
@@ -119,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="engines-") as tmp:
         for name in workloads:
             workload = WORKLOADS[name]
-            extra = [*(["--threads", str(args.threads)] if args.threads is not None else []), *(["--steps", str(args.steps)] if args.steps else [])]
+            extra = [*(["--threads", str(args.threads)] if args.threads is not None else []), *(["--steps", str(args.steps)] if args.steps is not None else [])]
             if name == "vgg11":
                 extra += ["--data-dir", str(_cifar_dir(Path(tmp) / "cifar10"))]
             baseline = None

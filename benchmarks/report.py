@@ -27,6 +27,7 @@ from benchmarks.report_format import (
 )
 from benchmarks.report_summary import DATASETS, ReportSettings, RunSummary, summarize
 from benchmarks.report_tables import Table, all_tables, untabulated
+from relaympi.config import run_file_config_keys
 from relaympi.results import RunFileError, read_run
 
 
@@ -77,7 +78,8 @@ def load_runs(files: Sequence[Path], settings: ReportSettings) -> tuple[list[Run
             problems.append(
                 (
                     path,
-                    f"duplicate of {seen[summary.identity]} (same configuration and seed); ignored",
+                    f"duplicate of {seen[summary.identity]} (same configuration and seed); ignored"
+                    + ("; this run is unstable, so the two may differ beyond rounding" if summary.unstable else ""),
                 )
             )
             continue
@@ -168,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--target must be positive, got {args.target}")
     if not args.last_epochs > 0:
         parser.error(f"--last-epochs must be positive, got {args.last_epochs}")
+    keys = run_file_config_keys()
+    unknown = [key for key in args.split_by if key not in keys]
+    if unknown:
+        parser.error(f"--split-by {unknown[0]!r} is not a config key of a run file; choose from {', '.join(sorted(keys))}")
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         parser.error(f"--out {args.out} is a file; --out takes a directory for the CSV, LaTeX and PNG files")
     settings = ReportSettings(

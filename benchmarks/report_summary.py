@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from relaympi.config import experiment_settings
-from relaympi.results import Run, workers_at_chance
+from relaympi.results import Run, unstable_loss, workers_at_chance
 
 ALGO_NAMES = {
     "allreduce": "All-reduce",
@@ -40,7 +40,7 @@ METRIC_TEXT = {
 QUADRATIC_TASKS = ("quadratics", "quadratic")
 # Quadratics problem constants (paper appendix "Random quadratics"): each setting gets its own table.
 QUADRATIC_KEYS = ("dim", "mu", "L", "zeta2", "sigma2", "r0")
-DATASETS = ("step", "epoch", "test_accuracy", "suboptimality")  # all the report reads
+DATASETS = ("step", "epoch", "test_accuracy", "suboptimality", "train_loss")  # all the report reads
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,7 @@ class RunSummary:
     steps_to_target: int | None = None  # quadratics: first step with suboptimality <= target
     curve: Curve | None = None
     at_chance: tuple[int, ...] = ()  # workers whose metric window ends at chance accuracy
+    unstable: tuple[float, float] | None = None  # (first, final) mean train loss of an unstable run (relaympi.results.UNSTABLE_RULE)
 
     @property
     def converged(self) -> bool:
@@ -246,13 +247,16 @@ def summarize(run: Run, settings: ReportSettings) -> RunSummary:
         optimizer=str(config.get("optimizer") or "sgd"),
         world_size=world_size,
         seed=None if config.get("seed") is None else int(config["seed"]),
-        drop_prob=_float(config.get("drop_prob"), 0.0) or 0.0,
+        # a drop probability that cannot apply (allreduce's collective drops nothing) is a reliable run
+        drop_prob=_float(experiment_settings(config).get("drop_prob"), 0.0) or 0.0,
         relay_mode=_relay_mode(config),
         extra=extra,
         settings=_settings(config, keys),
         diverged_epoch=diverged_epoch,
     )
     data = run.data
+    if "train_loss" in data:
+        summary["unstable"] = unstable_loss(data["train_loss"])
     epoch = data.get("epoch")
     if epoch is not None and len(epoch):
         summary["final_epoch"] = float(np.nanmax(epoch))

@@ -19,7 +19,7 @@ from benchmarks.report_cells import (
     row_labels,
 )
 from benchmarks.report_summary import METRIC_TEXT, Curve, ReportSettings, RunSummary
-from relaympi.results import CHANCE_FACTOR
+from relaympi.results import CHANCE_FACTOR, unstable_text
 
 
 @dataclass
@@ -258,21 +258,28 @@ def _accuracy_like_table(spec: TableSpec, family: Family, settings: ReportSettin
         record,
         lambda cell, col: cell["n_seeds"] > cell["n_diverged"] and col is not None,
     )
-    for key in row_keys:
-        for col, choice in cells[key].items():
-            for run in choice.best.runs:
-                if run.at_chance:
-                    table.notes.append(
-                        f"Warning: {labels[key]} on {key[2]}, {column_key}={_num(col) if isinstance(col, float) else col}, "
-                        f"seed {run.seed}: worker(s) {', '.join(map(str, run.at_chance))} at chance accuracy "
-                        f"(below {CHANCE_FACTOR:g}/classes; {run.path.name}): the learning rate may not suit this run."
-                    )
+    _warn(table, labels, cells, column_key)
     partial = sum(r["n_diverged"] > 0 and r["n_diverged"] < r["n_seeds"] for r in table.records)
     if partial:
         table.notes.append(
             f"{partial} cell(s) have diverged seeds: their numbers are over the converged seeds only."
         )
     return table
+
+
+def _warn(table: Table, labels: dict[tuple, str], cells: Cells, column_key: str) -> None:
+    """A note for every run a cell shows that ends with workers at chance accuracy or unstable."""
+    for key, label in labels.items():  # in the table's row order
+        for col, choice in cells[key].items():
+            for run in choice.best.runs:
+                where = f"Warning: {label} on {key[2]}, {column_key}={_num(col) if isinstance(col, float) else col}, seed {run.seed}"
+                if run.at_chance:
+                    table.notes.append(
+                        f"{where}: worker(s) {', '.join(map(str, run.at_chance))} at chance accuracy "
+                        f"(below {CHANCE_FACTOR:g}/classes; {run.path.name}): the learning rate may not suit this run."
+                    )
+                if run.unstable:
+                    table.notes.append(f"{where}: {unstable_text(run.unstable)}; {run.path.name}.")
 
 
 def accuracy_like_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> list[Table]:
@@ -378,7 +385,7 @@ def quadratics_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> l
             del fields["optimizer"]  # quadratics records leave the optimizer out
             return cell_record("quadratics", fields, choice)
 
-        _fill_rows(
+        labels = _fill_rows(
             table,
             row_keys,
             columns,
@@ -387,6 +394,7 @@ def quadratics_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> l
             record,
             lambda cell, n: bool(cell["n_reached"]),
         )
+        _warn(table, labels, cells, "world_size")
         tables.append(table)
     return tables
 

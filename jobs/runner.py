@@ -56,11 +56,17 @@ def cmd_run(sweep_name: str, settings: JobSettings, index: int | None) -> int:
                 file=sys.stderr,
             )
             return 2
-        index = int(task_id)
+        index, source = int(task_id), f"SLURM_ARRAY_TASK_ID {task_id}"
+    else:
+        source = f"--index {index}"
     all_jobs = jobs(sweep_name, settings)
     if not 0 <= index < len(all_jobs):
-        _log(f"{sweep_name}: index {index} is outside the grid of {len(all_jobs)} configurations; nothing to do")
-        return 0
+        # an array larger than its grid (plain sbatch after the settings shrank it) fails loudly too
+        valid = f" (indices 0-{len(all_jobs) - 1})" if all_jobs else ""
+        raise JobsError(
+            f"{sweep_name}: {source} is outside the grid of {len(all_jobs)} configurations{valid}; "
+            f"list them with DRY_RUN=1, or submit with 'bash jobs/submit.sh {sweep_name}', which sizes the array"
+        )
     job = all_jobs[index]
     status = run_status(job.out)
     label = f"{sweep_name}[{index}] {job.name}"

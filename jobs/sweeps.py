@@ -13,6 +13,8 @@ from relaympi.tasks import TaskError, get_task_class
 # The paper runs D-PSGD without momentum only: its momentum variant is qgm. Applies unless
 # RELAYMPI_MOMENTA is set.
 PAPER_PLAIN_ONLY = ("dpsgd",)
+# Algorithms that drop no messages (a collective): only their reliable run is in a drop grid.
+NO_DROPS = ("allreduce",)
 # A grid point: the configuration the trainer runs, and its number of workers (MPI ranks, or
 # --workers of one process: jobs.commands decides which).
 GridPoint = tuple[RunConfig, int]
@@ -246,6 +248,8 @@ def configurations(sweep_name: str, settings: JobSettings) -> list[GridPoint]:
                         continue
                     for alpha in alphas:
                         for drop in drops:
+                            if drop and algo in NO_DROPS:  # the trainer refuses --drop-prob there
+                                continue
                             for lr in _lrs(sweep_name, settings, task, algo, momentum, alpha):
                                 config = RunConfig(
                                     task=task,

@@ -41,6 +41,7 @@ _APPLIES: dict[str, Any] = {
     "d2_force": lambda c: c.get("algo") == "d2",
     "d2_exact_diffusion": lambda c: c.get("algo") == "d2",
     "nesterov": lambda c: bool(c.get("momentum")) and c.get("optimizer", "sgd") == "sgd",
+    "drop_prob": lambda c: c.get("algo") != "allreduce",  # a collective: no message is ever dropped
     **{k: (lambda c: c.get("task") == "quadratics") for k in ("problem_file", "dim", "mu", "L", "zeta2", "r0", "sigma2")},
 }
 
@@ -58,6 +59,11 @@ def experiment_settings(config: dict[str, Any]) -> dict[str, Any]:
         for key, value in merged.items()
         if key not in NON_SEMANTIC_KEYS and key not in _RUN_FILE_ONLY_KEYS and _APPLIES.get(key, lambda c: True)(merged)
     }
+
+
+def run_file_config_keys() -> tuple[str, ...]:
+    """Every key of a run file's `config` attribute: RunConfig's fields and the values derived at run time."""
+    return (*(f.name for f in dataclasses.fields(RunConfig) if f.name != "extra"), *_RUN_FILE_ONLY_KEYS)
 
 
 class ConfigError(ValueError):
@@ -102,7 +108,7 @@ class RunConfig:
     model_dir: Path | None = None
     device: str = "cpu"
     threads: int | None = None  # torch intra-op threads per worker
-    loader_workers: int = 2
+    loader_workers: int | None = None  # --task imagenet only (None: TaskOptions' default, 2)
     eval_batch_size: int = 256
     log_every: int = 0  # steps between progress log lines (0: only at evaluations)
     # quadratics
@@ -184,6 +190,7 @@ def validate(cfg: RunConfig) -> None:
     if cfg.epochs is not None and cfg.steps is not None:
         raise ConfigError("give either --epochs or --steps, not both")
     _positive("epochs", cfg.epochs)
+    _positive("warmup_epochs", cfg.warmup_epochs, allow_zero=True)
     if cfg.steps is not None and cfg.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {cfg.steps}")
     if cfg.task == "quadratics" and cfg.steps is None:
@@ -264,6 +271,11 @@ def not_applicable(cfg: RunConfig) -> list[tuple[str, str]]:
         found.append(("--relay-in-place", f"it changes RelaySum's buffers (relay, relay-grad), not used by {cfg.algo}"))
     if cfg.relay_chunk is not None and cfg.algo not in ("relay", "relay-grad"):
         found.append(("--relay-chunk", f"it sizes RelaySum's message chunks (relay, relay-grad), not used by {cfg.algo}"))
+    if cfg.backend == "batched":
+        if cfg.relay_in_place:
+            found.append(("--relay-in-place", "the batched engine keeps RelaySum's messages in one tensor per tree and has no receive buffers to swap"))
+        if cfg.relay_chunk is not None:
+            found.append(("--relay-chunk", "the batched engine sends no messages to chunk (it sums them as tensors)"))
     if cfg.relay_lr_correction and cfg.algo != "relay":
         found.append(("--relay-lr-correction", f"it applies to --algo relay only, not {cfg.algo}"))
     for name in ("d2_force", "d2_exact_diffusion"):
@@ -277,6 +289,12 @@ def not_applicable(cfg: RunConfig) -> list[tuple[str, str]]:
         found.append(("--autocast", "quadratics run in float64 without a model to autocast"))
     if cfg.model_dir is not None and cfg.task != "agnews":
         found.append(("--model-dir", f"it is the pretrained model of --task agnews, not {cfg.task}"))
+    if cfg.loader_workers is not None and cfg.task != "imagenet":
+        found.append(("--loader-workers", f"only --task imagenet loads its data in loader processes, not {cfg.task}"))
+    if cfg.checkpoint_every is not None and cfg.checkpoint_dir is None:
+        found.append(("--checkpoint-every", "no checkpoints are written without --checkpoint-dir"))
+    if cfg.drop_prob and cfg.algo == "allreduce":
+        found.append(("--drop-prob", "allreduce communicates by a collective, which is not simulated as lossy (nothing would be dropped)"))
     return found
 
 
@@ -362,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--model-dir", type=Path, help="pretrained model directory (agnews only; default <root>/distilbert)")
     a("--device", help="torch device for models (cpu, cuda, cuda:0; 'cuda' picks local rank modulo GPU count)")
     a("--threads", type=int, help="torch intra-op threads per worker")
-    a("--loader-workers", type=int, help="data-loading worker processes (imagenet)")
+    a("--loader-workers", type=int, help="--task imagenet only: data-loading worker processes (0: in the training process; default 2)")
     a("--eval-batch-size", type=int, help="samples per forward pass when evaluating on the test set (memory only, not the numbers; default 256)")
     a("--log-every", type=int, help="steps between progress lines (0: at evaluations only)")
     q = p.add_argument_group("quadratics (--task quadratics only; refused for other tasks)")

@@ -70,7 +70,7 @@ def task_options(cfg: RunConfig, device: str) -> TaskOptions:
     """What the run's config tells a task."""
     return TaskOptions(
         data_dir=cfg.data_dir, model_dir=cfg.model_dir, seed=cfg.seed, eval_batch_size=cfg.eval_batch_size,
-        num_loader_workers=cfg.loader_workers, device=device,
+        num_loader_workers=TaskOptions.num_loader_workers if cfg.loader_workers is None else cfg.loader_workers, device=device,
     )
 
 

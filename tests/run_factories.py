@@ -41,9 +41,11 @@ def write_classification_run(
     *,
     status: str = "completed",
     diverged_epoch: float | None = None,
+    train_loss: np.ndarray | None = None,
     **config: Any,
 ) -> Path:
-    """A run whose test_accuracy is ``accuracy`` [evals, workers] at ``epochs`` (default 1..evals)."""
+    """A run whose test_accuracy is ``accuracy`` [evals, workers] at ``epochs`` (default 1..evals),
+    and train_loss ``train_loss`` [evals, workers] (default: 1/k at the k-th evaluation)."""
     accuracy = np.asarray(accuracy, dtype=float)
     evals, workers = accuracy.shape
     epochs = (
@@ -61,7 +63,9 @@ def write_classification_run(
                 "time_s": np.arange(evals, dtype=float),
                 "train_loss": np.repeat(1.0 / np.arange(1, evals + 1), workers).reshape(
                     evals, workers
-                ),
+                )
+                if train_loss is None
+                else np.asarray(train_loss, dtype=float),
                 "test_accuracy": accuracy,
             }
         )
@@ -82,8 +86,10 @@ def write_quadratics_run(
     steps: np.ndarray | None = None,
     *,
     status: str = "completed",
+    train_loss: np.ndarray | None = None,
     **config: Any,
 ) -> Path:
+    """A quadratics run with ``suboptimality`` at ``steps``, and ``train_loss`` [evals, workers] if given."""
     suboptimality = np.asarray(suboptimality, dtype=float)
     steps = np.arange(len(suboptimality)) * 10 if steps is None else np.asarray(steps)
     config = make_config(task="quadratics", alpha=None, epochs=None, steps=int(steps[-1]), **config)
@@ -92,13 +98,14 @@ def write_quadratics_run(
     with RunWriter.create(
         path, config=config, provenance={"factory": "tests"}, world_size=workers, overwrite=True
     ) as writer:
-        writer.extend(
-            {
-                "step": steps.astype(np.int64),
-                "suboptimality": suboptimality,
-                "consensus_distance": suboptimality / 2,
-            }
-        )
+        rows = {
+            "step": steps.astype(np.int64),
+            "suboptimality": suboptimality,
+            "consensus_distance": suboptimality / 2,
+        }
+        if train_loss is not None:
+            rows["train_loss"] = np.asarray(train_loss, dtype=float)
+        writer.extend(rows)
         if status != "running":
             writer.set_status(status)
     return path

@@ -207,7 +207,7 @@ def test_run_needs_an_index_and_data() -> None:
     assert proc.returncode == 2 and "imagenet in /nonexistent/imagenet: missing" in proc.stderr
     assert "prepare-imagenet" in proc.stderr
     proc = bash("sweep_alpha.sh", "--index", "999", **QUADRATICS)
-    assert proc.returncode == 0 and "outside the grid" in proc.stdout
+    assert proc.returncode == 2 and "--index 999 is outside the grid of 3 configurations" in proc.stderr
 
 
 def test_submit_refuses_data_that_is_not_verified(tmp_path: Path) -> None:

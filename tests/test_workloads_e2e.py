@@ -17,7 +17,7 @@ from tests.test_imagenet import make_imagenet_dir
 
 PY = sys.executable
 WORKERS, STEPS, BATCH = 2, 2, 4
-COMMON = ["--steps", STEPS, "--eval-every", 1, "--batch-size", BATCH, "--eval-batch-size", 8, "--loader-workers", 0]
+COMMON = ["--steps", STEPS, "--eval-every", 1, "--batch-size", BATCH, "--eval-batch-size", 8]
 # Everything a run file holds that does not measure time: the backends promise the same numbers.
 NUMBERS = ("step", "epoch", "lr", "train_loss", "test_loss", "test_accuracy", "bytes_sent")
 
@@ -96,7 +96,7 @@ def _report_row(out: str, label: str, topology: str, run) -> None:
 
 
 def test_imagenet_runs_on_both_backends_and_reaches_the_report(tmp_path, imagenet_dir):
-    args = ["--task", "imagenet", "--data-dir", imagenet_dir, "--algo", "relay", "--alpha", "0.1", *COMMON]
+    args = ["--task", "imagenet", "--data-dir", imagenet_dir, "--algo", "relay", "--alpha", "0.1", "--loader-workers", 0, *COMMON]
     _train([*args, "--backend", "local", "--workers", WORKERS, "--out", tmp_path / "local.h5"])
     local = read_run(tmp_path / "local.h5")
     _check_rows(local, _images(Path(imagenet_dir) / "train"), _images(Path(imagenet_dir) / "val"))

@@ -17,6 +17,8 @@ from relaympi.results import (
     RunWriter,
     read_run,
     run_status,
+    unstable_loss,
+    unstable_text,
     workers_at_chance,
 )
 from relaympi.training.plan import Plan
@@ -78,4 +80,7 @@ def print_summary(out: Path, status: str) -> None:
             )
     if "suboptimality" in run.data and len(run.data["suboptimality"]):
         line += f" | {final['sub']} {run.data['suboptimality'][-1]:.3e}"
+    unstable = unstable_loss(run.data["train_loss"]) if "train_loss" in run.data else None
+    if unstable:
+        line += f" | WARNING: {unstable_text(unstable)}"
     print(line, flush=True)
