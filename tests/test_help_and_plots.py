@@ -1,0 +1,163 @@
+"""Issue 19 item 8: the report's plots say what they show and keep every series apart; the command
+lines' help, usage lines and advice are complete and lead somewhere."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT
+
+pytest.importorskip("matplotlib")
+
+# ----------------------------------------------------------------------------------------- plots
+
+WORKERS = 3
+EVALS = 8
+
+
+def _figure_text(fig) -> str:
+    from matplotlib.text import Text
+
+    return " ".join(" ".join(t.get_text() for t in fig.findobj(Text)).split())  # wrapped lines joined
+
+
+def _data_lines(ax) -> list:
+    """One Line2D per legend entry (an errorbar's entry is a container: its first item is the line)."""
+    handles, _ = ax.get_legend_handles_labels()
+    return [h if hasattr(h, "get_linestyle") else h[0] for h in handles]
+
+
+def _style(line) -> tuple:
+    from matplotlib.colors import to_rgba
+
+    return (to_rgba(line.get_color()), line.get_linestyle(), line.get_marker())
+
+
+def _many_series_table(count: int):
+    from benchmarks.report_tables import Table
+
+    series = {
+        f"algorithm {i} on ring": {0.0: (0.5 + 0.01 * i, 0.49, 0.52 + 0.01 * i), 0.1: (0.4 + 0.01 * i, 0.39, 0.41 + 0.01 * i)}
+        for i in range(count)
+    }
+    return Table(name="robustness_digits_alpha0.1_n4", title="Robustness", caption="", header=[], rows=[],
+                 kind="robustness", metric="the worst worker's mean test accuracy over the last 5 epochs", series=series)
+
+
+def _curves(count: int) -> dict:
+    from benchmarks.report_summary import Curve
+
+    epoch = np.arange(1.0, EVALS + 1)
+    return {
+        f"algorithm {i} on chain": [Curve(epoch, 0.1 * epoch / EVALS, 0.2 * epoch / EVALS + 0.01 * i, 0.3 * epoch / EVALS)]
+        for i in range(count)
+    }
+
+
+@pytest.mark.parametrize("count", [14, 45])
+def test_every_series_of_a_plot_has_its_own_colour_line_style_and_marker(count: int) -> None:
+    from benchmarks.report_plots import curves_figure, series_figure
+
+    series = series_figure(_many_series_table(count), "drop probability", "test accuracy (%)", logx=False)
+    curves = curves_figure("Test accuracy", _curves(count))
+    for fig in (series, curves):
+        lines = _data_lines(fig.axes[0])
+        assert len(lines) == count
+        styles = [_style(line) for line in lines]
+        assert len(set(styles)) == count, styles
+        # the first ten differ by colour alone, as before (tab10)
+        assert len({s[0] for s in styles[:10]}) == 10
+
+
+@pytest.mark.parametrize("count", [3, 14])
+def test_the_legend_is_outside_the_axes_and_inside_the_figure(count: int) -> None:
+    from benchmarks.report_plots import curves_figure, series_figure
+
+    series = series_figure(_many_series_table(count), "drop probability", "test accuracy (%)", logx=False)
+    curves = curves_figure("Test accuracy", _curves(count))
+    for fig in (series, curves):
+        fig.canvas.draw()
+        (ax,) = fig.axes
+        legends = [*fig.legends, *([ax.get_legend()] if ax.get_legend() else [])]
+        assert len(legends) == 1
+        box, axes_box = legends[0].get_window_extent(), ax.get_window_extent()
+        assert not box.overlaps(axes_box), (box, axes_box)
+        assert box.x0 >= axes_box.x1  # right of the data
+        figure_box = fig.bbox
+        assert box.x1 <= figure_box.x1 + 1 and box.y1 <= figure_box.y1 + 1 and box.y0 >= -1  # not clipped
+
+
+def _write_runs(directory: Path) -> dict[int, np.ndarray]:
+    """Two seeds of relay and of d2 on digits at alpha 0.1, workers rising at different rates."""
+    from tests import run_factories as rf
+
+    accuracies = {}
+    ramp = np.linspace(0.1, 1.0, EVALS)[:, None]
+    for algo, top in (("relay", 0.9), ("d2", 0.7)):
+        for seed in range(2):
+            acc = ramp * (top - 0.1 * np.arange(WORKERS) - 0.05 * seed)[None, :] + 0.02 * seed
+            for drop in (0.0, 0.1):
+                rf.write_classification_run(directory / f"{algo}_{seed}_{drop}.h5", acc * (1 - drop), task="digits",
+                                            algo=algo, alpha=0.1, seed=seed, drop_prob=drop, lr=0.1)
+            accuracies[(algo, seed)] = acc
+    return accuracies
+
+
+def test_each_plot_says_what_its_lines_bands_and_bars_are(tmp_path: Path) -> None:
+    """The caption names the reduction over workers and seeds; the drawn numbers are that reduction."""
+    from benchmarks import report
+    from benchmarks.report_plots import curves_figure, series_figure
+    from benchmarks.report_summary import ReportSettings
+    from benchmarks.report_tables import all_tables
+
+    accuracies = _write_runs(tmp_path)
+    settings = ReportSettings()
+    runs, _ = report.load_runs(report.find_run_files([tmp_path]), settings)
+    tables = {t.name: t for t in all_tables(runs, settings)}
+
+    accuracy = tables["accuracy_digits_n3"]  # the reliable runs
+    (by_label,) = accuracy.curves.values()
+    fig = curves_figure(accuracy.title, by_label)
+    text = _figure_text(fig)
+    assert "line: mean test accuracy over workers" in text
+    assert "band: worst to best worker" in text and "averaged over seeds" in text
+    ax = fig.axes[0]
+    labels = ax.get_legend_handles_labels()[1]
+    relay_line = _data_lines(ax)[labels.index(next(lbl for lbl in labels if lbl.startswith("RelaySGD")))]
+    seeds = [accuracies[("relay", s)] for s in range(2)]
+    np.testing.assert_allclose(relay_line.get_ydata(), 100 * np.mean([a.mean(axis=1) for a in seeds], axis=0))
+    band = ax.collections[labels.index(relay_line.get_label())].get_paths()[0].vertices[:, 1]
+    worst = 100 * np.mean([a.min(axis=1) for a in seeds], axis=0)
+    best = 100 * np.mean([a.max(axis=1) for a in seeds], axis=0)
+    assert np.allclose(band.min(), worst.min()) and np.allclose(band.max(), best.max())
+    assert all(np.isclose(band, w).any() for w in worst) and all(np.isclose(band, b).any() for b in best)
+
+    robustness = tables["robustness_digits_alpha0.1_n3"]
+    fig = series_figure(robustness, "drop probability", "test accuracy (%)", logx=False)
+    text = _figure_text(fig)
+    assert "point: the worst worker's mean test accuracy over the last 5 epochs, mean over seeds" in text
+    assert "bars: min to max over seeds" in text
+    ax = fig.axes[0]
+    labels = ax.get_legend_handles_labels()[1]
+    container = ax.containers[next(i for i, lbl in enumerate(labels) if lbl.startswith("RelaySGD"))]
+    metric = [min(a[-5:, w].mean() for w in range(WORKERS)) for a in seeds]  # worst worker, last 5 epochs
+    np.testing.assert_allclose(container.lines[0].get_ydata()[0], 100 * np.mean(metric))
+    segment = container.lines[2][0].get_segments()[0]  # the error bar at drop 0
+    np.testing.assert_allclose(sorted(segment[:, 1]), [100 * min(metric), 100 * max(metric)])
+
+
+def test_the_report_writes_the_plots(tmp_path: Path) -> None:
+    from benchmarks import report
+
+    _write_runs(tmp_path / "runs")
+    out = tmp_path / "out"
+    assert report.main([str(tmp_path / "runs"), "--out", str(out)]) == 0
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert "robustness_digits_alpha0.1_n3.png" in pngs and any(p.startswith("curves_") for p in pngs)
