@@ -161,3 +161,114 @@ def test_the_report_writes_the_plots(tmp_path: Path) -> None:
     assert report.main([str(tmp_path / "runs"), "--out", str(out)]) == 0
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert "robustness_digits_alpha0.1_n3.png" in pngs and any(p.startswith("curves_") for p in pngs)
+
+
+# ---------------------------------------------------------------------------------- data advice
+
+
+@pytest.fixture
+def cifar_source(tmp_path, monkeypatch):
+    """Cifar10 fetches a small CIFAR-10-format tarball from a file:// URL (with its md5)."""
+    import hashlib
+
+    from relaympi.data.sets import Cifar10, RemoteFile
+    from tests.test_data import ARCHIVE, cifar_tarball
+
+    monkeypatch.delenv("RELAYMPI_DATA", raising=False)
+    monkeypatch.delenv("RELAYMPI_DATA_MIRROR", raising=False)
+    blob, _ = cifar_tarball(tmp_path)
+    source = tmp_path / "source" / ARCHIVE
+    source.parent.mkdir()
+    source.write_bytes(blob)
+    monkeypatch.setattr(Cifar10, "files", (RemoteFile(ARCHIVE, source.as_uri(), hashlib.md5(blob).hexdigest()),))
+
+
+def _follow(advice: str) -> None:
+    """Run advice of the form `mv A B && python -m relaympi.data ARGS` as a user would (in-process)."""
+    from relaympi.data import cli
+
+    for command in advice.split(" && "):
+        words = shlex.split(command)
+        if words[0] == "mv":
+            assert len(words) == 3 and not Path(words[2]).exists()
+            os.rename(words[1], words[2])
+        else:
+            assert words[:3] == ["python", "-m", "relaympi.data"], command
+            assert cli.main(words[3:]) == 0, command
+
+
+def _check(root: Path, capsys) -> tuple[int, str]:
+    from relaympi.data import cli
+
+    status = cli.main(["check", "cifar10", "--root", str(root)])
+    return status, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage", ["complete", "incomplete"])
+def test_following_checks_advice_for_data_put_there_by_hand_verifies_it(tmp_path, cifar_source, capsys, damage):
+    from tests.data_factories import write_cifar10_binary
+
+    root = tmp_path / "data root"
+    write_cifar10_binary(root / "cifar10", n_per_batch=2)
+    if damage == "incomplete":
+        (root / "cifar10" / "cifar-10-batches-bin" / "test_batch.bin").unlink()
+    status, out = _check(root, capsys)
+    assert status == 1 and ("unverified" if damage == "complete" else "incomplete") in out
+    (advice,) = [line.split("-> ", 1)[1] for line in out.splitlines() if "-> " in line]
+    if damage == "complete":
+        assert advice.startswith("usable as it is (complete); to have it verified: ")
+        advice = advice.split("verified: ", 1)[1]
+    _follow(advice)
+    status, out = _check(root, capsys)
+    assert status == 0 and "cifar10     verified" in out
+    assert (root / "cifar10.by-hand" / "cifar-10-batches-bin" / "data_batch_1.bin").is_file()  # kept
+
+
+def test_following_the_jobs_data_advice_and_the_trainers_hint_verifies_it(tmp_path, cifar_source, capsys):
+    from relaympi.data.paths import fetch_hint
+    from relaympi.data.sets import data_problems
+    from tests.data_factories import write_cifar10_binary
+
+    root = tmp_path / "root"
+    write_cifar10_binary(root / "cifar10", n_per_batch=2)
+    (problem,) = data_problems([("cifar10", root / "cifar10")])
+    hint = fetch_hint("cifar10", root / "cifar10")
+    assert "unverified" in problem and "`mv " in hint
+    _follow(problem.split("run `", 1)[1].rstrip("`"))
+    assert data_problems([("cifar10", root / "cifar10")]) == []
+    # a verified or corrupt copy (it has a manifest): fetch alone, which repairs it
+    assert fetch_hint("cifar10", root / "cifar10") == f"Get it with `python -m relaympi.data fetch cifar10 --root {shlex.quote(str(root))}`."
+
+
+def test_fetch_refusing_a_folder_gives_the_command_that_works(tmp_path, cifar_source, capsys):
+    from relaympi.data import cli
+    from tests.data_factories import write_cifar10_binary
+
+    write_cifar10_binary(tmp_path / "cifar10", n_per_batch=2)
+    assert cli.main(["fetch", "cifar10", "--root", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    _follow(err.split("move it away and fetch: `", 1)[1].split("`", 1)[0])
+    assert _check(tmp_path, capsys)[0] == 0
+
+
+def test_fetch_lists_only_what_it_can_fetch(capsys):
+    from relaympi.data import cli
+    from relaympi.data.sets import FETCHABLE
+
+    for name in ("nonsense", "imagenet"):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["fetch", name])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("usage: python -m relaympi.data fetch") and len(err.split("error:")) == 2
+        assert "imagenet'" not in err and "'imagenet" not in err
+    assert f"choose from {', '.join(FETCHABLE)})" in cli_error(["fetch", "nonsense"], capsys)
+    assert "prepare-imagenet" in cli_error(["fetch", "cifar10", "imagenet"], capsys)
+
+
+def cli_error(argv: list[str], capsys) -> str:
+    from relaympi.data import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(argv)
+    return capsys.readouterr().err
