@@ -272,3 +272,52 @@ def cli_error(argv: list[str], capsys) -> str:
     with pytest.raises(SystemExit):
         cli.main(argv)
     return capsys.readouterr().err
+
+
+# -------------------------------------------------------------------------------------- jobs/
+
+JOBS = ROOT / "jobs"
+SMALL_GRID = {"RELAYMPI_WORKERS": "4", "RELAYMPI_SEEDS": "0", "RELAYMPI_ALPHAS": "0.1", "RELAYMPI_MOMENTA": "0",
+              "RELAYMPI_LAUNCHER": "local"}
+
+
+def _jobs_script(tmp_path: Path, *args: str, **settings: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYMPI_") and k != "DRY_RUN"}
+    env.update(PYTHONPATH=str(ROOT), RELAYMPI_PYTHON=sys.executable, RELAYMPI_RESULTS_DIR=str(tmp_path / "results"),
+               **SMALL_GRID, **settings)
+    return subprocess.run(["bash", *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+
+
+def _refusals(stderr: str) -> str:
+    """stderr without submit.sh's own lines (the sbatch commands it would run)."""
+    return "\n".join(line for line in stderr.splitlines() if " configuration(s) with --ntasks=" not in line)
+
+
+@pytest.mark.parametrize("case", ["no data", "a refused configuration"])
+def test_a_listing_refuses_and_warns_as_submit_dry_run_does(tmp_path: Path, case: str) -> None:
+    (tmp_path / "empty root").mkdir()
+    settings = (
+        {"RELAYMPI_TASK": "cifar10", "RELAYMPI_ALGOS": "relay", "RELAYMPI_DATA": str(tmp_path / "empty root")}
+        if case == "no data"
+        else {"RELAYMPI_TASK": "digits", "RELAYMPI_ALGOS": "relay:ring"}
+    )
+    listing = _jobs_script(tmp_path, str(JOBS / "sweep_alpha.sh"), DRY_RUN="1", **settings)
+    dry_run = _jobs_script(tmp_path, str(JOBS / "submit.sh"), "sweep_alpha", "--dry-run", **settings)
+    assert "[0] missing" in listing.stdout  # the listing itself is there
+    assert listing.returncode == dry_run.returncode == (0 if case == "no data" else 2), (listing.stderr, dry_run.stderr)
+    assert _refusals(listing.stderr) == _refusals(dry_run.stderr)
+    if case == "no data":
+        assert "warning:" in listing.stderr and "python -m relaympi.data fetch cifar10" in listing.stderr
+    else:
+        assert "error:" in listing.stderr and "not a tree" in listing.stderr
+
+
+def test_submit_help_exits_0_and_names_every_option(tmp_path: Path) -> None:
+    for args in (["--help"], ["-h"], ["sweep_alpha", "--help"]):
+        proc = _jobs_script(tmp_path, str(JOBS / "submit.sh"), *args)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith("usage: bash jobs/submit.sh SWEEP")
+        for option in ("--all", "--dry-run", "--wait", "sbatch"):
+            assert option in proc.stdout
+    proc = _jobs_script(tmp_path, str(JOBS / "submit.sh"))
+    assert proc.returncode == 2 and "--wait" in proc.stderr
