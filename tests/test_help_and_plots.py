@@ -321,3 +321,50 @@ def test_submit_help_exits_0_and_names_every_option(tmp_path: Path) -> None:
             assert option in proc.stdout
     proc = _jobs_script(tmp_path, str(JOBS / "submit.sh"))
     assert proc.returncode == 2 and "--wait" in proc.stderr
+
+
+# ------------------------------------------------------------------------------------ --help
+
+# value-taking options of relaympi.train without a default value (nothing is assumed for them)
+NO_DEFAULT = {"--config", "--steps", "--workers", "--problem-file", "--save-problem"}
+TASK_DEPENDENT = ("momentum", "optimizer", "weight_decay", "batch_size", "epochs", "warmup_epochs", "milestones")
+
+
+def _shown(value) -> str:
+    if isinstance(value, tuple):
+        return ",".join(f"{v:g}" for v in value) or "none"
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
+
+
+def test_train_help_shows_every_default() -> None:
+    from relaympi.config import RunConfig, build_parser
+    from relaympi.tasks import TASK_NAMES, get_task_class
+    from relaympi.tasks.quadratics import QuadraticsSpec
+
+    config, spec = RunConfig(), QuadraticsSpec()
+    actions = {a.option_strings[0]: a for a in build_parser()._actions if a.option_strings and a.dest != "help"}
+    for flag, action in actions.items():
+        text = " ".join((action.help or "").split())
+        assert text, flag
+        if action.nargs == 0 or flag in NO_DEFAULT:  # on/off flags, and options with nothing assumed
+            continue
+        assert "default" in text, f"{flag}: {text}"
+        assert "the task's" not in text, f"{flag}: say 'task default: ...' ({text})"
+        value = getattr(config, action.dest, None)
+        if value is None and hasattr(spec, action.dest):
+            value = getattr(spec, action.dest)  # the generated quadratics problem's constants
+        if value is not None:
+            assert f"default {_shown(value)}" in text or f"default {value}" in text, f"{flag}: {text}"
+        if action.dest in TASK_DEPENDENT:
+            assert "task default: " in text, f"{flag}: {text}"
+            for task in TASK_NAMES:
+                if task == "quadratics" and action.dest == "epochs":
+                    assert "(quadratics: --steps)" in text
+                    continue
+                shown = _shown(getattr(get_task_class(task).defaults, action.dest))
+                assert f"{task} {shown}" in text, f"{flag}: {task} {shown} not in {text}"
+    for flag in ("--threads", "--epochs", "--batch-size", "--momentum", "--eval-every"):
+        assert "default" in actions[flag].help
+    evals = " ".join(actions["--eval-every"].help.split())
+    assert "task default: " in evals and "quadratics 200 evaluations per run" in evals and "digits every epoch" in evals
+    assert "agnews: relay chain" in " ".join(actions["--topology"].help.split())
