@@ -368,3 +368,43 @@ def test_train_help_shows_every_default() -> None:
     evals = " ".join(actions["--eval-every"].help.split())
     assert "task default: " in evals and "quadratics 200 evaluations per run" in evals and "digits every epoch" in evals
     assert "agnews: relay chain" in " ".join(actions["--topology"].help.split())
+
+
+@pytest.mark.parametrize("module", ["benchmarks.comm", "benchmarks.bench_report"])
+def test_every_benchmark_option_has_help(module: str) -> None:
+    import importlib
+
+    parser = importlib.import_module(module).build_parser()
+    for action in parser._actions:
+        assert action.help and action.help.strip(), f"{module} {action.option_strings or action.dest}: no help"
+        if action.option_strings and action.default not in (None, False) and action.dest != "help":
+            assert "default" in action.help, f"{module} {action.option_strings}: {action.help}"
+
+
+def _entry_points() -> list[str]:
+    """Every `python -m` module of relaympi/ and benchmarks/: a __main__.py package, or a module
+    with an `if __name__ == "__main__":` block."""
+    modules = []
+    for package in ("relaympi", "benchmarks"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if path.name == "__main__.py":
+                modules.append(".".join(parts[:-1]))
+            elif 'if __name__ == "__main__":' in path.read_text(encoding="utf-8"):
+                modules.append(".".join(parts))
+    return modules
+
+
+def test_every_entry_point_calls_itself_python_m_module() -> None:
+    modules = _entry_points()
+    assert {"relaympi.train", "relaympi.data", "benchmarks.report", "benchmarks.comm", "benchmarks.engines"} <= set(modules)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    procs = {  # all at once: each mostly waits for its imports
+        m: subprocess.Popen([sys.executable, "-m", m, "--help"], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for m in modules
+    }
+    for module, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{module}: {err}"
+        assert out.startswith(f"usage: python -m {module} "), f"{module}: {out.splitlines()[:1]}"
