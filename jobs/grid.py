@@ -77,7 +77,9 @@ def cmd_list(sweep_name: str, settings: JobSettings) -> int:
     return refusals(all_jobs, unfinished, sweep_name, settings, dry_run=True)
 
 
-def refusals(all_jobs: Sequence[Job], selected: Sequence[Job], sweep_name: str, settings: JobSettings, *, dry_run: bool) -> int:
+def refusals(
+    all_jobs: Sequence[Job], selected: Sequence[Job], sweep_name: str, settings: JobSettings, *, dry_run: bool
+) -> int:
     """What jobs/submit.sh refuses, on stderr; one code path for a submission, its --dry-run and a
     listing (DRY_RUN=1), so all three say the same. Returns 2 when a configuration would be
     refused by the trainer (nothing is submitted when one would fail), else 0. Data that the

@@ -348,7 +348,7 @@ def test_train_help_shows_every_default() -> None:
         assert text, flag
         if action.nargs == 0 or flag in NO_DEFAULT:  # on/off flags, and options with nothing assumed
             continue
-        assert "default" in text, f"{flag}: {text}"
+        assert "default" in text.lower(), f"{flag}: {text}"
         assert "the task's" not in text, f"{flag}: say 'task default: ...' ({text})"
         value = getattr(config, action.dest, None)
         if value is None and hasattr(spec, action.dest):
