@@ -79,18 +79,23 @@ def write_runs(directory: Path, runs: int, evals: int, workers: int, seed: int =
             writer.set_status("completed")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.bench_report",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=1000, help="number of run files to write and report on (default 1000)")
     parser.add_argument(
-        "--evals", type=int, default=200, help="evaluations per run (one per epoch)"
+        "--evals", type=int, default=200, help="evaluations per run, one per epoch (default 200)"
     )
-    parser.add_argument("--workers", type=int, default=16)
-    parser.add_argument("--keep", type=Path, help="write the runs here and keep them")
+    parser.add_argument("--workers", type=int, default=16, help="workers per run: the width of its per-worker arrays (default 16)")
+    parser.add_argument("--keep", type=Path, help="write the runs here and keep them (default: a temporary directory, removed)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     for flag, value in (("--runs", args.runs), ("--evals", args.evals), ("--workers", args.workers)):
         if value < 1:

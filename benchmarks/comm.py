@@ -204,17 +204,23 @@ def _device(name: str, rank: int) -> torch.device:
     return torch.device("cuda", local % torch.cuda.device_count())
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.comm", description=__doc__.splitlines()[0])
     p.add_argument("--sizes", help="comma-separated float32 counts (default 1e3,1e5,1e6 and VGG-11's 9,225,610)")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help=f"RelaySum chunk in elements (default {DEFAULT_CHUNK})")
     p.add_argument("--cache-block", type=int, default=relaysum.CACHE_BLOCK, help=f"RelaySum cache block in elements (default {relaysum.CACHE_BLOCK})")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--backend", choices=("mpi", "local"), default="mpi")
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--device", default="cpu", help="cpu, or cuda (the GPU of the node-local rank)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls of each operation before timing (default 2)")
+    p.add_argument("--reps", type=int, default=5, help="timed calls of each operation; the table shows their median (default 5)")
+    p.add_argument("--backend", choices=("mpi", "local"), default="mpi",
+                   help="mpi (one rank per process, under mpirun) or local (--workers ranks in this process; no transport cost); default mpi")
+    p.add_argument("--workers", type=int, default=4, help="number of in-process ranks for --backend local (default 4)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (the GPU of the node-local rank); default cpu")
     p.add_argument("--out", type=Path, help="HDF5 file for the figures (default bench-results/comm-n<N>.h5)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         sizes = [int(float(s)) for s in args.sizes.split(",") if s] if args.sizes else default_sizes()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,6 +21,30 @@ def _pyplot():
     return plt
 
 
+# Beyond ten series the colours repeat: every ten, the next line style and marker (4 and 7 of
+# them, coprime), so the (colour, line style, marker) of a plot's series stay distinct up to 280.
+_LINESTYLES = ("-", "--", ":", "-.")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+_COLOURS = 10  # matplotlib's default cycle, tab10
+
+
+def series_style(index: int) -> dict[str, str]:
+    """Colour, line style and marker of a plot's ``index``-th series."""
+    round_ = index // _COLOURS
+    return {
+        "color": f"C{index % _COLOURS}",
+        "linestyle": _LINESTYLES[round_ % len(_LINESTYLES)],
+        "marker": _MARKERS[round_ % len(_MARKERS)],
+    }
+
+
+CURVES_CAPTION = (
+    "line: mean test accuracy over workers; band: worst to best worker; each averaged over seeds "
+    "(per evaluation; the longest seed alone where the seeds' evaluations differ)"
+)
+SERIES_CAPTION = "point: {metric}, mean over seeds; bars: min to max over seeds; diverged seeds left out"
+
+
 def _mean_curve(curves: Sequence[Curve]) -> Curve:
     """Average over seeds when they share an evaluation grid, else take the longest seed."""
     longest = max(curves, key=lambda c: len(c.epoch))
@@ -36,38 +61,96 @@ def _mean_curve(curves: Sequence[Curve]) -> Curve:
     )
 
 
+def _figure(title: str, caption: str, width: float = 7.5):
+    """A figure with one axes, the title on top, the caption (what lines and bands are) under it,
+    and room for a legend right of the axes (constrained layout keeps all of them apart)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(width, 4.8), layout="constrained")
+    fig.suptitle(title, fontsize=9)
+    ax.set_title("\n".join(textwrap.wrap(caption, 95)), fontsize=7)
+    return fig, ax
+
+
+def _legend(fig, ax) -> None:
+    """The legend outside the axes, on the right: it never covers data."""
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", fontsize=7)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def curves_figure(title: str, by_label: dict[str, list[Curve]]):
+    """Test accuracy over epochs, one line and band per series (see CURVES_CAPTION)."""
+    fig, ax = _figure(title, CURVES_CAPTION)
+    for index, (label, curves) in enumerate(by_label.items()):
+        curve = _mean_curve(curves)
+        style = series_style(index)
+        ax.plot(
+            curve.epoch, 100 * curve.mean, label=label, markersize=4,
+            markevery=max(1, len(curve.epoch) // 8), **style,
+        )
+        ax.fill_between(curve.epoch, 100 * curve.worst, 100 * curve.best, color=style["color"], alpha=0.2)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("test accuracy (%)")
+    ax.grid(alpha=0.3)
+    _legend(fig, ax)
+    return fig
+
+
 def plot_curves(table: Table, out_dir: Path) -> list[Path]:
     """Per alpha: mean worker test accuracy over epochs, band from worst to best worker."""
-    plt = _pyplot()
     paths = []
     for alpha, by_label in table.curves.items():
         by_label = {label: curves for label, curves in by_label.items() if curves}
         if not by_label:
             continue
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for label, curves in by_label.items():
-            curve = _mean_curve(curves)
-            (line,) = ax.plot(curve.epoch, 100 * curve.mean, label=label)
-            ax.fill_between(
-                curve.epoch, 100 * curve.worst, 100 * curve.best, color=line.get_color(), alpha=0.2
-            )
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("test accuracy (%)")
-        ax.set_title(
-            f"{table.title}, alpha={alpha:g}" if alpha is not None else table.title, fontsize=9
-        )
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-        path = (
-            out_dir / f"curves_{table.name}_alpha{alpha:g}.png"
-            if alpha is not None
-            else out_dir / f"curves_{table.name}.png"
-        )
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        title = f"{table.title}, alpha={alpha:g}" if alpha is not None else table.title
+        name = f"curves_{table.name}_alpha{alpha:g}.png" if alpha is not None else f"curves_{table.name}.png"
+        paths.append(_save(curves_figure(title, by_label), out_dir / name))
     return paths
+
+
+def series_figure(
+    table: Table,
+    xlabel: str,
+    ylabel: str,
+    *,
+    logx: bool,
+    logy: bool = False,
+    percent: bool = True,
+):
+    """One line per table row (algorithm, settings and topology) over the columns, min-max error
+    bars (see SERIES_CAPTION); None when fewer than two column values have points."""
+    series = {label: points for label, points in table.series.items() if points}
+    if len({x for points in series.values() for x in points}) < 2:
+        return None
+    scale = 100 if percent else 1
+    xs_all = sorted({x for points in series.values() for x in points})
+    place = _x_positions(xs_all, logx)
+    fig, ax = _figure(table.title, SERIES_CAPTION.format(metric=table.metric or ylabel), width=7)
+    for index, (label, points) in enumerate(series.items()):
+        xs = sorted(points)
+        mean, low, high = (np.array([points[x][i] for x in xs]) * scale for i in range(3))
+        ax.errorbar(
+            [place[x] for x in xs], mean, yerr=[mean - low, high - mean], capsize=3, label=label,
+            **series_style(index),
+        )
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+        _plain_log_ticks(ax.yaxis)
+    # plain tick labels at the values run (4, 8, 16; not 4x10^0), inf where alpha=inf was run
+    ax.set_xticks([place[x] for x in xs_all], [_tick(x) for x in xs_all])
+    ax.xaxis.set_minor_formatter(_null_formatter())
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    _legend(fig, ax)
+    return fig
 
 
 def plot_series(
@@ -80,39 +163,9 @@ def plot_series(
     logy: bool = False,
     percent: bool = True,
 ) -> Path | None:
-    """One line per table row (algorithm, settings and topology) over the columns, min-max error bars."""
-    series = {label: points for label, points in table.series.items() if points}
-    if len({x for points in series.values() for x in points}) < 2:
-        return None
-    plt = _pyplot()
-    scale = 100 if percent else 1
-    xs_all = sorted({x for points in series.values() for x in points})
-    place = _x_positions(xs_all, logx)
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    for label, points in series.items():
-        xs = sorted(points)
-        mean, low, high = (np.array([points[x][i] for x in xs]) * scale for i in range(3))
-        ax.errorbar(
-            [place[x] for x in xs], mean, yerr=[mean - low, high - mean], marker="o", capsize=3, label=label
-        )
-    if logx:
-        ax.set_xscale("log")
-    if logy:
-        ax.set_yscale("log")
-        _plain_log_ticks(ax.yaxis)
-    # plain tick labels at the values run (4, 8, 16; not 4x10^0), inf where alpha=inf was run
-    ax.set_xticks([place[x] for x in xs_all], [_tick(x) for x in xs_all])
-    ax.xaxis.set_minor_formatter(_null_formatter())
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(table.title, fontsize=9)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    path = out_dir / f"{table.name}.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    """``series_figure`` saved as <table name>.png (None: nothing to plot)."""
+    fig = series_figure(table, xlabel, ylabel, logx=logx, logy=logy, percent=percent)
+    return None if fig is None else _save(fig, out_dir / f"{table.name}.png")
 
 
 def _x_positions(xs: Sequence[float], logx: bool) -> dict[float, float]:

@@ -34,6 +34,7 @@ class Table:
     records: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     kind: str = ""  # accuracy | scaling | lr | robustness | quadratics
+    metric: str = ""  # what one seed's value in a cell is (the plots' captions)
     # for plots: row label -> {column value -> (mean, min, max)}
     series: dict[str, dict[float, tuple[float, float, float]]] = field(default_factory=dict)
     # for accuracy-over-epochs plots: column value (alpha) -> row label -> the best cell's curves
@@ -61,9 +62,13 @@ def _slug(*parts: Any) -> str:
     return "".join(c if c.isalnum() or c in "-." else "_" for c in text).strip("_")
 
 
-def _metric_caption(metric_names: set[str | None], last_epochs: float) -> str:
+def _metric_text(metric_names: set[str | None], last_epochs: float) -> str:
     names = sorted(n for n in metric_names if n)
-    text = "; ".join(METRIC_TEXT[n].format(w=last_epochs) for n in names if n in METRIC_TEXT)
+    return "; ".join(METRIC_TEXT[n].format(w=last_epochs) for n in names if n in METRIC_TEXT)
+
+
+def _metric_caption(metric_names: set[str | None], last_epochs: float) -> str:
+    text = _metric_text(metric_names, last_epochs)
     return f"Metric: {text}. " if text else ""
 
 
@@ -239,6 +244,7 @@ def _accuracy_like_table(spec: TableSpec, family: Family, settings: ReportSettin
         title=family.title,
         caption=caption,
         kind=spec.kind,
+        metric=_metric_text({r.metric_name for r in family.runs}, settings.last_epochs),
         header=["Algorithm", "Topology", *[spec.column.label(c) for c in columns]],
         rows=[],
     )
@@ -375,6 +381,7 @@ def quadratics_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> l
             title=f"Steps to suboptimality <= {settings.target:g}: {_family_title(parts)}",
             caption=caption,
             kind="quadratics",
+            metric=f"steps until the averaged model's suboptimality is <= {settings.target:g} (seeds that never reach it left out)",
             header=["Algorithm", "Topology", *[WORKERS.label(n) for n in columns]],
             rows=[],
         )

@@ -181,16 +181,15 @@ def jobs(sweep_name: str, settings: JobSettings) -> list[Job]:
     ]
 
 
-def check_job(job: Job, settings: JobSettings, scratch: Path, *, need_inputs: bool = True) -> str | None:
+def check_job(job: Job, settings: JobSettings, scratch: Path) -> str | None:
     """Why the trainer would refuse this job (None when it accepts it).
 
     The trainer's own path: its parser reads the job's --config JSON (written to ``scratch``) and
     the user's extra flags, then ``relaympi.training.plan.resolve``; so a typo in RELAYMPI_ALGOS or
     RELAYMPI_EXTRA_ARGS, an algorithm on a topology it cannot use, or a missing data directory is
-    found before anything is submitted. With need_inputs false (a listing), a data or model
-    directory that is not set yet is no reason.
+    found before anything is submitted.
     """
-    if job.unset and need_inputs:
+    if job.unset:
         flag, reads = _INPUT_FLAGS[job.unset[0]]
         return f"task {job.config.task} reads {flag} {reads}: set {job.unset[0]} (jobs/README.md)"
     # a folder not fetched yet is left to data_problems (it prints the fetch command); the run
@@ -213,12 +212,12 @@ def check_job(job: Job, settings: JobSettings, scratch: Path, *, need_inputs: bo
     return None
 
 
-def check_jobs(all_jobs: Sequence[Job], sweep_name: str, settings: JobSettings, *, need_inputs: bool = True) -> list[str]:
+def check_jobs(all_jobs: Sequence[Job], sweep_name: str, settings: JobSettings) -> list[str]:
     """One line per reason the trainer would refuse configurations, naming them (the first few)."""
     refused: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="relaympi-check-") as scratch:
         for job in all_jobs:
-            reason = check_job(job, settings, Path(scratch), need_inputs=need_inputs)
+            reason = check_job(job, settings, Path(scratch))
             if reason:
                 refused.setdefault(reason, []).append(f"{sweep_name}[{job.index}] {job.name}")
     lines = []

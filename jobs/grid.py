@@ -73,10 +73,35 @@ def cmd_list(sweep_name: str, settings: JobSettings) -> int:
         print(f"[{job.index}] {status:9s} {fields}")
         print(f"    {shlex.join(job.command)}")
     print("status: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-    problems = check_jobs(all_jobs, sweep_name, settings, need_inputs=False)
-    for problem in problems:
-        print(f"jobs/grid.py: error: the trainer would refuse {problem}", file=sys.stderr)
-    return 2 if problems else 0
+    unfinished = [job for job in all_jobs if run_status(job.out) not in FINISHED_STATUSES]
+    return refusals(all_jobs, unfinished, sweep_name, settings, dry_run=True)
+
+
+def refusals(
+    all_jobs: Sequence[Job], selected: Sequence[Job], sweep_name: str, settings: JobSettings, *, dry_run: bool
+) -> int:
+    """What jobs/submit.sh refuses, on stderr; one code path for a submission, its --dry-run and a
+    listing (DRY_RUN=1), so all three say the same. Returns 2 when a configuration would be
+    refused by the trainer (nothing is submitted when one would fail), else 0. Data that the
+    ``selected`` jobs read and that is not present and verified: JobsError when submitting, a
+    warning in a dry run."""
+    problems = check_jobs(all_jobs, sweep_name, settings)
+    if problems:
+        for problem in problems:
+            print(f"jobs/grid.py: error: {problem}", file=sys.stderr)
+        print(f"jobs/grid.py: {sweep_name}: nothing submitted (check the settings: jobs/README.md)", file=sys.stderr)
+        return 2
+    problems = data_problems(selected, sweep_name, settings, hashes=True)
+    if problems:
+        message = (
+            f"{sweep_name}: the data its jobs read is not present and verified:\n  "
+            + "\n  ".join(problems)
+            + "\n(data put there by hand, complete but without a manifest: RELAYMPI_ALLOW_UNVERIFIED_DATA=1)"
+        )
+        if not dry_run:
+            raise JobsError(message)
+        print(f"jobs/grid.py: warning: {message}", file=sys.stderr)
+    return 0
 
 
 def array_spec(indices: Sequence[int]) -> str:
@@ -105,12 +130,6 @@ def cmd_plan(sweep_name: str, settings: JobSettings, include_finished: bool, dry
     groups: dict[int, list[int]] = {}
     finished = 0
     all_jobs = jobs(sweep_name, settings)
-    problems = check_jobs(all_jobs, sweep_name, settings)
-    if problems:  # nothing is submitted when one configuration would fail
-        for problem in problems:
-            print(f"jobs/grid.py: error: {problem}", file=sys.stderr)
-        print(f"jobs/grid.py: {sweep_name}: nothing submitted (check the settings: jobs/README.md)", file=sys.stderr)
-        return 2
     selected = []
     for job in all_jobs:
         if not include_finished and run_status(job.out) in FINISHED_STATUSES:
@@ -118,16 +137,8 @@ def cmd_plan(sweep_name: str, settings: JobSettings, include_finished: bool, dry
             continue
         groups.setdefault(1 if single else job.world_size, []).append(job.index)
         selected.append(job)
-    problems = data_problems(selected, sweep_name, settings, hashes=True)
-    if problems:
-        message = (
-            f"{sweep_name}: the data its jobs read is not present and verified:\n  "
-            + "\n  ".join(problems)
-            + "\n(data put there by hand, complete but without a manifest: RELAYMPI_ALLOW_UNVERIFIED_DATA=1)"
-        )
-        if not dry_run:
-            raise JobsError(message)
-        print(f"jobs/grid.py: warning: {message}", file=sys.stderr)
+    if refusals(all_jobs, selected, sweep_name, settings, dry_run=dry_run):
+        return 2
     for ntasks, indices in sorted(groups.items()):
         print(f"group\t{ntasks}\t{array_spec(indices)}\t{len(indices)}")
     if backend(settings) == "batched" and device(settings) == "cuda" and not settings.get("RELAYMPI_GPUS_PER_NODE"):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Submit a sweep as SLURM job arrays sized from the grid, with the site settings applied.
 #
-#   bash jobs/submit.sh SWEEP [--all] [--dry-run] [sbatch options ...]
+#   bash jobs/submit.sh SWEEP [--all] [--dry-run] [--wait] [sbatch options ...]    (--help: the options)
 #
 # Only configurations whose run file is not completed/diverged are submitted (--all: every
 # one; each job skips finished runs anyway). Configurations are grouped by their --ntasks
@@ -13,15 +13,33 @@ set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
 
 usage() {
-    echo "usage: bash jobs/submit.sh SWEEP [--all] [--dry-run] [sbatch options ...]" >&2
-    echo "sweeps: sweep_alpha sweep_workers sweep_lr sweep_drop sweep_imagenet sweep_agnews" >&2
-    exit 2
+    echo "usage: bash jobs/submit.sh SWEEP [--all] [--dry-run] [--wait] [sbatch options ...]"
+    echo "sweeps: sweep_alpha sweep_workers sweep_lr sweep_drop sweep_imagenet sweep_agnews"
 }
 
-[[ $# -ge 1 && "$1" != -* ]] || usage
+show_help() {
+    usage
+    cat <<'EOF'
+
+Submit a sweep as SLURM job arrays sized from its grid, with the site settings applied.
+
+  --all       submit every configuration (default: only those whose run file is not
+              completed or diverged; each job skips finished runs anyway)
+  --dry-run   print the sbatch commands and check everything, submit nothing (also DRY_RUN=1)
+  --wait      pass --wait to sbatch: wait for every array, exit with the highest exit status
+  -h, --help  this help
+
+Anything else goes to sbatch. Exit 2 when a configuration would be refused by the trainer, or
+when the data the jobs read is not present and verified (python -m relaympi.data check; a dry
+run only warns about data). Settings (RELAYMPI_* variables): jobs/README.md.
+EOF
+}
+
+case "${1-}" in -h | --help) show_help; exit 0 ;; esac
+[[ $# -ge 1 && "$1" != -* ]] || { usage >&2; exit 2; }
 sweep="$1"
 shift
-[[ -f "$RELAYMPI_ROOT/jobs/$sweep.sh" ]] || { echo "no such sweep: $sweep" >&2; usage; }
+[[ -f "$RELAYMPI_ROOT/jobs/$sweep.sh" ]] || { echo "no such sweep: $sweep" >&2; usage >&2; exit 2; }
 
 plan_args=()
 sbatch_args=()
@@ -33,6 +51,7 @@ for arg in "$@"; do
         --all) plan_args+=(--all) ;;
         --dry-run) dry_run=1 ;;
         --wait | -W) wait=1 ;;
+        -h | --help) show_help; exit 0 ;;
         *) sbatch_args+=("$arg") ;;
     esac
 done

@@ -315,11 +315,25 @@ def _milestones(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated epochs such as 150,180, got {text!r}") from None
 
 
+def _task_default(attribute: str, show: Any = lambda v: f"{v:g}", skip: tuple[str, ...] = ()) -> str:
+    """'task default: digits 8, cifar10 32, ...': a TaskDefaults value per task, as --help words it."""
+    from relaympi.tasks import TASK_NAMES, get_task_class
+
+    values = [f"{task} {show(getattr(get_task_class(task).defaults, attribute))}" for task in TASK_NAMES if task not in skip]
+    return "task default: " + ", ".join(values)
+
+
+def _eval_default(defaults: Any) -> str:
+    if defaults.evals_per_run:
+        return f"{defaults.evals_per_run} evaluations per run"
+    return "every epoch" if defaults.eval_every_epochs == 1 else f"every {defaults.eval_every_epochs:g} epochs"
+
+
 def build_parser() -> argparse.ArgumentParser:
     # imported here, not at the top: the report reads run configs (experiment_settings) without torch
     from relaympi.algorithms import ALGORITHM_NAMES, RELAY_MODES
     from relaympi.optim import OPTIMIZERS
-    from relaympi.tasks import TASK_NAMES
+    from relaympi.tasks import TASK_NAMES, get_task_class
 
     p = UsageParser(
         prog="python -m relaympi.train",
@@ -346,43 +360,49 @@ def build_parser() -> argparse.ArgumentParser:
     a("--config", type=Path, help="JSON file of saved flags (as written in a run file's config); flags given on the command line win")
     a("--task", choices=TASK_NAMES, help="workload (default digits: the embedded scikit-learn digits)")
     a("--algo", choices=ALGORITHM_NAMES, help="decentralized algorithm (default relay)")
-    a("--topology", help="communication graph (default per algorithm: relay double-binary-trees, dpsgd/qgm/d2/gt ring, sgp exponential, allreduce fully-connected)")
+    a("--topology", help="communication graph (default per algorithm: relay double-binary-trees, dpsgd/qgm/d2/gt ring, sgp exponential, allreduce fully-connected"
+      + "".join(f"; task {t}: {', '.join(f'{algo} {topo}' for algo, topo in get_task_class(t).default_topology_by_algo.items())}"
+                for t in TASK_NAMES if get_task_class(t).default_topology_by_algo) + ")")
     a("--alpha", type=float, help="Dirichlet data heterogeneity, > 0; smaller is more heterogeneous (default 1.0)")
-    a("--lr", type=float, help="learning rate per worker (default: the task's per-algorithm default)")
-    a("--momentum", type=float, help="local momentum (Nesterov form of the paper unless --no-nesterov)")
-    a("--no-nesterov", dest="nesterov", action="store_false", default=None, help="heavy-ball instead of Nesterov momentum")
-    a("--optimizer", choices=OPTIMIZERS, help="local optimizer")
-    a("--weight-decay", type=float, help="L2 weight decay")
-    a("--batch-size", type=int, help="samples per worker per step")
-    a("--epochs", type=float, help="training length in epochs (one epoch = the whole training set once over all workers)")
-    a("--steps", type=int, help="training length in steps (instead of --epochs)")
-    a("--warmup-epochs", type=float, help="linear lr warm-up length (applies when workers > 1)")
-    a("--milestones", type=_milestones, help="comma-separated epochs at which the lr is divided by 10")
+    a("--lr", type=float, help="learning rate per worker (task default: one per algorithm, see 'default learning rates' below)")
+    a("--momentum", type=float, help=f"local momentum (Nesterov form of the paper unless --no-nesterov); {_task_default('momentum')} (--algo qgm: 0.9 where that is 0)")
+    a("--no-nesterov", dest="nesterov", action="store_false", default=None, help="heavy-ball instead of Nesterov momentum (default: Nesterov)")
+    a("--optimizer", choices=OPTIMIZERS, help=f"local optimizer; {_task_default('optimizer', str)}")
+    a("--weight-decay", type=float, help=f"L2 weight decay; {_task_default('weight_decay')}")
+    a("--batch-size", type=int, help=f"samples per worker per step; {_task_default('batch_size')}")
+    a("--epochs", type=float, help="training length in epochs (one epoch = the whole training set once over all workers); "
+      f"{_task_default('epochs', skip=('quadratics',))} (quadratics: --steps)")
+    a("--steps", type=int, help="training length in steps (instead of --epochs; quadratics needs it)")
+    a("--warmup-epochs", type=float, help=f"linear lr warm-up length (applies when workers > 1); {_task_default('warmup_epochs')}")
+    a("--milestones", type=_milestones, help="comma-separated epochs at which the lr is divided by 10; "
+      f"{_task_default('milestones', lambda m: ','.join(f'{v:g}' for v in m) or 'none')}")
     a("--seed", type=int, help="seed of the data partition, data order, initial model, generated problem and simulated drops (default 0)")
-    a("--drop-prob", type=float, help="simulated message loss probability in [0, 1)")
+    a("--drop-prob", type=float, help="simulated message loss probability in [0, 1) (default 0)")
     a("--relay-mode", choices=RELAY_MODES, help="--algo relay only: normalization under dropped messages: counts (Algorithm 1, default), previous (robust rule), initial")
     a("--relay-in-place", action="store_true", default=None, help="--algo relay/relay-grad only: RelaySum assembles messages in its receive buffers and swaps them chunk by chunk through a small bounce buffer: least memory (2 model copies of state on a chain)")
     a("--relay-chunk", type=int, default=None, metavar="ELEMENTS", help="--algo relay/relay-grad only: RelaySum sends messages in chunks of this many elements, so assembly overlaps the transfer (default 2^20 = 1048576); same numbers for any value")
     a("--relay-lr-correction", action="store_true", default=None, help="--algo relay only: scale the lr by RelaySGD's topology correction factor")
     a("--d2-force", action="store_true", default=None, help="--algo d2 only: run D² even if the gossip matrix has an eigenvalue < -1/3")
     a("--d2-exact-diffusion", action="store_true", default=None, help="--algo d2 only: D² with the Exact Diffusion matrix (W+I)/2")
-    a("--eval-every", type=int, help="steps between evaluations")
+    a("--eval-every", type=int, help="steps between evaluations; task default: "
+      + ", ".join(f"{t} {_eval_default(get_task_class(t).defaults)}" for t in TASK_NAMES))
     a("--checkpoint-every", type=int, help="steps between periodic checkpoints (default: at every evaluation)")
-    a("--backend", choices=BACKENDS, help="mpi (one worker per rank, default), local (--workers threads in one process) "
-      "or batched (--workers models as one vmapped computation on one device)")
+    a("--backend", choices=BACKENDS, help="mpi (one worker per rank), local (--workers threads in one process) "
+      "or batched (--workers models as one vmapped computation on one device); default mpi")
     a("--workers", type=int, help="number of workers for --backend local or batched")
     a("--autocast", choices=AUTOCAST_DTYPES, help="--backend batched only: run the models' forward and backward under torch.autocast in "
       "bfloat16 (parameters, optimizer and communication stay float32; evaluation stays float32). Default: off (float32)")
     a("--out", type=Path, help="HDF5 run file to write (default results/<task>-<algo>-<topology>-n<N>-a<alpha>-s<seed>.h5)")
     a("--overwrite", action="store_true", default=None, help="replace an existing completed run file (and an existing --save-problem file holding another problem)")
-    a("--checkpoint-dir", type=Path, help="directory for per-rank checkpoints; re-running the command resumes from it")
+    a("--checkpoint-dir", type=Path, help="directory for per-rank checkpoints; re-running the command resumes from it (default: none, no checkpoints)")
     a("--data-dir", type=Path, help="data set directory (cifar10, imagenet, agnews; refused for digits and quadratics; default <root>/<task>, root $RELAYMPI_DATA or ~/.cache/relaympi: python -m relaympi.data)")
     a("--model-dir", type=Path, help="pretrained model directory (agnews only; default <root>/distilbert)")
-    a("--device", help="torch device for models (cpu, cuda, cuda:0; 'cuda' picks local rank modulo GPU count)")
-    a("--threads", type=int, help="torch intra-op threads per worker")
+    a("--device", help="torch device for models (cpu, cuda, cuda:0; 'cuda' picks local rank modulo GPU count; default cpu)")
+    a("--threads", type=int, help="torch intra-op threads per worker (default: this process's share of the CPUs it may run on, "
+      "divided among the workers or node-local ranks sharing them, capped by OMP_NUM_THREADS / SLURM_CPUS_PER_TASK, at least 1)")
     a("--loader-workers", type=int, help="--task imagenet only: data-loading worker processes (0: in the training process; default 2)")
     a("--eval-batch-size", type=int, help="samples per forward pass when evaluating on the test set (memory only, not the numbers; default 256)")
-    a("--log-every", type=int, help="steps between progress lines (0: at evaluations only)")
+    a("--log-every", type=int, help="steps between progress lines (0: at evaluations only; default 0)")
     q = p.add_argument_group("quadratics (--task quadratics only; refused for other tasks)")
     q.add_argument("--problem-file", type=Path, help="HDF5 problem file (datasets A [n,d,d], b [n,d]); read, never written. The run records its dim and sigma2")
     q.add_argument("--save-problem", type=Path, help="write the generated problem to this HDF5 file; an existing file holding another problem is refused unless --overwrite")

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from relaympi.data.download import DataError
-from relaympi.data.manifest import VERIFIED
-from relaympi.data.paths import MIRROR_ENV, ROOT_ENV, data_root, fetch_command
+from relaympi.data.manifest import UNVERIFIED, VERIFIED
+from relaympi.data.paths import MIRROR_ENV, ROOT_ENV, data_root, fetch_command, fix_command
 from relaympi.entrypoint import UsageParser
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     root_help = f"data root (default ${ROOT_ENV}, else ~/.cache/relaympi)"
 
     fetch = sub.add_parser("fetch", help="download, verify and lay out public data sets")
-    fetch.add_argument("names", nargs="+", choices=(*FETCHABLE, "imagenet"), metavar="NAME", help=f"one or more of {', '.join(FETCHABLE)}")
+    fetch.add_argument("names", nargs="+", type=_fetchable, metavar="NAME", help=f"one or more of {', '.join(FETCHABLE)}")
     fetch.add_argument("--root", type=Path, help=root_help)
     fetch.add_argument("--url", help=f"base URL of a mirror holding the set's files by name (default ${MIRROR_ENV}/<name>, else the official source)")
     fetch.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -65,6 +65,20 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--move", action="store_true", help="move images from folder sources instead of copying them")
     prep.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
+
+
+def _fetchable(name: str) -> str:
+    """A name `fetch` accepts (the sets it can download); ImageNet gets the command that prepares it."""
+    from relaympi.data.sets import FETCHABLE
+
+    if name == "imagenet":
+        raise argparse.ArgumentTypeError(
+            "ImageNet cannot be fetched (its licence needs an account at image-net.org); "
+            f"download the tars there, then: {fetch_command('imagenet')}"
+        )
+    if name not in FETCHABLE:
+        raise argparse.ArgumentTypeError(f"invalid choice: {name!r} (choose from {', '.join(FETCHABLE)})")
+    return name
 
 
 def check_names(names: list[str]) -> list[str]:
@@ -100,7 +114,10 @@ def cmd_check(names: list[str], root: Path | None, quick: bool, strict: bool) ->
         print(line)
         if status.state != VERIFIED:
             bad += 1
-            print(f"  {'':11s} -> {fetch_command(name, shown_root)}")
+            fix = fix_command(name, status.path, shown_root)
+            if status.state == UNVERIFIED:
+                fix = f"usable as it is (complete); to have it verified: {fix}"
+            print(f"  {'':11s} -> {fix}")
     return EXIT_FAILED if bad and strict else EXIT_OK
 
 
@@ -111,13 +128,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "fetch":
             from relaympi.data.sets import DATASETS
 
-            if "imagenet" in args.names:
-                print(
-                    "error: ImageNet cannot be fetched (its licence needs an account at image-net.org); "
-                    f"download the tars there, then: {fetch_command('imagenet')}",
-                    file=sys.stderr,
-                )
-                return EXIT_USAGE
             for name in dict.fromkeys(args.names):
                 DATASETS[name].fetch(args.root, url=args.url, progress=not args.no_progress)
             return EXIT_OK

@@ -54,11 +54,30 @@ def fetch_command(name: str, root: Path | None = None) -> str:
     return f"python -m relaympi.data fetch {name}{where}"
 
 
+def fix_command(name: str, directory: Path, root: Path | None = None) -> str:
+    """The command that leaves data set ``name`` verified in ``directory`` (``<root>/<name>``):
+    fetch it (ImageNet: prepare it). Fetch replaces only a copy it wrote itself (one with a
+    manifest), and prepare-imagenet none, so any other folder there is first moved aside (kept,
+    never deleted): following the command works, instead of being refused by it."""
+    from relaympi.data import manifest
+
+    command = fetch_command(name, root)
+    if not directory.exists() or (name != "imagenet" and manifest.read(directory) is not None):
+        return command
+    aside = directory.with_name(f"{directory.name}.by-hand")
+    number = 2
+    while aside.exists():
+        aside = directory.with_name(f"{directory.name}.by-hand-{number}")
+        number += 1
+    return f"mv {shlex.quote(str(directory))} {shlex.quote(str(aside))} && {command}"
+
+
 def fetch_hint(name: str, directory: Path | str | None = None) -> str:
     """A sentence naming the command that puts data set ``name`` where a task looked for it."""
     if directory is not None and Path(directory).name == name:
-        root = Path(directory).expanduser().absolute().parent
-        return f"Get it with `{fetch_command(name, None if root == data_root() else root)}`."
+        directory = Path(directory).expanduser().absolute()
+        root = directory.parent
+        return f"Get it with `{fix_command(name, directory, None if root == data_root() else root)}`."
     return (
         f"Get it with `{fetch_command(name)}` (into {data_root()}, where relaympi.train "
         "looks when no --data-dir/--model-dir is given)."

@@ -16,7 +16,7 @@ from pathlib import Path
 from relaympi.data import manifest
 from relaympi.data.download import ChecksumError, DataError, OfflineError, download
 from relaympi.data.manifest import CORRUPT, INCOMPLETE, MISSING, UNVERIFIED, VERIFIED, Status
-from relaympi.data.paths import MIRROR_ENV, data_root, fetch_command, set_dir
+from relaympi.data.paths import MIRROR_ENV, data_root, fetch_command, fix_command, set_dir
 
 log = logging.getLogger("relaympi.data")
 
@@ -101,7 +101,9 @@ class FetchableSet(DataSet):
         elif status.state != MISSING:
             raise DataError(
                 f"{target} exists but was not written by `{fetch_command(self.name, shown_root)}` "
-                f"({status.state}: {status.detail}); move it away (or use it with --data-dir/--model-dir) and rerun"
+                f"({status.state}: {status.detail}), so it is not replaced; move it away and fetch: "
+                f"`{fix_command(self.name, target, shown_root)}`"
+                + (" (or use it as it is: it is complete)" if status.state == UNVERIFIED else "")
             )
         staging = root / f".{self.name}.partial"
         if staging.exists() and not self.keep_staging:
@@ -397,7 +399,7 @@ def data_problems(
         if status.state == VERIFIED or (allow_unverified and status.state == UNVERIFIED):
             continue
         if directory.name == name:  # --root always: the root may come from a settings file
-            fix = f"run `{fetch_command(name, directory.parent)}`"
+            fix = f"run `{fix_command(name, Path(directory), directory.parent)}`"
         else:
             fix = f"fetch it with `{fetch_command(name)}` and drop the explicit folder"
         problems.append(f"{name} in {directory}: {status.state} ({status.detail}); {fix}")
