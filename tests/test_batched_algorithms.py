@@ -296,7 +296,8 @@ def test_float32_agrees_with_message_passing_at_full_precision_even_with_tf32_al
     torch.set_float32_matmul_precision("medium")
     try:
         for t in range(STEPS):
-            # the gradient without a matmul, which "medium" lets oneDNN run in bfloat16 on some CPUs: only the algorithm is under test
+            # the gradient without a matmul: "medium" also sets oneDNN's float32 matmul precision to bfloat16 (no effect
+            # seen on AMD EPYC or on a Xeon with AMX, but nothing promises that); only the algorithm is under test
             algorithm.step(X, (AtA * X[:, None, :]).sum(dim=2) - Atb, _lr(t), t)
         assert torch.get_float32_matmul_precision() == "medium"
     finally:
