@@ -7,6 +7,19 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# one line naming the machine, so that a failure (float32 rounding differs between CPUs) names its CPU
+python - <<'PY' || true
+import platform
+
+import torch
+
+try:
+    with open("/proc/cpuinfo") as f:
+        cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+except (OSError, StopIteration):
+    cpu = platform.processor() or platform.machine()
+print(f"test: CPU {cpu}; torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}")
+PY
 slurm_started=0
 if [ "${RELAYMPI_TEST_SLURM:-1}" = "1" ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
   if bash jobs/local_cluster.sh install && exports="$(bash jobs/local_cluster.sh start)"; then

@@ -267,11 +267,11 @@ def test_refuses_what_message_passing_refuses(algo, topology, n, config, match):
         make_batched_algorithm(algo, build(topology, n), BatchedOptimizer(config, X), X)
 
 
-def _float32_message_passing(comm, case: Case) -> np.ndarray:
+def _final_message_passing(comm, case: Case, dtype: torch.dtype) -> np.ndarray:
     topology, problem = build(case.topology, comm.world_size), _problem(comm.world_size)
-    x = torch.tensor(_x0(), dtype=torch.float32)
+    x = torch.tensor(_x0(), dtype=dtype)
     algorithm = make_algorithm(case.algo, comm, topology, make_optimizer(case.optimizer, x), x, case.options)
-    AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]).float(), torch.from_numpy(problem.Atb[comm.rank]).float()
+    AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]).to(dtype), torch.from_numpy(problem.Atb[comm.rank]).to(dtype)
     for t in range(STEPS):
         algorithm.step(x, AtA @ x - Atb, _lr(t), t)
     return x.numpy().copy()
@@ -279,8 +279,15 @@ def _float32_message_passing(comm, case: Case) -> np.ndarray:
 
 @pytest.mark.parametrize("case", [Case("d2", "ring", 7), Case("relay", "double-binary-trees", 8, MOMENTUM, "previous")], ids=lambda c: c.id)
 def test_float32_agrees_with_message_passing_at_full_precision_even_with_tf32_allowed(case):
-    """float32 to rounding (measured ~1e-6, a few ulps of values ~2, after 30 steps); allowing TF32 for the models
-    leaves the gossip average in full precision, and the setting as it was."""
+    """float32 to rounding; allowing TF32 for the models leaves the gossip average in full precision,
+    and the setting as it was.
+
+    Not a fixed tolerance (float32 rounding differs between CPUs): the batched float32 models may be
+    at most 10x further from float64 message passing than float32 message passing is (measured on
+    both, after 30 steps, values ~2: 5e-6 for D² on a ring, 5e-7 for RelaySGD), plus 16 float32
+    epsilons of the scale. An average rounded to TF32's 10-bit mantissa moves the models by 4e-3
+    (RelaySGD) to 1e-1 (D²).
+    """
     n, drops, before = case.workers, DropPolicy(DROP_PROB, seed=3), torch.get_float32_matmul_precision()
     problem = _problem(n)
     X = torch.tensor(np.repeat(_x0()[None], n, axis=0), dtype=torch.float32)
@@ -289,12 +296,18 @@ def test_float32_agrees_with_message_passing_at_full_precision_even_with_tf32_al
     torch.set_float32_matmul_precision("medium")
     try:
         for t in range(STEPS):
-            algorithm.step(X, torch.einsum("nij,nj->ni", AtA, X) - Atb, _lr(t), t)
+            # the gradient without a matmul: "medium" also sets oneDNN's float32 matmul precision to bfloat16 (no effect
+            # seen on AMD EPYC or on a Xeon with AMX, but nothing promises that); only the algorithm is under test
+            algorithm.step(X, (AtA * X[:, None, :]).sum(dim=2) - Atb, _lr(t), t)
         assert torch.get_float32_matmul_precision() == "medium"
     finally:
         torch.set_float32_matmul_precision(before)
-    expected = np.stack(run_local(n, _float32_message_passing, case, drops=drops))
-    np.testing.assert_allclose(X.numpy(), expected, rtol=0, atol=5e-6)
+    message_passing = np.stack(run_local(n, _final_message_passing, case, torch.float32, drops=drops))
+    reference = np.stack(run_local(n, _final_message_passing, case, torch.float64, drops=drops))
+    batched_error = np.abs(X.numpy().astype(np.float64) - reference).max()
+    own_error = np.abs(message_passing.astype(np.float64) - reference).max()
+    eps = float(np.finfo(np.float32).eps)
+    assert batched_error <= 10 * own_error + 16 * eps * np.abs(reference).max(), (batched_error, own_error)
 
 
 def _held_bytes(obj, seen: set) -> int:
