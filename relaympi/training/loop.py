@@ -77,7 +77,8 @@ def fault_injection() -> tuple[int, int] | None:
 
 def signal_injection() -> tuple[signal.Signals, int] | None:
     """RELAYMPI_INJECT_SIGNAL=NAME:STEP makes the run file's process send itself that signal (TERM,
-    INT, USR1) at that step, as a user or scheduler would (to test stopping at a known step)."""
+    INT, USR1) during the step before STEP, as a user or scheduler would: the run stops at STEP
+    (to test stopping at a known step)."""
     value = os.environ.get(SIGNAL_ENV, "")
     if not value:
         return None
@@ -212,7 +213,7 @@ class TrainingLoop(ABC):
             failure = self.injected_failure(step)
             if failure is not None:
                 raise RuntimeError(failure)
-            if self.inject_signal is not None and self.is_root and step == self.inject_signal[1]:
+            if self.inject_signal is not None and self.is_root and step + 1 == self.inject_signal[1]:
                 os.kill(os.getpid(), self.inject_signal[0])
                 self.stop.wait(10.0)  # the handler runs in the main thread: stop at this very step
             t = time.perf_counter()
