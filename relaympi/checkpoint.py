@@ -1,7 +1,8 @@
-"""Per-rank checkpoints: written atomically, loaded safely (torch.load with weights_only=True)."""
+"""Per-rank checkpoints: written atomically (nothing partial is ever left), loaded safely (torch.load with weights_only=True)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -14,6 +15,28 @@ FORMAT_VERSION = 1
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used for this run."""
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (no space left, an I/O error); nothing partial is left."""
+
+
+def _write_atomically(target: Path, data: bytes) -> None:
+    """Write ``data`` to ``target`` through a temporary file and a rename: ``target`` is either its
+    old self or complete, and a failed write leaves no temporary file behind."""
+    tmp = target.with_name(target.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointWriteError(f"cannot write the checkpoint {target}: {exc.strerror or exc}") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 # A checkpoint of step s is rank{r}.step{s}.pt on every rank plus meta.json naming s, written
@@ -29,12 +52,9 @@ def save(directory: Path, rank: int, step: int, state: dict[str, Any]) -> None:
     """Write rank's state for ``step`` (atomic rename; older files stay until prune())."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    target = _path(directory, rank, step)
-    tmp = target.with_suffix(".tmp")
-    torch.save({"format_version": FORMAT_VERSION, "step": step, **state}, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
+    buffer = io.BytesIO()  # serialized in memory first: a full disk fails a plain write, with its errno
+    torch.save({"format_version": FORMAT_VERSION, "step": step, **state}, buffer)
+    _write_atomically(_path(directory, rank, step), buffer.getbuffer().tobytes())
 
 
 def prune(directory: Path, rank: int, keep_step: int) -> None:
@@ -61,9 +81,7 @@ def load(directory: Path, rank: int, step: int) -> dict[str, Any]:
 def write_meta(directory: Path, meta: dict[str, Any]) -> None:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / "meta.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
-    os.replace(tmp, directory / "meta.json")
+    _write_atomically(directory / "meta.json", json.dumps(meta, indent=1, sort_keys=True).encode())
 
 
 def read_meta(directory: Path) -> dict[str, Any] | None:

@@ -353,7 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
             "one worker (--workers 1, or mpirun -n 1) with --algo allreduce is the centralized baseline.",
             "",
             "exit status: 0 completed, 1 failed, 2 usage error (nothing written), 3 diverged (recorded),",
-            "  4 preempted (checkpoint saved; run the same command again to resume)",
+            "  4 preempted by SIGTERM, SIGUSR1 or Ctrl-C (checkpoint saved; run the same command again to resume),",
+            "  5 stopped by such a signal without a checkpoint (no --checkpoint-dir: a rerun starts over)",
         ]),
     )
     a = p.add_argument

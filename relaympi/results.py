@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import fcntl
 import json
 import os
 import sys
+import tempfile
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -27,7 +30,7 @@ _STR = h5py.string_dtype("utf-8")
 _CHUNK_BYTES = 1 << 16  # target bytes per chunk for small rows
 _MAX_CHUNK_ROWS = 1024
 # Root attributes the writer owns; set_attrs() may not overwrite them.
-_RESERVED_ATTRS = ("schema_version", "config", "provenance", "status", "world_size")
+_RESERVED_ATTRS = ("schema_version", "config", "provenance", "status", "world_size", "run_id")
 # Terminal attributes cleared when a run is reopened for resume.
 _TERMINAL_ATTRS = (
     "end_time",
@@ -37,6 +40,7 @@ _TERMINAL_ATTRS = (
     "diverged_epoch",
     "stopped_step",
     "stopped_epoch",
+    "checkpoint_saved",
 )
 
 
@@ -51,6 +55,14 @@ class RunFileError(Exception):
 
 class RunExistsError(FileExistsError):
     """Refusing to overwrite (or resume) a run that already finished (completed or diverged)."""
+
+
+class NotARunFileError(FileExistsError):
+    """Refusing to replace a file that is not a relaympi run file (``overwrite`` or not)."""
+
+
+class RunFileWriteError(OSError):
+    """The run file could not be written (no space left on the device, an I/O error): one line."""
 
 
 class RunInUseError(BlockingIOError):
@@ -77,6 +89,78 @@ def _locked_by_a_writer(path: Path) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def file_kind(path: str | os.PathLike) -> str:
+    """What is at ``path``: "missing", "run" (a relaympi run file, of any schema version), "damaged"
+    (empty, or HDF5 that cannot be opened: possibly a run file cut short) or "other" (any other file).
+
+    A writer replaces "run" files (finished ones only when asked) and "damaged" ones only when asked;
+    never "other" files (a problem file, a checkpoint, a text file, ...).
+    """
+    path = Path(path)
+    if not path.exists():
+        return "missing"
+    if not path.is_file():
+        return "other"
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+    except OSError:
+        return "other"
+    if not head:
+        return "damaged"
+    if head != _HDF5_SIGNATURE and not h5py.is_hdf5(path):
+        return "other"
+    try:
+        with h5py.File(path, "r", locking=False) as file:
+            return "run" if "schema_version" in file.attrs and "config" in file.attrs else "other"
+    except OSError:
+        return "damaged"
+
+
+_SPACE_RESERVE_BYTES = 4 << 20
+_METADATA_MARGIN_BYTES = 64 << 10  # what HDF5's metadata may grow by with one append
+
+
+def _no_space(exc: BaseException) -> bool:
+    """Whether an error (OSError, or HDF5's RuntimeError text) is 'no space left on device'."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    return "No space left on device" in text or "errno = 28," in text or "Disk quota exceeded" in text
+
+
+class _SpaceReserve:
+    """Disk space held for a run file's last words: an unlinked temporary file in its directory,
+    allocated when the writer opens (at most half the free space) and released when a write finds
+    the device full, so that the pending rows and the `failed` status still fit and the file stays
+    readable. The space returns to the file system on release or when the process ends."""
+
+    def __init__(self, directory: Path, nbytes: int = _SPACE_RESERVE_BYTES) -> None:
+        self._file = None
+        try:
+            stat = os.statvfs(directory)
+            size = min(nbytes, stat.f_bavail * stat.f_frsize // 2)
+            if size < 4096:
+                return
+            handle = tempfile.TemporaryFile(dir=directory, prefix=".relaympi-reserve-")
+        except OSError:
+            return
+        try:
+            os.posix_fallocate(handle.fileno(), 0, size)
+        except OSError:
+            handle.close()
+            return
+        self._file = handle
+
+    def release(self) -> bool:
+        """Give the space back; False when there was none to give."""
+        if self._file is None:
+            return False
+        self._file.close()
+        self._file = None
+        return True
 
 
 def _utc_now() -> str:
@@ -157,10 +241,13 @@ class RunWriter:
     see results/README.md for the schema.
     """
 
-    def __init__(self, file: h5py.File, path: Path) -> None:
+    def __init__(self, file: h5py.File, path: Path, reserve: _SpaceReserve | None = None) -> None:
         self._file = file
         self.path = path
+        self._reserve = reserve or _SpaceReserve(Path(path).parent)
         self.world_size = int(file.attrs["world_size"])
+        run_id = _decode_attr(file.attrs.get("run_id"))
+        self.run_id: str | None = run_id if isinstance(run_id, str) else None  # None: a file from before run ids
         self._datasets: dict[str, h5py.Dataset] = _row_datasets(file)
 
     @classmethod
@@ -175,8 +262,10 @@ class RunWriter:
     ) -> RunWriter:
         """Start a new run file at ``path`` with status "running".
 
-        An existing completed or diverged run is only replaced when ``overwrite`` is true; any
-        other existing file (running, failed, preempted, corrupt) is replaced.
+        An existing completed or diverged run, or a damaged file (empty, unreadable HDF5), is only
+        replaced when ``overwrite`` is true; another run file (running, failed, preempted) is
+        replaced; a file that is not a run file is never replaced (NotARunFileError). The file's
+        ``run_id`` attribute names this run (a resumed run keeps it; checkpoints record it).
         """
         path = Path(path)
         if not path.parent.is_dir():
@@ -189,6 +278,11 @@ class RunWriter:
             raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
         config_json = _to_json(config, "config")
         provenance_json = _to_json(provenance, "provenance")
+        kind = file_kind(path)
+        if kind == "other":
+            raise NotARunFileError(f"{path} exists and is not a relaympi run file")
+        if kind == "damaged" and not overwrite:
+            raise NotARunFileError(f"{path} exists and cannot be read as a run file (empty or damaged HDF5)")
         if not overwrite:
             status = run_status(path)
             if status in FINISHED_STATUSES:
@@ -197,7 +291,14 @@ class RunWriter:
                 )
         if path.exists() and _locked_by_a_writer(path):
             raise RunInUseError(f"{path} is being written by another run")
-        file = h5py.File(path, "w", locking="best-effort")
+        reserve = _SpaceReserve(path.parent)
+        try:
+            file = h5py.File(path, "w", locking="best-effort")
+        except OSError as exc:
+            reserve.release()
+            if _no_space(exc):
+                raise RunFileWriteError(f"cannot create the run file {path}: no space left on device") from None
+            raise
         try:
             attrs = file.attrs
             attrs.create("schema_version", np.int64(SCHEMA_VERSION))
@@ -205,12 +306,17 @@ class RunWriter:
             attrs.create("provenance", provenance_json, dtype=_STR)
             attrs.create("status", "running", dtype=_STR)
             attrs.create("world_size", np.int64(world_size))
+            attrs.create("run_id", uuid.uuid4().hex, dtype=_STR)
             attrs.create("start_time", _utc_now(), dtype=_STR)
             file.flush()
-        except BaseException:
-            file.close()
+        except BaseException as exc:
+            reserve.release()
+            _close_quietly(file)
+            if isinstance(exc, (OSError, RuntimeError)) and _no_space(exc):
+                path.unlink(missing_ok=True)  # an empty or partial header: no run file is better than a corrupt one
+                raise RunFileWriteError(f"cannot create the run file {path}: no space left on device") from None
             raise
-        return cls(file, path)
+        return cls(file, path, reserve)
 
     @classmethod
     def reopen(cls, path: str | os.PathLike, *, resume_step: int) -> RunWriter:
@@ -289,14 +395,23 @@ class RunWriter:
                 raise ValueError(f"{name!r}: expecting shape {row_shape}, got {value.shape[1:]}")
         if count == 0:
             return
-        # Write "step" last: a row whose step was not written reads as incomplete.
-        for name, dataset in sorted(self._datasets.items(), key=lambda item: item[0] == "step"):
-            n = dataset.shape[0]
-            dataset.resize(n + count, axis=0)
-            if name in values:
-                dataset[n : n + count] = values[name]
-            # missing keys keep the fill value (NaN)
-        self._file.flush()
+        def write() -> None:
+            # Write "step" last: a row whose step was not written reads as incomplete.
+            for name, dataset in sorted(self._datasets.items(), key=lambda item: item[0] == "step"):
+                n = dataset.shape[0]
+                dataset.resize(n + count, axis=0)
+                if name in values:
+                    dataset[n : n + count] = values[name]
+                # missing keys keep the fill value (NaN)
+
+        self._check_space(count)
+        before = {name: dataset.shape[0] for name, dataset in self._datasets.items()}
+
+        def undo() -> None:
+            for name, dataset in self._datasets.items():
+                dataset.resize(before[name], axis=0)
+
+        self._write(write, "an evaluation", undo)
 
     def _create_datasets(self, values: Mapping[str, np.ndarray]) -> None:
         for name, value in values.items():
@@ -328,20 +443,65 @@ class RunWriter:
         """Set the run's status (and extra attributes); terminal statuses also record end_time."""
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
-        self.set_attrs(**attrs)
-        _set_attr(self._file.attrs, "status", status)
-        if status in TERMINAL_STATUSES:
-            _set_attr(self._file.attrs, "end_time", _utc_now())
-        self._file.flush()
+        def write() -> None:
+            self._set_attrs(attrs)
+            _set_attr(self._file.attrs, "status", status)
+            if status in TERMINAL_STATUSES:
+                _set_attr(self._file.attrs, "end_time", _utc_now())
+
+        self._write(write, f"status {status}")
 
     def set_attrs(self, **attrs: Any) -> None:
         """Set extra root attributes (str, int, float, bool, or sequences of numbers/strings)."""
+        self._write(lambda: self._set_attrs(attrs), "attributes")
+
+    def _set_attrs(self, attrs: Mapping[str, Any]) -> None:
         reserved = sorted(set(attrs) & set(_RESERVED_ATTRS))
         if reserved:
             raise ValueError(f"attributes {reserved} are owned by the writer")
         for name, value in attrs.items():
             _set_attr(self._file.attrs, name, value)
-        self._file.flush()
+
+    def _check_space(self, count: int) -> None:
+        """Refuse (RunFileWriteError, file untouched) ``count`` new rows whose new chunks would not
+        fit on the device: HDF5 cannot take back a write that ran out of space half-way."""
+        needed = _METADATA_MARGIN_BYTES
+        for dataset in self._datasets.values():
+            rows, chunk = dataset.chunks[0], int(np.prod(dataset.chunks, dtype=np.int64)) * dataset.dtype.itemsize
+            n = dataset.shape[0]
+            needed += (-(-(n + count) // rows) - -(-n // rows)) * chunk
+        try:
+            stat = os.statvfs(self.path.parent)
+        except OSError:
+            return
+        if stat.f_bavail * stat.f_frsize < needed:
+            self._reserve.release()  # room for the status that records the failure
+            raise RunFileWriteError(f"no space left on device for the next evaluation in the run file {self.path} "
+                                    f"(needs about {needed // 1024} KiB, {stat.f_bavail * stat.f_frsize // 1024} KiB free)")
+
+    def _write(self, action: Any, what: str, undo: Any = None) -> None:
+        """Do ``action`` and flush. When the device is full, release the space reserve and flush
+        again (if that fails too, ``undo`` the action and flush), so the file stays readable with
+        the rows and attributes written before; then raise RunFileWriteError: the run cannot go on."""
+        try:
+            action()
+            self._file.flush()
+        except (OSError, RuntimeError) as exc:
+            if not _no_space(exc):
+                raise
+            kept = self._reserve.release()
+            for attempt in (None, undo) if kept else ():
+                try:
+                    if attempt is not None:
+                        attempt()  # the new row does not fit: drop it, keep the file as it was
+                    self._file.flush()
+                    break
+                except (OSError, RuntimeError):
+                    pass
+            else:
+                kept = False
+            detail = "" if kept else " (not even the space held in reserve let it finish; the file may be unreadable)"
+            raise RunFileWriteError(f"no space left on device writing {what} to the run file {self.path}{detail}") from None
 
     @property
     def num_rows(self) -> int:
@@ -349,13 +509,33 @@ class RunWriter:
 
     def close(self) -> None:
         if self._file.id.valid:
-            self._file.close()
+            try:
+                self._file.close()
+            except (OSError, RuntimeError) as exc:
+                if not _no_space(exc):
+                    raise
+                UNCLOSABLE.append(self._file)  # HDF5 crashes freeing it: see unclosable_files()
+                raise RunFileWriteError(f"no space left on device closing the run file {self.path}") from None
+            finally:
+                self._reserve.release()
 
     def __enter__(self) -> RunWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# Run files HDF5 could not close (the device was full): freeing them at interpreter exit crashes
+# HDF5, so a program that finds any here ends with os._exit after flushing its output.
+UNCLOSABLE: list[h5py.File] = []
+
+
+def _close_quietly(file: h5py.File) -> None:
+    try:
+        file.close()
+    except (OSError, RuntimeError):
+        pass
 
 
 def _row_datasets(file: h5py.File) -> dict[str, h5py.Dataset]:

@@ -9,7 +9,9 @@ batched computation (stacked models on one device; the fastest way to sweep):
     python -m relaympi.train --task digits --backend batched --workers 16 --algo relay --alpha 0.01
     python -m relaympi.train --task quadratics --backend local --workers 8 --algo relay --topology chain --steps 200
 
-Exit status: 0 completed, 1 failed, 2 misuse, 3 diverged (recorded), 4 preempted (checkpoint saved).
+Exit status: 0 completed, 1 failed, 2 misuse, 3 diverged (recorded), 4 preempted (SIGTERM, SIGUSR1 or
+Ctrl-C/SIGINT; checkpoint saved: the same command resumes), 5 stopped by such a signal without a
+checkpoint (no --checkpoint-dir: a rerun starts over).
 """
 
 from __future__ import annotations
@@ -36,14 +38,25 @@ from relaympi.entrypoint import launcher_rank
 from relaympi.tasks.quadratics import QuadraticsTask
 from relaympi.training.loop import STOP, USAGE_ERRORS, Worker
 from relaympi.training.plan import Plan, default_out, resolve
-from relaympi.training.run_file import print_summary, writer_factory
+from relaympi.training.run_file import WRITE_ERRORS, check_out, close_quietly, print_summary, record_failure, writer_factory
 
 log = logging.getLogger("relaympi.train")
 
-EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE, EXIT_DIVERGED, EXIT_PREEMPTED = 0, 1, 2, 3, 4
+EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE, EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_STOPPED = 0, 1, 2, 3, 4, 5
+EXIT_INTERRUPTED = 130  # a second Ctrl-C: exit at once, as a shell reports SIGINT
+
+
+_first_stop_at: list[float] = []
 
 
 def _request_stop(signum: int, frame: Any) -> None:
+    """Stop at the next step boundary (checkpoint, record, exit); a second Ctrl-C (not one a launcher
+    forwards within a second of the first) exits at once."""
+    if signum == signal.SIGINT and _first_stop_at and time.monotonic() - _first_stop_at[0] > 1.0:
+        os.write(2, b"interrupted again: exiting at once, without a checkpoint (the run file stays 'running')\n")
+        os._exit(EXIT_INTERRUPTED)
+    if not _first_stop_at:
+        _first_stop_at.append(time.monotonic())
     STOP.set()
 
 
@@ -75,13 +88,13 @@ def _run_rank(comm: Communicator, plan: Plan, out: Path, command: str) -> str:
     except BaseException as exc:
         message = f"{type(exc).__name__}: {exc}"
         if comm.rank == 0 and worker.writer is not None:
-            worker.writer.set_status("failed", error=message, traceback=traceback.format_exc()[-20000:])
+            record_failure(worker.writer, exc)
         elif comm.rank != 0 and not isinstance(exc, USAGE_ERRORS):
             comm.report_failure(message)
         raise
     finally:
         if comm.rank == 0 and worker.writer is not None:
-            worker.writer.close()
+            close_quietly(worker.writer)
 
 
 def _save_problem(plan: Plan) -> None:
@@ -107,12 +120,21 @@ def _save_problem(plan: Plan) -> None:
 _EXIT = {"completed": EXIT_COMPLETED, "diverged": EXIT_DIVERGED, "preempted": EXIT_PREEMPTED}
 
 
+def _finish(cfg: RunConfig, out: Path, status: str) -> int:
+    """Print the run's summary line; the exit status (a stop without a checkpoint is not 'preempted')."""
+    print_summary(out, status, cfg.checkpoint_dir)
+    if status == "preempted" and cfg.checkpoint_dir is None:
+        return EXIT_STOPPED
+    return _EXIT[status]
+
+
 def _configure(cfg: RunConfig, rank: int, cpus: frozenset[int], sharing: int) -> None:
     """Logging, signals and torch's threads: `sharing` processes (or in-process workers) compute on `cpus`."""
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", handlers=[BarSafeHandler(sys.stderr)])
     torch.set_num_threads(_threads(cfg, rank, cpus, sharing))
     signal.signal(signal.SIGTERM, _request_stop)
     signal.signal(signal.SIGUSR1, _request_stop)
+    signal.signal(signal.SIGINT, _request_stop)  # Ctrl-C stops like SIGTERM: checkpoint, record, exit 4
 
 
 def _threads(cfg: RunConfig, rank: int, cpus: frozenset[int], sharing: int) -> int:
@@ -134,6 +156,7 @@ def _one_process_plan(cfg: RunConfig) -> tuple[Plan, Path]:
     plan.warn_untuned_lr()
     out = Path(cfg.out) if cfg.out else default_out(plan.cfg, plan.world_size)
     out.parent.mkdir(parents=True, exist_ok=True)
+    check_out(out, cfg.overwrite)
     plan = plan.with_out(out)
     _save_problem(plan)
     return plan, out
@@ -143,16 +166,14 @@ def _main_local(cfg: RunConfig, argv: list[str]) -> int:
     _configure(cfg, 0, threads.allowed_cpus(), cfg.workers)  # the workers are threads computing at once
     plan, out = _one_process_plan(cfg)
     statuses = run_local(plan.world_size, _run_rank, plan, out, _rerun_command(argv), drops=DropPolicy(cfg.drop_prob, cfg.seed))
-    print_summary(out, statuses[0])
-    return _EXIT[statuses[0]]
+    return _finish(cfg, out, statuses[0])
 
 
 def _main_batched(cfg: RunConfig, argv: list[str]) -> int:
     _configure(cfg, 0, threads.allowed_cpus(), 1)  # one process computes for every worker: all its CPUs
     plan, out = _one_process_plan(cfg)
     status = run_batched(plan, out, _rerun_command(argv))
-    print_summary(out, status)
-    return _EXIT[status]
+    return _finish(cfg, out, status)
 
 
 def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
@@ -179,6 +200,7 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
         if comm.rank == 0:
             plan.warn_untuned_lr()
             out.parent.mkdir(parents=True, exist_ok=True)
+            check_out(out, cfg.overwrite)
             _save_problem(plan)
     except ConfigError as exc:
         error = exc
@@ -201,8 +223,8 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
         comm.abort(EXIT_FAILED)
         return EXIT_FAILED
     if comm.rank == 0:
-        print_summary(out, status)
-    return _EXIT[status]
+        return _finish(cfg, out, status)
+    return EXIT_STOPPED if status == "preempted" and cfg.checkpoint_dir is None else _EXIT[status]
 
 
 def _under_launcher() -> bool:
@@ -243,13 +265,27 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except BrokenPipeError:  # `... --help | head`: the reader left; entrypoint.run ends quietly
         raise
+    except WRITE_ERRORS as exc:  # a full disk: the reason is the whole story (recorded as failed where the file allows)
+        print(f"failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc()
         print(f"failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILED
 
 
+def _main_exiting() -> int:
+    status = main()
+    from relaympi.results import UNCLOSABLE
+
+    if UNCLOSABLE:  # HDF5 would crash freeing a run file it could not close (a full disk): skip the teardown
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
+
+
 if __name__ == "__main__":
     from relaympi.entrypoint import run
 
-    run(main)
+    run(_main_exiting)

@@ -18,7 +18,6 @@ import math
 import socket
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.evaluation import device_memory, row_header
 from relaympi.training.loop import FAULT_ENV, STOP, TrainingLoop, device_for
 from relaympi.training.plan import Plan
-from relaympi.training.run_file import writer_factory
+from relaympi.training.run_file import close_quietly, record_failure, writer_factory
 from relaympi.workloads import task_options
 
 log = logging.getLogger("relaympi.train")
@@ -133,11 +132,11 @@ def run_batched(plan: Plan, out: Path, command: str, *, stop: threading.Event = 
         return run.run()
     except BaseException as exc:
         if run.writer is not None:
-            run.writer.set_status("failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-20000:])
+            record_failure(run.writer, exc)
         raise
     finally:
         if run.writer is not None:
-            run.writer.close()
+            close_quietly(run.writer)
 
 
 class BatchedRun(TrainingLoop):
@@ -186,7 +185,7 @@ class BatchedRun(TrainingLoop):
 
     # -- the steps ---------------------------------------------------------------------------
     def start(self) -> None:
-        if self.checkpoints.resumable():
+        if self.checkpoints.resumable(self.schedule.eval_every):
             self.start_step, state = self.checkpoints.load()
             if state is not None:
                 self.restore(state)
@@ -194,6 +193,7 @@ class BatchedRun(TrainingLoop):
             log.info("resuming from the checkpoint of step %d in %s", self.start_step, self.plan.cfg.checkpoint_dir)
         transport = {"backend": BACKEND, "device": str(self.device)}
         self.writer = writer_factory(self.plan, self.out, self.command)(self.start_step, [socket.gethostname()], transport, self.schedule.total_steps)
+        self.checkpoints.claim(self.writer.run_id)
         if isinstance(self.engine, ModelEngine):  # for the chance-accuracy check
             self.writer.set_attrs(num_classes=int(self.engine.task.num_classes))
         self.t0 = time.perf_counter()

@@ -172,7 +172,7 @@ def run_local(world_size: int, fn: Callable[..., Any], *args: Any, drops: DropPo
     """Run ``fn(comm, *args, **kwargs)`` on ``world_size`` in-process ranks; return their results by rank.
 
     If any rank raises, the world is aborted (every other rank's blocking call raises
-    WorldAborted instead of hanging) and the first real exception is re-raised here.
+    WorldAborted instead of hanging) and the real exception of the lowest rank is re-raised here.
     """
     world = LocalWorld(world_size, drops)
     results: list[Any] = [None] * world_size
@@ -197,6 +197,6 @@ def run_local(world_size: int, fn: Callable[..., Any], *args: Any, drops: DropPo
             t.join()
     if errors:
         real = [e for e in errors if not isinstance(e[1], WorldAborted)] or errors
-        rank, exc = real[0]
+        rank, exc = min(real, key=lambda e: e[0])  # the lowest rank's: rank 0 says why the others refused
         raise exc
     return results

@@ -1,5 +1,6 @@
 """A run's checkpoints, collectively: every rank saves its state, rank 0 names the complete step,
-and a restart resumes only into the same run (same config, same world size, unfinished file)."""
+and a restart resumes only into the same run (the run file the checkpoint names, unfinished, whose
+evaluations reach the checkpoint's step; same config, same world size)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from relaympi import checkpoint
 from relaympi.config import ConfigError, RunConfig
-from relaympi.results import FINISHED_STATUSES, RESUMABLE_STATUSES, run_status
+from relaympi.results import FINISHED_STATUSES, RESUMABLE_STATUSES, RunFileError, read_run, run_status
 
 log = logging.getLogger("relaympi.train")
 
@@ -43,6 +44,7 @@ class Checkpoints:
         self.barrier = barrier or (lambda: None)
         self.engine = engine
         self.directory = cfg.checkpoint_dir
+        self.owner: dict[str, Any] = {}  # rank 0: the run file this run writes (see claim())
 
     @property
     def enabled(self) -> bool:
@@ -54,20 +56,63 @@ class Checkpoints:
         self.barrier()
         if self.rank == 0:
             engine = {"engine": self.engine} if self.engine else {}
-            checkpoint.write_meta(self.directory, {"step": step, "world_size": self.world_size, **engine, "config": resume_key(self.cfg)})
+            meta = {"step": step, "world_size": self.world_size, **engine, "config": resume_key(self.cfg), "owner": self.owner}
+            checkpoint.write_meta(self.directory, meta)
         self.barrier()
         checkpoint.prune(self.directory, self.rank, step)
 
-    def resumable(self) -> bool:
-        """Rank 0: resume only into this run's own unfinished file; otherwise forget a stale checkpoint."""
-        if self.directory is None or checkpoint.read_meta(self.directory) is None:
+    def claim(self, run_id: str | None) -> None:
+        """Rank 0, once the run file is open: the checkpoints it saves belong to that file (its path and run_id)."""
+        self.owner = {"out": str(Path(self.out).resolve()), "run_id": run_id}
+
+    def resumable(self, eval_every: int) -> bool:
+        """Rank 0: whether to resume from the checkpoint in the directory.
+
+        A checkpoint belongs to the run file it names: another run refuses it (ConfigError) unless
+        --overwrite discards it. It resumes only into that unfinished file, and only when the file's
+        evaluations reach its step (every ``eval_every`` steps), so that the file has no gap.
+        """
+        if self.directory is None:
             return False
-        status = run_status(self.out)
-        if status in RESUMABLE_STATUSES:
-            return True
+        meta = checkpoint.read_meta(self.directory)
+        if meta is None:
+            return False
+        step, owner = int(meta["step"]), meta.get("owner") or {}
+        out = Path(self.out)
+        if owner.get("out") and owner["out"] != str(out.resolve()):
+            return self._refuse(f"--checkpoint-dir {self.directory} holds the checkpoint (step {step}) of another run, the one writing "
+                                f"{owner['out']}; give this run its own --checkpoint-dir (or resume that run with its --out)")
+        status = run_status(out)
         if status in FINISHED_STATUSES and not self.cfg.overwrite:
             return False  # the writer refuses the finished file with a clear message
-        log.warning("ignoring the checkpoint in %s: %s is %s, so the run starts from step 0", self.directory, self.out, status)
+        if status not in RESUMABLE_STATUSES:
+            if status == "missing":
+                log.warning("ignoring the checkpoint in %s: %s is missing, so the run starts from step 0", self.directory, out)
+            else:
+                log.warning("discarding the checkpoint in %s: %s is %s and --overwrite replaces it, so the run starts from step 0", self.directory, out, status)
+            checkpoint.forget(self.directory)
+            return False
+        try:
+            run = read_run(out, datasets=["step"])
+        except RunFileError as exc:
+            return self._refuse(f"cannot resume into {out}: {exc.reason}")
+        if owner.get("run_id") and run.attrs.get("run_id") != owner["run_id"]:
+            return self._refuse(f"the checkpoint in {self.directory} (step {step}) was saved by another run than the one in {out} "
+                                f"(run_id {owner['run_id']} vs {run.attrs.get('run_id')})")
+        steps = run.data.get("step")
+        last = int(steps[-1]) if steps is not None and len(steps) else None
+        needed = (step - 1) // eval_every * eval_every if step > 0 else 0  # the last evaluation before the checkpoint's step
+        if last is None or last < needed:
+            at = f"end at step {last}" if last is not None else "are empty"
+            return self._refuse(f"the checkpoint in {self.directory} is of step {step}, but the evaluations in {out} {at} "
+                                f"(step {needed} is missing): resuming would leave a gap in the run file")
+        return True
+
+    def _refuse(self, reason: str) -> bool:
+        """A checkpoint that cannot resume this run: an error, or with --overwrite discarded (the run starts from step 0)."""
+        if not self.cfg.overwrite:
+            raise ConfigError(f"{reason}; or pass --overwrite to discard the checkpoint and start this run from step 0")
+        log.warning("discarding the checkpoint in %s (--overwrite): %s", self.directory, reason)
         checkpoint.forget(self.directory)
         return False
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import socket
 import sys
 import threading
@@ -33,9 +34,10 @@ log = logging.getLogger("relaympi.train")
 # errors in what the user asked for (exit status 2), as opposed to failures of the run
 USAGE_ERRORS: tuple[type[BaseException], ...] = (ConfigError, TaskError, CheckpointError)
 
-STOP = threading.Event()  # set by SIGTERM/SIGUSR1: checkpoint at the next step boundary and exit
+STOP = threading.Event()  # set by SIGTERM/SIGUSR1/SIGINT: checkpoint at the next step boundary and exit
 
 FAULT_ENV = "RELAYMPI_INJECT_FAILURE"
+SIGNAL_ENV = "RELAYMPI_INJECT_SIGNAL"
 
 # rank 0 makes the run file's writer once the ranks agreed where to start:
 # (start_step, hosts, transport, total_steps) -> RunWriter
@@ -73,6 +75,21 @@ def fault_injection() -> tuple[int, int] | None:
     return rank, step
 
 
+def signal_injection() -> tuple[signal.Signals, int] | None:
+    """RELAYMPI_INJECT_SIGNAL=NAME:STEP makes the run file's process send itself that signal (TERM,
+    INT, USR1) during the step before STEP, as a user or scheduler would: the run stops at STEP
+    (to test stopping at a known step)."""
+    value = os.environ.get(SIGNAL_ENV, "")
+    if not value:
+        return None
+    name, _, step = value.partition(":")
+    try:
+        signum = signal.Signals["SIG" + name.upper().removeprefix("SIG")]
+        return signum, int(step)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"{SIGNAL_ENV}={value!r}; expected NAME:STEP, e.g. TERM:20") from exc
+
+
 class TrainingLoop(ABC):
     """The steps every backend runs: evaluate, checkpoint, gradient, algorithm step, agree on
     stopping; and how a run ends (completed, diverged or preempted). A backend says how to compute
@@ -99,6 +116,7 @@ class TrainingLoop(ABC):
         self._model_finite = True
         self._last_loss = math.nan
         self._clock: _HostClock | _EventClock = _HostClock(None)
+        self.inject_signal = signal_injection()
 
     @property
     @abstractmethod
@@ -173,7 +191,7 @@ class TrainingLoop(ABC):
             if stop.status == "preempted" and self.checkpoints.enabled:
                 self.checkpoints.save(stop.step, self.state())
             if self.is_root:
-                attrs = {"stopped_step": stop.step, "stopped_epoch": schedule.epoch_at(stop.step)}
+                attrs = {"stopped_step": stop.step, "stopped_epoch": schedule.epoch_at(stop.step), "checkpoint_saved": self.checkpoints.enabled}
                 if stop.status == "diverged":
                     attrs = {"diverged_step": stop.step, "diverged_epoch": schedule.epoch_at(stop.step)}
                 self.writer.set_status(stop.status, **attrs)
@@ -205,6 +223,9 @@ class TrainingLoop(ABC):
             failure = self.injected_failure(step)
             if failure is not None:
                 raise RuntimeError(failure)
+            if self.inject_signal is not None and self.is_root and step + 1 == self.inject_signal[1]:
+                os.kill(os.getpid(), self.inject_signal[0])
+                self.stop.wait(10.0)  # the handler runs in the main thread: stop at this very step
             t = clock.mark()
             loss = self.gradient(step)
             t_mid = clock.mark()
@@ -369,7 +390,7 @@ class Worker(TrainingLoop):
     def start(self) -> None:
         self.t0 = time.perf_counter()
         hosts = self.comm.gather(socket.gethostname())
-        if self.on_rank0_agreed(self.checkpoints.resumable):
+        if self.on_rank0_agreed(lambda: self.checkpoints.resumable(self.schedule.eval_every)):
             self.start_step, state = self.checkpoints.load()
             if state is not None:
                 self.restore(state)
@@ -380,6 +401,8 @@ class Worker(TrainingLoop):
             self.evaluator.writer = self.writer_factory(self.start_step, hosts, self.comm.describe(), self.schedule.total_steps)
 
         self.on_rank0_agreed(open_writer)
+        if self.writer is not None:
+            self.checkpoints.claim(self.writer.run_id)
         if self.writer is not None and self.workload.num_classes:  # for the chance-accuracy check
             self.writer.set_attrs(num_classes=self.workload.num_classes)
         self.t0 = time.perf_counter()

@@ -9,12 +9,17 @@ from typing import Any
 import numpy as np
 
 from relaympi import provenance
+from relaympi.checkpoint import CheckpointWriteError
 from relaympi.config import ConfigError
 from relaympi.results import (
     CHANCE_FACTOR,
+    FINISHED_STATUSES,
     RESUMABLE_STATUSES,
+    NotARunFileError,
     RunExistsError,
+    RunFileWriteError,
     RunWriter,
+    file_kind,
     read_run,
     run_status,
     unstable_loss,
@@ -24,6 +29,43 @@ from relaympi.results import (
 from relaympi.training.plan import Plan
 
 log = logging.getLogger("relaympi.train")
+
+
+# a run that could not write its files (a full disk): a one-line reason, no traceback
+WRITE_ERRORS = (RunFileWriteError, CheckpointWriteError)
+
+
+def record_failure(writer: RunWriter, exc: BaseException) -> None:
+    """Set the run file's status to failed with the error (and its traceback, unless it is a write error)."""
+    import traceback
+
+    extra = {} if isinstance(exc, WRITE_ERRORS) else {"traceback": traceback.format_exc()[-20000:]}
+    try:
+        writer.set_status("failed", error=f"{type(exc).__name__}: {exc}", **extra)
+    except RunFileWriteError as again:
+        log.error("could not record the failure in the run file: %s", again)
+
+
+def close_quietly(writer: RunWriter) -> None:
+    """Close the run file; a failure to (the disk is full) is logged, not raised over the run's own error."""
+    try:
+        writer.close()
+    except RunFileWriteError as exc:
+        log.error("%s", exc)
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse (ConfigError) an --out this run may not replace, before anything is written: --out
+    replaces only run files (a finished one, or a damaged one, only with --overwrite)."""
+    kind = file_kind(out)
+    if kind == "other":
+        raise ConfigError(f"--out {out} exists and is not a relaympi run file; --out replaces only run files (even with --overwrite): "
+                          "choose another --out, or move that file away")
+    if kind == "damaged" and not overwrite:
+        raise ConfigError(f"--out {out} exists but cannot be read as a run file (empty or damaged HDF5); "
+                          "pass --overwrite to replace it, or choose another --out")
+    if kind == "run" and not overwrite and run_status(out) in FINISHED_STATUSES:
+        raise ConfigError(f"{out} already holds a finished run; pass --overwrite to replace it")
 
 
 def writer_factory(plan: Plan, out: Path, command: str) -> Any:
@@ -37,6 +79,10 @@ def writer_factory(plan: Plan, out: Path, command: str) -> Any:
                 out, config=plan.cfg.to_dict() | {"world_size": plan.world_size, "lr_effective": plan.lr, "total_steps": total_steps},
                 provenance=provenance.collect(transport, hosts, command=command), world_size=plan.world_size, overwrite=plan.cfg.overwrite,
             )
+        except NotARunFileError as exc:
+            raise ConfigError(f"--out {exc}; --out replaces only run files: choose another --out") from exc
+        except RunFileWriteError:
+            raise  # a full disk is a failure of the run, not a usage error
         except RunExistsError as exc:
             raise ConfigError(f"{out} already holds a finished run; pass --overwrite to replace it") from exc
         except OSError as exc:
@@ -49,14 +95,19 @@ def writer_factory(plan: Plan, out: Path, command: str) -> Any:
     return make
 
 
-def print_summary(out: Path, status: str) -> None:
-    """The line a finished command prints: where the run file is and its final metrics."""
+def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) -> None:
+    """The line a finished command prints: where the run file is and its final metrics (a stopped
+    run: where it stopped and whether the same command resumes it)."""
     try:
         run = read_run(out)
     except Exception:  # noqa: BLE001 - a summary must never turn success into failure
         log.info("%s: %s", status, out)
         return
     line = f"{status}: {out}"
+    if status == "preempted":
+        at = run.attrs.get("stopped_step", "?")
+        line += (f" | stopped at step {at}; checkpoint saved in {checkpoint_dir}: run the same command again to resume" if checkpoint_dir is not None
+                 else f" | stopped at step {at}; no checkpoint (no --checkpoint-dir): a rerun starts over")
     # only a completed run has a final model; otherwise say where it stopped
     steps = run.data.get("step")
     at = f"at step {int(steps[-1])} (not final: {status})" if steps is not None and len(steps) else f"(not final: {status})"
