@@ -129,7 +129,7 @@ class BatchedModel:
         self.module.train()
         X = X.detach().requires_grad_()
         with torch.enable_grad(), torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
-            losses = self._losses(self.outputs(X, inputs), targets).float()
+            losses = self._losses(self.outputs(X, inputs), targets).to(X.dtype)  # autocast may leave bf16
             (G,) = torch.autograd.grad(losses.sum(), X)
         return G, losses.detach()
 
