@@ -15,7 +15,6 @@ MPI_Allreduce is to the allreduce of the same buffer.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -28,6 +27,7 @@ from relaympi.algorithms import AlgorithmOptions, make_algorithm, relaysum
 from relaympi.algorithms.gossip import GossipMixer
 from relaympi.algorithms.relaysum import DEFAULT_CHUNK, RelaySum
 from relaympi.comm.buffers import padded_zeros
+from relaympi.entrypoint import UsageParser
 from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.topology import ExponentialSchedule, build
 
@@ -204,16 +204,16 @@ def _device(name: str, rank: int) -> torch.device:
     return torch.device("cuda", local % torch.cuda.device_count())
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.comm", description=__doc__.splitlines()[0])
+def build_parser() -> UsageParser:
+    p = UsageParser(prog="python -m benchmarks.comm", description=__doc__.splitlines()[0])
     p.add_argument("--sizes", help="comma-separated float32 counts (default 1e3,1e5,1e6 and VGG-11's 9,225,610)")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help=f"RelaySum chunk in elements (default {DEFAULT_CHUNK})")
     p.add_argument("--cache-block", type=int, default=relaysum.CACHE_BLOCK, help=f"RelaySum cache block in elements (default {relaysum.CACHE_BLOCK})")
-    p.add_argument("--warmup", type=int, default=2, help="untimed calls of each operation before timing (default 2)")
-    p.add_argument("--reps", type=int, default=5, help="timed calls of each operation; the table shows their median (default 5)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per operation before timing (>= 0; default 2)")
+    p.add_argument("--reps", type=int, default=5, help="timed calls per operation, >= 1; the table shows their median (default 5)")
     p.add_argument("--backend", choices=("mpi", "local"), default="mpi",
                    help="mpi (one rank per process, under mpirun) or local (--workers ranks in this process; no transport cost); default mpi")
-    p.add_argument("--workers", type=int, default=4, help="number of in-process ranks for --backend local (default 4)")
+    p.add_argument("--workers", type=int, default=4, help="in-process ranks for --backend local, >= 2 (default 4)")
     p.add_argument("--device", default="cpu", help="cpu, or cuda (the GPU of the node-local rank); default cpu")
     p.add_argument("--out", type=Path, help="HDF5 file for the figures (default bench-results/comm-n<N>.h5)")
     return p
@@ -228,6 +228,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--sizes must be comma-separated numbers, got {args.sizes!r}")
     if not sizes or min(sizes) < 1:
         p.error(f"--sizes must be positive numbers, got {args.sizes!r}")
+    if args.reps < 1:
+        p.error(f"--reps must be >= 1 (the median of the timed calls is reported), got {args.reps}")
+    if args.warmup < 0:
+        p.error(f"--warmup must be >= 0, got {args.warmup}")
+    if args.backend == "local" and args.workers < 2:
+        p.error(f"--workers must be >= 2 (the operations exchange messages between ranks), got {args.workers}")
     if args.chunk < 1 or args.cache_block < 1:
         p.error(f"--chunk and --cache-block must be positive numbers of elements, got {args.chunk} and {args.cache_block}")
     relaysum.CACHE_BLOCK = args.cache_block

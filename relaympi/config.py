@@ -20,6 +20,7 @@ from relaympi.topology import TOPOLOGY_NAMES
 
 BACKENDS = ("mpi", "local", "batched")
 AUTOCAST_DTYPES = ("bf16",)  # --autocast: the batched engine's forward and backward in this dtype
+MAX_SEED = 2**63 - 1  # torch.manual_seed and numpy take any seed up to here (--seed 2^64 overflows torch)
 
 
 # keys a run file's `config` attribute holds besides the flags (derived at run time)
@@ -177,6 +178,8 @@ def validate(cfg: RunConfig) -> None:
             close = difflib.get_close_matches(cfg.topology.replace("_", "-"), TOPOLOGY_NAMES, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"unknown topology {cfg.topology!r}{hint}; choose one of {', '.join(TOPOLOGY_NAMES)}, spanning-tree:<name> or edge-list:<file>")
+    if not 0 <= cfg.seed <= MAX_SEED:
+        raise ConfigError(f"--seed must be an integer in [0, {MAX_SEED}] (2^63 - 1), got {cfg.seed}")
     if not cfg.alpha > 0:
         raise ConfigError(f"--alpha must be > 0 (Dirichlet concentration; smaller = more heterogeneous), got {cfg.alpha}")
     _positive("lr", cfg.lr)
@@ -222,6 +225,8 @@ def validate(cfg: RunConfig) -> None:
             raise ConfigError(f"output directory {parent} is not writable (for --out {cfg.out})")
         if Path(cfg.out).is_dir():
             raise ConfigError(f"--out {cfg.out} is a directory; give a file path such as {Path(cfg.out) / 'run.h5'}")
+    if cfg.checkpoint_dir is not None:
+        _check_writable_dir("--checkpoint-dir", Path(cfg.checkpoint_dir))
     if cfg.data_dir is not None and not Path(cfg.data_dir).is_dir():
         raise ConfigError(f"--data-dir {cfg.data_dir} is not a readable directory")
     if cfg.problem_file is not None and not Path(cfg.problem_file).is_file():
@@ -240,6 +245,8 @@ def validate(cfg: RunConfig) -> None:
     if bad:
         raise ConfigError("; ".join(f"{flag} cannot apply: {reason}" for flag, reason in bad))
     _check_inputs_not_outputs(cfg)
+    if cfg.save_problem is not None:
+        _check_writable_file("--save-problem", Path(cfg.save_problem), cfg.overwrite)
     if not re.fullmatch(r"cpu|cuda(:\d+)?", str(cfg.device)):
         raise ConfigError(f"--device {cfg.device!r} is not a device relaympi runs on; choose cpu, cuda (local rank picks the GPU) or cuda:N")
     if cfg.threads is not None and cfg.threads < 1:
@@ -296,6 +303,33 @@ def not_applicable(cfg: RunConfig) -> list[tuple[str, str]]:
     if cfg.drop_prob and cfg.algo == "allreduce":
         found.append(("--drop-prob", "allreduce communicates by a collective, which is not simulated as lossy (nothing would be dropped)"))
     return found
+
+
+def _check_writable_dir(flag: str, path: Path) -> None:
+    """A directory the run creates (with its parents) or writes into: refused up front where it cannot."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {path} exists and is not a directory")
+    existing = path.absolute()
+    while not existing.exists():  # the nearest existing ancestor is where mkdir would create the rest
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{flag} {path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path}: {existing} is not writable (a read-only file system or no permission); choose a writable directory")
+
+
+def _check_writable_file(flag: str, path: Path, overwrite: bool) -> None:
+    """A file the run may write: its directory must exist and take a new file; an existing file
+    is only replaced with --overwrite (the run keeps it as it is when it holds the same content)."""
+    parent = path.absolute().parent
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path} is a directory; give a file path such as {path / 'problem.h5'}")
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {path}: its directory {parent} does not exist; create it first")
+    if not path.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path}: its directory {parent} is not writable (a read-only file system or no permission)")
+    if path.exists() and overwrite and not os.access(path, os.W_OK):
+        raise ConfigError(f"{flag} {path} cannot be replaced (--overwrite): the file is not writable (a read-only file system or no permission)")
 
 
 def _check_inputs_not_outputs(cfg: RunConfig) -> None:

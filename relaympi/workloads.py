@@ -13,8 +13,8 @@ import torch
 
 from relaympi.comm import flatten_module
 from relaympi.comm.buffers import padded_zeros
-from relaympi.tasks.base import ClassificationTask, TaskOptions
-from relaympi.tasks.partition import ShardSampler, dirichlet_partition, steps_per_epoch
+from relaympi.tasks.base import ClassificationTask, TaskError, TaskOptions, too_many_workers
+from relaympi.tasks.partition import PartitionError, ShardSampler, dirichlet_partition, steps_per_epoch
 
 if TYPE_CHECKING:
     from relaympi.config import RunConfig
@@ -58,11 +58,20 @@ _SHARED: dict[tuple, Any] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def _shared(key: tuple, make: Callable[[], Any]) -> Any:
-    """One instance per process of read-only setup (data sets, partitions), shared by in-process ranks."""
+def _shared(key: tuple, make: Callable[[], Any], kept_errors: tuple[type[BaseException], ...] = ()) -> Any:
+    """One instance per process of read-only setup (data sets, partitions), shared by in-process ranks.
+
+    An error of a ``kept_errors`` type is shared too: the other ranks raise it at once instead of
+    repeating the work (a Dirichlet draw that fails takes seconds; 1000 ranks would each redo it).
+    """
     with _SHARED_LOCK:
         if key not in _SHARED:
-            _SHARED[key] = make()
+            try:
+                _SHARED[key] = make()
+            except kept_errors as exc:
+                _SHARED[key] = exc
+        if isinstance(_SHARED[key], BaseException):
+            raise _SHARED[key]
         return _SHARED[key]
 
 
@@ -79,8 +88,21 @@ def model_workload(task_cls: type[ClassificationTask], plan: Plan, rank: int, de
     cfg = plan.cfg
     options = task_options(cfg, device)
     task = _shared(("task", cfg.task, options), lambda: task_cls(options))
-    parts = _shared(("parts", cfg.task, options, plan.world_size, cfg.alpha), lambda: dirichlet_partition(task.train_labels, plan.world_size, cfg.alpha, cfg.seed))
+    parts = _shared(("parts", cfg.task, options, plan.world_size, cfg.alpha), lambda: run_partition(task, plan), kept_errors=(TaskError,))
     return ModelWorkload(task, plan, rank, device, parts[rank])
+
+
+def run_partition(task: ClassificationTask, plan: Plan) -> list[np.ndarray]:
+    """The run's Dirichlet shards, one per worker; a split the data cannot give is a usage error (TaskError)."""
+    cfg, labels = plan.cfg, task.train_labels
+    if plan.world_size > len(labels):
+        raise TaskError(too_many_workers(cfg.task, plan.world_size, len(labels)))
+    try:
+        return dirichlet_partition(labels, plan.world_size, cfg.alpha, cfg.seed)
+    except PartitionError as exc:
+        # Lin et al.'s draw is random: with few samples per worker no draw may meet its half-share rule
+        raise TaskError(f"--alpha {cfg.alpha:g} with {plan.world_size} workers on the {len(labels)} training samples of {cfg.task} "
+                        f"(--seed {cfg.seed}): {exc}; --alpha inf splits iid") from exc
 
 
 class ModelWorkload(Workload):

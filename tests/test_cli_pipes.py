@@ -26,7 +26,8 @@ def _run_into_closed_pipe(cmd: list[str], env: dict[str, str] | None = None) -> 
     [sys.executable, "-m", "relaympi.train", "--help"],
     [sys.executable, "-m", "benchmarks.report", "--help"],
     [sys.executable, "-m", "jobs.grid", "sweeps"],
-], ids=["topology", "train-help", "report-help", "grid"])
+    [sys.executable, "-m", "relaympi.data", "check"],
+], ids=["topology", "train-help", "report-help", "grid", "data-check"])
 def test_closed_pipe_is_not_an_error(cmd) -> None:
     proc = _run_into_closed_pipe(cmd)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr

@@ -31,14 +31,13 @@ from relaympi.batched.models import BatchedModel
 from relaympi.batched.optim import BatchedOptimizer
 from relaympi.comm import DropPolicy
 from relaympi.config import ConfigError
-from relaympi.tasks.partition import dirichlet_partition
 from relaympi.tasks.quadratics import QuadraticsTask
 from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.evaluation import device_memory, row_header
 from relaympi.training.loop import FAULT_ENV, STOP, TrainingLoop, device_for
 from relaympi.training.plan import Plan
 from relaympi.training.run_file import close_quietly, record_failure, writer_factory
-from relaympi.workloads import task_options
+from relaympi.workloads import run_partition, task_options
 
 log = logging.getLogger("relaympi.train")
 
@@ -54,7 +53,7 @@ class ModelEngine:
         options = task_options(cfg, str(device))
         self.task = plan.task(options)  # resolve refused tasks this engine cannot run, before any data loads
         self.model = BatchedModel(self.task, cfg.seed, device, autocast=AUTOCAST[cfg.autocast])
-        parts = dirichlet_partition(self.task.train_labels, plan.world_size, cfg.alpha, cfg.seed)
+        parts = run_partition(self.task, plan)
         self.data = BatchedData(self.task, parts, cfg.batch_size, cfg.seed, device)
         self.X = self.model.stacked(plan.world_size)
         self.steps_per_epoch = self.data.steps_per_epoch

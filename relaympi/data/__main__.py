@@ -1,7 +1,6 @@
 """`python -m relaympi.data`: see relaympi/data/cli.py."""
 
-import sys
-
 from relaympi.data.cli import main
+from relaympi.entrypoint import run
 
-sys.exit(main())
+run(main)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import urllib.parse
 from pathlib import Path
 
 from relaympi.data.download import DataError
@@ -81,6 +83,17 @@ def _fetchable(name: str) -> str:
     return name
 
 
+_URL_SCHEMES = ("http", "https", "ftp", "file")  # what urllib downloads from
+
+
+def check_mirror_url(url: str, source: str) -> None:
+    """ValueError unless ``url`` (given as ``source``: --url or the mirror variable) is a URL urllib fetches."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in _URL_SCHEMES or (parts.scheme != "file" and not parts.netloc):
+        raise ValueError(f"{source} {url!r} is not a mirror URL; give http(s)://HOST/PATH, ftp://HOST/PATH "
+                         "or file:///PATH (a folder holding the set's files by name)")
+
+
 def check_names(names: list[str]) -> list[str]:
     """Data set names for tasks or set names (agnews brings distilbert with it); ValueError if unknown."""
     from relaympi.data.paths import task_sets
@@ -128,6 +141,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "fetch":
             from relaympi.data.sets import DATASETS
 
+            try:
+                if args.url is not None:
+                    check_mirror_url(args.url, "--url")
+                elif os.environ.get(MIRROR_ENV):
+                    check_mirror_url(os.environ[MIRROR_ENV], f"${MIRROR_ENV}")
+            except ValueError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return EXIT_USAGE
             for name in dict.fromkeys(args.names):
                 DATASETS[name].fetch(args.root, url=args.url, progress=not args.no_progress)
             return EXIT_OK
@@ -153,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except BrokenPipeError:  # `... | head`: the reader left; entrypoint.run ends quietly
+        raise
     except OSError as exc:  # an unwritable root, a full disk
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -74,6 +74,12 @@ class TaskError(ValueError):
     """Bad task input (missing data, unreadable files); the CLI turns it into exit status 2."""
 
 
+def too_many_workers(task: str, world_size: int, num_train: int) -> str:
+    """The refusal of a run with more workers than training samples (each worker needs one)."""
+    return (f"{world_size} workers cannot share the {num_train} training samples of {task}: every worker needs at least one; "
+            f"use at most {num_train} workers (--workers, or the number of MPI ranks)")
+
+
 class Task(ABC):
     """A training workload: what the training loop needs to know to run it on any backend.
 
@@ -108,8 +114,18 @@ class ClassificationTask(Task):
     order is a pure function of (seed, rank, step) and resumes exactly.
     """
 
+    # the number of training samples where the task fixes it (embedded data): a run with more workers
+    # is refused before any data loads; other tasks' sizes are known once their data set is read
+    train_size: ClassVar[int | None] = None
+
     def __init__(self, options: TaskOptions):
         self.options = options
+
+    @classmethod
+    def settle(cls, cfg: RunConfig, world_size: int) -> tuple[RunConfig, Any]:
+        if cls.train_size is not None and world_size > cls.train_size:
+            raise TaskError(too_many_workers(cls.name, world_size, cls.train_size))
+        return cfg, None
 
     @property
     @abstractmethod

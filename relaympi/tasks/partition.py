@@ -15,6 +15,11 @@ _GROUP_SIZE = 10
 _MAX_ATTEMPTS = 10_000
 
 
+class PartitionError(ValueError):
+    """The data cannot be split as asked: more workers than samples, or no Dirichlet draw left
+    every worker half its share (a property of the data, world size, alpha and seed, not a bug)."""
+
+
 def dirichlet_partition(
     labels: np.ndarray,
     world_size: int,
@@ -36,7 +41,7 @@ def dirichlet_partition(
        set the proportion of workers that already hold their share (group size / workers)
        to 0, renormalize, and split the class's indices by these proportions.
     3. Repeat step 2 with fresh draws until every worker holds at least half its share
-       (at most ``max_attempts`` times per group, then ValueError).
+       (at most ``max_attempts`` times per group, then PartitionError).
     4. With ``balance`` (the default, as in the code the paper's experiments ran), the
        workers' index lists are concatenated in worker order and cut into ``world_size``
        contiguous pieces of equal size (sizes differ by at most one), which keeps each
@@ -84,7 +89,7 @@ def _check_world_size(world_size: int, num_samples: int) -> None:
     if not isinstance(world_size, (int, np.integer)) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if world_size > num_samples:
-        raise ValueError(
+        raise PartitionError(
             f"world_size must be at most the number of samples ({num_samples}), got {world_size}"
         )
 
@@ -130,7 +135,7 @@ def _split_group(
         cuts = _draw_cuts(by_class, workers, alpha, share, rng)
         if cuts is not None:
             return _apply_cuts(by_class, cuts, workers)
-    raise ValueError(
+    raise PartitionError(
         f"could not draw a Dirichlet partition with alpha={alpha} for a group of {workers} "
         f"workers sharing {len(indices)} samples in {max_attempts} attempts: some worker "
         f"kept fewer than half its share ({share:.1f} samples); use a larger alpha, fewer "

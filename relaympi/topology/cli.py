@@ -13,12 +13,21 @@ from typing import Any
 from relaympi.algorithms import lr_correction
 from relaympi.algorithms.d2_rule import D2_MIN_EIGENVALUE, d2_allows
 
+from relaympi.entrypoint import UsageParser
+
 from .core import Topology
 from .errors import TopologyError
 from .registry import EDGE_LIST, SPANNING_TREE_PREFIX, TOPOLOGY_NAMES, build
 from .schedule import ExponentialSchedule
 
-__all__ = ["describe", "main"]
+__all__ = ["MAX_DESCRIBED_WORLD_SIZE", "describe", "main"]
+
+# The summary holds dense n x n matrices (hop distances tau_ij, Metropolis-Hastings weights; 8 n^2
+# bytes each), their O(n^3) eigenvalues and RelaySGD's lr-correction simulation (O(n^2) Python
+# work per layer): double binary trees over 1000 ranks take ~10 s on one core, 4000 ranks ~6 minutes
+# (128 MiB per matrix); 100000 ranks would need 74.5 GiB per matrix. Larger worlds are refused
+# before anything is built.
+MAX_DESCRIBED_WORLD_SIZE = 4096
 
 
 def describe(topology: Topology) -> dict[str, Any]:
@@ -102,7 +111,7 @@ def _text(summary: dict[str, Any]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = UsageParser(
         prog="python -m relaympi.topology",
         description="Describe a communication topology: edges, degrees, delays, gossip weights, "
         "and RelaySGD's learning-rate correction.",
@@ -127,6 +136,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2 on bad input)."""
     args = _parser().parse_args(argv)
+    if args.world_size > MAX_DESCRIBED_WORLD_SIZE:
+        gib = 8 * args.world_size**2 / 2**30
+        print(f"error: -n {args.world_size} is too large to describe: the summary builds dense n x n matrices "
+              f"({gib:.1f} GiB each at this n) and their eigenvalues; use at most -n {MAX_DESCRIBED_WORLD_SIZE}", file=sys.stderr)
+        return 2
     try:
         topology = build(args.name, args.world_size, root=args.root, edge_list=args.edge_list)
         summary = describe(topology)
