@@ -147,8 +147,9 @@ def _positive(name: str, value: float | None, allow_zero: bool = False) -> None:
     if value is None:
         return
     bad = (value < 0) if allow_zero else (value <= 0)
-    if bad or (isinstance(value, float) and math.isnan(value)):
-        raise ConfigError(f"--{name.replace('_', '-')} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+    if bad or not math.isfinite(value):
+        finite = " and finite" if math.isinf(value) else ""
+        raise ConfigError(f"--{name.replace('_', '-')} must be {'>= 0' if allow_zero else '> 0'}{finite}, got {value}")
 
 
 def validate(cfg: RunConfig) -> None:
@@ -182,6 +183,9 @@ def validate(cfg: RunConfig) -> None:
     if cfg.epochs is not None and cfg.steps is not None:
         raise ConfigError("give either --epochs or --steps, not both")
     _positive("epochs", cfg.epochs)
+    _positive("warmup_epochs", cfg.warmup_epochs, allow_zero=True)
+    for milestone in cfg.milestones or ():
+        _positive("milestones", milestone, allow_zero=True)
     if cfg.steps is not None and cfg.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {cfg.steps}")
     if cfg.task == "quadratics" and cfg.steps is None:

@@ -142,6 +142,22 @@ def test_run_length_from_epochs(epochs, spe, total):
     assert plan.schedule(spe).total_steps == total
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--epochs", "inf"], "--epochs must be > 0 and finite, got inf"),
+    (["--lr", "inf", "--steps", "2"], "--lr must be > 0 and finite, got inf"),
+    (["--warmup-epochs", "nan", "--steps", "2"], "--warmup-epochs must be >= 0, got nan"),
+    (["--warmup-epochs", "-1", "--steps", "2"], "--warmup-epochs must be >= 0, got -1.0"),
+    (["--milestones", "150,nan", "--steps", "2"], "--milestones must be >= 0, got nan"),
+])
+def test_schedule_flags_out_of_range_exit_2(tmp_path, capsys, args, message):
+    # before: inf epochs and NaN warm-up or milestones ended in a traceback (exit 1), -1 warm-up
+    # epochs silently meant none
+    code = _main(["--task", "digits", "--backend", "local", "--workers", "2", *args, "--out", tmp_path / "r.h5"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip() == f"error: {message}", err
+    assert not (tmp_path / "r.h5").exists()
+
+
 # -- 1. the run file's lr, epoch and step on every backend --------------------------------------
 # lr 0.8, one warm-up epoch = 3 steps from 0, milestones at epochs 2 and 3 = steps 6 and 9:
 #   t = 0: 0;  t = 1: 0.8 / 3;  t = 2: 1.6 / 3;  t = 3, 4, 5: 0.8;  t = 6, 7, 8: 0.08;  t = 9, 10: 0.008
