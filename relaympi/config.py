@@ -184,14 +184,14 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("give either --epochs or --steps, not both")
     _positive("epochs", cfg.epochs)
     _positive("warmup_epochs", cfg.warmup_epochs, allow_zero=True)
-    for milestone in cfg.milestones or ():
-        _positive("milestones", milestone, allow_zero=True)
     if cfg.steps is not None and cfg.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {cfg.steps}")
     if cfg.task == "quadratics" and cfg.steps is None:
         raise ConfigError("quadratics runs need --steps (there is no data set, so no epochs)")
     if not 0 <= cfg.drop_prob < 1:
         raise ConfigError(f"--drop-prob must be in [0, 1), got {cfg.drop_prob}")
+    for milestone in cfg.milestones or ():
+        _positive("milestones", milestone, allow_zero=True)
     if cfg.relay_chunk is not None and cfg.relay_chunk < 1:
         raise ConfigError(f"--relay-chunk must be a positive number of elements, got {cfg.relay_chunk}")
     if cfg.relay_mode is not None and cfg.relay_mode not in RELAY_MODES:
