@@ -261,7 +261,7 @@ def test_checkpointed_steps(tmp_path, saved_steps, extra, steps):
 def test_resumed_run_evaluates_where_an_uninterrupted_one_does(tmp_path, monkeypatch, checkpoint_every, fail_at, resume_at):
     # eval every 4 over 10 steps: 0, 4, 8 and the last, 10
     args = [*QUAD, "--steps", "10", "--eval-every", "4", "--checkpoint-every", checkpoint_every]
-    assert _main([*args, "--out", tmp_path / "full.h5"]) == 0
+    assert _main([*args, "--out", tmp_path / "full.h5", "--checkpoint-dir", tmp_path / "ckpt-full"]) == 0
     resumed = [*args, "--out", tmp_path / "resumed.h5", "--checkpoint-dir", tmp_path / "ckpt"]
     monkeypatch.setenv("RELAYMPI_INJECT_FAILURE", f"1:{fail_at}")
     assert _main(resumed) == train.EXIT_FAILED
