@@ -156,8 +156,9 @@ def _positive(name: str, value: float | None, allow_zero: bool = False) -> None:
     if value is None:
         return
     bad = (value < 0) if allow_zero else (value <= 0)
-    if bad or (isinstance(value, float) and math.isnan(value)):
-        raise ConfigError(f"--{name.replace('_', '-')} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+    if bad or not math.isfinite(value):
+        finite = " and finite" if math.isinf(value) else ""
+        raise ConfigError(f"--{name.replace('_', '-')} must be {'>= 0' if allow_zero else '> 0'}{finite}, got {value}")
 
 
 def validate(cfg: RunConfig) -> None:
@@ -200,6 +201,8 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("quadratics runs need --steps (there is no data set, so no epochs)")
     if not 0 <= cfg.drop_prob < 1:
         raise ConfigError(f"--drop-prob must be in [0, 1), got {cfg.drop_prob}")
+    for milestone in cfg.milestones or ():
+        _positive("milestones", milestone, allow_zero=True)
     if cfg.relay_chunk is not None and cfg.relay_chunk < 1:
         raise ConfigError(f"--relay-chunk must be a positive number of elements, got {cfg.relay_chunk}")
     if cfg.relay_mode is not None and cfg.relay_mode not in RELAY_MODES:

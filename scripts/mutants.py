@@ -34,6 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DROP_ORACLE = "tests/test_drop_oracle.py"  # the independent drop oracle (issue 15, item 1)
+SCHEDULE = "tests/test_schedule.py"  # the run's rules against hand values (issue 26)
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,98 @@ PLANTS = (
         "u.mul_(-lr / bias1)",
         "u.mul_(-lr)",
         (("tests/test_optim.py",),),
+    ),
+    # the rules that shape a run (issue 26): lr schedule, step accounting, cadence, lr correction
+    Plant(
+        "schedule-warmup-ahead",  # linear warm-up one step ahead: step 0 already at warmup_from + 1/warmup_steps
+        "relaympi/training/plan.py",
+        "(1.0 - self.warmup_from) * step / self.warmup_steps",
+        "(1.0 - self.warmup_from) * (step + 1) / self.warmup_steps",
+        ((SCHEDULE,),),
+    ),
+    Plant(
+        "schedule-milestone-late",  # the /10 of a milestone applied one step after it
+        "relaympi/training/plan.py",
+        "decays = sum(step >= m for m in self.milestone_steps)",
+        "decays = sum(step > m for m in self.milestone_steps)",
+        ((SCHEDULE,),),
+    ),
+    Plant(
+        "schedule-warmup-one-worker",  # the centralized baseline (one worker) warms up too
+        "relaympi/training/plan.py",
+        "if self.world_size > 1 else 0",
+        "if self.world_size > 0 else 0",
+        ((SCHEDULE,),),
+    ),
+    Plant(
+        "schedule-epochs-float-ceil",  # --epochs 1.1 of 90 steps runs 100 steps (ceil of 99.00000000000001)
+        "relaympi/training/plan.py",
+        "math.ceil(Fraction(repr(float(epochs))) * steps_per_epoch)",
+        "math.ceil(epochs * steps_per_epoch)",
+        ((SCHEDULE,),),
+    ),
+    Plant(
+        "schedule-steps-per-epoch-floor",  # the last, partial batch round of an epoch is not counted
+        "relaympi/tasks/partition.py",
+        "return math.ceil(num_train / (world_size * batch_size))",
+        "return max(1, num_train // (world_size * batch_size))",
+        ((SCHEDULE,),),
+    ),
+    Plant(
+        "cadence-last-step-not-evaluated",  # a run whose length is no multiple of --eval-every ends unevaluated
+        "relaympi/training/loop.py",
+        "if step % schedule.eval_every == 0 or step == schedule.total_steps:",
+        "if step % schedule.eval_every == 0:",
+        ((SCHEDULE,),),
+    ),
+    Plant(
+        "cadence-eval-off-by-one",  # evaluates before steps eval_every - 1, 2 eval_every - 1, ...
+        "relaympi/training/loop.py",
+        "if step % schedule.eval_every == 0 or step == schedule.total_steps:",
+        "if (step + 1) % schedule.eval_every == 0 or step == schedule.total_steps:",
+        ((SCHEDULE,),),
+    ),
+    Plant(
+        "cadence-eval-from-resume",  # a resumed run counts evaluations from where it resumed
+        "relaympi/training/loop.py",
+        "if step % schedule.eval_every == 0 or step == schedule.total_steps:",
+        "if (step - self.start_step) % schedule.eval_every == 0 or step == schedule.total_steps:",
+        ((SCHEDULE,),),
+    ),
+    Plant(
+        "cadence-checkpoint-at-evaluations",  # --checkpoint-every ignored: checkpoints at every evaluation
+        "relaympi/training/loop.py",
+        "step % schedule.checkpoint_every == 0:",
+        "step % schedule.eval_every == 0:",
+        ((SCHEDULE,),),
+    ),
+    Plant(
+        "cadence-resume-keeps-checkpoint-row",  # the checkpoint step's row survives the resume and is written twice
+        "relaympi/training/run_file.py",
+        "RunWriter.reopen(out, resume_step=start_step - 1)",
+        "RunWriter.reopen(out, resume_step=start_step)",
+        ((SCHEDULE,),),
+    ),
+    Plant(
+        "lr-correction-inverted",  # lr / factor instead of lr * factor
+        "relaympi/training/plan.py",
+        "lr = float(cfg.lr) * (lr_correction(topology) if cfg.relay_lr_correction else 1.0)",
+        "lr = float(cfg.lr) * (1.0 / lr_correction(topology) if cfg.relay_lr_correction else 1.0)",
+        ((SCHEDULE,),),
+    ),
+    Plant(
+        "lr-correction-unasked",  # every RelaySGD run corrected, with or without --relay-lr-correction
+        "relaympi/training/plan.py",
+        "(lr_correction(topology) if cfg.relay_lr_correction else 1.0)",
+        '(lr_correction(topology) if cfg.algo == "relay" else 1.0)',
+        ((SCHEDULE,),),
+    ),
+    Plant(
+        "lr-correction-twice",  # the schedule corrects the already corrected lr again
+        "relaympi/training/plan.py",
+        "            lr=self.lr,\n",
+        "            lr=self.lr * (lr_correction(self.topology) if cfg.relay_lr_correction else 1.0),\n",
+        ((SCHEDULE,),),
     ),
 )
 

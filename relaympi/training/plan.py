@@ -12,6 +12,7 @@ import logging
 import math
 import re
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,7 @@ class Plan:
     def schedule(self, steps_per_epoch: int) -> Schedule:
         """The step schedule for a training set that gives ``steps_per_epoch`` steps per epoch."""
         cfg, defaults = self.cfg, self.task.defaults
-        total = cfg.steps if cfg.steps is not None else max(1, math.ceil(cfg.epochs * steps_per_epoch))
+        total = cfg.steps if cfg.steps is not None else _steps_in(cfg.epochs, steps_per_epoch)
         if cfg.eval_every is not None:
             eval_every = cfg.eval_every
         elif defaults.evals_per_run:
@@ -99,6 +100,12 @@ class Plan:
 
     def with_out(self, out: Path) -> Plan:
         return replace(self, cfg=replace(self.cfg, out=out))
+
+
+def _steps_in(epochs: float, steps_per_epoch: int) -> int:
+    """Steps to run ``epochs`` epochs (a last, partial epoch counts; at least one), in the decimal the
+    user wrote: 1.1 epochs of 90 steps are 99 steps, not the 100 that float's 1.1 * 90 = 99.00000000000001 gives."""
+    return max(1, math.ceil(Fraction(repr(float(epochs))) * steps_per_epoch))
 
 
 def resolve(cfg: RunConfig, world_size: int) -> Plan:
