@@ -121,12 +121,12 @@ def test_plots_keep_rows_apart_with_a_legend_per_curve(tmp_path: Path, monkeypat
     figures = _figures(monkeypatch, tables, tmp_path)
     fig = figures["accuracy_cifar10_n4.png"]
     (ax,) = fig.axes
-    lines = [line for line in ax.get_legend().get_texts()]
+    (figure_legend,) = fig.legends  # the legend sits outside the axes, on the figure
+    lines = list(figure_legend.get_texts())
     assert len(lines) == 3 and len({t.get_text() for t in lines}) == 3
-    curves = figures["curves_accuracy_cifar10_n4_alpha1.png"].axes[0]
-    assert len(curves.get_legend().get_texts()) == 3
+    assert len(figures["curves_accuracy_cifar10_n4_alpha1.png"].legends[0].get_texts()) == 3
     scaling = figures["scaling_cifar10_alpha0.1.png"].axes[0]
-    legend = {t.get_text() for t in scaling.get_legend().get_texts()}
+    legend = {t.get_text() for t in figures["scaling_cifar10_alpha0.1.png"].legends[0].get_texts()}
     assert "RelaySGD on star" in legend and "RelaySGD on edge-list:/data/chain.txt" in legend
     # the star line joins 4 and 8 workers; the edge-list chain stands alone
     star = [c for c in scaling.containers if c.get_label() == "RelaySGD on star"][0]
