@@ -122,7 +122,9 @@ def _display(record: dict[str, Any], n_seeds: int) -> list[str]:
 def _hardware_slug(key: tuple) -> str:
     info = dict(key)
     digest = hashlib.sha1(repr(key).encode()).hexdigest()[:6]
-    return _slug(info.get("engine") or "unknown", f"{info.get('nodes')}x{info.get('ranks_per_node')}".replace(" ", ""), digest)
+    if info.get("nodes") is None:
+        return _slug(info.get("engine") or "unknown", "hardware", digest)
+    return _slug(info.get("engine"), f"{info['nodes']}x{info.get('ranks_per_node')}".replace(" ", ""), digest)
 
 
 def cost_table(family: Family, key: tuple, runs: Sequence[RunSummary], target: tuple[float | None, str], settings: ReportSettings) -> Table:

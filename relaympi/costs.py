@@ -127,17 +127,17 @@ def launch_shape(hosts: Sequence[str]) -> dict[str, Any]:
 def hardware(provenance: Mapping[str, Any], world_size: int | None = None) -> dict[str, Any]:
     """The provenance keys that decide whether two runs' times compare (HARDWARE_KEYS), each
     value or None where the file does not say. Files from before ``nodes`` was recorded: the
-    node count is the number of distinct hosts, ranks per node world_size / nodes for MPI and 1
-    (one process) for the in-process engines."""
+    node count is the number of distinct hosts, ranks per node world_size / nodes (MPI ranks, or
+    the local engine's in-process ranks), 1 for the batched engine (one process runs every worker)."""
     engine = provenance.get("transport_backend")
     nodes = provenance.get("nodes")
     per_node = provenance.get("ranks_per_node")
     hosts = provenance.get("hosts")
     if nodes is None and isinstance(hosts, list) and hosts:
         nodes = len(set(hosts))
-        if engine in ("local", "batched"):
+        if engine == "batched":
             per_node = 1
-        elif engine == "mpi" and world_size and world_size % nodes == 0:
+        elif engine in ("mpi", "local") and world_size and world_size % nodes == 0:
             per_node = world_size // nodes
     library = provenance.get("transport_mpi_library")
     return {
@@ -161,10 +161,12 @@ def _library_name(version: Any) -> str:
 
 def hardware_label(info: Mapping[str, Any]) -> str:
     """Words for a hardware key: engine, launch shape, CPU, GPU, MPI and an emulated link."""
-    engine = info.get("engine") or "unknown engine"
-    words = f"{engine} engine" if info.get("device") is None else f"{engine} engine on {info['device']}"
+    engine = info.get("engine")
+    words = f"{engine} engine" if engine else "unknown engine"
+    if info.get("device"):
+        words += f" on {info['device']}"
     nodes, per_node = info.get("nodes"), info.get("ranks_per_node")
-    unit = "rank(s)" if engine == "mpi" else "process(es)"
+    unit = {"mpi": "rank(s)", "local": "in-process rank(s)"}.get(engine, "process(es)")
     if nodes is not None:
         words += f", {nodes} node(s) x {'?' if per_node is None else per_node} {unit} per node"
     else:
