@@ -78,9 +78,19 @@ def _fmt(value: float, spec: str) -> str:
     return "" if value is None or not math.isfinite(value) else format(value, spec)
 
 
+# algorithms whose communication is a collective: bytes_sent does not count collectives (relaympi.comm)
+COLLECTIVE_ALGOS = ("allreduce",)
+COLLECTIVE_NOTE = (
+    "All-reduce's bytes columns are empty: bytes_sent counts point-to-point messages only, not the "
+    "MPI_Allreduce collective (a ring all-reduce sends about 2(n-1)/n times the model per worker per step)."
+)
+
+
 def experiment_record(runs: Sequence[RunSummary], target: float | None) -> dict[str, Any]:
     """The cost columns (COLUMNS) of one experiment's seeds on one hardware."""
     measured = [r.costs for r in runs if r.costs is not None]
+    if runs[0].algo in COLLECTIVE_ALGOS:  # its zero bytes_sent is "not counted", not "nothing sent"
+        measured = [dataclasses.replace(c, bytes_per_step=None, inter_node_bytes_per_step=None) for c in measured]
     record: dict[str, Any] = {"step_ms": median([c.step_ms for c in measured])}
     for name in TIMERS:
         record[name] = median([c.timers_ms[name] for c in measured if name in c.timers_ms])
@@ -109,7 +119,7 @@ def experiment_record(runs: Sequence[RunSummary], target: float | None) -> dict[
 
 def _display(record: dict[str, Any], n_seeds: int) -> list[str]:
     cells = [_fmt(record[name], ".3g") for name in ("step_ms", "compute_ms", "comm_ms", "wait_ms")]
-    cells += [_fmt(record[name], ".4g") for name in ("bytes_per_step", "bytes_per_step_max", "inter_node_bytes_per_step")]
+    cells += [_fmt(record[name], ".6g") for name in ("bytes_per_step", "bytes_per_step_max", "inter_node_bytes_per_step")]
     cells.append(_fmt(record["samples_per_s"], ".0f"))
     reached = record["n_reached"]
     time = "never" if not reached else _fmt(record["time_to_target_s"], ".3g")
@@ -173,6 +183,8 @@ def cost_table(family: Family, key: tuple, runs: Sequence[RunSummary], target: t
             series += f", lr={_num(lr)}"
         table.time_curves[series] = [(r.time_s, r.curve) for r in group if r.time_s is not None and r.curve is not None]
         table.paths.update(r.path for r in group)
+    if any(row[1] in COLLECTIVE_ALGOS for row, _, _ in experiments):
+        table.notes.append(COLLECTIVE_NOTE)
     return table
 
 

@@ -121,7 +121,8 @@ def _mean_time_curve(seeds: Sequence[tuple[np.ndarray, Curve]]) -> tuple[np.ndar
 
 def time_figure(table: Table):
     """Worst-worker test accuracy over wall-clock time, one line per cost-table row (TIME_CAPTION)."""
-    fig, ax = _figure("\n".join(textwrap.wrap(table.title, 80)), TIME_CAPTION)
+    family, _, hardware = table.title.partition(" -- ")  # the hardware goes in the caption: it is long
+    fig, ax = _figure(family, f"{hardware}. {TIME_CAPTION[0].upper()}{TIME_CAPTION[1:]}" if hardware else TIME_CAPTION, width=9.5)
     for index, (label, seeds) in enumerate(table.time_curves.items()):
         if not seeds:
             continue

@@ -253,3 +253,13 @@ def test_real_local_and_batched_runs_land_in_separate_tables(tmp_path: Path) -> 
     assert float(local[0]["bytes_per_step"]) == float(batched[0]["bytes_per_step"]) > 0
     for rows in (local, batched):
         assert float(rows[0]["step_ms"]) > 0 and float(rows[0]["samples_per_s"]) > 0
+
+
+def test_allreduce_bytes_are_not_counted_so_left_empty(tmp_path: Path, capsys) -> None:
+    zero = {**SEED0, "bytes_sent": [[0, 0]] * 4}
+    write(tmp_path / "ar.h5", zero, algo="allreduce", topology="fully-connected")
+    (rows,) = cost_rows(csv_tables(tmp_path)).values()
+    assert rows[0]["bytes_per_step"] == rows[0]["bytes_per_step_max"] == ""
+    capsys.readouterr()
+    assert report.main([str(tmp_path)]) == 0
+    assert "not the MPI_Allreduce collective" in capsys.readouterr().out
