@@ -207,7 +207,9 @@ def test_accuracy_over_time_plot(tmp_path: Path, monkeypatch) -> None:
     # seeds averaged per evaluation: time and worst worker accuracy
     assert np.allclose(line.get_xdata(), [0, 1.6, 3.35, 4.85])
     assert np.allclose(line.get_ydata(), [10, 50, 80, 90])
-    assert "worst worker's test accuracy" in ax.get_title()
+    caption = " ".join(ax.get_title().split())
+    assert "Line: worst worker's test accuracy per evaluation over wall-clock seconds" in caption
+    assert caption.startswith("on local engine, 1 node(s) x 2 in-process rank(s) per node, CPU CPU X.")
     assert ax.get_xlabel() == "wall-clock time (s)"
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "target 80.0%" in legend
