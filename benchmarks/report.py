@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.report_cost import TARGET_FRACTION, cost_tables
 from benchmarks.report_format import (
     FORMATS,
     Problem,
@@ -26,7 +27,6 @@ from benchmarks.report_format import (
     render_problems,
     table_csv,
 )
-from benchmarks.report_cost import TARGET_FRACTION, cost_tables
 from benchmarks.report_summary import DATASETS, ReportSettings, RunSummary, summarize
 from benchmarks.report_tables import Table, all_tables, untabulated
 from relaympi.config import run_file_config_keys

@@ -14,7 +14,16 @@ import numpy as np
 
 from benchmarks.report_cells import row_labels
 from benchmarks.report_summary import ReportSettings, RunSummary
-from benchmarks.report_tables import ACCURACY, Family, Table, _cell_base, _metric_text, _num, _slug, spec_families
+from benchmarks.report_tables import (
+    ACCURACY,
+    Family,
+    Table,
+    _cell_base,
+    _metric_text,
+    _num,
+    _slug,
+    spec_families,
+)
 from relaympi.costs import TIMERS, hardware_label, median, time_to_accuracy
 
 COST_SPEC = dataclasses.replace(ACCURACY, kind="cost", title="Cost")

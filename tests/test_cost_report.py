@@ -13,7 +13,6 @@ import pytest
 
 from benchmarks import report
 from relaympi import provenance, results
-from relaympi.costs import hardware, launch_shape
 from tests import run_factories as rf
 
 # Seed 0 of a 2-worker run evaluated at steps 0, 100, 200, 300 (epochs 0..3, batch 32 per worker).
@@ -229,6 +228,8 @@ def test_show_prints_time_to_target(tmp_path: Path, capsys) -> None:
 
 
 def test_provenance_records_hardware_and_launch_shape(monkeypatch) -> None:
+    from relaympi.costs import hardware, hardware_label, launch_shape
+
     monkeypatch.setenv(provenance.EMULATED_LINK_ENV, "1gbit")
     info = provenance.collect({"backend": "mpi", "mpi_library": "MPICH Version:      5.0.2\nMPICH Release date: x"},
                               hosts=["n1", "n2", "n1", "n2"])
@@ -236,6 +237,8 @@ def test_provenance_records_hardware_and_launch_shape(monkeypatch) -> None:
     assert info["cpu_model"] and "gpu_model" not in info  # no CUDA initialized here
     key = hardware(json.loads(json.dumps(info)), world_size=4)
     assert key["mpi_library"] == "MPICH Version: 5.0.2" and key["engine"] == "mpi"
+    assert hardware_label(key).startswith("mpi engine, 2 node(s) x 2 rank(s) per node, CPU ")
+    assert hardware_label(key).endswith(", MPICH Version: 5.0.2, emulated cluster (link 1gbit)")
     assert launch_shape(["a", "a", "b"]) == {"nodes": 2, "ranks_per_node": [2, 1]}
     monkeypatch.delenv(provenance.EMULATED_LINK_ENV)
     assert "emulated_link" not in provenance.collect({"backend": "local"}, hosts=["a"])
