@@ -4,7 +4,8 @@
 
 Reads every *.h5 under the given directories (recursively) through relaympi.results and
 prints the accuracy, scaling, robustness, learning-rate and quadratics tables that the runs
-allow. Unfinished, failed or unreadable files are listed under "Problems". Exit status: 0
+allow, then the cost tables (per accuracy-table family and hardware: time and bytes per step,
+samples/s, wall time to a target accuracy; see benchmarks/report_cost.py). Unfinished, failed or unreadable files are listed under "Problems". Exit status: 0
 with at least one finished run, 1 when there is none, 2 on a usage error.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.report_cost import TARGET_FRACTION, cost_tables
 from benchmarks.report_format import (
     FORMATS,
     Problem,
@@ -57,9 +59,21 @@ def _unfinished_reason(run) -> str:
 
 def load_runs(files: Sequence[Path], settings: ReportSettings) -> tuple[list[RunSummary], list[Problem]]:
     """Summaries of finished runs, and (path, reason) for every file left out."""
+    runs, _, problems = load_all(files, settings)
+    return runs, problems
+
+
+def load_all(
+    files: Sequence[Path], settings: ReportSettings
+) -> tuple[list[RunSummary], list[RunSummary], list[Problem]]:
+    """(runs for the accuracy tables, runs for the cost tables, problems). A duplicate (same
+    configuration and seed) made on other hardware or launch shape stays out of the accuracy
+    tables but goes into the cost table of its hardware: its times are a result of their own."""
     runs: list[RunSummary] = []
+    cost_runs: list[RunSummary] = []
     problems: list[Problem] = []
     seen: dict[tuple, Path] = {}
+    seen_on: set[tuple] = set()
     for path in files:
         try:
             run = read_run(path, datasets=DATASETS)
@@ -74,18 +88,23 @@ def load_runs(files: Sequence[Path], settings: ReportSettings) -> tuple[list[Run
         except (ValueError, TypeError, KeyError) as error:
             problems.append((path, f"cannot summarize: {error}"))
             continue
+        other_hardware = (summary.identity, summary.hardware) not in seen_on
+        if other_hardware:
+            seen_on.add((summary.identity, summary.hardware))
+            cost_runs.append(summary)
         if summary.identity in seen:
+            ignored = "ignored in the accuracy tables, in the cost table of its hardware" if other_hardware else "ignored"
             problems.append(
                 (
                     path,
-                    f"duplicate of {seen[summary.identity]} (same configuration and seed); ignored"
+                    f"duplicate of {seen[summary.identity]} (same configuration and seed); {ignored}"
                     + ("; this run is unstable, so the two may differ beyond rounding" if summary.unstable else ""),
                 )
             )
             continue
         seen[summary.identity] = path
         runs.append(summary)
-    return runs, problems
+    return runs, cost_runs, problems
 
 
 def write_outputs(
@@ -138,6 +157,13 @@ def _parser() -> argparse.ArgumentParser:
         help="quadratics: suboptimality to reach (default: 1e-6)",
     )
     parser.add_argument(
+        "--target-accuracy",
+        type=float,
+        metavar="ACC",
+        help="cost tables: the test accuracy (in (0, 1]) whose wall time to reach they show; default: "
+        f"{100 * TARGET_FRACTION:g}%% of all-reduce's accuracy in each table family (of the best experiment's without all-reduce)",
+    )
+    parser.add_argument(
         "--last-epochs",
         type=float,
         default=5.0,
@@ -168,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no such file or directory: {', '.join(map(str, missing))}")
     if not args.target > 0:
         parser.error(f"--target must be positive, got {args.target}")
+    if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
+        parser.error(f"--target-accuracy must be in (0, 1], got {args.target_accuracy:g}")
     if not args.last_epochs > 0:
         parser.error(f"--last-epochs must be positive, got {args.last_epochs}")
     keys = run_file_config_keys()
@@ -181,16 +209,18 @@ def main(argv: list[str] | None = None) -> int:
         metric=args.metric,
         target=args.target,
         split_by=tuple(args.split_by),
+        target_accuracy=args.target_accuracy,
     )
 
     files = find_run_files(paths)
     if not files:
         print(f"error: no run files (*.h5) under {', '.join(map(str, paths))}", file=sys.stderr)
         return 1
-    runs, problems = load_runs(files, settings)
+    runs, cost_runs, problems = load_all(files, settings)
     diverged = sum(r.status == "diverged" for r in runs)
     tables = all_tables(runs, settings)
     left_out = untabulated(runs, tables)
+    tables += cost_tables(cost_runs, settings)
     summary = (
         f"{len(files)} run file(s): {len(runs) - diverged} completed, {diverged} diverged, "
         f"{len(problems)} with problems"

@@ -1,4 +1,4 @@
-"""PNG plots for the report: accuracy over epochs, accuracy vs alpha, scaling and quadratics."""
+"""PNG plots for the report: accuracy over epochs and over wall-clock time, accuracy vs alpha, scaling and quadratics."""
 
 from __future__ import annotations
 
@@ -41,6 +41,11 @@ def series_style(index: int) -> dict[str, str]:
 CURVES_CAPTION = (
     "line: mean test accuracy over workers; band: worst to best worker; each averaged over seeds "
     "(per evaluation; the longest seed alone where the seeds' evaluations differ)"
+)
+TIME_CAPTION = (
+    "line: worst worker's test accuracy per evaluation over wall-clock seconds since training started "
+    "(evaluations included), averaged over seeds (time and accuracy per evaluation; the longest seed alone "
+    "where the seeds' evaluations differ); dashed: the cost table's target accuracy"
 )
 SERIES_CAPTION = "point: {metric}, mean over seeds; bars: min to max over seeds; diverged seeds left out"
 
@@ -98,6 +103,45 @@ def curves_figure(title: str, by_label: dict[str, list[Curve]]):
     ax.grid(alpha=0.3)
     _legend(fig, ax)
     return fig
+
+
+def _mean_time_curve(seeds: Sequence[tuple[np.ndarray, Curve]]) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, worst worker accuracy) per evaluation, averaged over the seeds that share the
+    longest seed's evaluation epochs, else the longest seed's."""
+    time_s, longest = max(seeds, key=lambda tc: len(tc[1].epoch))
+    same = [
+        (t, c)
+        for t, c in seeds
+        if len(c.epoch) == len(longest.epoch) and np.allclose(c.epoch, longest.epoch)
+    ]
+    if len(same) < 2:
+        return np.asarray(time_s, dtype=float), longest.worst
+    return np.mean([t for t, _ in same], axis=0), np.mean([c.worst for _, c in same], axis=0)
+
+
+def time_figure(table: Table):
+    """Worst-worker test accuracy over wall-clock time, one line per cost-table row (TIME_CAPTION)."""
+    family, _, hardware = table.title.partition(" -- ")  # the hardware goes in the caption: it is long
+    fig, ax = _figure(family, f"{hardware}. {TIME_CAPTION[0].upper()}{TIME_CAPTION[1:]}" if hardware else TIME_CAPTION, width=9.5)
+    for index, (label, seeds) in enumerate(table.time_curves.items()):
+        if not seeds:
+            continue
+        seconds, worst = _mean_time_curve(seeds)
+        ax.plot(seconds, 100 * worst, label=label, markersize=4, markevery=max(1, len(seconds) // 8), **series_style(index))
+    if table.target is not None:
+        ax.axhline(100 * table.target, color="black", linestyle="--", linewidth=0.8, label=f"target {100 * table.target:.1f}%")
+    ax.set_xlabel("wall-clock time (s)")
+    ax.set_ylabel("worst worker's test accuracy (%)")
+    ax.grid(alpha=0.3)
+    _legend(fig, ax)
+    return fig
+
+
+def plot_time(table: Table, out_dir: Path) -> Path | None:
+    """A cost table's accuracy over wall-clock time as time_<table name>.png (None: no curves)."""
+    if not any(table.time_curves.values()):
+        return None
+    return _save(time_figure(table), out_dir / f"time_{table.name}.png")
 
 
 def plot_curves(table: Table, out_dir: Path) -> list[Path]:
@@ -205,6 +249,8 @@ def write_plots(tables: Sequence[Table], out_dir: Path) -> list[Path]:
             path = plot_series(table, out_dir, "workers", "test accuracy (%)", logx=True)
         elif table.kind == "robustness":
             path = plot_series(table, out_dir, "drop probability", "test accuracy (%)", logx=False)
+        elif table.kind == "cost":
+            path = plot_time(table, out_dir)
         elif table.kind == "quadratics":
             path = plot_series(
                 table, out_dir, "workers", "steps to target", logx=True, logy=True, percent=False

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from relaympi.config import experiment_settings
+from relaympi.costs import COST_DATASETS, StepCosts, hardware, step_costs
 from relaympi.results import Run, unstable_loss, workers_at_chance
 
 ALGO_NAMES = {
@@ -40,17 +41,20 @@ METRIC_TEXT = {
 QUADRATIC_TASKS = ("quadratics", "quadratic")
 # Quadratics problem constants (paper appendix "Random quadratics"): each setting gets its own table.
 QUADRATIC_KEYS = ("dim", "mu", "L", "zeta2", "sigma2", "r0")
-DATASETS = ("step", "epoch", "test_accuracy", "suboptimality", "train_loss")  # all the report reads
+# all the report reads: the accuracy tables', then the cost tables'
+DATASETS = tuple(dict.fromkeys(("step", "epoch", "test_accuracy", "suboptimality", "train_loss", *COST_DATASETS)))
 
 
 @dataclass(frozen=True)
 class ReportSettings:
-    """How the report computes its numbers (the command line's --last-epochs, --metric, --target, --split-by)."""
+    """How the report computes its numbers (the command line's --last-epochs, --metric, --target, --split-by,
+    --target-accuracy)."""
 
     last_epochs: float = 5.0
     metric: str = "auto"  # auto | worst | mean
     target: float = 1e-6  # quadratics: suboptimality to reach
     split_by: tuple[str, ...] = ()  # extra config keys that separate tables
+    target_accuracy: float | None = None  # cost tables: the accuracy to reach (None: the family's rule)
 
     def metric_for(self, task: str, config: dict[str, Any]) -> str:
         if self.metric != "auto":
@@ -98,6 +102,12 @@ class RunSummary:
     curve: Curve | None = None
     at_chance: tuple[int, ...] = ()  # workers whose metric window ends at chance accuracy
     unstable: tuple[float, float] | None = None  # (first, final) mean train loss of an unstable run (relaympi.results.UNSTABLE_RULE)
+    # the cost tables' inputs (relaympi.costs): per-step costs, wall time per evaluation, the
+    # per-worker batch size, and the hardware and launch shape (sorted (key, value) pairs)
+    costs: StepCosts | None = None
+    time_s: np.ndarray | None = None
+    batch_size: int | None = None
+    hardware: tuple[tuple[str, Any], ...] = ()
 
     @property
     def converged(self) -> bool:
@@ -175,6 +185,10 @@ def _settings(config: dict[str, Any], extra_keys: Sequence[str]) -> tuple[tuple[
     settings = experiment_settings(config)
     skip = {*_OWN_FIELDS, *extra_keys}
     return tuple((k, _value_text(v)) for k, v in sorted(settings.items()) if k not in skip)
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
 
 
 def worker_means(epoch: np.ndarray, accuracy: np.ndarray, last_epochs: float) -> np.ndarray:
@@ -255,6 +269,10 @@ def summarize(run: Run, settings: ReportSettings) -> RunSummary:
         diverged_epoch=diverged_epoch,
     )
     data = run.data
+    summary["costs"] = step_costs(data)
+    summary["time_s"] = data.get("time_s")
+    summary["batch_size"] = _int(config.get("batch_size"))
+    summary["hardware"] = tuple(sorted((k, _hashable(v)) for k, v in hardware(run.provenance, world_size).items()))
     if "train_loss" in data:
         summary["unstable"] = unstable_loss(data["train_loss"])
     epoch = data.get("epoch")

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from benchmarks.report_cells import (
     LrChoice,
     cell_record,
@@ -40,6 +42,9 @@ class Table:
     # for accuracy-over-epochs plots: column value (alpha) -> row label -> the best cell's curves
     curves: dict[Any, dict[str, list[Curve]]] = field(default_factory=dict)
     paths: set[Path] = field(default_factory=set)  # every run file the table's cells hold (any lr)
+    # cost tables: series label -> each seed's (time_s, curve), for accuracy over wall-clock time
+    time_curves: dict[str, list[tuple[np.ndarray, Curve]]] = field(default_factory=dict)
+    target: float | None = None  # cost tables: the target accuracy of time_to_target_s
 
     def hold(self, cells: dict[tuple, dict[Any, LrChoice]]) -> None:
         self.paths.update(r.path for cols in cells.values() for c in cols.values() for cell in c.by_lr.values() for r in cell.runs)

@@ -16,8 +16,11 @@ import h5py
 import numpy
 
 import relaympi
+from relaympi.costs import launch_shape
 from relaympi.threads import allowed_cpus
 
+# set by the emulated-cluster tool (jobs/local_cluster.sh): the shaped link rate its nodes run over
+EMULATED_LINK_ENV = "RELAYMPI_EMULATED_LINK"
 _SLURM_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NAME", "SLURM_JOB_PARTITION", "SLURM_NNODES", "SLURM_NTASKS")
 
 
@@ -32,8 +35,24 @@ def git_commit() -> str:
     return commit + ("-dirty" if dirty else "")
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo's first "model name"; else platform.processor())."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return " ".join(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
 def collect(transport: dict[str, Any], hosts: list[str] | None = None, command: str | None = None) -> dict[str, Any]:
-    """Provenance of a run; `command` is the command that runs it again (default: this process's argv)."""
+    """Provenance of a run; `command` is the command that runs it again (default: this process's argv).
+
+    ``hosts`` is every rank's host name (rank 0 gathers them), one per process: with it, the
+    launch shape is recorded as ``nodes`` and ``ranks_per_node``.
+    """
     info: dict[str, Any] = {
         "relaympi_version": relaympi.__version__,
         "git_commit": git_commit(),
@@ -45,6 +64,7 @@ def collect(transport: dict[str, Any], hosts: list[str] | None = None, command: 
         "command": command if command is not None else shlex.join(sys.argv),
         "start_time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "cpus_allowed": len(allowed_cpus()),
+        "cpu_model": cpu_model(),
         **{f"transport_{k}": v for k, v in transport.items()},
     }
     try:  # torch is optional here: benchmarks record provenance without it
@@ -53,8 +73,14 @@ def collect(transport: dict[str, Any], hosts: list[str] | None = None, command: 
         info["torch"] = torch.__version__
         info["cuda"] = torch.version.cuda or "none"
         info["torch_threads"] = torch.get_num_threads()  # what relaympi.threads' rule or --threads chose
+        if torch.cuda.is_initialized():  # only a run on a GPU has initialized CUDA: never start it here
+            info["gpu_model"] = torch.cuda.get_device_name(torch.cuda.current_device())
     except ImportError:
         info["torch"] = "not installed"
+    if hosts:
+        info.update(launch_shape(hosts))
+    if os.environ.get(EMULATED_LINK_ENV):
+        info["emulated_link"] = os.environ[EMULATED_LINK_ENV]
     for var in _SLURM_VARS:
         if var in os.environ:
             info[var.lower()] = os.environ[var]

@@ -772,7 +772,39 @@ def run_status(path: str | os.PathLike) -> str:
     return status
 
 
-def _show(path: Path) -> int:
+OWN_TARGET_FRACTION = 0.95  # show's default target: this fraction of the run's own final worst-worker accuracy
+
+
+def cost_lines(run: Run, target: float | None = None) -> list[str]:
+    """`show`'s cost summary of a run: median per-step costs and the time to a target accuracy
+    (``target``, else OWN_TARGET_FRACTION of the run's own final worst-worker accuracy: the
+    lowest worker test accuracy at its last evaluation)."""
+    from relaympi import costs
+
+    lines = []
+    per_step = costs.step_costs(run.data)
+    if per_step is not None:
+        parts = [f"step {costs.median([per_step.step_ms]):.3g} ms"]
+        parts += [f"{name[:-3]} {costs.median([v]):.3g} ms" for name, v in per_step.timers_ms.items()]
+        if per_step.bytes_per_step is not None:
+            parts.append(f"bytes/step {np.mean(per_step.bytes_per_step):.4g} (max worker {np.max(per_step.bytes_per_step):.4g})")
+        lines.append(f"cost per step (median over {per_step.intervals} evaluation interval(s) and workers): " + ", ".join(parts))
+    if "test_accuracy" not in run.data or "time_s" not in run.data:
+        return lines
+    accuracy = run.data["test_accuracy"]
+    if target is None:
+        target = costs.own_target(accuracy, OWN_TARGET_FRACTION)
+        if target is None:
+            return lines
+        what = f"time to {100 * OWN_TARGET_FRACTION:g}% of its own final worst-worker accuracy ({100 * target:.2f}%)"
+    else:
+        what = f"time to worst-worker test accuracy >= {100 * target:.2f}%"
+    seconds = costs.time_to_accuracy(run.data["time_s"], accuracy, target)
+    lines.append(f"{what}: " + ("never reached" if seconds is None else f"{seconds:.3g} s"))
+    return lines
+
+
+def _show(path: Path, target: float | None = None) -> int:
     try:
         run = read_run(path)
     except RunFileError as error:
@@ -801,6 +833,8 @@ def _show(path: Path) -> int:
             else f"  last={np.array2string(np.asarray(last), precision=4, threshold=8)}"
         )
         print(f"  {name}: {value.dtype} {list(value.shape)}{summary}")
+    for line in cost_lines(run, target):
+        print(line)
     return 0
 
 
@@ -815,12 +849,21 @@ def main(argv: list[str] | None = None) -> int:
         "show", help="print a run file's config, provenance, status and datasets"
     )
     show.add_argument("path", type=Path, metavar="PATH")
+    show.add_argument(
+        "--target-accuracy",
+        type=float,
+        metavar="ACC",
+        help="print the wall time until the worst worker's test accuracy first reaches ACC (in (0, 1]); "
+        f"default: {100 * OWN_TARGET_FRACTION:g}%% of the run's own final worst-worker accuracy",
+    )
     args = parser.parse_args(argv)
+    if args.command == "show" and args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
+        show.error(f"--target-accuracy must be in (0, 1], got {args.target_accuracy:g}")
     if args.command == "status":
         for path in args.paths:
             print(run_status(path) if len(args.paths) == 1 else f"{run_status(path)}\t{path}")
         return 0
-    return _show(args.path)
+    return _show(args.path, args.target_accuracy)
 
 
 if __name__ == "__main__":

@@ -42,10 +42,16 @@ def write_classification_run(
     status: str = "completed",
     diverged_epoch: float | None = None,
     train_loss: np.ndarray | None = None,
+    costs: dict[str, np.ndarray] | None = None,
+    provenance: dict[str, Any] | None = None,
     **config: Any,
 ) -> Path:
     """A run whose test_accuracy is ``accuracy`` [evals, workers] at ``epochs`` (default 1..evals),
-    and train_loss ``train_loss`` [evals, workers] (default: 1/k at the k-th evaluation)."""
+    and train_loss ``train_loss`` [evals, workers] (default: 1/k at the k-th evaluation).
+
+    ``costs``: further datasets by name (``time_s`` [evals] replaces the default 0, 1, 2, ...;
+    ``time_compute_s``, ``time_comm_s``, ``time_sync_s``, ``time_eval_s``, ``bytes_sent``,
+    ``inter_node_bytes_sent`` [evals, workers], cumulative); ``provenance`` replaces the factory's."""
     accuracy = np.asarray(accuracy, dtype=float)
     evals, workers = accuracy.shape
     epochs = (
@@ -54,13 +60,14 @@ def write_classification_run(
     config = make_config(world_size=workers, **config)
     path.parent.mkdir(parents=True, exist_ok=True)
     with RunWriter.create(
-        path, config=config, provenance={"factory": "tests"}, world_size=workers, overwrite=True
+        path, config=config, provenance=provenance or {"factory": "tests"}, world_size=workers, overwrite=True
     ) as writer:
         writer.extend(
             {
+                **{name: np.asarray(values, dtype=float) for name, values in (costs or {}).items()},
                 "step": np.round(epochs * 100).astype(np.int64),
                 "epoch": epochs,
-                "time_s": np.arange(evals, dtype=float),
+                "time_s": np.asarray((costs or {}).get("time_s", np.arange(evals)), dtype=float),
                 "train_loss": np.repeat(1.0 / np.arange(1, evals + 1), workers).reshape(
                     evals, workers
                 )
