@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from relaympi import config
-from relaympi.config import FLAGS, NON_SEMANTIC_KEYS, RESUME_FREE_KEYS, ConfigError, RunConfig, flag_table, parse_args
+from relaympi.config import (
+    FLAGS,
+    NON_SEMANTIC_KEYS,
+    RESUME_FREE_KEYS,
+    ConfigError,
+    RunConfig,
+    flag_table,
+    parse_args,
+)
 from tests.conftest import ROOT
 
 LOCAL = ["--backend", "local", "--workers", "2", "--steps", "2"]
