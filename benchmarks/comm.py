@@ -198,10 +198,10 @@ def _write(path: Path, rows: list[dict], comm, device: torch.device, chunk: int)
 def _device(name: str, rank: int) -> torch.device:
     if name != "cuda":
         return torch.device(name)
-    import os
+    from relaympi.launcher import launch
 
-    local = int(os.environ.get("MPI_LOCALRANKID", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", rank)))
-    return torch.device("cuda", local % torch.cuda.device_count())
+    local = launch().local_rank
+    return torch.device("cuda", (rank if local is None else local) % torch.cuda.device_count())
 
 
 def build_parser() -> UsageParser:

@@ -194,8 +194,10 @@ def _rank_device(comm, device: str):
 
     if device != "cuda":
         return torch.device(device)
-    local = os.environ.get("MPI_LOCALRANKID", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", ""))
-    index = int(local) if local.isdigit() else comm.rank
+    from relaympi.launcher import launch
+
+    local = launch().local_rank
+    index = comm.rank if local is None else local
     return torch.device("cuda", index % max(torch.cuda.device_count(), 1))
 
 

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+from relaympi.launcher import launch
+
 EXIT_USAGE = 2
 
 
@@ -28,11 +30,7 @@ def launcher_rank() -> int:
 
     Read before MPI starts, so a usage error can be printed by rank 0 alone.
     """
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return 0
+    return launch().rank
 
 
 class UsageParser(argparse.ArgumentParser):

@@ -34,7 +34,7 @@ from relaympi import threads
 from relaympi.batched.run import run_batched
 from relaympi.comm import Communicator, DropPolicy, mpi_communicator, run_local
 from relaympi.config import ConfigError, RunConfig, parse_args
-from relaympi.entrypoint import launcher_rank
+from relaympi.launcher import launch
 from relaympi.tasks.quadratics import QuadraticsTask
 from relaympi.training.loop import STOP, USAGE_ERRORS, Worker
 from relaympi.training.plan import Plan, default_out, resolve
@@ -165,7 +165,7 @@ def _one_process_plan(cfg: RunConfig) -> tuple[Plan, Path]:
 def _main_local(cfg: RunConfig, argv: list[str]) -> int:
     _configure(cfg, 0, threads.allowed_cpus(), cfg.workers)  # the workers are threads computing at once
     plan, out = _one_process_plan(cfg)
-    statuses = run_local(plan.world_size, _run_rank, plan, out, _rerun_command(argv), drops=DropPolicy(cfg.drop_prob, cfg.seed))
+    statuses = run_local(plan.world_size, _run_rank, plan, out, _rerun_command(argv), drops=plan.drops)
     return _finish(cfg, out, statuses[0])
 
 
@@ -181,7 +181,7 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
     from relaympi.comm.mpi import node_allgather, world_size
 
     size = world_size()
-    if size == 1 and not _under_launcher():  # `mpirun -n 1` is the single-worker baseline; plain python is a mistake
+    if size == 1 and not launch().launched:  # `mpirun -n 1` is the single-worker baseline; plain python is a mistake
         raise ConfigError(
             "this is one process, so there is only one worker. Launch one worker per rank: "
             "`mpirun -n 16 python -m relaympi.train ...` (or srun under SLURM), or run all workers in this "
@@ -227,20 +227,6 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
     return EXIT_STOPPED if status == "preempted" and cfg.checkpoint_dir is None else _EXIT[status]
 
 
-def _under_launcher() -> bool:
-    """Whether mpirun/mpiexec/srun started this process (even as its only rank)."""
-    return any(var in os.environ for var in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"))
-
-
-def _launched_by_mpi() -> int:
-    """World size announced by an MPI launcher or srun in the environment (1 when none)."""
-    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
-        value = os.environ.get(var, "")
-        if value.isdigit() and int(value) > 1:
-            return int(value)
-    return 1
-
-
 def _rerun_command(argv: list[str], mpi_ranks: int | None = None) -> str:
     """The command that runs this again (recorded in provenance.command): the module, not a file path."""
     launch = ["mpirun", "-n", str(mpi_ranks)] if mpi_ranks else []
@@ -252,15 +238,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(argv)
         if cfg.backend in ("local", "batched"):
-            if _launched_by_mpi() > 1:
+            if launch().size > 1:
                 raise ConfigError(
-                    f"--backend {cfg.backend} runs all workers in one process, but this is one of {_launched_by_mpi()} MPI ranks: "
+                    f"--backend {cfg.backend} runs all workers in one process, but this is one of {launch().size} MPI ranks: "
                     "drop --backend/--workers under mpirun/srun, or run the command without mpirun"
                 )
             return _main_local(cfg, argv) if cfg.backend == "local" else _main_batched(cfg, argv)
         return _main_mpi(cfg, argv)
     except USAGE_ERRORS as exc:
-        if launcher_rank() == 0:  # every rank found the same error: one copy of the message
+        if launch().rank == 0:  # every rank found the same error: one copy of the message
             print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # `... --help | head`: the reader left; entrypoint.run ends quietly

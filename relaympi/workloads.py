@@ -6,6 +6,7 @@ import math
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -13,11 +14,10 @@ import torch
 
 from relaympi.comm import flatten_module
 from relaympi.comm.buffers import padded_zeros
-from relaympi.tasks.base import ClassificationTask, TaskError, TaskOptions, too_many_workers
+from relaympi.tasks.base import ClassificationTask, TaskError, too_many_workers
 from relaympi.tasks.partition import PartitionError, ShardSampler, dirichlet_partition, steps_per_epoch
 
 if TYPE_CHECKING:
-    from relaympi.config import RunConfig
     from relaympi.tasks.quadratics import Quadratics
     from relaympi.training.plan import Plan
 
@@ -75,18 +75,10 @@ def _shared(key: tuple, make: Callable[[], Any], kept_errors: tuple[type[BaseExc
         return _SHARED[key]
 
 
-def task_options(cfg: RunConfig, device: str) -> TaskOptions:
-    """What the run's config tells a task."""
-    return TaskOptions(
-        data_dir=cfg.data_dir, model_dir=cfg.model_dir, seed=cfg.seed, eval_batch_size=cfg.eval_batch_size,
-        num_loader_workers=TaskOptions.num_loader_workers if cfg.loader_workers is None else cfg.loader_workers, device=device,
-    )
-
-
 def model_workload(task_cls: type[ClassificationTask], plan: Plan, rank: int, device: str) -> ModelWorkload:
     """Worker ``rank``'s model on its Dirichlet shard; the data set and partition are loaded once per process."""
     cfg = plan.cfg
-    options = task_options(cfg, device)
+    options = replace(plan.task_options, device=device)
     task = _shared(("task", cfg.task, options), lambda: task_cls(options))
     parts = _shared(("parts", cfg.task, options, plan.world_size, cfg.alpha), lambda: run_partition(task, plan), kept_errors=(TaskError,))
     return ModelWorkload(task, plan, rank, device, parts[rank])

@@ -17,7 +17,7 @@ _HOME = {
     "default_topology": "registry",
     "get_algorithm_class": "registry",
     "make_algorithm": "registry",
-    "RELAY_MODES": "relay",
+    "RELAY_MODES": "base",
     "Algorithm": "base",
     "AlgorithmError": "base",
     "AlgorithmOptions": "base",

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -30,13 +31,32 @@ class AlgorithmError(ValueError):
     """An invalid algorithm/topology/optimizer combination; the message names the allowed choices."""
 
 
+# RelaySGD's normalization under dropped messages (paper, "Robust RelaySum"): Algorithm 1's counts,
+# the robust rule (a missing model replaced by the worker's previous state), or by x(0)
+RELAY_MODES = ("counts", "previous", "initial")
+
+
 @dataclass(frozen=True)
 class AlgorithmOptions:
+    """What the run tells an algorithm beyond its topology and optimizer; each field is the RunConfig
+    field of the same name (``of`` builds it from a run's config)."""
+
     relay_mode: str = "counts"  # relay: counts | previous | initial
     relay_in_place: bool = False  # RelaySum: assemble and swap messages in the receive buffers (least memory)
     relay_chunk: int | None = None  # RelaySum: elements per message chunk (None: relaysum.DEFAULT_CHUNK)
     d2_force: bool = False  # run D² even if the gossip matrix's smallest eigenvalue is < -1/3
     d2_exact_diffusion: bool = False  # D² with (W + I) / 2 (the paper's choice on the social network)
+
+    def __post_init__(self) -> None:
+        if self.relay_mode not in RELAY_MODES:
+            raise ValueError(f"unknown relay_mode {self.relay_mode!r}; choose one of {', '.join(RELAY_MODES)}")
+        if self.relay_chunk is not None and self.relay_chunk < 1:
+            raise ValueError(f"relay_chunk must be a positive number of elements, got {self.relay_chunk}")
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> AlgorithmOptions:
+        """The options from a run's config (RunConfig.to_dict()); a missing or None value takes the default."""
+        return cls(**{f.name: config[f.name] for f in fields(cls) if config.get(f.name) is not None})
 
 
 # The topology kinds an algorithm accepts (Algorithm.topology_kind), each with its check.

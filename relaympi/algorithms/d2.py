@@ -39,7 +39,7 @@ class D2Matrix(MatrixForm):
 
     def __init__(self, engine):
         super().__init__(engine)
-        self.W = d2_mixing_matrix(engine.topology, engine.d2_exact_diffusion, engine.d2_force)
+        self.W = d2_mixing_matrix(engine.topology, engine.options.d2_exact_diffusion, engine.options.d2_force)
         self.C = np.zeros((engine.n, engine.d))
 
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from relaympi.algorithms import get_algorithm_class
-from relaympi.algorithms.base import MatrixForm
+from relaympi.algorithms.base import AlgorithmOptions, MatrixForm
 from relaympi.algorithms.relay import effective_delays
 from relaympi.optim import OptimizerConfig
 from relaympi.topology import Topology
@@ -54,9 +54,7 @@ class MatrixAlgorithm:
     topology: Topology
     optimizer: MatrixOptimizer
     x0: np.ndarray  # [d]
-    relay_mode: str = "counts"
-    d2_exact_diffusion: bool = False
-    d2_force: bool = False
+    options: AlgorithmOptions = AlgorithmOptions()  # the same options as the message passing's
     # relay: columns are width // period copies of one period-vector, each split into the
     # layers' coordinate blocks (None: the whole width is one vector)
     coordinate_period: int | None = None
@@ -72,9 +70,12 @@ class MatrixAlgorithm:
 def make_matrix_algorithm(
     algo: str, topology: Topology, n: int, x0: np.ndarray, optimizer: OptimizerConfig, relay_mode: str = "counts",
     d2_exact_diffusion: bool = False, d2_force: bool = False, coordinate_period: int | None = None,
+    options: AlgorithmOptions | None = None,
 ) -> MatrixAlgorithm:
-    """The matrix form of ``algo``; D² refuses the matrices the message-passing D² refuses (d2_mixing_matrix)."""
+    """The matrix form of ``algo`` with ``options`` (or these keywords of AlgorithmOptions);
+    D² refuses the matrices the message-passing D² refuses (d2_mixing_matrix)."""
+    if options is None:
+        options = AlgorithmOptions(relay_mode=relay_mode, d2_exact_diffusion=d2_exact_diffusion, d2_force=d2_force)
     return MatrixAlgorithm(
-        algo, topology, MatrixOptimizer(optimizer, (n, x0.shape[0])), np.asarray(x0, dtype=np.float64), relay_mode, d2_exact_diffusion, d2_force,
-        coordinate_period,
+        algo, topology, MatrixOptimizer(optimizer, (n, x0.shape[0])), np.asarray(x0, dtype=np.float64), options, coordinate_period,
     )

@@ -8,16 +8,11 @@ import torch
 from relaympi.algorithms.base import (
     TREES,
     Algorithm,
-    AlgorithmError,
-    AlgorithmOptions,
     MatrixForm,
     round_id,
 )
 from relaympi.algorithms.relaysum import DEFAULT_CHUNK, RelaySum
-from relaympi.optim import OptimizerConfig
 from relaympi.topology import Topology
-
-RELAY_MODES = ("counts", "previous", "initial")
 
 
 def effective_delays(topology: Topology, layer: int) -> np.ndarray:
@@ -75,10 +70,10 @@ class RelaySGDMatrix(_DelayedSum):
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
         engine = self.engine
         total, count = self.delayed_sum(X + engine.optimizer.update(G, X, lr), t)
-        if engine.relay_mode == "counts":
+        if engine.options.relay_mode == "counts":
             return total / count
         missing = engine.n - count
-        fill = X if engine.relay_mode == "previous" else np.broadcast_to(engine.x0, X.shape)
+        fill = X if engine.options.relay_mode == "previous" else np.broadcast_to(engine.x0, X.shape)
         return (total + missing * fill) / engine.n
 
 
@@ -101,12 +96,6 @@ class RelaySGD(Algorithm):
     default_topology = "double-binary-trees"
     topology_kind = TREES
     matrix_form = RelaySGDMatrix
-
-    @classmethod
-    def check(cls, topology: Topology, optimizer: OptimizerConfig, options: AlgorithmOptions) -> None:
-        super().check(topology, optimizer, options)
-        if options.relay_mode not in RELAY_MODES:
-            raise AlgorithmError(f"unknown relay mode {options.relay_mode!r}; choose one of {', '.join(RELAY_MODES)}")
 
     def __init__(self, comm, topology, optimizer, x0, options):
         super().__init__(comm, topology, optimizer, x0, options)

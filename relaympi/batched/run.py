@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,6 @@ from relaympi.batched.algorithms import make_batched_algorithm
 from relaympi.batched.data import BatchedData
 from relaympi.batched.models import BatchedModel
 from relaympi.batched.optim import BatchedOptimizer
-from relaympi.comm import DropPolicy
 from relaympi.config import ConfigError
 from relaympi.tasks.quadratics import QuadraticsTask
 from relaympi.training.checkpointing import Checkpoints
@@ -37,7 +37,7 @@ from relaympi.training.evaluation import device_memory, row_header
 from relaympi.training.loop import FAULT_ENV, STOP, TrainingLoop, device_for
 from relaympi.training.plan import Plan
 from relaympi.training.run_file import close_quietly, record_failure, writer_factory
-from relaympi.workloads import run_partition, task_options
+from relaympi.workloads import run_partition
 
 log = logging.getLogger("relaympi.train")
 
@@ -50,7 +50,7 @@ class ModelEngine:
 
     def __init__(self, plan: Plan, device: torch.device):
         cfg = plan.cfg
-        options = task_options(cfg, str(device))
+        options = replace(plan.task_options, device=str(device))
         self.task = plan.task(options)  # resolve refused tasks this engine cannot run, before any data loads
         self.model = BatchedModel(self.task, cfg.seed, device, autocast=AUTOCAST[cfg.autocast])
         parts = run_partition(self.task, plan)
@@ -153,7 +153,7 @@ class BatchedRun(TrainingLoop):
         self.engine = make_engine(plan, self.device)
         self.schedule = plan.schedule(self.engine.steps_per_epoch)
         self.optimizer = make_optimizer(plan.optimizer, self.engine.X)
-        self.algorithm = make_algorithm(cfg.algo, plan.topology, self.optimizer, self.engine.X, plan.algorithm_options, DropPolicy(cfg.drop_prob, cfg.seed))
+        self.algorithm = make_algorithm(cfg.algo, plan.topology, self.optimizer, self.engine.X, plan.algorithm_options, plan.drops)
         self.checkpoints = Checkpoints(cfg, self.out, 0, self.n, engine=BACKEND)
         self.check_lag = check_lag(self.device)
         self.loss_sum = np.zeros(self.n)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,11 +29,14 @@ class QuadraticsSpec:
 
     def __post_init__(self) -> None:
         if self.dim < 1:
-            raise ValueError(f"dimension must be >= 1, got {self.dim}")
-        if not 0 < self.mu <= self.L:
+            raise ValueError(f"dim must be >= 1, got {self.dim}")
+        if not 0 < self.mu <= self.L:  # also refuses NaN
             raise ValueError(f"need 0 < mu <= L, got mu={self.mu}, L={self.L}")
-        if self.zeta2 < 0 or self.r0 < 0 or self.sigma2 < 0:
-            raise ValueError(f"zeta2, r0 and sigma2 must be >= 0, got {self.zeta2}, {self.r0}, {self.sigma2}")
+        for name in ("zeta2", "r0", "sigma2"):
+            value = getattr(self, name)
+            if not 0 <= value < math.inf:
+                finite = " and finite" if math.isinf(value) else ""
+                raise ValueError(f"{name} must be >= 0{finite}, got {value}")
 
 
 @dataclass

@@ -10,23 +10,18 @@ from pathlib import Path
 from typing import Any
 
 from relaympi import checkpoint
-from relaympi.config import ConfigError, RunConfig
+from relaympi.config import RESUME_FREE_KEYS, ConfigError, RunConfig
 from relaympi.results import FINISHED_STATUSES, RESUMABLE_STATUSES, RunFileError, read_run, run_status
 
 log = logging.getLogger("relaympi.train")
-
-# config keys that may differ between a run and its resumption: where output goes and how the
-# work is spread over processes, threads and devices
-_RESUME_FREE_KEYS = ("out", "overwrite", "checkpoint_dir", "backend", "workers", "log_every", "threads", "loader_workers", "device", "eval_batch_size")
-
 
 _MESSAGE_PASSING = "message passing (backend local or mpi)"
 
 
 def resume_key(cfg: RunConfig) -> dict[str, Any]:
-    """The config fields that must match for a checkpoint to be resumed."""
+    """The config fields that must match for a checkpoint to be resumed (all but config.RESUME_FREE_KEYS)."""
     d = cfg.to_dict()
-    for key in _RESUME_FREE_KEYS:
+    for key in RESUME_FREE_KEYS:
         d.pop(key, None)
     return d
 

@@ -23,6 +23,7 @@ from relaympi.algorithms import make_algorithm
 from relaympi.checkpoint import CheckpointError
 from relaympi.comm import Communicator
 from relaympi.config import ConfigError, RunConfig
+from relaympi.launcher import launch
 from relaympi.optim import make_optimizer
 from relaympi.tasks import TaskError
 from relaympi.training.checkpointing import Checkpoints
@@ -59,7 +60,8 @@ def device_for(cfg: RunConfig, rank: int) -> str:
     count = torch.cuda.device_count()
     if count == 0:
         raise ConfigError("--device cuda but torch sees no GPU")
-    local = int(os.environ.get("MPI_LOCALRANKID", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("SLURM_LOCALID", rank))))
+    local = launch().local_rank
+    local = rank if local is None else local
     return f"cuda:{local % count}"
 
 

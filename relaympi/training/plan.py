@@ -25,10 +25,11 @@ from relaympi.algorithms import (
     lr_correction,
 )
 from relaympi.batched.models import refuse_unsupported
+from relaympi.comm import DropPolicy
 from relaympi.config import ConfigError, RunConfig
 from relaympi.data import task_dirs
 from relaympi.optim import OptimizerConfig
-from relaympi.tasks import Task, get_task_class
+from relaympi.tasks import Task, TaskOptions, get_task_class
 from relaympi.topology import Topology, TopologyError, build
 
 log = logging.getLogger("relaympi.train")
@@ -70,6 +71,8 @@ class Plan:
     optimizer: OptimizerConfig
     algorithm_options: AlgorithmOptions
     lr: float  # the base learning rate, RelaySGD's lr correction applied
+    drops: DropPolicy  # the simulated message loss every engine applies (--drop-prob, --seed)
+    task_options: TaskOptions  # what the run tells its task; the device is --device's (an engine sets each worker's)
     problem: Any = None  # the run-level problem the task settled on (quadratics), else None
     lr_warning: str | None = None  # a default lr used at a worker count it was not tuned for
 
@@ -161,7 +164,7 @@ def resolve(cfg: RunConfig, world_size: int) -> Plan:
         refuse_unsupported(task)  # what the task's class tells (its model is checked once built)
     lr = float(cfg.lr) * (lr_correction(topology) if cfg.relay_lr_correction else 1.0)  # validate() refused it for other algorithms
     return Plan(cfg=cfg, world_size=world_size, topology=topology, task=task, optimizer=optimizer, algorithm_options=options,
-                lr=lr, problem=problem, lr_warning=lr_warning)
+                lr=lr, drops=DropPolicy(cfg.drop_prob, cfg.seed), task_options=task_options(cfg), problem=problem, lr_warning=lr_warning)
 
 
 def _with_data_dirs(cfg: RunConfig) -> RunConfig:
@@ -178,10 +181,15 @@ def _with_data_dirs(cfg: RunConfig) -> RunConfig:
 
 
 def algorithm_options(cfg: RunConfig) -> AlgorithmOptions:
-    """The algorithm's options from the run's config."""
-    return AlgorithmOptions(
-        relay_mode=cfg.relay_mode or AlgorithmOptions.relay_mode, relay_in_place=cfg.relay_in_place, relay_chunk=cfg.relay_chunk,
-        d2_force=cfg.d2_force, d2_exact_diffusion=cfg.d2_exact_diffusion,
+    """The algorithm's options from the run's config (the RunConfig fields of AlgorithmOptions' names)."""
+    return AlgorithmOptions.of(cfg.to_dict())
+
+
+def task_options(cfg: RunConfig) -> TaskOptions:
+    """What the run's config tells a task (on --device as given: an engine replaces it by each worker's)."""
+    return TaskOptions(
+        data_dir=cfg.data_dir, model_dir=cfg.model_dir, seed=cfg.seed, eval_batch_size=cfg.eval_batch_size,
+        num_loader_workers=TaskOptions.num_loader_workers if cfg.loader_workers is None else cfg.loader_workers, device=cfg.device,
     )
 
 
