@@ -10,7 +10,6 @@ from relaympi.batched.base import delivered, never_drops, to_device
 from relaympi.batched.relay import BatchedRelaySum
 from relaympi.comm import DropPolicy
 
-
 # columns of X per float64 product in mix: bounds its temporaries to 2 x N x MIX_COLUMNS float64s
 MIX_COLUMNS = 1 << 18
 

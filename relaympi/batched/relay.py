@@ -199,8 +199,8 @@ class BatchedRelaySum:
                 counters=np.zeros(len(edges)),
             ))
 
-    def exchange(self, parcels: torch.Tensor, round: int) -> None:
-        """Send this step's messages built from ``parcels`` [N, numel] in communication round ``round``
+    def exchange(self, parcel: torch.Tensor, round: int) -> None:
+        """Send this step's messages built from ``parcel`` [N, numel] (every worker's) in round ``round``
         (counts() then says how many parcels each sum holds). Counts the bytes sent."""
         counts = []
         for k, tree in enumerate(self.trees):
@@ -210,14 +210,14 @@ class BatchedRelaySum:
             arrived = delivered(self.drops, round, k, tree.src, tree.dst)
             self.bytes_sent[tree.src[arrived], tree.dst[arrived]] += (tree.messages.shape[1] + 1) * self.itemsize
             now, after = tree.parities[tree.parity], tree.parities[1 - tree.parity]
-            parcel, messages = parcels[:, tree.block], tree.messages
-            torch.index_select(parcel, 0, tree.relays, out=tree.total)
+            parcel_k, messages = parcel[:, tree.block], tree.messages
+            torch.index_select(parcel_k, 0, tree.relays, out=tree.total)
             for rows, positions in now.sums:
                 tree.total.index_add_(0, positions, messages[rows])
             messages[now.relay_rows].neg_()  # then + total: m_ij = total_i - m_ji, in m_ji's row
             for rows in now.slots:
                 messages.index_add_(0, rows, tree.total[: len(rows)])
-            torch.index_select(parcel, 0, now.leaf_nodes, out=messages[now.leaf_rows])  # a leaf sends its parcel
+            torch.index_select(parcel_k, 0, now.leaf_nodes, out=messages[now.leaf_rows])  # a leaf sends its parcel
             lost = np.flatnonzero(~arrived)
             if len(lost):
                 messages.index_fill_(0, to_device(after.row_of[lost], None, messages.device), 0)
@@ -269,7 +269,7 @@ class BatchedRelaySum:
 
 
 class _DeviceCounts:
-    """n-bar per worker as [N, 1] device tensors, sent to the device only when they change."""
+    """Counts per worker (n-bar, or n - n-bar) as [N, 1] device tensors, sent to the device only when they change."""
 
     def __init__(self, like: torch.Tensor):
         self._opts = {"dtype": like.dtype, "device": like.device}
