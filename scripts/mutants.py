@@ -86,8 +86,8 @@ PLANTS = (
     Plant(
         "relay-divide-by-n",  # counts mode: divide by n instead of n-bar (the parcels received)
         "relaympi/algorithms/relay.py",
-        "self.relay.add_received(x, divide_by=counts)",
-        "self.relay.add_received(x, divide_by=[float(self.comm.world_size)] * len(counts))",
+        "self.relay.add_received(x, divide_by=[self.relay.factor(nbar, layer) for layer, nbar in enumerate(counts)])",
+        "self.relay.add_received(x, divide_by=[float(self.topology.world_size)] * len(counts))",
         (("tests/test_algorithms.py", "-k", "relay"),),
     ),
     Plant(
@@ -100,8 +100,8 @@ PLANTS = (
     Plant(
         "relay-previous-sign",  # robust rule: adds u(t) for each missing parcel instead of x(t)
         "relaympi/algorithms/relay.py",
-        "xs.mul_(1.0 + missing).add_(self.relay.coords(u, layer), alpha=-missing)",
-        "xs.mul_(1.0 + missing).add_(self.relay.coords(u, layer), alpha=missing)",
+        "_add_scaled(xs, self.relay.coords(u, layer), -missing)",
+        "_add_scaled(xs, self.relay.coords(u, layer), missing)",
         (("tests/test_algorithms.py", "-k", "relay"),),
     ),
     Plant(

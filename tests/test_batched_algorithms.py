@@ -20,6 +20,7 @@ from relaympi.algorithms import (
     AlgorithmError,
     AlgorithmOptions,
     make_algorithm,
+    round_id,
 )
 from relaympi.algorithms.matrix import make_matrix_algorithm
 from relaympi.algorithms.relaysum import RelaySum
@@ -360,12 +361,12 @@ def test_relay_memory_is_no_more_than_message_passing(topo, n, tmp_path):
     own; the transport's copies in flight are not counted, in its favour). float32."""
     numel, topology = 1 << 12, build(topo, n)
     X = torch.randn(n, numel)
-    relay = BatchedRelaySum(topology, X, DropPolicy(DROP_PROB, seed=1))
     sent = np.zeros((n, n), dtype=np.int64)
+    relay = BatchedRelaySum(topology, X, DropPolicy(DROP_PROB, seed=1), sent)
 
     def steps(first: int) -> None:
         for t in range(first, first + 2):
-            relay.exchange(X, t, sent)
+            relay.exchange(X, round_id(t))
             relay.add_received(X, [float(n)] * topology.num_layers)
 
     steps(0)

@@ -115,9 +115,10 @@ class Algorithm(ABC):
     A class declares what it accepts (``default_topology``, ``topology_kind``, ``needs_momentum``)
     and ``check`` refuses anything else; ``matrix_form`` is its vectorized form.
 
-    The gossip algorithms, SGP and all-reduce communicate only through ``mixers`` (gossip.Mixers):
-    by default CommMixers over ``comm``; the batched engine passes its BatchedMixers (and no
-    comm), and the same step then runs on every worker's x stacked as the rows of x [N, numel].
+    Every algorithm communicates only through ``mixers`` (gossip.Mixers: gossip mixers, all-reduce,
+    and RelaySum as relays.Relays): by default CommMixers over ``comm``; the batched engine passes
+    its BatchedMixers (and no comm), and the same step then runs on every worker's x stacked as the
+    rows of x [N, numel].
     """
 
     name: ClassVar[str]

@@ -1,4 +1,4 @@
-"""Gossip averaging with a mixing matrix W (with drop renormalization), and the injectable Mixers an algorithm communicates through."""
+"""Gossip averaging with a mixing matrix W (with drop renormalization), and the injectable Mixers every algorithm communicates through."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from relaympi.algorithms.relays import Relays
+from relaympi.algorithms.relaysum import DEFAULT_CHUNK, RelaySum
 from relaympi.comm import Communicator
 from relaympi.topology import Topology
 
@@ -17,8 +19,9 @@ class Mixer(Protocol):
 
 
 class Mixers(Protocol):
-    """What the gossip algorithms and all-reduce communicate through: CommMixers here (one worker's x),
-    relaympi.batched.mixer.BatchedMixers in the batched engine (every worker's x as the rows of X)."""
+    """What every algorithm communicates through: CommMixers here (one worker's x), relaympi.batched.mixer.BatchedMixers
+    in the batched engine (every worker's x as the rows of X). Gossip, SGP and all-reduce mix; RelaySGD and
+    RelaySGD/Grad relay (relays.Relays)."""
 
     def gossip(self, mixing: np.ndarray, like: torch.Tensor) -> Mixer:
         """A mixer averaging tensors shaped as ``like`` with W = ``mixing``: worker i receives from
@@ -26,6 +29,10 @@ class Mixers(Protocol):
 
     def allreduce_mean(self, x: torch.Tensor) -> None:
         """In place: x <- the mean of x over all workers (a collective: never dropped, no bytes counted)."""
+
+    def relays(self, topology: Topology, like: torch.Tensor, in_place: bool = False, chunk: int | None = None) -> Relays:
+        """RelaySum over ``topology``'s trees for parcels shaped as ``like``; ``in_place`` and ``chunk``
+        (None: relaysum.DEFAULT_CHUNK) choose message passing's buffers, not the numbers."""
 
 
 class GossipMixer:
@@ -81,6 +88,9 @@ class CommMixers:
 
     def allreduce_mean(self, x: torch.Tensor) -> None:
         self.comm.allreduce_mean(x)
+
+    def relays(self, topology: Topology, like: torch.Tensor, in_place: bool = False, chunk: int | None = None) -> RelaySum:
+        return RelaySum(self.comm, topology, like.numel(), like, in_place=in_place, chunk=chunk or DEFAULT_CHUNK)
 
 
 def mixing_matrix_for(topology: Topology) -> np.ndarray:

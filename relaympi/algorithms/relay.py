@@ -1,6 +1,9 @@
-"""RelaySGD (paper Algorithm 1, with the robust rule) and RelaySGD/Grad (appendix Algorithm "RelaySum/Grad")."""
+"""RelaySGD (paper Algorithm 1, with the robust rule) and RelaySGD/Grad (appendix Algorithm "RelaySum/Grad"):
+the rules, once for every engine (RelaySum injected as relays.Relays), and their matrix forms."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -11,8 +14,10 @@ from relaympi.algorithms.base import (
     MatrixForm,
     round_id,
 )
-from relaympi.algorithms.relaysum import DEFAULT_CHUNK, RelaySum
 from relaympi.topology import Topology
+
+if TYPE_CHECKING:
+    from relaympi.algorithms.relays import Factor, Relays
 
 
 def effective_delays(topology: Topology, layer: int) -> np.ndarray:
@@ -20,9 +25,17 @@ def effective_delays(topology: Topology, layer: int) -> np.ndarray:
     return np.maximum(topology.delays(layer) - 1, 0)
 
 
-def _relaysum(comm, topology, x0, options) -> RelaySum:
-    chunk = options.relay_chunk or DEFAULT_CHUNK
-    return RelaySum(comm, topology, x0.numel(), x0, in_place=options.relay_in_place, chunk=chunk)
+def _relays(algorithm: Algorithm, like: torch.Tensor) -> Relays:
+    options = algorithm.options
+    return algorithm.mixers.relays(algorithm.topology, like, in_place=options.relay_in_place, chunk=options.relay_chunk)
+
+
+def _add_scaled(x: torch.Tensor, other: torch.Tensor, factor: Factor) -> None:
+    """x += factor * other: a scalar factor (one worker) or one per row of x (every worker at once)."""
+    if isinstance(factor, float):
+        x.add_(other, alpha=factor)
+    else:
+        x.addcmul_(other, factor)
 
 
 class _DelayedSum(MatrixForm):
@@ -90,6 +103,9 @@ class RelaySGD(Algorithm):
     - counts   (Algorithm 1):  x(t+1) = (x(t+1/2) + sum_j m_ji) / n-bar
     - previous (eq. robust-relaysum-model): x(t+1) = (x(t+1/2) + sum_j m_ji + (n - n-bar) x(t)) / n
     - initial:  missing parcels replaced by the initial model x(0), divided by n
+
+    One worker's x over a Communicator, or every worker's x as the rows of x [N, numel] when the
+    batched engine injects its Mixers: n-bar is then one count per worker (relays.Relays).
     """
 
     name = "relay"
@@ -97,10 +113,10 @@ class RelaySGD(Algorithm):
     topology_kind = TREES
     matrix_form = RelaySGDMatrix
 
-    def __init__(self, comm, topology, optimizer, x0, options):
-        super().__init__(comm, topology, optimizer, x0, options)
+    def __init__(self, comm, topology, optimizer, x0, options, mixers=None):
+        super().__init__(comm, topology, optimizer, x0, options, mixers)
         self.mode = options.relay_mode
-        self.relay = _relaysum(comm, topology, x0, options)
+        self.relay = _relays(self, x0)
         self.x_initial = x0.detach().clone() if self.mode == "initial" else None
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
@@ -111,17 +127,19 @@ class RelaySGD(Algorithm):
         self.relay.exchange(x, round_id(step))
         counts = self.relay.counts()
         if self.mode == "counts":
-            self.relay.add_received(x, divide_by=counts)
+            self.relay.add_received(x, divide_by=[self.relay.factor(nbar, layer) for layer, nbar in enumerate(counts)])
             return
-        n = float(self.comm.world_size)
+        n = float(self.topology.world_size)
         for layer, nbar in enumerate(counts):
-            missing = n - nbar
-            xs = self.relay.coords(x, layer)
-            if missing:
-                if self.mode == "previous":  # x(t) = x(t+1/2) - u(t)
-                    xs.mul_(1.0 + missing).add_(self.relay.coords(u, layer), alpha=-missing)
-                else:
-                    xs.add_(self.relay.coords(self.x_initial, layer), alpha=missing)
+            missing = n - nbar  # on the host
+            if not np.any(missing):  # (workers with nothing missing stay as they are)
+                continue
+            xs, missing = self.relay.coords(x, layer), self.relay.factor(missing, layer)
+            if self.mode == "previous":  # x(t) = x(t+1/2) - u(t)
+                xs.mul_(1.0 + missing)
+                _add_scaled(xs, self.relay.coords(u, layer), -missing)
+            else:
+                _add_scaled(xs, self.relay.coords(self.x_initial, layer), missing)
         self.relay.add_received(x, divide_by=[n] * len(counts))
 
     def state_dict(self):
@@ -132,24 +150,24 @@ class RelaySGD(Algorithm):
 
 
 class RelaySGDGrad(Algorithm):
-    """u(t) = local update; relay u(t); x(t+1) = x(t) + (u(t) + sum_j m_ji) / n."""
+    """u(t) = local update; relay u(t); x(t+1) = x(t) + (u(t) + sum_j m_ji) / n (on any engine, as RelaySGD)."""
 
     name = "relay-grad"
     default_topology = "double-binary-trees"
     topology_kind = TREES
     matrix_form = RelaySGDGradMatrix
 
-    def __init__(self, comm, topology, optimizer, x0, options):
-        super().__init__(comm, topology, optimizer, x0, options)
-        self.relay = _relaysum(comm, topology, x0, options)
+    def __init__(self, comm, topology, optimizer, x0, options, mixers=None):
+        super().__init__(comm, topology, optimizer, x0, options, mixers)
+        self.relay = _relays(self, x0)
         self._total = torch.zeros_like(x0)
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        u = self.optimizer.update(grad, x, lr)
+        u = self.optimizer.update(grad, x, lr, apply=False)
         self.relay.exchange(u, round_id(step))
         self._total.copy_(u)
         self.relay.add_received(self._total)
-        x.add_(self._total, alpha=1.0 / self.comm.world_size)
+        x.add_(self._total, alpha=1.0 / self.topology.world_size)
 
     def state_dict(self):
         return self.relay.state_dict()

@@ -1,4 +1,4 @@
-"""RelaySum (paper Algorithm 1): per-edge relayed messages with counters, on one or more spanning trees."""
+"""RelaySum (paper Algorithm 1): per-edge relayed messages with counters, on one or more spanning trees, for one worker."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ class _Layer:
 
 
 class RelaySum:
-    """Delivers to each worker the sum of every worker's delayed parcel, and how many parcels it holds.
+    """Delivers to each worker the sum of every worker's delayed parcel, and how many parcels it holds:
+    relays.Relays for one worker over a Communicator.
 
     Parcel p_j(t) of worker j reaches worker i in step t + tau_ij - 1 (Algorithm 1's timing:
     neighbours' parcels arrive in the same step). Each step, worker i sends to each tree
@@ -344,6 +345,10 @@ class RelaySum:
             else:
                 out.append(1.0 + float(counters.sum()) if layer.neighbors else 1.0)
         return out
+
+    def factor(self, values: float, layer: int) -> float:
+        """Relays.factor for one worker: a count is already a scalar factor."""
+        return float(values)
 
     def coords(self, flat: torch.Tensor, layer: int) -> torch.Tensor:
         """The contiguous block of ``flat`` that layer ``layer`` relays."""

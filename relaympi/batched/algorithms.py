@@ -1,5 +1,5 @@
-"""Every algorithm of relaympi.algorithms over all workers at once: RelaySGD in its batched form
-(relaympi.batched.relay), every other algorithm's own class stepping X [N, d] through BatchedMixers."""
+"""Every algorithm of relaympi.algorithms over all workers at once: each algorithm's own class stepping
+X [N, d], communicating through BatchedMixers (gossip as W products, RelaySum as BatchedRelaySum)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,12 @@ from relaympi.algorithms import (
 from relaympi.batched.base import BatchedAlgorithm
 from relaympi.batched.mixer import BatchedMixers
 from relaympi.batched.optim import BatchedOptimizer
-from relaympi.batched.relay import BatchedRelaySGD, BatchedRelaySGDGrad
 from relaympi.comm import DropPolicy
 
 
 class StackedAlgorithm(BatchedAlgorithm):
     """``algorithm``'s own step and state on the stacked X: its communication goes through
-    BatchedMixers (W products, the same drop decisions and renormalization, bytes counted)."""
+    BatchedMixers (W products, RelaySum for all workers; the same drop decisions, bytes counted)."""
 
     algorithm: ClassVar[type[Algorithm]]
 
@@ -45,8 +44,7 @@ def _stacked(cls: type[Algorithm]) -> type[BatchedAlgorithm]:
     return type(f"Batched{cls.__name__}", (StackedAlgorithm,), {"name": cls.name, "algorithm": cls, "__module__": __name__})
 
 
-_RELAY = {cls.name: cls for cls in (BatchedRelaySGD, BatchedRelaySGDGrad)}  # a different data structure batched
-BATCHED_ALGORITHMS: dict[str, type[BatchedAlgorithm]] = {name: _RELAY.get(name) or _stacked(cls) for name, cls in ALGORITHMS.items()}
+BATCHED_ALGORITHMS: dict[str, type[BatchedAlgorithm]] = {name: _stacked(cls) for name, cls in ALGORITHMS.items()}
 
 
 def make_batched_algorithm(

@@ -1,4 +1,5 @@
-"""The Mixers of relaympi.algorithms.gossip over every worker at once: gossip as a W product on X [N, d]."""
+"""The Mixers of relaympi.algorithms.gossip over every worker at once: gossip as a W product on X [N, d],
+RelaySum as relaympi.batched.relay.BatchedRelaySum."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import numpy as np
 import torch
 
 from relaympi.batched.base import delivered, never_drops, to_device
+from relaympi.batched.relay import BatchedRelaySum
 from relaympi.comm import DropPolicy
-
 
 # columns of X per float64 product in mix: bounds its temporaries to 2 x N x MIX_COLUMNS float64s
 MIX_COLUMNS = 1 << 18
@@ -92,4 +93,9 @@ class BatchedMixers:
 
     def allreduce_mean(self, X: torch.Tensor) -> None:
         X.copy_((X.sum(dim=0) / X.shape[0]).expand_as(X))
+
+    def relays(self, topology, like: torch.Tensor, in_place: bool = False, chunk: int | None = None) -> BatchedRelaySum:
+        """RelaySum for X [N, d]. ``in_place`` and ``chunk`` shape message passing's buffers and do not
+        apply here: the messages of each tree are one tensor, overwritten in place every step."""
+        return BatchedRelaySum(topology, like, self.drops, self.bytes_sent)
 

@@ -1,5 +1,5 @@
 """RelaySum over all workers at once: the messages of every directed tree edge as one [E, s] tensor per
-layer, updated in place; RelaySGD and RelaySGD/Grad on top of it."""
+layer, updated in place. RelaySGD and RelaySGD/Grad (relaympi.algorithms.relay) run on it as relays.Relays."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from relaympi.algorithms import round_id
-from relaympi.batched.base import BatchedAlgorithm, delivered, to_device
+from relaympi.batched.base import delivered, to_device
 from relaympi.comm import DropPolicy
 
 
@@ -158,8 +157,9 @@ class BatchedRelaySum:
     """RelaySum (relaympi.algorithms.relaysum) for all workers: on each directed edge i -> j of tree k,
     m_ij(t) = p_i(t) + sum_{l in N(i) \\ {j}} m_li(t-1) = total_i - m_ji(t-1) with total_i = p_i + the
     messages i received (a leaf sends p_i), and counters c_ij(t) = 1 + sum_{l in N(i) \\ {j}} c_li(t-1).
-    A lost message (DropPolicy, round round_id(step), tag k) arrives empty: payload 0, counter 0.
-    Tree k relays coordinate block k (coordinate_blocks).
+    A lost message (DropPolicy, the round given to exchange, tag k) arrives empty: payload 0, counter 0.
+    Tree k relays coordinate block k (coordinate_blocks). relays.Relays for every worker at once:
+    parcels [N, numel], counts one per worker; ``bytes_sent[i, j]`` counts the bytes of i's messages to j.
 
     Memory per tree (rows of its block): the 2(N - 1) last messages, each overwritten in place by
     the message going back (_Tree), and ``total`` for the workers of degree >= 2; no step allocates
@@ -167,9 +167,12 @@ class BatchedRelaySum:
     passing's RelaySum holds). As message passing, the last message per edge and no older model.
     """
 
-    def __init__(self, topology: Any, like: torch.Tensor, drops: DropPolicy):
+    def __init__(self, topology: Any, like: torch.Tensor, drops: DropPolicy, bytes_sent: np.ndarray):
         n, numel = like.shape
         self.n, self.drops, self.itemsize = n, drops, like.element_size()
+        self.bytes_sent = bytes_sent
+        self._counts: list[np.ndarray] = [np.ones(n) for _ in range(topology.num_layers)]
+        self._device = _DeviceCounts(like)
         opts = {"dtype": like.dtype, "device": like.device}
         self.trees: list[_Tree] = []
         for k, block in enumerate(topology.coordinate_blocks(numel)):
@@ -196,25 +199,25 @@ class BatchedRelaySum:
                 counters=np.zeros(len(edges)),
             ))
 
-    def exchange(self, parcels: torch.Tensor, step: int, bytes_sent: np.ndarray) -> list[np.ndarray]:
-        """Send this step's messages built from ``parcels`` [N, numel]; per tree, n-bar [N] (float64):
-        1 + the counters received, how many parcels each worker's sum holds. Counts the bytes sent."""
+    def exchange(self, parcel: torch.Tensor, round: int) -> None:
+        """Send this step's messages built from ``parcel`` [N, numel] (every worker's) in round ``round``
+        (counts() then says how many parcels each sum holds). Counts the bytes sent."""
         counts = []
         for k, tree in enumerate(self.trees):
             if tree.parities is None:  # one worker: nothing to relay
                 counts.append(np.ones(self.n))
                 continue
-            arrived = delivered(self.drops, round_id(step), k, tree.src, tree.dst)
-            bytes_sent[tree.src[arrived], tree.dst[arrived]] += (tree.messages.shape[1] + 1) * self.itemsize
+            arrived = delivered(self.drops, round, k, tree.src, tree.dst)
+            self.bytes_sent[tree.src[arrived], tree.dst[arrived]] += (tree.messages.shape[1] + 1) * self.itemsize
             now, after = tree.parities[tree.parity], tree.parities[1 - tree.parity]
-            parcel, messages = parcels[:, tree.block], tree.messages
-            torch.index_select(parcel, 0, tree.relays, out=tree.total)
+            parcel_k, messages = parcel[:, tree.block], tree.messages
+            torch.index_select(parcel_k, 0, tree.relays, out=tree.total)
             for rows, positions in now.sums:
                 tree.total.index_add_(0, positions, messages[rows])
             messages[now.relay_rows].neg_()  # then + total: m_ij = total_i - m_ji, in m_ji's row
             for rows in now.slots:
                 messages.index_add_(0, rows, tree.total[: len(rows)])
-            torch.index_select(parcel, 0, now.leaf_nodes, out=messages[now.leaf_rows])  # a leaf sends its parcel
+            torch.index_select(parcel_k, 0, now.leaf_nodes, out=messages[now.leaf_rows])  # a leaf sends its parcel
             lost = np.flatnonzero(~arrived)
             if len(lost):
                 messages.index_fill_(0, to_device(after.row_of[lost], None, messages.device), 0)
@@ -223,7 +226,15 @@ class BatchedRelaySum:
             held = np.bincount(tree.dst, weights=tree.counters, minlength=self.n)
             tree.counters = np.where(arrived, 1.0 + held[tree.src] - tree.counters[tree.reverse], 0.0)
             counts.append(1.0 + np.bincount(tree.dst, weights=tree.counters, minlength=self.n))
-        return counts
+        self._counts = counts
+
+    def counts(self) -> list[np.ndarray]:
+        """Per tree, n-bar [N] (float64, on the host): 1 + the counters each worker received this step."""
+        return self._counts
+
+    def factor(self, values: np.ndarray, layer: int) -> torch.Tensor:
+        """``values`` [N] as an [N, 1] factor of coords(X, layer), in X's dtype on X's device."""
+        return self._device(layer, values)
 
     def add_received(self, out: torch.Tensor, divide_by: list[torch.Tensor | float] | None = None) -> None:
         """out[:, block k] += the messages received this step, then /= divide_by[k] (a float or [N, 1])."""
@@ -236,6 +247,7 @@ class BatchedRelaySum:
                 target.div_(divide_by[k])
 
     def coords(self, flat: torch.Tensor, layer: int) -> torch.Tensor:
+        """Every worker's block that tree ``layer`` relays: columns of ``flat`` [N, numel], a view."""
         return flat[:, self.trees[layer].block]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -257,7 +269,7 @@ class BatchedRelaySum:
 
 
 class _DeviceCounts:
-    """n-bar per worker as [N, 1] device tensors, sent to the device only when they change."""
+    """Counts per worker (n-bar, or n - n-bar) as [N, 1] device tensors, sent to the device only when they change."""
 
     def __init__(self, like: torch.Tensor):
         self._opts = {"dtype": like.dtype, "device": like.device}
@@ -269,65 +281,3 @@ class _DeviceCounts:
             cached = (values.copy(), to_device(values[:, None], **self._opts))
             self._cache[layer] = cached
         return cached[1]
-
-
-class BatchedRelaySGD(BatchedAlgorithm):
-    """X(t+1/2) = X + U; relay X(t+1/2); per tree with n-bar parcels received (relaympi.algorithms.relay):
-    counts: (x(t+1/2) + sum) / n-bar; previous: (x(t+1/2) + sum + (n - n-bar) x(t)) / n;
-    initial: (x(t+1/2) + sum + (n - n-bar) x(0)) / n."""
-
-    name = "relay"
-
-    def __init__(self, topology, optimizer, X0, options, drops):
-        super().__init__(topology, optimizer, X0, options, drops)
-        self.mode = options.relay_mode
-        self.relay = BatchedRelaySum(topology, X0, drops)
-        self.x_initial = X0.detach().clone() if self.mode == "initial" else None
-        self._device = _DeviceCounts(X0)
-
-    def step(self, X, G, lr, step):
-        u = self.optimizer.update(G, X, lr, apply=True)  # X(t+1/2)
-        counts = self.relay.exchange(X, step, self.bytes_sent)
-        if self.mode == "counts":
-            self.relay.add_received(X, divide_by=[self._device(k, c) for k, c in enumerate(counts)])
-            return
-        for k, nbar in enumerate(counts):
-            missing = self.n - nbar
-            if not missing.any():
-                continue
-            xs, m = self.relay.coords(X, k), self._device(k, missing)
-            if self.mode == "previous":  # x(t) = x(t+1/2) - u(t); rows with nothing missing stay as they are
-                xs.mul_(1.0 + m).addcmul_(self.relay.coords(u, k), -m)
-            else:
-                xs.addcmul_(self.relay.coords(self.x_initial, k), m)
-        self.relay.add_received(X, divide_by=[float(self.n)] * len(counts))
-
-    def state_dict(self):
-        return self.relay.state_dict()
-
-    def load_state_dict(self, state):
-        self.relay.load_state_dict(state)
-
-
-class BatchedRelaySGDGrad(BatchedAlgorithm):
-    """U = local updates; relay U; X(t+1) = X + (U + sum) / n."""
-
-    name = "relay-grad"
-
-    def __init__(self, topology, optimizer, X0, options, drops):
-        super().__init__(topology, optimizer, X0, options, drops)
-        self.relay = BatchedRelaySum(topology, X0, drops)
-        self._total = torch.zeros_like(X0)
-
-    def step(self, X, G, lr, step):
-        u = self.optimizer.update(G, X, lr, apply=False)
-        self.relay.exchange(u, step, self.bytes_sent)
-        self._total.copy_(u)
-        self.relay.add_received(self._total)
-        X.add_(self._total, alpha=1.0 / self.n)
-
-    def state_dict(self):
-        return self.relay.state_dict()
-
-    def load_state_dict(self, state):
-        self.relay.load_state_dict(state)
