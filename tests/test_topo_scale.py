@@ -291,3 +291,15 @@ def test_cli_refuses_more_edges_than_it_lists():
     assert status == 2 and "too large" in err
     status, _, err = _run(["exponential", "-n", str(2**20)])
     assert status == 2 and "(exponential: at most -n 131072)" in err
+
+
+def test_lanczos_that_does_not_converge_reports_why():
+    n = DENSE_SPECTRUM_MAX_RANKS + 76  # a ring's spanning tree is a path: eigenvalues ~1/n^2 apart
+    summary = describe(build("spanning-tree:ring", n))
+    assert summary["spectral_gap"] is None and summary["min_eigenvalue"] is None
+    assert "sparse Lanczos did not converge" in summary["not_computed"]["min_eigenvalue"]
+    status, out, _ = _run(["spanning-tree:ring", "-n", str(n)])
+    assert status == 0
+    assert ("Metropolis-Hastings: spectral gap and smallest eigenvalue not computed: "
+            "sparse Lanczos did not converge") in out
+    assert f"diameter          {n - 1}" in out  # the two arms from rank 0 form a path of n ranks

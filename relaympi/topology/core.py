@@ -409,7 +409,7 @@ class Topology:
         else:
             diameter = None
             reasons["diameter"] = (
-                f"not computed: BFS from every rank needs n (n + m) > {GENERAL_DIAMETER_MAX_WORK:.0e} steps"
+                f"not computed: BFS from every rank takes n (n + m) > {GENERAL_DIAMETER_MAX_WORK} steps"
             )
         for key in ("spectral_gap", "min_eigenvalue"):
             missing = [e.reason for e in extremes if getattr(e, key) is None]

@@ -154,7 +154,7 @@ def sparse_extremes(world_size: int, edges: np.ndarray) -> GossipExtremes:
         top = eigsh(matrix, k=2, sigma=1.0 + 1e-3 / n, which="LM", v0=start, tol=_LANCZOS_TOLERANCE,
                     maxiter=LANCZOS_MAX_ITERATIONS, return_eigenvectors=False)
     except (ArpackNoConvergence, ArpackError):
-        return GossipExtremes(None, None, f"sparse Lanczos did not converge in {LANCZOS_MAX_ITERATIONS} iterations")
+        return GossipExtremes(None, None, f"not computed: sparse Lanczos did not converge in {LANCZOS_MAX_ITERATIONS} iterations")
     lowest = float(lowest.min())
     second = float(np.sort(top)[0])
     return GossipExtremes(float(1.0 - max(second, abs(lowest))), lowest)
