@@ -24,7 +24,14 @@ from relaympi.topology import (
     spanning_tree,
     spectral_gap,
 )
-from relaympi.topology.cli import MAX_DESCRIBED_EDGES, _edges_to_build, _wrap, describe, main
+from relaympi.topology.cli import (
+    MAX_DESCRIBED_EDGES,
+    _edges_to_build,
+    _json_chunks,
+    _wrap,
+    describe,
+    main,
+)
 from relaympi.topology.core import GENERAL_DIAMETER_MAX_WORK
 from relaympi.topology.spectra import (
     DENSE_SPECTRUM_MAX_RANKS,
@@ -234,6 +241,13 @@ def test_wrap_is_textwrap(seed):
     for indent in ("  ", "    "):
         assert _wrap(text, indent) == textwrap.wrap(text, width=78, initial_indent=indent, subsequent_indent=indent)
     assert _wrap("", "  ") == textwrap.wrap("", width=78) == []
+
+
+@pytest.mark.parametrize(("name", "n"), FAMILY_SIZES)
+def test_streamed_json_is_json_dumps(name, n):
+    topology = build(name, n)
+    expected = json.dumps(describe(topology))
+    assert "".join(_json_chunks(describe(topology, edge_arrays=True))) == expected
 
 
 @pytest.mark.parametrize(("name", "n"), FAMILY_SIZES + [("spanning-tree:ring", 9), ("spanning-tree:hypercube", 16)])

@@ -6,9 +6,11 @@ import argparse
 import gc
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from relaympi.algorithms import lr_correction
 from relaympi.algorithms.d2_rule import D2_MIN_EIGENVALUE, d2_allows
@@ -22,9 +24,10 @@ from .schedule import ExponentialSchedule
 __all__ = ["MAX_DESCRIBED_EDGES", "describe", "main"]
 
 # The summary lists every edge; all else it prints takes O(n + m) time and memory or is left out
-# above a stated size (relaympi.topology.spectra, core.GENERAL_DIAMETER_MAX_WORK). Listing 2^22 edges
-# takes ~3 s here; more are refused before anything is built: fully-connected has n (n - 1) / 2
-# (5e9 at 100000 ranks), beyond -n 2896.
+# above a stated size (relaympi.topology.spectra, core.GENERAL_DIAMETER_MAX_WORK). Edges are written
+# from their arrays 65536 at a time: 2^22 of them (fully-connected -n 2896) take ~3 s of CPU and
+# ~0.5 GB here. More are refused before anything is built: fully-connected has n (n - 1) / 2 edges,
+# 5e9 at 100000 ranks.
 MAX_DESCRIBED_EDGES = 2**22
 
 
@@ -50,12 +53,13 @@ def _edges_to_build(name: str, n: int) -> int | None:
     return counts.get(name)
 
 
-def describe(topology: Topology) -> dict[str, Any]:
+def describe(topology: Topology, *, edge_arrays: bool = False) -> dict[str, Any]:
     """Topology.to_dict() with what the algorithms make of it (RelaySGD's learning-rate correction,
     None unless every layer is a tree; whether D² may gossip on each layer, None where the smallest
     eigenvalue is not computed), plus the SGP schedule (period, offsets, peers per round) for
-    "exponential"."""
-    summary = topology.to_dict()
+    "exponential". edge_arrays=True: edges and peers as numpy arrays (the command line streams
+    them; _json_chunks writes exactly what json.dumps writes for the lists)."""
+    summary = topology.to_dict(edge_arrays=edge_arrays)
     later = ("spectral_gap", "min_eigenvalue", "not_computed")
     gossip = {key: summary.pop(key) for key in later if key in summary}  # the keys keep their order
     summary["lr_correction"] = lr_correction(topology) if topology.is_tree else None
@@ -70,10 +74,50 @@ def describe(topology: Topology) -> dict[str, Any]:
         summary["schedule"] = {
             "period": schedule.period,
             "offsets": [schedule.offset(k) for k in rounds],
-            "send_peers": [schedule.send_peers(k).tolist() for k in rounds],
-            "recv_peers": [schedule.recv_peers(k).tolist() for k in rounds],
+            "send_peers": [_listed(schedule.send_peers(k), edge_arrays) for k in rounds],
+            "recv_peers": [_listed(schedule.recv_peers(k), edge_arrays) for k in rounds],
         }
     return summary
+
+
+def _listed(values: np.ndarray, as_array: bool) -> np.ndarray | list:
+    return values if as_array else values.tolist()
+
+
+_CHUNK = 1 << 16  # rows turned into Python objects at a time
+
+
+def _joined(first: np.ndarray, second: np.ndarray, pattern: str, separator: str) -> str:
+    """separator.join(pattern.format(i, j) for i, j in zip(first, second)), 65536 pairs at a time."""
+    pieces = []
+    for lo in range(0, len(first), _CHUNK):
+        hi = lo + _CHUNK
+        pieces.append(separator.join(map(pattern.format, first[lo:hi].tolist(), second[lo:hi].tolist())))
+    return separator.join(pieces)
+
+
+def _json_chunks(value: Any) -> Iterator[str]:
+    """json.dumps(value) in pieces, with numpy arrays written as the lists they hold."""
+    if isinstance(value, np.ndarray):
+        if value.ndim == 2:
+            yield "[" + _joined(value[:, 0], value[:, 1], "[{}, {}]", ", ") + "]"
+        else:
+            yield "[" + ", ".join(map(str, value.tolist())) + "]"
+    elif isinstance(value, dict):
+        yield "{"
+        for index, (key, item) in enumerate(value.items()):
+            yield (", " if index else "") + json.dumps(key) + ": "
+            yield from _json_chunks(item)
+        yield "}"
+    elif isinstance(value, list) and any(isinstance(item, (np.ndarray, list, dict)) for item in value):
+        yield "["
+        for index, item in enumerate(value):
+            if index:
+                yield ", "
+            yield from _json_chunks(item)
+        yield "]"
+    else:
+        yield json.dumps(value)
 
 
 def _wrap(text: str, indent: str, width: int = 78) -> list[str]:
@@ -112,7 +156,8 @@ def _text(summary: dict[str, Any]) -> str:
     for k, edges in enumerate(_per_layer(summary, "edges")):
         label = f"edges (layer {k})" if layers > 1 else "edges"
         lines.append(f"{label}: {len(edges)}")
-        lines.extend(_wrap(" ".join([f"{i}-{j}" for i, j in edges]), "  "))
+        edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+        lines.extend(_wrap(_joined(edges[:, 0], edges[:, 1], "{}-{}", " "), "  "))
     lines += [
         f"max degree        {summary['max_degree']}",
         f"models per step   {summary['models_per_step']:g}  (max over ranks)",
@@ -148,8 +193,8 @@ def _text(summary: dict[str, Any]) -> str:
         lines.append("                  1 model per rank per round; SGP runs 2 rounds per step")
         for k, offset in enumerate(schedule["offsets"]):
             lines.append(f"  round {k} (offset {offset}):")
-            peers = " ".join([f"{i}->{j}" for i, j in enumerate(schedule["send_peers"][k])])
-            lines.extend(_wrap(peers, "    "))
+            peers = np.asarray(schedule["send_peers"][k])
+            lines.extend(_wrap(_joined(np.arange(len(peers)), peers, "{}->{}", " "), "    "))
     return "\n".join(lines)
 
 
@@ -207,14 +252,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: -n {args.world_size} is too large to describe {args.name}: it has {edges} edges to "
               f"list; the summary lists at most {MAX_DESCRIBED_EDGES}{_largest_hint(args.name)}", file=sys.stderr)
         return 2
-    # The summary is millions of small lists at 10^6 edges; the cyclic collector would rescan them
-    # at every allocation threshold (5x the time) and has no cycles to find in them.
+    # Writing 10^6 edges allocates millions of small objects; the cyclic collector would rescan
+    # them at every allocation threshold (up to 5x the time) and has no cycles to find in them.
     collecting = gc.isenabled()
     gc.disable()
     try:
         topology = build(args.name, args.world_size, root=args.root, edge_list=args.edge_list)
-        summary = describe(topology)
-        print(json.dumps(summary) if args.json else _text(summary))
+        summary = describe(topology, edge_arrays=True)
+        if args.json:
+            sys.stdout.writelines(_json_chunks(summary))
+            sys.stdout.write("\n")
+        else:
+            print(_text(summary))
     except TopologyError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

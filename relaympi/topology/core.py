@@ -392,16 +392,17 @@ class Topology:
 
     # -- summary --------------------------------------------------------------------------
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, edge_arrays: bool = False) -> dict[str, Any]:
         """JSON-able summary.
 
         Multi-layer topologies give per-layer lists for edges and for the gossip quantities.
         A quantity that is too costly at this size is None, and "not_computed" (present only
-        then) maps its key to the reason. What the algorithms make of a topology is theirs to
-        say (``python -m relaympi.topology``).
+        then) maps its key to the reason. edge_arrays=True gives each layer's edges as its
+        read-only [m, 2] array instead of a list of pairs (~140 bytes of Python objects per
+        edge). What the algorithms make of a topology is theirs to say (``python -m relaympi.topology``).
         """
         per_layer = range(self.num_layers)
-        edges = [self._edges[k].tolist() for k in per_layer]
+        edges = [self._edges[k] if edge_arrays else self._edges[k].tolist() for k in per_layer]
         extremes = [self.gossip_extremes(k) for k in per_layer]
         reasons = {}
         if all(self._diameter_method(k) is not None for k in per_layer):
