@@ -297,7 +297,7 @@ def test_cli_refuses_more_edges_than_it_lists():
     status, out, err = _run(["fully-connected", "-n", "100000"])
     assert status == 2 and out == ""
     assert err == (
-        f"error: -n 100000 is too large to describe fully-connected: it has 4999950000 edges to list; "
+        f"error: -n 100000 is too large to describe fully-connected: it takes 4999950000 edges to build; "
         f"the summary lists at most {MAX_DESCRIBED_EDGES} (fully-connected: at most -n 2896)\n"
     )
     assert 2896 * 2895 // 2 <= MAX_DESCRIBED_EDGES < 2897 * 2896 // 2

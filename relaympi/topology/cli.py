@@ -249,8 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     edges = _edges_to_build(args.name, args.world_size)
     if edges is not None and edges > MAX_DESCRIBED_EDGES:
-        print(f"error: -n {args.world_size} is too large to describe {args.name}: it has {edges} edges to "
-              f"list; the summary lists at most {MAX_DESCRIBED_EDGES}{_largest_hint(args.name)}", file=sys.stderr)
+        print(f"error: -n {args.world_size} is too large to describe {args.name}: it takes {edges} edges to "
+              f"build; the summary lists at most {MAX_DESCRIBED_EDGES}{_largest_hint(args.name)}", file=sys.stderr)
         return 2
     # Writing 10^6 edges allocates millions of small objects; the cyclic collector would rescan
     # them at every allocation threshold (up to 5x the time) and has no cycles to find in them.
