@@ -36,12 +36,14 @@ from relaympi.topology.core import GENERAL_DIAMETER_MAX_WORK
 from relaympi.topology.spectra import (
     DENSE_SPECTRUM_MAX_RANKS,
     SPARSE_SPECTRUM_MAX_RANKS,
+    TREE_INERTIA_MAX_HEIGHT,
     chain_spectrum,
     circulant_spectrum,
     fully_connected_spectrum,
     hypercube_spectrum,
     sparse_extremes,
     star_spectrum,
+    tree_extremes,
 )
 
 ODD_AND_EVEN = [2, 3, 4, 5, 6, 7, 9, 10, 12, 15, 17, 31, 33, 50, 97, 100, 128]
@@ -114,17 +116,51 @@ def test_sparse_lanczos_matches_dense(topology):
         assert lanczos.min_eigenvalue == pytest.approx(min_eigenvalue(w), abs=1e-10)
 
 
+@pytest.mark.parametrize(
+    "topology",
+    [
+        build("binary-tree", 300),
+        build("double-binary-trees", 257),
+        build("double-binary-trees", 100),
+        build("spanning-tree:hypercube", 256),
+        build("spanning-tree:exponential", 128),
+        build("social-network-tree", 32),
+        build("star", 40),
+        build("chain", 2),
+        build("chain", 45),
+        from_graph(nx.random_labeled_tree(150, seed=2), "random-tree"),
+        from_graph(nx.balanced_tree(3, 4), "ternary"),
+    ],
+    ids=lambda t: f"{t.name}-{t.world_size}",
+)
+def test_tree_inertia_counts_match_dense(topology):
+    for k in range(topology.num_layers):
+        parent = np.full(topology.world_size, -1)
+        for child, above in nx.bfs_predecessors(topology.layers[k], 0):
+            parent[child] = above
+        depth = np.array([nx.shortest_path_length(topology.layers[k], 0, r) for r in range(topology.world_size)])
+        counted = tree_extremes(topology.world_size, topology.edge_array(k), parent, depth)
+        w = topology.mixing_matrix(k)
+        assert counted.spectral_gap == pytest.approx(spectral_gap(w), abs=1e-12)
+        assert counted.min_eigenvalue == pytest.approx(min_eigenvalue(w), abs=1e-12)
+
+
 def test_spectrum_rule_at_each_size():
-    # dense up to DENSE_SPECTRUM_MAX_RANKS, Lanczos above (same numbers), nothing above the sparse limit
+    # dense up to DENSE_SPECTRUM_MAX_RANKS; above, shallow trees by inertia counts (same numbers)
     n = DENSE_SPECTRUM_MAX_RANKS + 1
     tree = build("binary-tree", n)
-    extremes = tree.gossip_extremes()
     w = tree.mixing_matrix()
-    assert extremes.spectral_gap == pytest.approx(spectral_gap(w), abs=1e-10)
-    assert extremes.min_eigenvalue == pytest.approx(min_eigenvalue(w), abs=1e-10)
-    large = build("binary-tree", SPARSE_SPECTRUM_MAX_RANKS + 1)
-    assert large.gossip_extremes().spectral_gap is None
-    summary = json.loads(json.dumps(describe(large)))
+    assert tree.gossip_extremes().spectral_gap == pytest.approx(spectral_gap(w), abs=1e-12)
+    assert tree.gossip_extremes().min_eigenvalue == pytest.approx(min_eigenvalue(w), abs=1e-12)
+    # ... other graphs by Lanczos (same numbers) up to SPARSE_SPECTRUM_MAX_RANKS
+    cubic = from_graph(nx.random_regular_graph(3, n + 1, seed=5), "cubic")  # 3 n must be even
+    w = cubic.mixing_matrix()
+    assert cubic.gossip_extremes().spectral_gap == pytest.approx(spectral_gap(w), abs=1e-10)
+    assert cubic.gossip_extremes().min_eigenvalue == pytest.approx(min_eigenvalue(w), abs=1e-10)
+    # ... and nothing above it (a ring's spanning tree is a path: too deep for inertia counts)
+    deep = build("spanning-tree:ring", SPARSE_SPECTRUM_MAX_RANKS + 1)
+    assert deep.hops_from(0).max() > TREE_INERTIA_MAX_HEIGHT
+    summary = json.loads(json.dumps(describe(deep)))
     assert summary["spectral_gap"] is None and summary["min_eigenvalue"] is None
     assert summary["d2_allowed"] is None
     assert f"not computed for n > {SPARSE_SPECTRUM_MAX_RANKS}" in summary["not_computed"]["spectral_gap"]
@@ -287,7 +323,10 @@ def test_cli_describes_100000_ranks():
         size[(rank - 1) // 2] += size[rank]
     wiener = sum(s * (n - s) for s in size[1:])
     assert summary["lr_correction"] == pytest.approx(1 + (2 * wiener - n * (n - 1)) / n**2, rel=1e-12)
-    assert summary["spectral_gap"] == [None, None] and "not_computed" in summary
+    # inertia counts (held to eigvalsh at small n above); the mirrored tree has the same spectrum
+    assert summary["spectral_gap"][0] == pytest.approx(summary["spectral_gap"][1], abs=1e-15)
+    assert 0 < summary["spectral_gap"][0] < 1e-5 and -0.5 < summary["min_eigenvalue"][0] < -0.4
+    assert "not_computed" not in summary
     status, out, err = _run(["ring", "-n", str(n)])
     assert status == 0 and f"diameter          {n // 2}" in out
     assert "smallest eigenvalue -0.333333" in out

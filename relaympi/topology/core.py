@@ -22,10 +22,12 @@ from .mixing import dense_metropolis_hastings
 from .spectra import (
     DENSE_SPECTRUM_MAX_RANKS,
     SPARSE_SPECTRUM_MAX_RANKS,
+    TREE_INERTIA_MAX_HEIGHT,
     GossipExtremes,
     extremes_of,
     not_computed,
     sparse_extremes,
+    tree_extremes,
 )
 
 __all__ = ["GENERAL_DIAMETER_MAX_WORK", "LayerFacts", "Topology", "check_world_size"]
@@ -372,8 +374,9 @@ class Topology:
         """Spectral gap and smallest eigenvalue of the layer's Metropolis-Hastings matrix.
 
         A closed form where the generator knows one; otherwise the rule of relaympi.topology.spectra:
-        dense eigvalsh up to DENSE_SPECTRUM_MAX_RANKS, sparse Lanczos up to
-        SPARSE_SPECTRUM_MAX_RANKS, above that None with the reason.
+        dense eigvalsh up to DENSE_SPECTRUM_MAX_RANKS, inertia counts for trees of height (from
+        rank 0) up to TREE_INERTIA_MAX_HEIGHT, sparse Lanczos up to SPARSE_SPECTRUM_MAX_RANKS,
+        above that None with the reason.
         """
         layer = self._layer(layer)
 
@@ -384,6 +387,14 @@ class Topology:
                 return extremes_of(facts.eigenvalues())
             if n <= DENSE_SPECTRUM_MAX_RANKS:
                 return extremes_of(np.linalg.eigvalsh(self.mixing_matrix(layer)))
+            if len(self._edges[layer]) == n - 1:
+                order, parent = csgraph.breadth_first_order(
+                    self._adjacency(layer), 0, directed=True, return_predecessors=True
+                )
+                depth = self.hops_from(0, layer)
+                if depth.max() <= TREE_INERTIA_MAX_HEIGHT:
+                    parent = np.where(parent < 0, -1, parent)  # scipy marks the root with -9999
+                    return tree_extremes(n, self._edges[layer], parent, depth)
             if n <= SPARSE_SPECTRUM_MAX_RANKS:
                 return sparse_extremes(n, self._edges[layer])
             return not_computed(n)

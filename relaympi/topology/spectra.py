@@ -4,15 +4,18 @@ Closed forms for the fixed families (every entry is a function of n alone), and 
 every other graph:
 
   n <= DENSE_SPECTRUM_MAX_RANKS    numpy's eigvalsh on the dense matrix (~0.2 s at 1024 ranks);
+  a tree of height <= 64           (from rank 0; binary trees, double binary trees, spanning trees
+                                   of hypercubes and exponential graphs) exact counts of
+                                   eigenvalues below shifts (Sylvester's law of inertia,
+                                   tree_extremes), any n: 0.7 s for double binary trees at 10^5;
   n <= SPARSE_SPECTRUM_MAX_RANKS   ARPACK Lanczos (scipy eigsh) on the sparse matrix, shift-invert
                                    around each end of the spectrum, at most LANCZOS_MAX_ITERATIONS
                                    restarts; a run that does not converge reports nothing;
   larger n                         not computed (None, with the reason).
 
-Lanczos converges in well under a second on binary trees up to 16384 ranks, but their spectra
-cluster at both ends as n grows (a 100,000-rank binary tree: ~4 s for its smallest eigenvalue
-alone); path-like graphs (a ring's spanning tree, a ring with a chord), whose eigenvalues lie
-~1/n^2 apart, exhaust the iteration cap already at ~1000 ranks and report "did not converge".
+Lanczos is quick on binary trees, but path-like graphs (a ring's spanning tree, a ring with a
+chord), whose eigenvalues lie ~1/n^2 apart, exhaust its iteration cap already at ~1000 ranks
+and report "did not converge"; so do deep trees, beyond the inertia counts' height limit.
 
 Closed forms (W = MH matrix; a d-regular graph has W = (I + A) / (d + 1), A the adjacency):
 - circulant graphs (ring: offsets {1, n-1}; SGP's exponential graph: {+-2^k mod n}) have
@@ -39,6 +42,7 @@ from scipy.sparse.linalg import ArpackError, ArpackNoConvergence, eigsh
 __all__ = [
     "DENSE_SPECTRUM_MAX_RANKS",
     "SPARSE_SPECTRUM_MAX_RANKS",
+    "TREE_INERTIA_MAX_HEIGHT",
     "GossipExtremes",
     "chain_spectrum",
     "circulant_spectrum",
@@ -49,12 +53,16 @@ __all__ = [
     "sparse_metropolis_hastings",
     "sparse_extremes",
     "star_spectrum",
+    "tree_extremes",
 ]
 
 DENSE_SPECTRUM_MAX_RANKS = 1024
 SPARSE_SPECTRUM_MAX_RANKS = 16384
 LANCZOS_MAX_ITERATIONS = 100  # ARPACK restarts per end of the spectrum (20 Lanczos vectors each)
 _LANCZOS_TOLERANCE = 1e-12
+TREE_INERTIA_MAX_HEIGHT = 64  # levels are numpy steps: binary trees have log2 n, paths n / 2
+_SHIFTS = 3  # shifts per bracket and round: each round narrows a bracket 4x
+_ROUNDS = 26  # 2 / 4^26 < 1e-15
 
 
 @dataclass(frozen=True)
@@ -164,7 +172,61 @@ def not_computed(world_size: int) -> GossipExtremes:
     """What a summary says about a graph with no closed form above SPARSE_SPECTRUM_MAX_RANKS."""
     return GossipExtremes(
         None, None,
-        f"not computed for n > {SPARSE_SPECTRUM_MAX_RANKS} (no closed form for this graph; "
-        f"sparse Lanczos converges slowly beyond)",
+        f"not computed for n > {SPARSE_SPECTRUM_MAX_RANKS} (no closed form, not a tree of height "
+        f"<= {TREE_INERTIA_MAX_HEIGHT}; sparse Lanczos converges slowly beyond)",
     )
 
+
+
+# -- trees: Sylvester's law of inertia ------------------------------------------------------
+
+
+
+def tree_extremes(world_size: int, edges: np.ndarray, parent: np.ndarray, depth: np.ndarray) -> GossipExtremes:
+    """Gap and smallest eigenvalue of a tree's MH matrix W by counting eigenvalues below shifts.
+
+    Eliminating leaves first, W - s I = L D L^T with D_v = W_vv - s - sum_{children c} W_vc^2 / D_c
+    (a tree has no fill-in), and by Sylvester's law of inertia the number of negative D_v is the
+    number of eigenvalues below s. A rank's D depends only on its children, so all ranks of one
+    depth are one numpy step, for all shifts at once: the smallest eigenvalue is where the count
+    reaches 1, lambda_2 where it reaches n - 1 (1 is simple on a connected graph). Each round
+    narrows both brackets 4x; 26 rounds take them from [-1, 1] below 1e-15. O(n) work and
+    O(height) numpy steps per round. `parent` (-1 at the root) and `depth` come from one BFS.
+    """
+    n = world_size
+    i, j = edges[:, 0], edges[:, 1]
+    degree = np.bincount(np.concatenate([i, j]), minlength=n)
+    w = 1.0 / (1.0 + np.maximum(degree[i], degree[j]))
+    diagonal = 1.0 - np.bincount(i, weights=w, minlength=n) - np.bincount(j, weights=w, minlength=n)
+    child = np.where(parent[i] == j, i, j)  # the endpoint farther from the root
+    to_parent = np.zeros(n)
+    to_parent[child] = w**2  # W_{c, parent(c)}^2 per child c
+    levels = []  # per depth, deepest first: ranks sorted by parent, and where each parent's run starts
+    for d in range(int(depth.max()), -1, -1):
+        ranks = np.flatnonzero(depth == d)
+        ranks = ranks[np.argsort(parent[ranks], kind="stable")]
+        parents, starts = np.unique(parent[ranks], return_index=True)
+        levels.append((ranks, parents, starts))
+    brackets = np.array([[-1.0, 1.0], [-1.0, 1.0]])  # the smallest eigenvalue; lambda_2
+    targets = (1, n - 1)  # the count of eigenvalues below s that each bracket looks for
+    steps = np.arange(1, _SHIFTS + 1) / (_SHIFTS + 1)
+    for _ in range(_ROUNDS):
+        shifts = brackets[:, :1] + (brackets[:, 1:] - brackets[:, :1]) * steps  # [2, S]
+        flat = shifts.ravel()
+        below = np.zeros(flat.size, dtype=np.int64)
+        incoming = np.zeros((n, flat.size))  # sum over children of W_vc^2 / D_c
+        for ranks, parents, starts in levels:
+            d = diagonal[ranks, None] - flat[None, :] - incoming[ranks]
+            d[d == 0.0] = -1e-300  # an exact zero pivot: s is an eigenvalue; count it as below
+            below += (d < 0).sum(axis=0)
+            if parents[0] >= 0:  # not the root's level
+                incoming[parents] += np.add.reduceat(to_parent[ranks, None] / d, starts, axis=0)
+        below = below.reshape(2, _SHIFTS)
+        for b in range(2):
+            reached = np.flatnonzero(below[b] >= targets[b])
+            first = int(reached[0]) if reached.size else _SHIFTS
+            low = shifts[b, first - 1] if first > 0 else brackets[b, 0]
+            high = shifts[b, first] if first < _SHIFTS else brackets[b, 1]
+            brackets[b] = (low, high)
+    lowest, second = brackets.mean(axis=1)
+    return GossipExtremes(float(1.0 - max(second, abs(lowest))), float(lowest))
