@@ -107,7 +107,9 @@ def chain_spectrum(world_size: int) -> np.ndarray:
     n = world_size
     if n == 2:
         return np.array([0.0, 1.0])
-    return np.sort((1.0 + 2.0 * np.cos(np.pi * np.arange(n) / n)) / 3.0)
+    eigenvalues = (1.0 + 2.0 * np.cos(np.pi * np.arange(n) / n)) / 3.0
+    eigenvalues[np.abs(eigenvalues) < 1e-13] = 0.0  # cos(2 pi / 3) = -1/2 to rounding, as for circulants
+    return np.sort(eigenvalues)
 
 
 def star_spectrum(world_size: int) -> np.ndarray:
