@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
-import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from relaympi.algorithms import lr_correction
 from relaympi.algorithms.d2_rule import D2_MIN_EIGENVALUE, d2_allows
-
 from relaympi.entrypoint import UsageParser
 
 from .core import Topology
@@ -20,41 +21,127 @@ from .errors import TopologyError
 from .registry import EDGE_LIST, SPANNING_TREE_PREFIX, TOPOLOGY_NAMES, build
 from .schedule import ExponentialSchedule
 
-__all__ = ["MAX_DESCRIBED_WORLD_SIZE", "describe", "main"]
+__all__ = ["MAX_DESCRIBED_EDGES", "describe", "main"]
 
-# The summary holds dense n x n matrices (hop distances tau_ij, Metropolis-Hastings weights; 8 n^2
-# bytes each), their O(n^3) eigenvalues and RelaySGD's lr-correction simulation (O(n^2) Python
-# work per layer): double binary trees over 1000 ranks take ~10 s on one core, 4000 ranks ~6 minutes
-# (128 MiB per matrix); 100000 ranks would need 74.5 GiB per matrix. Larger worlds are refused
-# before anything is built.
-MAX_DESCRIBED_WORLD_SIZE = 4096
+# The summary lists every edge; all else it prints takes O(n + m) time and memory or is left out
+# above a stated size (relaympi.topology.spectra, core.GENERAL_DIAMETER_MAX_WORK). Edges are written
+# from their arrays 65536 at a time: 2^22 of them (fully-connected -n 2896) take ~3 s of CPU and
+# ~0.5 GB here. More are refused before anything is built: fully-connected has n (n - 1) / 2 edges,
+# 5e9 at 100000 ranks.
+MAX_DESCRIBED_EDGES = 2**22
 
 
-def describe(topology: Topology) -> dict[str, Any]:
+def _edges_to_build(name: str, n: int) -> int | None:
+    """Edges that building `name` over n ranks creates (a spanning tree: its base's too), without
+    building it; None where only the file knows (edge lists) or build() refuses the size."""
+    if name.startswith(SPANNING_TREE_PREFIX):
+        base = _edges_to_build(name[len(SPANNING_TREE_PREFIX) :], n)
+        return None if base is None else base + n - 1
+    bits = n.bit_length() - 1
+    power_of_two = n >= 2 and n == 1 << bits
+    counts = {
+        "ring": n if n >= 3 else None,
+        "chain": n - 1 if n >= 2 else None,
+        "star": n - 1 if n >= 2 else None,
+        "binary-tree": n - 1 if n >= 2 else None,
+        "double-binary-trees": 2 * (n - 1) if n >= 2 else None,
+        "fully-connected": n * (n - 1) // 2 if n >= 1 else None,
+        "hypercube": n * bits // 2 if power_of_two else None,
+        # offsets 1, 2, ..., n/4 give n edges each; offset n/2 pairs each rank with one other
+        "exponential": (1 if n == 2 else n * (bits - 1) + n // 2) if power_of_two else None,
+    }
+    return counts.get(name)
+
+
+def describe(topology: Topology, *, edge_arrays: bool = False) -> dict[str, Any]:
     """Topology.to_dict() with what the algorithms make of it (RelaySGD's learning-rate correction,
-    None unless every layer is a tree; whether D² may gossip on each layer), plus the SGP schedule
-    (period, offsets, peers per round) for "exponential"."""
-    summary = topology.to_dict()
-    gossip = {key: summary.pop(key) for key in ("spectral_gap", "min_eigenvalue")}  # the keys keep their order
+    None unless every layer is a tree; whether D² may gossip on each layer, None where the smallest
+    eigenvalue is not computed), plus the SGP schedule (period, offsets, peers per round) for
+    "exponential". edge_arrays=True: edges and peers as numpy arrays (the command line streams
+    them; _json_chunks writes exactly what json.dumps writes for the lists)."""
+    summary = topology.to_dict(edge_arrays=edge_arrays)
+    later = ("spectral_gap", "min_eigenvalue", "not_computed")
+    gossip = {key: summary.pop(key) for key in later if key in summary}  # the keys keep their order
     summary["lr_correction"] = lr_correction(topology) if topology.is_tree else None
     summary |= gossip
-    allowed = [d2_allows(low) for low in _per_layer(summary, "min_eigenvalue")]
+    allowed = [None if low is None else d2_allows(low) for low in _per_layer(summary, "min_eigenvalue")]
     summary["d2_allowed"] = allowed[0] if topology.num_layers == 1 else allowed
+    if "not_computed" in summary:  # last, so that small topologies keep their keys' order
+        summary["not_computed"] = summary.pop("not_computed")
     if topology.name == "exponential":
         schedule = ExponentialSchedule(topology.world_size)
-        ranks = range(topology.world_size)
         rounds = range(schedule.period)
         summary["schedule"] = {
             "period": schedule.period,
             "offsets": [schedule.offset(k) for k in rounds],
-            "send_peers": [[schedule.send_peer(k, r) for r in ranks] for k in rounds],
-            "recv_peers": [[schedule.recv_peer(k, r) for r in ranks] for k in rounds],
+            "send_peers": [_listed(schedule.send_peers(k), edge_arrays) for k in rounds],
+            "recv_peers": [_listed(schedule.recv_peers(k), edge_arrays) for k in rounds],
         }
     return summary
 
 
+def _listed(values: np.ndarray, as_array: bool) -> np.ndarray | list:
+    return values if as_array else values.tolist()
+
+
+_CHUNK = 1 << 16  # rows turned into Python objects at a time
+
+
+def _joined(first: np.ndarray, second: np.ndarray, pattern: str, separator: str) -> str:
+    """separator.join(pattern.format(i, j) for i, j in zip(first, second)), 65536 pairs at a time."""
+    pieces = []
+    for lo in range(0, len(first), _CHUNK):
+        hi = lo + _CHUNK
+        pieces.append(separator.join(map(pattern.format, first[lo:hi].tolist(), second[lo:hi].tolist())))
+    return separator.join(pieces)
+
+
+def _json_chunks(value: Any) -> Iterator[str]:
+    """json.dumps(value) in pieces, with numpy arrays written as the lists they hold."""
+    if isinstance(value, np.ndarray):
+        if value.ndim == 2:
+            yield "[" + _joined(value[:, 0], value[:, 1], "[{}, {}]", ", ") + "]"
+        else:
+            yield "[" + ", ".join(map(str, value.tolist())) + "]"
+    elif isinstance(value, dict):
+        yield "{"
+        for index, (key, item) in enumerate(value.items()):
+            yield (", " if index else "") + json.dumps(key) + ": "
+            yield from _json_chunks(item)
+        yield "}"
+    elif isinstance(value, list) and any(isinstance(item, (np.ndarray, list, dict)) for item in value):
+        yield "["
+        for index, item in enumerate(value):
+            if index:
+                yield ", "
+            yield from _json_chunks(item)
+        yield "]"
+    else:
+        yield json.dumps(value)
+
+
+def _wrap(text: str, indent: str, width: int = 78) -> list[str]:
+    """textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent) for text of
+    words separated by single spaces, each shorter than a line, with no letters around hyphens:
+    one rfind per line (textwrap takes seconds on a million words)."""
+    room = width - len(indent)
+    lines = []
+    start, end = 0, len(text)
+    while end - start > room:
+        cut = text.rfind(" ", start, start + room + 1)  # a space may end the line exactly at room
+        lines.append(indent + text[start:cut])
+        start = cut + 1
+    if start < end:
+        lines.append(indent + text[start:])
+    return lines
+
+
 def _per_layer(summary: dict[str, Any], key: str) -> list:
     return [summary[key]] if summary["num_layers"] == 1 else list(summary[key])
+
+
+def _or_reason(value: Any, summary: dict[str, Any], key: str) -> str:
+    return str(value) if value is not None else summary["not_computed"][key]
 
 
 def _text(summary: dict[str, Any]) -> str:
@@ -67,15 +154,14 @@ def _text(summary: dict[str, Any]) -> str:
            "np.array_split(arange(d), layers)[k])" if layers > 1 else ""),
     ]
     for k, edges in enumerate(_per_layer(summary, "edges")):
-        pairs = " ".join(f"{i}-{j}" for i, j in edges)
         label = f"edges (layer {k})" if layers > 1 else "edges"
-        wrapped = textwrap.wrap(pairs, width=78, initial_indent="  ", subsequent_indent="  ")
         lines.append(f"{label}: {len(edges)}")
-        lines.extend(wrapped)
+        edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+        lines.extend(_wrap(_joined(edges[:, 0], edges[:, 1], "{}-{}", " "), "  "))
     lines += [
         f"max degree        {summary['max_degree']}",
         f"models per step   {summary['models_per_step']:g}  (max over ranks)",
-        f"diameter          {summary['diameter']}",
+        f"diameter          {_or_reason(summary['diameter'], summary, 'diameter')}",
         f"tree              {'yes' if summary['is_tree'] else 'no'}",
     ]
     if summary["lr_correction"] is not None:
@@ -89,6 +175,10 @@ def _text(summary: dict[str, Any]) -> str:
     allowed = _per_layer(summary, "d2_allowed")
     for k, (gap, low, d2) in enumerate(zip(gaps, lowest, allowed, strict=True)):
         where = f" (layer {k})" if layers > 1 else ""
+        if gap is None or low is None:
+            reason = summary["not_computed"]["spectral_gap" if gap is None else "min_eigenvalue"]
+            lines.append(f"Metropolis-Hastings{where}: spectral gap and smallest eigenvalue {reason}")
+            continue
         verdict = "allowed" if d2 else "not allowed, use (W + I) / 2"
         lines.append(
             f"Metropolis-Hastings{where}: spectral gap {gap:.6g}, smallest eigenvalue {low:.6g} "
@@ -102,11 +192,9 @@ def _text(summary: dict[str, Any]) -> str:
         )
         lines.append("                  1 model per rank per round; SGP runs 2 rounds per step")
         for k, offset in enumerate(schedule["offsets"]):
-            peers = " ".join(f"{i}->{j}" for i, j in enumerate(schedule["send_peers"][k]))
             lines.append(f"  round {k} (offset {offset}):")
-            lines.extend(
-                textwrap.wrap(peers, width=78, initial_indent="    ", subsequent_indent="    ")
-            )
+            peers = np.asarray(schedule["send_peers"][k])
+            lines.extend(_wrap(_joined(np.arange(len(peers)), peers, "{}->{}", " "), "    "))
     return "\n".join(lines)
 
 
@@ -133,19 +221,53 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _largest_hint(name: str) -> str:
+    """ (NAME: at most -n N) for the largest accepted n, searched over 1..2^40."""
+    low, high = 1, 2**40
+    while low < high:  # edge counts grow with n (for the sizes a family accepts)
+        middle = (low + high + 1) // 2
+        count = _max_edges_up_to(name, middle)
+        if count is not None and count > MAX_DESCRIBED_EDGES:
+            high = middle - 1
+        else:
+            low = middle
+    if _edges_to_build(name, low) is None and low >= 2:  # a family of powers of two
+        low = 1 << (low.bit_length() - 1)
+    return f" ({name}: at most -n {low})" if _edges_to_build(name, low) is not None else ""
+
+
+def _max_edges_up_to(name: str, n: int) -> int | None:
+    """_edges_to_build at n or, for families of powers of two, at the largest power of two <= n."""
+    count = _edges_to_build(name, n)
+    if count is None and n >= 2:
+        count = _edges_to_build(name, 1 << (n.bit_length() - 1))
+    return count
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2 on bad input)."""
     args = _parser().parse_args(argv)
-    if args.world_size > MAX_DESCRIBED_WORLD_SIZE:
-        gib = 8 * args.world_size**2 / 2**30
-        print(f"error: -n {args.world_size} is too large to describe: the summary builds dense n x n matrices "
-              f"({gib:.1f} GiB each at this n) and their eigenvalues; use at most -n {MAX_DESCRIBED_WORLD_SIZE}", file=sys.stderr)
+    edges = _edges_to_build(args.name, args.world_size)
+    if edges is not None and edges > MAX_DESCRIBED_EDGES:
+        print(f"error: -n {args.world_size} is too large to describe {args.name}: it takes {edges} edges to "
+              f"build; the summary lists at most {MAX_DESCRIBED_EDGES}{_largest_hint(args.name)}", file=sys.stderr)
         return 2
+    # Writing 10^6 edges allocates millions of small objects; the cyclic collector would rescan
+    # them at every allocation threshold (up to 5x the time) and has no cycles to find in them.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         topology = build(args.name, args.world_size, root=args.root, edge_list=args.edge_list)
-        summary = describe(topology)
+        summary = describe(topology, edge_arrays=True)
+        if args.json:
+            sys.stdout.writelines(_json_chunks(summary))
+            sys.stdout.write("\n")
+        else:
+            print(_text(summary))
     except TopologyError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(json.dumps(summary) if args.json else _text(summary))
+    finally:
+        if collecting:
+            gc.enable()
     return 0

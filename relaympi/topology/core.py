@@ -1,18 +1,40 @@
-"""The Topology value: one or more graph layers over ranks 0..n-1, and what follows from them."""
+"""The Topology value: one or more graph layers over ranks 0..n-1, and what follows from them.
+
+A layer is held as its sorted edge array and compressed adjacency (O(n + m) memory), so a
+topology over 100,000 ranks builds in a fraction of a second; the networkx view (``layers``)
+is built on first use, and dense n x n matrices (``delays``, ``mixing_matrix``) only when an
+algorithm or a test asks for them.
+"""
 
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
 import numpy as np
+from scipy.sparse import csgraph, csr_matrix
 
 from .errors import TopologyError
-from .mixing import metropolis_hastings, min_eigenvalue, spectral_gap
+from .mixing import dense_metropolis_hastings
+from .spectra import (
+    DENSE_SPECTRUM_MAX_RANKS,
+    SPARSE_SPECTRUM_MAX_RANKS,
+    TREE_INERTIA_MAX_HEIGHT,
+    GossipExtremes,
+    extremes_of,
+    not_computed,
+    sparse_extremes,
+    tree_extremes,
+)
 
-__all__ = ["Topology", "check_world_size"]
+__all__ = ["GENERAL_DIAMETER_MAX_WORK", "LayerFacts", "Topology", "check_world_size"]
+
+# A summary computes the diameter of a graph that is neither a tree nor vertex-transitive by a
+# BFS from every rank, n * (n + m) steps; above this much work it says "not computed" instead.
+GENERAL_DIAMETER_MAX_WORK = 10**8
 
 
 def check_world_size(world_size: Any, *, what: str = "world_size", minimum: int = 1) -> int:
@@ -28,35 +50,85 @@ def check_world_size(world_size: Any, *, what: str = "world_size", minimum: int 
     return value
 
 
-def _canonical_layer(graph: Any, world_size: int, name: str, index: int) -> nx.Graph:
-    """A frozen copy of graph with nodes 0..n-1 inserted in order and edges sorted (i < j)."""
+def _canonical_edges(layer: Any, world_size: int, name: str, index: int) -> tuple[np.ndarray, csr_matrix]:
+    """The edges of a layer (a networkx graph or an [m, 2] integer array) as a sorted, read-only
+    [m, 2] int64 array with i < j in every row, and its adjacency (_csr); checks ranks,
+    self-loops and connectivity."""
     where = f"layer {index} of topology {name!r}"
-    if not isinstance(graph, nx.Graph) or graph.is_directed() or graph.is_multigraph():
+    n = world_size
+    if isinstance(layer, np.ndarray):
+        if layer.dtype.kind not in "iu" or layer.ndim != 2 or layer.shape[1] != 2:
+            raise TopologyError(
+                f"{where} must be an [m, 2] integer array of edges, got {layer.dtype} {layer.shape}"
+            )
+        edges = layer.astype(np.int64, copy=False)
+        outside = (edges < 0) | (edges >= n)
+        if outside.any():
+            bad = tuple(int(r) for r in edges[outside.any(axis=1)][0])
+            raise TopologyError(f"{where} has edge {bad} outside ranks 0..{n - 1}")
+    elif isinstance(layer, nx.Graph) and not layer.is_directed() and not layer.is_multigraph():
+        if set(layer.nodes) != set(range(n)):
+            extra = sorted((set(layer.nodes) - set(range(n))), key=repr)[:5]
+            missing = sorted(set(range(n)) - set(layer.nodes))[:5]
+            raise TopologyError(
+                f"{where} must have nodes exactly 0..{n - 1}; "
+                f"unexpected nodes {extra}, missing ranks {missing}"
+            )
+        edges = np.array(list(layer.edges()), dtype=np.int64).reshape(-1, 2)
+    else:
         raise TopologyError(
-            f"{where} must be an undirected simple networkx.Graph, got {type(graph).__name__}"
+            f"{where} must be an undirected simple networkx.Graph, got {type(layer).__name__}"
         )
-    if set(graph.nodes) != set(range(world_size)):
-        extra = sorted((set(graph.nodes) - set(range(world_size))), key=repr)[:5]
-        missing = sorted(set(range(world_size)) - set(graph.nodes))[:5]
+    loops = np.unique(edges[edges[:, 0] == edges[:, 1], 0])
+    if loops.size:
         raise TopologyError(
-            f"{where} must have nodes exactly 0..{world_size - 1}; "
-            f"unexpected nodes {extra}, missing ranks {missing}"
+            f"{where} has self-loops at ranks {loops[:5].tolist()}; self-loops are not allowed"
         )
-    loops = sorted(node for node, _ in nx.selfloop_edges(graph))
-    if loops:
-        raise TopologyError(
-            f"{where} has self-loops at ranks {loops[:5]}; self-loops are not allowed"
-        )
-    if not nx.is_connected(graph):
-        components = sorted((sorted(c) for c in nx.connected_components(graph)), key=lambda c: c[0])
-        raise TopologyError(
-            f"{where} is disconnected ({len(components)} components); "
-            f"e.g. rank {components[1][0]} cannot reach rank 0"
-        )
-    canonical = nx.Graph()
-    canonical.add_nodes_from(range(world_size))
-    canonical.add_edges_from(sorted((min(i, j), max(i, j)) for i, j in graph.edges()))
-    return nx.freeze(canonical)
+    keys = np.minimum(edges[:, 0], edges[:, 1]) * n + np.maximum(edges[:, 0], edges[:, 1])
+    keys.sort()  # np.unique's hashing is ~100x slower than sorting the (usually sorted) keys
+    keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])] if keys.size else keys
+    edges = np.stack([keys // n, keys % n], axis=1)
+    adjacency = _csr(n, edges)
+    if n > 1:
+        # symmetric: strong components are the components, without scipy adding the transpose
+        count, labels = csgraph.connected_components(adjacency, directed=True, connection="strong")
+        if count > 1:
+            _, first_rank = np.unique(labels, return_index=True)  # lowest rank of each component
+            second = int(np.sort(first_rank)[1])
+            raise TopologyError(
+                f"{where} is disconnected ({count} components); "
+                f"e.g. rank {second} cannot reach rank 0"
+            )
+    edges.flags.writeable = False
+    return edges, adjacency
+
+
+def _csr(world_size: int, edges: np.ndarray) -> csr_matrix:
+    """Symmetric 0/1 adjacency of the edges (row r's columns: r's neighbours, ascending)."""
+    rows = np.concatenate([edges[:, 0], edges[:, 1]])
+    cols = np.concatenate([edges[:, 1], edges[:, 0]])
+    adjacency = csr_matrix((np.ones(rows.size, dtype=np.int8), (rows, cols)), shape=(world_size, world_size))
+    adjacency.sort_indices()
+    return adjacency
+
+
+def _hops_from(adjacency: csr_matrix, sources: np.ndarray | int) -> np.ndarray:
+    """BFS hop counts from each source (rows) to every rank; O(n + m) per source, in C."""
+    # directed=True: the adjacency is symmetric already, and scipy would otherwise add its transpose
+    return csgraph.shortest_path(adjacency, unweighted=True, directed=True, indices=sources)
+
+
+@dataclass(frozen=True)
+class LayerFacts:
+    """What a generator knows about one of its layers without computing it.
+
+    Claims, not checks: tests/test_topo_scale.py holds each family's facts to the generic
+    computation (BFS from every rank, numpy's eigvalsh) at small n.
+    """
+
+    family: str  # the closed form's name, e.g. "ring"
+    vertex_transitive: bool = False  # every rank sees the same graph: diameter = eccentricity of rank 0
+    eigenvalues: Callable[[], np.ndarray] | None = None  # all n Metropolis-Hastings eigenvalues
 
 
 def coordinate_blocks(numel: int, num_layers: int) -> tuple[slice, ...]:
@@ -70,43 +142,56 @@ def coordinate_blocks(numel: int, num_layers: int) -> tuple[slice, ...]:
     return tuple(slice(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True))
 
 
-@dataclass(frozen=True, eq=False)
 class Topology:
     """A named communication topology over ranks 0..world_size-1.
 
     Most topologies have one layer. Double binary trees have two: layer k carries block k
     of the flat buffer's coordinates, ``np.array_split(np.arange(d), num_layers)[k]``
     (contiguous halves, as NCCL splits data between its two trees; see ``coordinate_blocks``).
-    Layers are frozen connected simple graphs; equality compares name, world size and edges.
+    A layer is given as a networkx graph or an [m, 2] integer array of edges; it must be a
+    connected simple graph over all ranks. The value is frozen; equality compares name, world
+    size and edges. ``facts`` (generators only) carry closed forms, one LayerFacts per layer.
     """
 
-    name: str
-    world_size: int
-    layers: tuple[nx.Graph, ...]
+    __slots__ = ("name", "world_size", "_edges", "_facts", "_cache")
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise TopologyError(f"topology name must be a non-empty string, got {self.name!r}")
-        world_size = check_world_size(self.world_size)
-        layers = self.layers
-        if isinstance(layers, nx.Graph):
+    def __init__(
+        self,
+        name: str,
+        world_size: int,
+        layers: Any,
+        *,
+        facts: tuple[LayerFacts | None, ...] | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise TopologyError(f"topology name must be a non-empty string, got {name!r}")
+        world_size = check_world_size(world_size)
+        if isinstance(layers, (nx.Graph, np.ndarray)):
             layers = (layers,)
         layers = tuple(layers)
         if not layers:
-            raise TopologyError(f"topology {self.name!r} needs at least one layer, got none")
-        frozen = tuple(_canonical_layer(g, world_size, self.name, k) for k, g in enumerate(layers))
-        object.__setattr__(self, "world_size", world_size)
-        object.__setattr__(self, "layers", frozen)
-        object.__setattr__(self, "_cache", {})
+            raise TopologyError(f"topology {name!r} needs at least one layer, got none")
+        canonical = [_canonical_edges(g, world_size, name, k) for k, g in enumerate(layers)]
+        edges = tuple(e for e, _ in canonical)
+        facts = tuple(facts) if facts is not None else (None,) * len(edges)
+        if len(facts) != len(edges):
+            raise TopologyError(f"expecting {len(edges)} layer facts, got {len(facts)}")
+        for key, value in (("name", name), ("world_size", world_size), ("_edges", edges),
+                           ("_facts", facts), ("_cache", {})):
+            object.__setattr__(self, key, value)
+        for k, (_, adjacency) in enumerate(canonical):
+            self._cache[("adjacency", k)] = adjacency
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError(f"Topology is immutable: cannot set {key!r}")
+
+    def __reduce__(self) -> tuple:
+        return (_rebuild, (self.name, self.world_size, self._edges, self._facts))
 
     # -- identity -------------------------------------------------------------------------
 
     def _key(self) -> tuple:
-        return (
-            self.name,
-            self.world_size,
-            tuple(tuple(self.edges(k)) for k in range(self.num_layers)),
-        )
+        return (self.name, self.world_size, tuple(e.tobytes() for e in self._edges))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Topology):
@@ -124,16 +209,29 @@ class Topology:
     @property
     def num_layers(self) -> int:
         """Number of graph layers (2 for double binary trees, 1 otherwise)."""
-        return len(self.layers)
+        return len(self._edges)
 
-    def _layer(self, layer: int) -> nx.Graph:
+    @property
+    def layers(self) -> tuple[nx.Graph, ...]:
+        """The layers as frozen networkx graphs (nodes 0..n-1 in order, edges sorted); built on first use."""
+        if "layers" not in self._cache:
+            graphs = []
+            for edges in self._edges:
+                graph = nx.Graph()
+                graph.add_nodes_from(range(self.world_size))
+                graph.add_edges_from(edges.tolist())
+                graphs.append(nx.freeze(graph))
+            self._cache["layers"] = tuple(graphs)
+        return self._cache["layers"]
+
+    def _layer(self, layer: int) -> int:
         if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
             raise TopologyError(f"layer must be an integer, got {layer!r}")
         if not 0 <= layer < self.num_layers:
             raise TopologyError(
                 f"layer must be in [0, {self.num_layers}) for topology {self.name!r}, got {layer}"
             )
-        return self.layers[layer]
+        return int(layer)
 
     def _rank(self, rank: int) -> int:
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
@@ -142,46 +240,118 @@ class Topology:
             raise TopologyError(f"rank must be in [0, {self.world_size}), got {rank}")
         return int(rank)
 
+    def _cached(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
+
+    def _adjacency(self, layer: int) -> csr_matrix:
+        """Symmetric CSR adjacency of a layer; row r's column indices are r's neighbours, ascending."""
+        return self._cache[("adjacency", layer)]  # built with the edges
+
+    def degrees(self, layer: int = 0) -> np.ndarray:
+        """Degree of every rank in the given layer, shape [n]."""
+        return np.diff(self._adjacency(self._layer(layer)).indptr)
+
     def neighbors(self, rank: int, layer: int = 0) -> tuple[int, ...]:
         """Neighbours of rank in the given layer, sorted ascending."""
-        return tuple(sorted(self._layer(layer).neighbors(self._rank(rank))))
+        adjacency = self._adjacency(self._layer(layer))
+        rank = self._rank(rank)
+        return tuple(adjacency.indices[adjacency.indptr[rank] : adjacency.indptr[rank + 1]].tolist())
 
     def degree(self, rank: int, layer: int = 0) -> int:
         """Number of neighbours of rank in the given layer."""
-        return int(self._layer(layer).degree(self._rank(rank)))
+        adjacency = self._adjacency(self._layer(layer))
+        rank = self._rank(rank)
+        return int(adjacency.indptr[rank + 1] - adjacency.indptr[rank])
 
     def edges(self, layer: int = 0) -> list[tuple[int, int]]:
         """Edges (i, j) with i < j of the given layer, sorted."""
-        return sorted((min(i, j), max(i, j)) for i, j in self._layer(layer).edges())
+        return list(map(tuple, self._edges[self._layer(layer)].tolist()))
+
+    def edge_array(self, layer: int = 0) -> np.ndarray:
+        """edges(layer) as a read-only [m, 2] int64 array (no Python objects per edge)."""
+        return self._edges[self._layer(layer)]
+
+    def hops_from(self, rank: int, layer: int = 0) -> np.ndarray:
+        """Hop distance from rank to every rank in the given layer (one BFS), shape [n], int64."""
+        rank, layer = self._rank(rank), self._layer(layer)
+        return _hops_from(self._adjacency(layer), rank).astype(np.int64)
 
     @property
     def is_tree(self) -> bool:
         """Whether every layer is a tree spanning all world_size ranks."""
-        return all(g.number_of_edges() == self.world_size - 1 for g in self.layers)  # connected
+        return all(len(e) == self.world_size - 1 for e in self._edges)  # connected
 
     def delays(self, layer: int = 0) -> np.ndarray:
-        """Hop distances tau_ij between all ranks in the given layer (tau_ii = 0), shape [n, n]."""
-        graph = self._layer(layer)
-        key = ("delays", int(layer))
-        if key not in self._cache:
+        """Hop distances tau_ij between all ranks in the given layer (tau_ii = 0), shape [n, n].
+
+        Dense by nature (8 n^2 bytes): for algorithms and tests at small n.
+        """
+        layer = self._layer(layer)
+
+        def compute() -> np.ndarray:
+            return _hops_from(self._adjacency(layer), np.arange(self.world_size)).astype(np.int64)
+
+        return self._cached(("delays", layer), compute).copy()
+
+    def _diameter_method(self, layer: int) -> str | None:
+        """How layer's diameter is found cheaply: "tree" (two BFS), "transitive" (one BFS),
+        "all-pairs" (BFS from every rank, within GENERAL_DIAMETER_MAX_WORK), or None."""
+        if len(self._edges[layer]) == self.world_size - 1:
+            return "tree"
+        facts = self._facts[layer]
+        if facts is not None and facts.vertex_transitive:
+            return "transitive"
+        if self.world_size * (self.world_size + len(self._edges[layer])) <= GENERAL_DIAMETER_MAX_WORK:
+            return "all-pairs"
+        return None
+
+    def layer_diameter(self, layer: int = 0) -> int:
+        """Largest hop distance between two ranks in the given layer.
+
+        A tree: BFS from rank 0 to a farthest rank u, then from u: the farthest distance from u
+        is the diameter (the farthest rank from any rank ends a longest path). A vertex-transitive
+        layer (ring, hypercube, exponential, fully connected): eccentricity of rank 0. Otherwise
+        BFS from every rank, in chunks of sources that keep memory O(n) per chunk.
+        """
+        layer = self._layer(layer)
+
+        def compute() -> int:
             n = self.world_size
-            tau = np.zeros((n, n), dtype=np.int64)
-            for source, lengths in nx.all_pairs_shortest_path_length(graph):
-                for target, hops in lengths.items():
-                    tau[source, target] = hops
-            self._cache[key] = tau
-        return self._cache[key].copy()
+            if n == 1:
+                return 0
+            adjacency = self._adjacency(layer)
+            method = self._diameter_method(layer)
+            if method in ("tree", "transitive"):
+                hops = _hops_from(adjacency, 0)
+                if method == "tree":
+                    hops = _hops_from(adjacency, int(np.argmax(hops)))
+                return int(hops.max())
+            chunk = max(1, 2**22 // n)
+            return max(
+                int(_hops_from(adjacency, np.arange(lo, min(lo + chunk, n))).max())
+                for lo in range(0, n, chunk)
+            )
+
+        return self._cached(("diameter", layer), compute)
 
     @property
     def diameter(self) -> int:
         """Largest hop distance between two ranks, maximized over layers."""
-        return max(int(self.delays(k).max()) for k in range(self.num_layers))
+        return max(self.layer_diameter(k) for k in range(self.num_layers))
 
     @property
     def max_degree(self) -> int:
         """Largest degree of any rank in the union of all layers."""
-        union = nx.compose_all(self.layers)
-        return max((d for _, d in union.degree()), default=0)
+        if self.num_layers == 1:
+            return int(self.degrees(0).max(initial=0))
+        n = self.world_size
+        keys = np.concatenate([e[:, 0] * n + e[:, 1] for e in self._edges])
+        keys.sort()
+        keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])]
+        union = np.bincount(np.concatenate([keys // n, keys % n]), minlength=n)
+        return int(union.max(initial=0))
 
     def coordinate_blocks(self, numel: int) -> tuple[slice, ...]:
         """The contiguous block of a flat ``numel``-vector that each layer carries."""
@@ -191,36 +361,93 @@ class Topology:
         """Models sent by rank per step: each layer carries 1/num_layers of the model to each neighbour."""
         return sum(self.degree(rank, k) for k in range(self.num_layers)) / self.num_layers
 
+    def max_models_per_step(self) -> float:
+        """models_per_step maximized over ranks."""
+        total = sum(self.degrees(k) for k in range(self.num_layers))
+        return float(total.max() / self.num_layers)
+
     def mixing_matrix(self, layer: int = 0) -> np.ndarray:
         """Metropolis-Hastings gossip matrix of the given layer, shape [n, n]."""
-        return metropolis_hastings(self._layer(layer))
+        return dense_metropolis_hastings(self.world_size, self._edges[self._layer(layer)])
+
+    def gossip_extremes(self, layer: int = 0) -> GossipExtremes:
+        """Spectral gap and smallest eigenvalue of the layer's Metropolis-Hastings matrix.
+
+        A closed form where the generator knows one; otherwise the rule of relaympi.topology.spectra:
+        dense eigvalsh up to DENSE_SPECTRUM_MAX_RANKS, inertia counts for trees of height (from
+        rank 0) up to TREE_INERTIA_MAX_HEIGHT, sparse Lanczos up to SPARSE_SPECTRUM_MAX_RANKS,
+        above that None with the reason.
+        """
+        layer = self._layer(layer)
+
+        def compute() -> GossipExtremes:
+            n = self.world_size
+            facts = self._facts[layer]
+            if facts is not None and facts.eigenvalues is not None:
+                return extremes_of(facts.eigenvalues())
+            if n <= DENSE_SPECTRUM_MAX_RANKS:
+                return extremes_of(np.linalg.eigvalsh(self.mixing_matrix(layer)))
+            if len(self._edges[layer]) == n - 1:
+                order, parent = csgraph.breadth_first_order(
+                    self._adjacency(layer), 0, directed=True, return_predecessors=True
+                )
+                depth = self.hops_from(0, layer)
+                if depth.max() <= TREE_INERTIA_MAX_HEIGHT:
+                    parent = np.where(parent < 0, -1, parent)  # scipy marks the root with -9999
+                    return tree_extremes(n, self._edges[layer], parent, depth)
+            if n <= SPARSE_SPECTRUM_MAX_RANKS:
+                return sparse_extremes(n, self._edges[layer])
+            return not_computed(n)
+
+        return self._cached(("extremes", layer), compute)
 
     # -- summary --------------------------------------------------------------------------
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, edge_arrays: bool = False) -> dict[str, Any]:
         """JSON-able summary.
 
         Multi-layer topologies give per-layer lists for edges and for the gossip quantities.
-        What the algorithms make of a topology is theirs to say (``python -m relaympi.topology``).
+        A quantity that is too costly at this size is None, and "not_computed" (present only
+        then) maps its key to the reason. edge_arrays=True gives each layer's edges as its
+        read-only [m, 2] array instead of a list of pairs (~140 bytes of Python objects per
+        edge). What the algorithms make of a topology is theirs to say (``python -m relaympi.topology``).
         """
         per_layer = range(self.num_layers)
-        edges = [[list(e) for e in self.edges(k)] for k in per_layer]
-        gaps = [spectral_gap(self.mixing_matrix(k)) for k in per_layer]
-        lowest = [min_eigenvalue(self.mixing_matrix(k)) for k in per_layer]
+        edges = [self._edges[k] if edge_arrays else self._edges[k].tolist() for k in per_layer]
+        extremes = [self.gossip_extremes(k) for k in per_layer]
+        reasons = {}
+        if all(self._diameter_method(k) is not None for k in per_layer):
+            diameter = self.diameter
+        else:
+            diameter = None
+            reasons["diameter"] = (
+                f"not computed: BFS from every rank takes n (n + m) > {GENERAL_DIAMETER_MAX_WORK} steps"
+            )
+        for key in ("spectral_gap", "min_eigenvalue"):
+            missing = [e.reason for e in extremes if getattr(e, key) is None]
+            if missing:
+                reasons[key] = missing[0]
 
         def single(values: list) -> Any:
             return values[0] if self.num_layers == 1 else values
 
-        return {
+        summary = {
             "name": self.name,
             "world_size": self.world_size,
             "num_layers": self.num_layers,
             "coordinates": "all" if self.num_layers == 1 else "blocks",
             "edges": single(edges),
-            "diameter": self.diameter,
+            "diameter": diameter,
             "max_degree": self.max_degree,
-            "models_per_step": max(self.models_per_step(r) for r in range(self.world_size)),
+            "models_per_step": self.max_models_per_step(),
             "is_tree": self.is_tree,
-            "spectral_gap": single(gaps),
-            "min_eigenvalue": single(lowest),
+            "spectral_gap": single([e.spectral_gap for e in extremes]),
+            "min_eigenvalue": single([e.min_eigenvalue for e in extremes]),
         }
+        if reasons:
+            summary["not_computed"] = reasons
+        return summary
+
+
+def _rebuild(name: str, world_size: int, edges: tuple, facts: tuple) -> Topology:
+    return Topology(name, world_size, tuple(np.array(e) for e in edges), facts=facts)

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Hashable
+from functools import partial
 from pathlib import Path
 
 import networkx as nx
+import numpy as np
 
-from .core import Topology, check_world_size
+from .core import LayerFacts, Topology, check_world_size
 from .errors import TopologyError
 from .schedule import ExponentialSchedule, is_power_of_two
+from .spectra import (
+    chain_spectrum,
+    circulant_spectrum,
+    fully_connected_spectrum,
+    hypercube_spectrum,
+    star_spectrum,
+)
 
 __all__ = [
     "ring",
@@ -37,6 +46,10 @@ def _graph(world_size: int, edges) -> nx.Graph:
     return graph
 
 
+def _pairs(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    return np.stack([np.asarray(first, dtype=np.int64), np.asarray(second, dtype=np.int64)], axis=1)
+
+
 def ring(world_size: int) -> Topology:
     """Cycle 0-1-...-(n-1)-0; needs n >= 3 (with 2 ranks it degenerates to a chain)."""
     n = check_world_size(world_size, what="ring world_size", minimum=-(2**62))
@@ -44,30 +57,35 @@ def ring(world_size: int) -> Topology:
         raise TopologyError(
             f"ring world_size must be >= 3, got {n} (with 2 ranks a ring degenerates to a chain: use 'chain')"
         )
-    return Topology("ring", n, (_graph(n, ((i, (i + 1) % n) for i in range(n))),))
+    ranks = np.arange(n)
+    facts = LayerFacts("ring", vertex_transitive=True, eigenvalues=partial(circulant_spectrum, n, (1,)))
+    return Topology("ring", n, (_pairs(ranks, (ranks + 1) % n),), facts=(facts,))
 
 
 def chain(world_size: int) -> Topology:
     """Path 0-1-...-(n-1) (the spanning tree of a ring); n >= 2."""
     n = check_world_size(world_size, what="chain world_size", minimum=2)
-    return Topology("chain", n, (_graph(n, ((i, i + 1) for i in range(n - 1))),))
+    facts = LayerFacts("chain", eigenvalues=partial(chain_spectrum, n))
+    return Topology("chain", n, (_pairs(np.arange(n - 1), np.arange(1, n)),), facts=(facts,))
 
 
 def star(world_size: int) -> Topology:
     """Rank 0 is the hub connected to every other rank; n >= 2."""
     n = check_world_size(world_size, what="star world_size", minimum=2)
-    return Topology("star", n, (_graph(n, ((0, i) for i in range(1, n))),))
+    facts = LayerFacts("star", eigenvalues=partial(star_spectrum, n))
+    return Topology("star", n, (_pairs(np.zeros(n - 1), np.arange(1, n)),), facts=(facts,))
 
 
-def _heap_tree_edges(world_size: int) -> list[tuple[int, int]]:
+def _heap_tree_edges(world_size: int) -> np.ndarray:
     # Heap layout: the children of rank r are 2r + 1 and 2r + 2.
-    return [((child - 1) // 2, child) for child in range(1, world_size)]
+    children = np.arange(1, world_size)
+    return _pairs((children - 1) // 2, children)
 
 
 def binary_tree(world_size: int) -> Topology:
     """Balanced binary tree in heap layout (children of r are 2r+1, 2r+2; root 0); n >= 2."""
     n = check_world_size(world_size, what="binary-tree world_size", minimum=2)
-    return Topology("binary-tree", n, (_graph(n, _heap_tree_edges(n)),))
+    return Topology("binary-tree", n, (_heap_tree_edges(n),))
 
 
 def double_binary_trees(world_size: int) -> Topology:
@@ -79,8 +97,8 @@ def double_binary_trees(world_size: int) -> Topology:
     step. The property is checked for the n asked for; n >= 2.
     """
     n = check_world_size(world_size, what="double-binary-trees world_size", minimum=2)
-    tree_a = _graph(n, _heap_tree_edges(n))
-    tree_b = _graph(n, ((n - 1 - i, n - 1 - j) for i, j in _heap_tree_edges(n)))
+    tree_a = _heap_tree_edges(n)
+    tree_b = n - 1 - tree_a
     topology = Topology("double-binary-trees", n, (tree_a, tree_b))
     _check_complementary(topology)
     return topology
@@ -88,27 +106,29 @@ def double_binary_trees(world_size: int) -> Topology:
 
 def _check_complementary(topology: Topology) -> None:
     n = topology.world_size
-    internal = [
-        {r for r in range(n) if topology.degree(r, k) > 1} for k in range(topology.num_layers)
-    ]
-    shared = sorted(internal[0] & internal[1])
-    if shared:
+    degrees = [topology.degrees(k) for k in range(topology.num_layers)]
+    shared = np.flatnonzero((degrees[0] > 1) & (degrees[1] > 1))
+    if shared.size:
         raise TopologyError(
             f"double binary trees with world_size={n} are not complementary: "
-            f"ranks {shared[:5]} are internal in both trees"
+            f"ranks {shared[:5].tolist()} are internal in both trees"
         )
-    for rank in range(n):
-        if topology.models_per_step(rank) > 2:
-            raise TopologyError(
-                f"double binary trees with world_size={n}: rank {rank} would send "
-                f"{topology.models_per_step(rank)} models per step, more than 2"
-            )
+    over = np.flatnonzero(degrees[0] + degrees[1] > 2 * 2)
+    if over.size:
+        rank = int(over[0])
+        raise TopologyError(
+            f"double binary trees with world_size={n}: rank {rank} would send "
+            f"{topology.models_per_step(rank)} models per step, more than 2"
+        )
 
 
 def fully_connected(world_size: int) -> Topology:
     """Complete graph (all-reduce); n >= 1 (one worker: the centralized single-worker baseline)."""
     n = check_world_size(world_size, what="fully-connected world_size", minimum=1)
-    return Topology("fully-connected", n, (nx.complete_graph(n),))
+    facts = LayerFacts(
+        "fully-connected", vertex_transitive=True, eigenvalues=partial(fully_connected_spectrum, n)
+    )
+    return Topology("fully-connected", n, (_pairs(*np.triu_indices(n, 1)),), facts=(facts,))
 
 
 def hypercube(world_size: int) -> Topology:
@@ -119,9 +139,12 @@ def hypercube(world_size: int) -> Topology:
             f"hypercube needs a power of two world_size (2, 4, 8, 16, ...), got {n}"
         )
     bits = n.bit_length() - 1
-    return Topology(
-        "hypercube", n, (_graph(n, ((i, i ^ (1 << b)) for i in range(n) for b in range(bits))),)
+    ranks = np.arange(n)
+    edges = np.concatenate(
+        [_pairs(ranks[ranks & (1 << b) == 0], ranks[ranks & (1 << b) == 0] | (1 << b)) for b in range(bits)]
     )
+    facts = LayerFacts("hypercube", vertex_transitive=True, eigenvalues=partial(hypercube_spectrum, n))
+    return Topology("hypercube", n, (edges,), facts=(facts,))
 
 
 def exponential(world_size: int) -> Topology:
@@ -130,7 +153,12 @@ def exponential(world_size: int) -> Topology:
     Who talks to whom in which round is ExponentialSchedule's job.
     """
     schedule = ExponentialSchedule(world_size)
-    return Topology("exponential", schedule.world_size, (schedule.union_graph(),))
+    n = schedule.world_size
+    offsets = tuple(2**k for k in range(schedule.period))
+    facts = LayerFacts(
+        "exponential", vertex_transitive=True, eigenvalues=partial(circulant_spectrum, n, offsets)
+    )
+    return Topology("exponential", n, (schedule.union_edges(),), facts=(facts,))
 
 
 def social_network() -> Topology:
@@ -217,4 +245,4 @@ def from_edge_list(path: str | Path, world_size: int) -> Topology:
         raise TopologyError(
             f"edge list {str(path)!r} leaves ranks {shown} without any edge; the graph must connect all {n} ranks"
         )
-    return Topology(f"edge-list:{path}", n, (_graph(n, edges),))
+    return Topology(f"edge-list:{path}", n, (np.array(edges, dtype=np.int64).reshape(-1, 2),))

@@ -7,7 +7,7 @@ import numpy as np
 
 from .errors import TopologyError
 
-__all__ = ["metropolis_hastings", "spectral_gap", "min_eigenvalue"]
+__all__ = ["dense_metropolis_hastings", "metropolis_hastings", "spectral_gap", "min_eigenvalue"]
 
 
 def metropolis_hastings(graph: nx.Graph) -> np.ndarray:
@@ -28,10 +28,17 @@ def metropolis_hastings(graph: nx.Graph) -> np.ndarray:
         )
     if nx.number_of_selfloops(graph):
         raise TopologyError("metropolis_hastings needs a graph without self-loops")
-    degree = np.array([graph.degree(rank) for rank in range(n)], dtype=np.int64)
+    edges = np.array(graph.edges(), dtype=np.int64).reshape(-1, 2)
+    return dense_metropolis_hastings(n, edges)
+
+
+def dense_metropolis_hastings(world_size: int, edges: np.ndarray) -> np.ndarray:
+    """metropolis_hastings of the graph with these edges (an [m, 2] integer array) over ranks 0..n-1."""
+    n = world_size
+    degree = np.bincount(edges.ravel(), minlength=n).astype(np.int64)
     weights = np.zeros((n, n), dtype=np.float64)
-    if graph.number_of_edges():
-        i, j = np.array(graph.edges(), dtype=np.int64).T
+    if len(edges):
+        i, j = edges.T
         w = 1.0 / (1.0 + np.maximum(degree[i], degree[j]))
         weights[i, j] = w
         weights[j, i] = w

@@ -84,6 +84,21 @@ class ExponentialSchedule:
         weights[ranks, (ranks + self.offset(round)) % n] = 0.5  # offset < n, so never the diagonal
         return weights
 
+    def send_peers(self, round: int) -> np.ndarray:
+        """send_peer(round, rank) of every rank, shape [n]."""
+        return (np.arange(self.world_size) - self.offset(round)) % self.world_size
+
+    def recv_peers(self, round: int) -> np.ndarray:
+        """recv_peer(round, rank) of every rank, shape [n]."""
+        return (np.arange(self.world_size) + self.offset(round)) % self.world_size
+
+    def union_edges(self) -> np.ndarray:
+        """union_graph's pairs (i, i + 2^k mod n) as an [n log2 n, 2] array (with repeats)."""
+        ranks = np.arange(self.world_size, dtype=np.int64)
+        return np.concatenate(
+            [np.stack([ranks, (ranks + 2**k) % self.world_size], axis=1) for k in range(self.period)]
+        )
+
     def union_graph(self) -> nx.Graph:
         """Undirected graph of every pair that communicates in some round of the period."""
         graph = nx.Graph()

@@ -36,13 +36,13 @@ def spanning_tree(graph_or_topology: Topology | nx.Graph, root: int | None = Non
         raise TopologyError(f"root must be an integer rank, got {root!r}")
     if not 0 <= root < n:
         raise TopologyError(f"root must be a rank in [0, {n}), got {root}")
-    graph = base.layers[0]
-    distance = nx.single_source_shortest_path_length(graph, int(root))
-    tree = nx.Graph()
-    tree.add_nodes_from(range(n))
-    for rank in range(n):
-        if rank == root:
-            continue
-        parent = min(peer for peer in graph.neighbors(rank) if distance[peer] == distance[rank] - 1)
-        tree.add_edge(parent, rank)
+    distance = base.hops_from(int(root))
+    edges = base.edge_array(0)
+    child = np.concatenate([edges[:, 0], edges[:, 1]])
+    peer = np.concatenate([edges[:, 1], edges[:, 0]])
+    closer = distance[peer] == distance[child] - 1
+    parent = np.full(n, n, dtype=np.int64)
+    np.minimum.at(parent, child[closer], peer[closer])  # the lowest neighbour one hop closer
+    children = np.flatnonzero(np.arange(n) != root)
+    tree = np.stack([parent[children], children], axis=1)
     return Topology(f"spanning-tree:{base.name}", n, (tree,))
