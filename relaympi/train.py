@@ -38,7 +38,14 @@ from relaympi.launcher import launch
 from relaympi.tasks.quadratics import QuadraticsTask
 from relaympi.training.loop import STOP, USAGE_ERRORS, Worker
 from relaympi.training.plan import Plan, default_out, resolve
-from relaympi.training.run_file import WRITE_ERRORS, check_out, close_quietly, print_summary, record_failure, writer_factory
+from relaympi.training.run_file import (
+    WRITE_ERRORS,
+    check_out,
+    close_quietly,
+    print_summary,
+    record_failure,
+    writer_factory,
+)
 
 log = logging.getLogger("relaympi.train")
 

@@ -15,7 +15,12 @@ import torch
 from relaympi.comm import flatten_module
 from relaympi.comm.buffers import padded_zeros
 from relaympi.tasks.base import ClassificationTask, TaskError, too_many_workers
-from relaympi.tasks.partition import PartitionError, ShardSampler, dirichlet_partition, steps_per_epoch
+from relaympi.tasks.partition import (
+    PartitionError,
+    ShardSampler,
+    dirichlet_partition,
+    steps_per_epoch,
+)
 
 if TYPE_CHECKING:
     from relaympi.tasks.quadratics import Quadratics

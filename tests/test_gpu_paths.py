@@ -27,7 +27,7 @@ from relaympi.comm import DropPolicy, buffers
 from relaympi.optim import OptimizerConfig
 from relaympi.tasks import cifar10
 from relaympi.topology import build
-from tests.test_gpu import _device, _ring_peers, pytest_generate_tests, run  # noqa: F401 - fixtures and the transport hook
+from tests.test_gpu import _device, _ring_peers, pytest_generate_tests, run  # noqa: F401, F811 - fixtures and the transport hook
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
@@ -63,7 +63,7 @@ def _staged_race_body(comm, rounds: int = 3):
 
 
 @pytest.mark.spmd
-def test_staged_copies_follow_the_streams_that_write_and_read_the_buffers(run, transport):
+def test_staged_copies_follow_the_streams_that_write_and_read_the_buffers(run, transport):  # noqa: F811 - run is the fixture
     if transport == "local":
         pytest.skip("the side stream is the MPI backend's host staging: run under mpirun ... --with-mpi")
     if not CUDA:

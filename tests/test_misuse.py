@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, env_for_subprocess, mpirun_path, requires_mpirun
+from tests.conftest import env_for_subprocess, mpirun_path, requires_mpirun
 
 TRAIN = ["-m", "relaympi.train"]
 

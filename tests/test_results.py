@@ -15,8 +15,8 @@ import pytest
 from relaympi.results import (
     SCHEMA_VERSION,
     STATUSES,
-    Run,
     NotARunFileError,
+    Run,
     RunExistsError,
     RunFileError,
     RunWriter,

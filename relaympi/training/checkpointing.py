@@ -11,7 +11,13 @@ from typing import Any
 
 from relaympi import checkpoint
 from relaympi.config import RESUME_FREE_KEYS, ConfigError, RunConfig
-from relaympi.results import FINISHED_STATUSES, RESUMABLE_STATUSES, RunFileError, read_run, run_status
+from relaympi.results import (
+    FINISHED_STATUSES,
+    RESUMABLE_STATUSES,
+    RunFileError,
+    read_run,
+    run_status,
+)
 
 log = logging.getLogger("relaympi.train")
 
