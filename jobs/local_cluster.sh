@@ -388,7 +388,8 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=2
-MpiDefault=none
+# srun starts MPICH ranks itself through PMI2 (the jobs' default launcher); mpirun uses srun for its proxies
+MpiDefault=pmi2
 ReturnToService=2
 SlurmdParameters=config_overrides
 MaxArraySize=10001
@@ -521,6 +522,9 @@ nodes_start() {
     # hydra's control connections by address (the nodes' names resolve nowhere)
     printf 'export UCX_TLS=tcp UCX_NET_DEVICES=%s HYDRA_IFACE=%s\n' "$N_IFACE" "$N_IFACE"
     printf 'export RELAYMPI_CLUSTER_HOSTS=%q RELAYMPI_CLUSTER_LAUNCHER=%q\n' "$SLURM_DIR/hosts" "$SLURM_DIR/launcher"
+    # the sweeps (jobs/): mpirun (hydra, which starts its proxies with srun) rather than srun alone:
+    # srun --mpi=pmi2 starts small MPICH programs, but the trainer's start-up breaks its PMI2 exchange
+    printf 'export RELAYMPI_LAUNCHER=mpirun\n'
 }
 
 nodes_link() {
