@@ -260,3 +260,21 @@ def test_without_root_nodes_exit_2_with_one_line(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=clean_env(), cwd="/")
     assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert "needs root" in proc.stderr
+
+
+def test_a_resume_at_an_evaluation_step_records_the_rows_an_uninterrupted_run_does(tmp_path: Path) -> None:
+    """The row of the checkpoint's step is evaluated again after a resume: its train loss comes from the checkpoint.
+
+    (A node lost after a periodic checkpoint resumes at an evaluation step; classification tasks
+    have no train loss before a step, so it used to come back NaN.)
+    """
+    args = [sys.executable, "-m", "relaympi.train", "--backend", "local", "--workers", "2", "--task", "digits",
+            "--steps", "60", "--eval-every", "20", "--log-every", "20"]
+    full = subprocess.run([*args, "--out", str(tmp_path / "full.h5")], capture_output=True, text=True, env=clean_env(), cwd=ROOT)
+    assert full.returncode == 0, full.stderr[-3000:]
+    resumed = [*args, "--out", str(tmp_path / "r.h5"), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    failed = subprocess.run(resumed, capture_output=True, text=True, env=clean_env(RELAYMPI_INJECT_FAILURE="1:40"), cwd=ROOT)
+    assert failed.returncode == 1 and list((tmp_path / "ckpt").glob("*step0000000040*")), failed.stderr[-3000:]
+    again = subprocess.run(resumed, capture_output=True, text=True, env=clean_env(), cwd=ROOT)
+    assert again.returncode == 0 and "resuming from the checkpoint of step 40" in again.stdout + again.stderr, again.stderr[-3000:]
+    assert_same_run(tmp_path / "r.h5", tmp_path / "full.h5")
