@@ -9,7 +9,8 @@
 # Several can run side by side (beside any other SLURM on the machine): each instance is its
 # folder, and start, status and stop act on the instance of the folder they are given:
 #
-#   --dir DIR           state, logs and slurm.conf (RELAYMPI_SLURM_DIR; /tmp/relaympi-slurm)
+#   --dir DIR           state, logs and slurm.conf (RELAYMPI_SLURM_DIR; /tmp/relaympi-slurm, with --nodes
+#                       /tmp/relaympi-nodes)
 #   --ctld-port PORT    slurmctld's port (RELAYMPI_SLURM_CTLD_PORT)
 #   --slurmd-port PORT  slurmd's port (RELAYMPI_SLURMD_PORT)
 #   --partition NAME    the one partition (RELAYMPI_SLURM_PARTITION; debug)
@@ -24,7 +25,8 @@
 #                       of 10.213.7, 10.213.8, ...): the bridge is A.B.C.1, nodeI is A.B.C.(10+I)
 #   --cpus-per-node N   CPUs each node offers SLURM (RELAYMPI_SLURM_CPUS_PER_NODE; nproc)
 #
-#   sudo bash jobs/local_cluster.sh start --nodes 2 --link 1gbit   # prints the exports for SLURM and MPI
+#   sudo bash jobs/local_cluster.sh start --nodes 2 --link 1gbit   # prints the exports for SLURM and MPI (eval them:
+#                                                                   # RELAYMPI_SLURM_DIR points link/status/stop at it)
 #   sudo bash jobs/local_cluster.sh link 100mbit                  # change a running cluster's links
 #   sudo bash jobs/local_cluster.sh stop                          # namespaces, links, daemons, files
 #
@@ -45,7 +47,7 @@ die() { echo "local_cluster.sh: $*" >&2; exit 1; }
 usage() { echo "local_cluster.sh: $*" >&2; echo "usage: $0 {install|start|stop|status|link RATE} [--dir DIR] [--ctld-port PORT] [--slurmd-port PORT] [--partition NAME] [--nodes N] [--link RATE] [--subnet A.B.C] [--cpus-per-node N]" >&2; exit 2; }
 
 parse_options() {
-    SLURM_DIR="${RELAYMPI_SLURM_DIR:-/tmp/relaympi-slurm}"
+    SLURM_DIR="${RELAYMPI_SLURM_DIR:-}"
     CTLD_PORT="${RELAYMPI_SLURM_CTLD_PORT:-}"
     SLURMD_PORT="${RELAYMPI_SLURMD_PORT:-}"
     PARTITION="${RELAYMPI_SLURM_PARTITION:-debug}"
@@ -68,6 +70,8 @@ parse_options() {
         esac
         shift 2
     done
+    # emulated nodes default to their own folder, beside a one-node cluster in the default one
+    [[ -n "$SLURM_DIR" ]] || { [[ -n "$NODES" ]] && SLURM_DIR=/tmp/relaympi-nodes; } || SLURM_DIR=/tmp/relaympi-slurm
     [[ -n "$SLURM_DIR" && "$SLURM_DIR" != *[\"$'\n']* ]] || usage "--dir must be a folder name without quotes or newlines, got '$SLURM_DIR'"
     [[ "$SLURM_DIR" == /* ]] || SLURM_DIR="$PWD/$SLURM_DIR"  # the conf names it; daemons run elsewhere
     local port
@@ -517,7 +521,8 @@ nodes_start() {
     done
     nodes_idle || die "nodes not all idle after 60 s ($(sinfo -h -N -o '%N:%T' 2>/dev/null | tr '\n' ' ')); logs in $SLURM_DIR/log"
     echo "SLURM is up: $N_NODES nodes node[1-$N_NODES] ($N_CPUS CPUs each) on $N_SUBNET.0/24, links $N_LINK, ports $CTLD_PORT/$SLURMD_PORT, in $SLURM_DIR" >&2
-    printf 'export SLURM_CONF=%q\n' "$CONF"
+    # RELAYMPI_SLURM_DIR: status, link and stop in this shell act on this cluster
+    printf 'export SLURM_CONF=%q RELAYMPI_SLURM_DIR=%q\n' "$CONF" "$SLURM_DIR"
     # MPICH (ch4:ucx): TCP over the nodes' links, not UCX's shared memory across the namespaces;
     # hydra's control connections by address (the nodes' names resolve nowhere)
     printf 'export UCX_TLS=tcp UCX_NET_DEVICES=%s HYDRA_IFACE=%s\n' "$N_IFACE" "$N_IFACE"
