@@ -32,6 +32,8 @@ TRAIN = ["--task", "digits", "--algo", "relay", "--alpha", "0.01", "--steps", "3
 
 
 def _skip_reason() -> str | None:
+    if os.environ.get("RELAYMPI_TEST_SLURM") == "0":
+        return "RELAYMPI_TEST_SLURM=0: no SLURM tests"
     if os.geteuid() != 0:
         return "emulated nodes need root (network namespaces, tc)"
     for tool in ("slurmctld", "slurmd", "sbatch", "munged", "ip", "tc", "nsenter", "unshare"):
@@ -98,7 +100,9 @@ def nodes(tmp_path_factory: pytest.TempPathFactory):
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    folder = tmp_path_factory.mktemp("nodes") / "cluster"
+    # scripts/test.sh names the folder, and stops the cluster in its trap should pytest die before this teardown
+    given = os.environ.get("RELAYMPI_TEST_NODES_DIR")
+    folder = Path(given) if given else tmp_path_factory.mktemp("nodes") / "cluster"
     proc = bash("local_cluster.sh", "start", "--nodes", "2", "--link", "1gbit", "--dir", str(folder))
     tag = None
     try:
@@ -289,3 +293,26 @@ def test_a_resume_at_an_evaluation_step_records_the_rows_an_uninterrupted_run_do
     again = subprocess.run(resumed, capture_output=True, text=True, env=clean_env(), cwd=ROOT)
     assert again.returncode == 0 and "resuming from the checkpoint of step 40" in again.stdout + again.stderr, again.stderr[-3000:]
     assert_same_run(tmp_path / "r.h5", tmp_path / "full.h5")
+
+
+def test_stop_after_a_crash_removes_everything_and_may_run_again(tmp_path: Path) -> None:
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    folder = tmp_path / "crashed"
+    proc = bash("local_cluster.sh", "start", "--nodes", "1", "--dir", str(folder))
+    assert proc.returncode == 0, proc.stderr
+    tag = Nodes(folder, parse_exports(proc.stdout)).tag
+    try:
+        # a crash: every daemon killed without a word, their pid files gone
+        victims = subprocess.run(["ip", "netns", "pids", f"rmpi{tag}-node1"], capture_output=True, text=True).stdout.split()
+        victims.append((folder / "slurmctld.pid").read_text().strip())
+        for pid in victims:
+            os.kill(int(pid), signal.SIGKILL)
+        for pid_file in folder.glob("*.pid"):
+            pid_file.unlink()
+    finally:
+        for _ in range(2):  # idempotent
+            stop = bash("local_cluster.sh", "stop", "--dir", str(folder))
+            assert stop.returncode == 0, stop.stderr
+            assert leftovers(tag, folder) == []
