@@ -29,7 +29,13 @@ if [ "${RELAYMPI_TEST_SLURM:-1}" = "1" ] && [ "$(id -u)" = "0" ] && command -v a
     echo "test: could not start the local SLURM cluster; SLURM tests will be skipped" >&2
   fi
 fi
-cleanup() { if [ "$slurm_started" = 1 ]; then bash jobs/local_cluster.sh stop || true; fi; }
+# tests/test_cluster.py starts (and stops) its own emulated 2-node cluster in this folder; the trap
+# removes its namespaces, links and daemons too should pytest die before the tests' teardown
+export RELAYMPI_TEST_NODES_DIR="${TMPDIR:-/tmp}/relaympi-test-nodes-$$"
+cleanup() {
+  if [ "$slurm_started" = 1 ]; then bash jobs/local_cluster.sh stop || true; fi
+  if [ -e "$RELAYMPI_TEST_NODES_DIR/nodes.env" ]; then bash jobs/local_cluster.sh stop --dir "$RELAYMPI_TEST_NODES_DIR" || true; fi
+}
 trap cleanup EXIT
 python -m pytest -q tests
 mpirun -n 4 python -m pytest -q --with-mpi -m spmd -p no:cacheprovider tests

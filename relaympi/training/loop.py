@@ -108,6 +108,9 @@ class TrainingLoop(ABC):
         self.start_step = 0
         self.loss_sum: float | np.ndarray = 0.0
         self.loss_count = 0
+        # the train loss the last evaluation recorded, kept by a checkpoint taken right after it: a
+        # resume at that step evaluates it again, and must record the same row
+        self.last_train_loss: float | np.ndarray | None = None
         self.timers = Timers()
         self.wall_offset = 0.0  # seconds run before a resume
         self.t0 = time.perf_counter()
@@ -162,6 +165,8 @@ class TrainingLoop(ABC):
             "loss_sum": torch.as_tensor(self.loss_sum, dtype=torch.float64).clone(),
             "loss_count": torch.tensor(self.loss_count),
             "timers": torch.tensor([*self.timers.to_list(), self.elapsed()], dtype=torch.float64),
+            **({"eval_train_loss": torch.as_tensor(self.last_train_loss, dtype=torch.float64).clone()}
+               if self.loss_count == 0 and self.last_train_loss is not None else {}),
         }
 
     def restore_common(self, state: dict[str, Any]) -> None:
@@ -170,11 +175,20 @@ class TrainingLoop(ABC):
         self.loss_count = int(state["loss_count"])
         *timers, self.wall_offset = (float(v) for v in state["timers"])
         self.timers = Timers.from_list(timers)
+        if "eval_train_loss" in state:
+            loss = state["eval_train_loss"].numpy()
+            self.last_train_loss = float(loss) if loss.ndim == 0 else loss.copy()
 
     def train_loss(self, current: Callable[[], float | np.ndarray]) -> float | np.ndarray:
         """The mean training loss since the last evaluation (``current()`` before any step), then reset."""
-        loss = self.loss_sum / self.loss_count if self.loss_count else current()
+        if self.loss_count:
+            loss = self.loss_sum / self.loss_count
+        elif self.last_train_loss is not None:  # evaluating again where a checkpoint resumed
+            loss = self.last_train_loss
+        else:
+            loss = current()
         self.loss_sum, self.loss_count = (np.zeros_like(self.loss_sum) if isinstance(self.loss_sum, np.ndarray) else 0.0), 0
+        self.last_train_loss = loss
         return loss
 
     def log_evaluation(self, row: dict[str, Any], workers: int) -> None:
