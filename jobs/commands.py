@@ -186,7 +186,7 @@ def check_job(job: Job, settings: JobSettings, scratch: Path) -> str | None:
     """Why the trainer would refuse this job (None when it accepts it).
 
     The trainer's own path: its parser reads the job's --config JSON (written to ``scratch``) and
-    the user's extra flags, then ``relaympi.training.plan.resolve``; so a typo in RELAYMPI_ALGOS or
+    the user's extra flags, then ``relaympi.training.plan.resolve`` and the engine's check; so a typo in RELAYMPI_ALGOS or
     RELAYMPI_EXTRA_ARGS, an algorithm on a topology it cannot use, or a missing data directory is
     found before anything is submitted.
     """

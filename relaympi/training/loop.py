@@ -13,7 +13,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ from relaympi.checkpoint import CheckpointError
 from relaympi.config import ConfigError, RunConfig
 from relaympi.tasks import TaskError
 from relaympi.training.checkpointing import Checkpoints
+from relaympi.training.clocks import EventClock, HostClock, Pending
 from relaympi.training.evaluation import Timers, log_line
 from relaympi.training.plan import Plan, Schedule
 from relaympi.training.run_file import close_quietly, record_failure
@@ -122,7 +123,7 @@ class TrainingLoop(ABC):
         self.check_lag = 1
         self._model_finite = True
         self._last_loss = math.nan
-        self._clock: _HostClock | _EventClock = _HostClock(None)
+        self._clock: HostClock | EventClock = HostClock(None)
         self.inject_signal = signal_injection()
 
     def check_injection(self, world_size: int) -> None:
@@ -284,8 +285,8 @@ class TrainingLoop(ABC):
 
     def _steps(self, bar: Any) -> None:
         schedule, cfg, timers, x = self.schedule, self.plan.cfg, self.timers, self.x
-        clock = self._clock = _EventClock() if x.is_cuda and self.check_lag > 1 else _HostClock(x)
-        pending: list[_Pending] = []
+        clock = self._clock = EventClock() if x.is_cuda and self.check_lag > 1 else HostClock(x)
+        pending: list[Pending] = []
         step = self.start_step
         self._model_finite = True
         while True:
@@ -310,7 +311,7 @@ class TrainingLoop(ABC):
             loss = self.gradient(step)
             t_mid = clock.mark()
             self.algorithm_step(step, schedule.lr_at(step))
-            pending.append(_Pending(step, loss, t, t_mid, clock.mark()))
+            pending.append(Pending(step, loss, t, t_mid, clock.mark()))
             step += 1
             if bar is not None:
                 bar.update(1)
@@ -331,7 +332,7 @@ class TrainingLoop(ABC):
         if not bool(torch.isfinite(x).all()):
             raise Stopped("diverged", step, "non-finite model")
 
-    def _settle(self, pending: list[_Pending]) -> int | None:
+    def _settle(self, pending: list[Pending]) -> int | None:
         """Account the pending steps' losses and times (one host read for all of them); return the
         step a divergence is recorded at (the first step with a non-finite loss, or whose model was
         non-finite at the evaluation before it), else None. The recorded step is the one message
@@ -358,55 +359,13 @@ class TrainingLoop(ABC):
         pending.clear()
         return bad_step
 
-    def _settle_or_stop(self, pending: list[_Pending]) -> None:
+    def _settle_or_stop(self, pending: list[Pending]) -> None:
         """Settle before the evaluation, a checkpoint or the end reads the model (deferred checks only:
         with one step pending at most, every step was settled already)."""
         if pending:
             bad_step = self._settle(pending)
             if bad_step is not None:
                 raise Stopped("diverged", bad_step, "non-finite loss or model")
-
-
-class _Pending(NamedTuple):
-    """A step whose loss and times are not read yet (device values while checks are deferred)."""
-
-    step: int
-    loss: Any  # float, numpy [N], or a device tensor
-    start: Any  # clock marks
-    computed: Any
-    stepped: Any
-
-
-class _HostClock:
-    """Times with the host clock; on a GPU, each mark waits for the device (the step split into
-    compute and communication needs it)."""
-
-    def __init__(self, x: torch.Tensor | None):
-        self._sync = (lambda: torch.cuda.synchronize(x.device)) if x is not None and x.is_cuda else (lambda: None)
-
-    def mark(self) -> float:
-        self._sync()
-        return time.perf_counter()
-
-    @staticmethod
-    def seconds(start: float, end: float) -> float:
-        return end - start
-
-
-class _EventClock:
-    """Times with CUDA events: marks queue on the device's stream and never stall the host;
-    a duration is read once its end event completed (the settle's synchronization)."""
-
-    @staticmethod
-    def mark() -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    @staticmethod
-    def seconds(start: torch.cuda.Event, end: torch.cuda.Event) -> float:
-        end.synchronize()
-        return start.elapsed_time(end) / 1000.0
 
 
 def _to_cpu(state: dict[str, Any]) -> dict[str, Any]:
