@@ -73,3 +73,18 @@ def test_start_state_restore_and_failures_live_in_the_shared_loop() -> None:
         assert issubclass(engine_loop, TrainingLoop)
         assert not [name for name in shared if name in vars(engine_loop)], engine_loop
     assert {"record_failure", "close_quietly"} <= set(TrainingLoop.run.__code__.co_names)  # recorded once, for every engine
+
+
+@pytest.mark.parametrize("backend", ["local", "batched"])
+def test_an_injected_failure_of_no_worker_is_refused_by_both_engines(backend, tmp_path, monkeypatch, capsys) -> None:
+    """One rule in the shared loop: RELAYMPI_INJECT_FAILURE naming no worker exits 2 (message passing
+    used to run to completion without failing)."""
+    from relaympi import train
+    from relaympi.training.loop import FAULT_ENV
+
+    monkeypatch.setenv(FAULT_ENV, "5:1")
+    out = tmp_path / "r.h5"
+    status = train.main(["--task", "digits", "--backend", backend, "--workers", "2", "--steps", "2", "--out", str(out)])
+    noun = "rank" if backend == "local" else "worker"
+    assert status == train.EXIT_USAGE
+    assert f"{FAULT_ENV} names {noun} 5, but the run has {noun}s 0..1" in capsys.readouterr().err
