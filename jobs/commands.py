@@ -24,11 +24,12 @@ from jobs.sweeps import GridPoint, configurations, run_name, sweep
 from relaympi.config import ConfigError, RunConfig, parse_args
 from relaympi.data.paths import TASK_DATA, TASK_MODEL, data_root
 from relaympi.data.sets import data_problems as _data_problems
+from relaympi.engines import BACKENDS  # RELAYMPI_BACKEND: relaympi.train's --backend
+from relaympi.engines import check as engine_check
 from relaympi.training.plan import resolve
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: the default results folder, the trainer's PYTHONPATH
 LAUNCHERS = ("srun", "mpirun", "local")
-BACKENDS = ("mpi", "local", "batched")  # RELAYMPI_BACKEND: relaympi.train's --backend
 _INPUT_FLAGS = {"RELAYMPI_DATA_DIR": ("--data-dir", "data"), "RELAYMPI_MODEL_DIR": ("--model-dir", "a model")}
 
 
@@ -185,7 +186,7 @@ def check_job(job: Job, settings: JobSettings, scratch: Path) -> str | None:
     """Why the trainer would refuse this job (None when it accepts it).
 
     The trainer's own path: its parser reads the job's --config JSON (written to ``scratch``) and
-    the user's extra flags, then ``relaympi.training.plan.resolve``; so a typo in RELAYMPI_ALGOS or
+    the user's extra flags, then ``relaympi.training.plan.resolve`` and the engine's check; so a typo in RELAYMPI_ALGOS or
     RELAYMPI_EXTRA_ARGS, an algorithm on a topology it cannot use, or a missing data directory is
     found before anything is submitted.
     """
@@ -203,7 +204,7 @@ def check_job(job: Job, settings: JobSettings, scratch: Path) -> str | None:
     try:
         with contextlib.redirect_stderr(messages), contextlib.redirect_stdout(messages):
             cfg = parse_args(_trainer_args(config_file, settings))
-        resolve(cfg, job.world_size)
+        engine_check(resolve(cfg, job.world_size))  # what the job's engine refuses, without loading it for others
     except ConfigError as error:
         return str(error)
     except SystemExit:  # argparse: an unknown flag or value in RELAYMPI_EXTRA_ARGS

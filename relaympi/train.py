@@ -31,21 +31,14 @@ import torch
 from tqdm import tqdm
 
 from relaympi import threads
-from relaympi.batched.run import run_batched
-from relaympi.comm import Communicator, DropPolicy, mpi_communicator, run_local
+from relaympi.comm import DropPolicy, mpi_communicator
 from relaympi.config import ConfigError, RunConfig, parse_args
+from relaympi.engines import BACKENDS, engine_for
 from relaympi.launcher import launch
 from relaympi.tasks.quadratics import QuadraticsTask
-from relaympi.training.loop import STOP, USAGE_ERRORS, Worker
+from relaympi.training.loop import STOP, USAGE_ERRORS
 from relaympi.training.plan import Plan, default_out, resolve
-from relaympi.training.run_file import (
-    WRITE_ERRORS,
-    check_out,
-    close_quietly,
-    print_summary,
-    record_failure,
-    writer_factory,
-)
+from relaympi.training.run_file import WRITE_ERRORS, check_out, print_summary
 
 log = logging.getLogger("relaympi.train")
 
@@ -77,31 +70,6 @@ class BarSafeHandler(logging.StreamHandler):
             self.flush()
         except Exception:  # noqa: BLE001 - logging must never raise
             self.handleError(record)
-
-
-def _run_rank(comm: Communicator, plan: Plan, out: Path, command: str) -> str:
-    """One rank's whole run; a failure is recorded (rank 0) or reported to rank 0 (others)."""
-    worker = None
-    try:
-        worker = Worker(comm, plan, writer_factory(plan, out, command))
-    except USAGE_ERRORS as exc:
-        # setup errors are the same on every rank; agree on them so none waits for the others
-        comm.allreduce_flags(np.array([1.0]))
-        raise exc
-    if comm.allreduce_flags(np.array([0.0]))[0] > 0:
-        raise ConfigError("another rank failed to set up (see its error above)")
-    try:
-        return worker.run()
-    except BaseException as exc:
-        message = f"{type(exc).__name__}: {exc}"
-        if comm.rank == 0 and worker.writer is not None:
-            record_failure(worker.writer, exc)
-        elif comm.rank != 0 and not isinstance(exc, USAGE_ERRORS):
-            comm.report_failure(message)
-        raise
-    finally:
-        if comm.rank == 0 and worker.writer is not None:
-            close_quietly(worker.writer)
 
 
 def _save_problem(plan: Plan) -> None:
@@ -160,6 +128,7 @@ def _threads(cfg: RunConfig, rank: int, cpus: frozenset[int], sharing: int) -> i
 def _one_process_plan(cfg: RunConfig) -> tuple[Plan, Path]:
     """The plan of a run whose workers all live in this process, and its run file's path."""
     plan = resolve(cfg, cfg.workers)
+    engine_for(cfg.backend).check(plan)
     plan.warn_untuned_lr()
     out = Path(cfg.out) if cfg.out else default_out(plan.cfg, plan.world_size)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -169,17 +138,11 @@ def _one_process_plan(cfg: RunConfig) -> tuple[Plan, Path]:
     return plan, out
 
 
-def _main_local(cfg: RunConfig, argv: list[str]) -> int:
-    _configure(cfg, 0, threads.allowed_cpus(), cfg.workers)  # the workers are threads computing at once
+def _main_in_process(cfg: RunConfig, argv: list[str]) -> int:
+    # threads computing at once share this process's CPUs; one batched computation uses all of them
+    _configure(cfg, 0, threads.allowed_cpus(), cfg.workers if BACKENDS[cfg.backend].threads_per_worker else 1)
     plan, out = _one_process_plan(cfg)
-    statuses = run_local(plan.world_size, _run_rank, plan, out, _rerun_command(argv), drops=plan.drops)
-    return _finish(cfg, out, statuses[0])
-
-
-def _main_batched(cfg: RunConfig, argv: list[str]) -> int:
-    _configure(cfg, 0, threads.allowed_cpus(), 1)  # one process computes for every worker: all its CPUs
-    plan, out = _one_process_plan(cfg)
-    status = run_batched(plan, out, _rerun_command(argv))
+    status = engine_for(cfg.backend).run(plan, out, _rerun_command(argv))
     return _finish(cfg, out, status)
 
 
@@ -202,6 +165,7 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
     error = None
     try:
         plan = resolve(cfg, size)
+        engine_for(cfg.backend).check(plan)
         out = Path(cfg.out) if cfg.out else default_out(plan.cfg, size)
         plan = plan.with_out(out)
         if comm.rank == 0:
@@ -218,7 +182,7 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
             print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        status = _run_rank(comm, plan, out, _rerun_command(argv, size))
+        status = engine_for(cfg.backend).run(plan, out, _rerun_command(argv, size), comm)
     except USAGE_ERRORS as exc:
         if comm.rank == 0:
             print(f"error: {exc}", file=sys.stderr)
@@ -236,21 +200,21 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
 
 def _rerun_command(argv: list[str], mpi_ranks: int | None = None) -> str:
     """The command that runs this again (recorded in provenance.command): the module, not a file path."""
-    launch = ["mpirun", "-n", str(mpi_ranks)] if mpi_ranks else []
-    return shlex.join([*launch, "python", "-m", "relaympi.train", *argv])
+    launcher = ["mpirun", "-n", str(mpi_ranks)] if mpi_ranks else []
+    return shlex.join([*launcher, "python", "-m", "relaympi.train", *argv])
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg = parse_args(argv)
-        if cfg.backend in ("local", "batched"):
+        if BACKENDS[cfg.backend].in_process:
             if launch().size > 1:
                 raise ConfigError(
                     f"--backend {cfg.backend} runs all workers in one process, but this is one of {launch().size} MPI ranks: "
                     "drop --backend/--workers under mpirun/srun, or run the command without mpirun"
                 )
-            return _main_local(cfg, argv) if cfg.backend == "local" else _main_batched(cfg, argv)
+            return _main_in_process(cfg, argv)
         return _main_mpi(cfg, argv)
     except USAGE_ERRORS as exc:
         if launch().rank == 0:  # every rank found the same error: one copy of the message

@@ -1,4 +1,8 @@
-"""What a worker trains: a task's model on its data shard, or one random quadratic f_i."""
+"""What a worker trains: a task's model on its data shard, or one random quadratic f_i.
+
+Part of training (it reads the resolved plan): a task never sees the run, so building a
+worker's workload from a task and a plan happens here (``build_workload``).
+"""
 
 from __future__ import annotations
 
@@ -21,9 +25,9 @@ from relaympi.tasks.partition import (
     dirichlet_partition,
     steps_per_epoch,
 )
+from relaympi.tasks.quadratics import Quadratics, QuadraticsTask
 
 if TYPE_CHECKING:
-    from relaympi.tasks.quadratics import Quadratics
     from relaympi.training.plan import Plan
 
 # In-process ranks are threads: model construction seeds torch's global RNG (fork_rng +
@@ -78,6 +82,15 @@ def _shared(key: tuple, make: Callable[[], Any], kept_errors: tuple[type[BaseExc
         if isinstance(_SHARED[key], BaseException):
             raise _SHARED[key]
         return _SHARED[key]
+
+
+def build_workload(plan: Plan, rank: int, device: str) -> Workload:
+    """Worker ``rank``'s workload on ``device`` (the process's data is loaded once and shared)."""
+    if issubclass(plan.task, ClassificationTask):
+        return model_workload(plan.task, plan, rank, device)
+    if issubclass(plan.task, QuadraticsTask):
+        return QuadraticWorkload(plan.problem, plan.cfg.seed, rank)
+    raise TypeError(f"no workload for task class {plan.task.__name__}: a classification task or the quadratics")
 
 
 def model_workload(task_cls: type[ClassificationTask], plan: Plan, rank: int, device: str) -> ModelWorkload:

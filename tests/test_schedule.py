@@ -23,6 +23,7 @@ from relaympi.config import parse_args
 from relaympi.results import read_run
 from relaympi.tasks.partition import steps_per_epoch
 from relaympi.training.plan import Schedule, resolve
+from relaympi.workloads import build_workload
 from tests.conftest import ROOT, env_for_subprocess, mpirun_path, requires_mpirun
 
 PY = sys.executable
@@ -121,7 +122,7 @@ DIGITS = ["--task", "digits", "--alpha", "1", "--batch-size", "240", "--seed", "
 
 def test_digits_workload_epoch_accounting_with_shards_that_do_not_divide_the_batch():
     plan = resolve(parse_args([*DIGITS, "--algo", "relay", "--steps", "10"]), 2)
-    workloads = [plan.task.workload(plan, rank, "cpu") for rank in range(2)]
+    workloads = [build_workload(plan, rank, "cpu") for rank in range(2)]
     shards = [w.shard_size for w in workloads]
     assert sum(shards) == DIGITS_TRAIN and all(s % 240 for s in shards), shards  # the case under test
     assert [w.steps_per_epoch for w in workloads] == [3, 3]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -14,9 +14,6 @@ from relaympi.algorithms.gossip import CommMixers, Mixers
 from relaympi.comm import Communicator
 from relaympi.optim import LocalOptimizer, OptimizerConfig
 from relaympi.topology import Topology
-
-if TYPE_CHECKING:
-    from relaympi.algorithms.matrix import MatrixAlgorithm
 
 # communication rounds reserved per gradient step, so (step, sub-round) -> a unique round id
 ROUNDS_PER_STEP = 4
@@ -98,7 +95,9 @@ class MatrixForm(ABC):
     """An algorithm vectorized over all n workers (rows of X, numpy), an independent formulation of
     its message passing: the test oracle and the quadratics engine (see MatrixAlgorithm)."""
 
-    def __init__(self, engine: MatrixAlgorithm):
+    def __init__(self, engine: Any):
+        # engine: the relaympi.algorithms.matrix.MatrixAlgorithm this form steps (its n, d, topology,
+        # optimizer and options); not imported here, so the interfaces stay the lowest algorithm module
         self.engine = engine
 
     @abstractmethod

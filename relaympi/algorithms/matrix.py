@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from relaympi.algorithms import get_algorithm_class
 from relaympi.algorithms.base import AlgorithmOptions, MatrixForm
+from relaympi.algorithms.registry import get_algorithm_class
 from relaympi.algorithms.relay import effective_delays
 from relaympi.optim import OptimizerConfig
 from relaympi.topology import Topology

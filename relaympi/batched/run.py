@@ -1,7 +1,8 @@
-"""The run driver of ``--backend batched``: N workers as one batched computation, one HDF5 run file.
+"""The batched engine (``--backend batched``): N workers as one batched computation, one HDF5 run file.
 
-The steps, checkpoints and ending of a run are relaympi.training.loop's TrainingLoop, shared
-with message passing; this module says how all workers compute gradients, step and evaluate at once.
+The steps, start, checkpoints, injected failures and ending of a run are relaympi.training.loop's
+TrainingLoop, shared with message passing; this module says how all workers compute gradients,
+step and evaluate at once. ``run`` is its entry in relaympi.engines.
 
     python -m relaympi.train --task digits --backend batched --workers 16 --algo relay --alpha 0.01
 
@@ -17,7 +18,6 @@ import logging
 import math
 import socket
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -28,15 +28,15 @@ import torch
 
 from relaympi.batched.algorithms import make_batched_algorithm
 from relaympi.batched.data import BatchedData
-from relaympi.batched.models import BatchedModel
+from relaympi.batched.models import BatchedModel, refuse_unsupported
 from relaympi.batched.optim import BatchedOptimizer
 from relaympi.config import ConfigError
 from relaympi.tasks.quadratics import QuadraticsTask
 from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.evaluation import device_memory, row_header
-from relaympi.training.loop import FAULT_ENV, STOP, TrainingLoop, device_for
+from relaympi.training.loop import STOP, TrainingLoop, device_for
 from relaympi.training.plan import Plan
-from relaympi.training.run_file import close_quietly, record_failure, writer_factory
+from relaympi.training.run_file import writer_factory
 from relaympi.workloads import run_partition
 
 log = logging.getLogger("relaympi.train")
@@ -115,6 +115,13 @@ def check_lag(device: torch.device) -> int:
     return DEFERRED_STEPS if device.type == "cuda" else 1
 
 
+def run(plan: Plan, out: Path, command: str, comm: Any = None) -> str:
+    """relaympi.engines' entry: every worker in this process (a Communicator has no use here)."""
+    if comm is not None:
+        raise ConfigError("--backend batched runs every worker in one process: it takes no MPI communicator")
+    return run_batched(plan, out, command)
+
+
 def run_batched(plan: Plan, out: Path, command: str, *, stop: threading.Event = STOP, make_optimizer: Callable = BatchedOptimizer,
                 make_algorithm: Callable = make_batched_algorithm) -> str:
     """Train all of ``plan``'s workers in this process; return the final status
@@ -126,31 +133,26 @@ def run_batched(plan: Plan, out: Path, command: str, *, stop: threading.Event = 
     ``bytes_sent`` is a numpy int64 array [N] or [N, N] (by destination) of the bytes message
     passing would send.
     """
-    run = BatchedRun(plan, out, command, make_optimizer, make_algorithm, stop)
-    try:
-        return run.run()
-    except BaseException as exc:
-        if run.writer is not None:
-            record_failure(run.writer, exc)
-        raise
-    finally:
-        if run.writer is not None:
-            close_quietly(run.writer)
+    refuse_unsupported(plan.task)  # what the task's class tells, before any data loads
+    return BatchedRun(plan, out, command, make_optimizer, make_algorithm, stop).run()
 
 
 class BatchedRun(TrainingLoop):
     """The training loop for all workers at once, in one process."""
 
     is_root = True
+    worker_noun = "worker"
 
     def __init__(self, plan: Plan, out: Path, command: str, make_optimizer: Callable, make_algorithm: Callable, stop: threading.Event):
-        super().__init__(stop)
+        super().__init__(writer_factory(plan, out, command), stop)
         cfg = plan.cfg
-        self.plan, self.out, self.command = plan, Path(out), command
+        self.plan, self.out = plan, Path(out)
         self.n = plan.world_size
+        self.workers = range(self.n)
         self.device = torch.device(device_for(cfg, 0))
-        self.writer = None
         self.engine = make_engine(plan, self.device)
+        if isinstance(self.engine, ModelEngine):  # for the chance-accuracy check
+            self.num_classes = int(self.engine.task.num_classes)
         self.schedule = plan.schedule(self.engine.steps_per_epoch)
         self.optimizer = make_optimizer(plan.optimizer, self.engine.X)
         self.algorithm = make_algorithm(cfg.algo, plan.topology, self.optimizer, self.engine.X, plan.algorithm_options, plan.drops)
@@ -158,45 +160,23 @@ class BatchedRun(TrainingLoop):
         self.check_lag = check_lag(self.device)
         self.loss_sum = np.zeros(self.n)
         self._G: torch.Tensor | None = None
-        if self.inject is not None and not 0 <= self.inject[0] < self.n:
-            raise ConfigError(f"{FAULT_ENV} names worker {self.inject[0]}, but the run has workers 0..{self.n - 1}")
+        self.check_injection(self.n)
 
     @property
     def x(self) -> torch.Tensor:
         return self.engine.X
 
-    # -- checkpoints -----------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
-        return {
-            "x": self.engine.X.detach().cpu(),
-            "optimizer": _to_cpu(self.optimizer.state_dict()),
-            "algorithm": _to_cpu(self.algorithm.state_dict()),
-            "bytes_sent": torch.from_numpy(np.array(self.algorithm.bytes_sent, dtype=np.int64)),
-            **self.common_state(),
-        }
+    @property
+    def bytes_counter(self) -> np.ndarray:
+        return self.algorithm.bytes_sent
 
-    def restore(self, state: dict[str, Any]) -> None:
-        self.engine.X.copy_(state["x"])
-        self.optimizer.load_state_dict(_to_device(state["optimizer"], self.device))
-        self.algorithm.load_state_dict(_to_device(state["algorithm"], self.device))
-        self.algorithm.bytes_sent[...] = state["bytes_sent"].numpy()
-        self.restore_common(state)
+    def hosts(self) -> list:
+        return [socket.gethostname()]
+
+    def transport(self) -> dict[str, Any]:
+        return {"backend": BACKEND, "device": str(self.device)}
 
     # -- the steps ---------------------------------------------------------------------------
-    def start(self) -> None:
-        if self.checkpoints.resumable(self.schedule.eval_every):
-            self.start_step, state = self.checkpoints.load()
-            if state is not None:
-                self.restore(state)
-        if self.start_step:
-            log.info("resuming from the checkpoint of step %d in %s", self.start_step, self.plan.cfg.checkpoint_dir)
-        transport = {"backend": BACKEND, "device": str(self.device)}
-        self.writer = writer_factory(self.plan, self.out, self.command)(self.start_step, [socket.gethostname()], transport, self.schedule.total_steps)
-        self.checkpoints.claim(self.writer.run_id)
-        if isinstance(self.engine, ModelEngine):  # for the chance-accuracy check
-            self.writer.set_attrs(num_classes=int(self.engine.task.num_classes))
-        self.t0 = time.perf_counter()
-
     def gradient(self, step: int) -> np.ndarray | torch.Tensor:
         self._G, losses = self.engine.gradient(step)
         if self.check_lag > 1:  # read later, many steps at once (TrainingLoop._settle)
@@ -223,19 +203,7 @@ class BatchedRun(TrainingLoop):
         self.writer.append(row)
         self.log_evaluation(row, self.n)
 
-    def injected_failure(self, step: int) -> str | None:
-        if self.inject is not None and self.inject[1] == step:
-            return f"injected failure on worker {self.inject[0]} at step {step} ({FAULT_ENV})"
-        return None
-
     def _bytes_per_worker(self) -> np.ndarray:
         """Bytes each worker sent so far ([N], or [N, N] by destination as Communicator.bytes_sent, summed)."""
         return np.asarray(self.algorithm.bytes_sent, dtype=np.float64).reshape(self.n, -1).sum(axis=1)
 
-
-def _to_cpu(state: dict[str, Any]) -> dict[str, Any]:
-    return {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
-
-
-def _to_device(state: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in state.items()}

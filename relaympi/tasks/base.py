@@ -6,14 +6,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from relaympi.config import RunConfig
-    from relaympi.training.plan import Plan
-    from relaympi.workloads import Workload
 
 
 @dataclass(frozen=True)
@@ -84,25 +79,24 @@ class Task(ABC):
     """A training workload: what the training loop needs to know to run it on any backend.
 
     The class is cheap (defaults and run-level settings, used to validate a configuration
-    without touching data); ``workload`` builds one worker's state (model or local objective,
-    data shard, gradients) for a resolved plan.
+    without touching data). A task sees its own options and the world size, never the run:
+    training (relaympi.workloads) builds one worker's state (model or local objective, data
+    shard, gradients) from the task and the resolved plan.
     """
 
     name: ClassVar[str]
     defaults: ClassVar[TaskDefaults]
     # the topology an algorithm runs on for this task when it differs from the algorithm's own default
     default_topology_by_algo: ClassVar[dict[str, str]] = {}
+    # the run settings (flag names, as attributes of the run's config) that are this task's own options
+    option_names: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
-    def settle(cls, cfg: RunConfig, world_size: int) -> tuple[RunConfig, Any]:
-        """The config with the task's own settings filled in, and the run-level problem the
-        workers share (None for tasks whose data each worker loads itself)."""
-        return cfg, None
-
-    @classmethod
-    @abstractmethod
-    def workload(cls, plan: Plan, rank: int, device: str) -> Workload:
-        """Worker ``rank``'s workload on ``device`` (the process's data is loaded once and shared)."""
+    def settle(cls, options: dict[str, Any], world_size: int) -> tuple[dict[str, Any], Any]:
+        """The task's own options (``option_names``) with its defaults filled in, as the run records
+        them, and the run-level problem the workers share (None for tasks whose data each worker
+        loads itself). A bad option is a ValueError."""
+        return options, None
 
 
 class ClassificationTask(Task):
@@ -122,10 +116,10 @@ class ClassificationTask(Task):
         self.options = options
 
     @classmethod
-    def settle(cls, cfg: RunConfig, world_size: int) -> tuple[RunConfig, Any]:
+    def settle(cls, options: dict[str, Any], world_size: int) -> tuple[dict[str, Any], Any]:
         if cls.train_size is not None and world_size > cls.train_size:
             raise TaskError(too_many_workers(cls.name, world_size, cls.train_size))
-        return cfg, None
+        return options, None
 
     @property
     @abstractmethod
@@ -164,10 +158,3 @@ class ClassificationTask(Task):
     def forward(self, model: Any, inputs: Any) -> Any:
         """Model outputs (logits) for a batch; tasks with structured inputs override this."""
         return model(inputs)
-
-    @classmethod
-    def workload(cls, plan: Plan, rank: int, device: str) -> Workload:
-        # lazy: torch and the data sets load only when a worker starts, not to validate a config
-        from relaympi.workloads import model_workload
-
-        return model_workload(cls, plan, rank, device)

@@ -5,17 +5,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, ClassVar
 
 import h5py
 import numpy as np
 
 from relaympi.tasks.base import Task, TaskDefaults
-
-if TYPE_CHECKING:
-    from relaympi.config import RunConfig
-    from relaympi.training.plan import Plan
-    from relaympi.workloads import Workload
 
 
 @dataclass(frozen=True)
@@ -193,30 +188,26 @@ class QuadraticsTask(Task):
     name = "quadratics"
     defaults = TaskDefaults(epochs=1, batch_size=1, lr=0.1, momentum=0.0, eval_every_epochs=1, lr_tuned_workers=None, evals_per_run=200)
 
+    option_names: ClassVar[tuple[str, ...]] = ("problem_file", "seed", *(f.name for f in fields(QuadraticsSpec)))
+
     @classmethod
-    def settle(cls, cfg: RunConfig, world_size: int) -> tuple[RunConfig, Quadratics]:
-        """The problem to train on, and the config recording what it is (the file's dim, not a default).
+    def settle(cls, options: dict[str, Any], world_size: int) -> tuple[dict[str, Any], Quadratics]:
+        """The problem to train on, and the options recording what it is (the file's dim, not a default).
 
         Raises ValueError (bad spec or file) for the caller to report as a usage error.
         """
         spec_keys = [f.name for f in fields(QuadraticsSpec)]
-        if cfg.problem_file is None:
-            given = {k: getattr(cfg, k) for k in spec_keys if getattr(cfg, k) is not None}
+        problem_file = options["problem_file"]
+        if problem_file is None:
+            given = {k: options[k] for k in spec_keys if options[k] is not None}
             spec = replace(QuadraticsSpec(), **given)
-            return replace(cfg, **{k: getattr(spec, k) for k in spec_keys}), generate(world_size, spec, cfg.seed)
-        problem = load(cfg.problem_file, world_size)
+            return {**options, **{k: getattr(spec, k) for k in spec_keys}}, generate(world_size, spec, options["seed"])
+        problem = load(problem_file, world_size)
         for name, value in (("dim", problem.dim), ("sigma2", problem.sigma2)):
-            given = getattr(cfg, name)
+            given = options[name]
             if given is not None and given != value:
-                raise ValueError(f"--{name} {given} conflicts with --problem-file {cfg.problem_file}, which has {name} {value:g}; drop --{name}")
-        return replace(cfg, dim=problem.dim, sigma2=problem.sigma2), problem
-
-    @classmethod
-    def workload(cls, plan: Plan, rank: int, device: str) -> Workload:
-        # lazy: this module (the problem's math) stays torch-free for the benchmarks and config checks
-        from relaympi.workloads import QuadraticWorkload
-
-        return QuadraticWorkload(plan.problem, plan.cfg.seed, rank)
+                raise ValueError(f"--{name} {given} conflicts with --problem-file {problem_file}, which has {name} {value:g}; drop --{name}")
+        return {**options, "dim": problem.dim, "sigma2": problem.sigma2}, problem
 
     @staticmethod
     def holds(path: str | Path, problem: Quadratics) -> bool:

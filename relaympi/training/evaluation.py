@@ -67,10 +67,10 @@ class Evaluator:
 
     def __init__(self, comm: Communicator, plan: Plan, schedule: Schedule, workload: Workload):
         self.comm, self.plan, self.schedule, self.workload = comm, plan, schedule, workload
-        self.writer: Any = None  # rank 0's RunWriter, once the run agreed on it
 
-    def evaluate(self, step: int, train_loss: float, bytes_sent: float, timers: Timers, elapsed: float) -> dict[str, Any] | None:
-        """Collective: every rank calls it at the same steps. Rank 0 returns the row it wrote."""
+    def evaluate(self, step: int, train_loss: float, bytes_sent: float, timers: Timers, elapsed: float, writer: Any) -> dict[str, Any] | None:
+        """Collective: every rank calls it at the same steps. Rank 0 appends the row to ``writer`` (its
+        RunWriter) and returns it."""
         columns = gather_record(self.comm, worker_record(self.workload, train_loss, bytes_sent, timers))
         params = self.comm.gather_rows(self.workload.x.detach().cpu().numpy()) if self.workload.reports_params else None
         if self.comm.rank != 0:
@@ -80,7 +80,7 @@ class Evaluator:
             row.update(self.workload.summarize(params))
             if self.plan.cfg.record_params:
                 row["params"] = params
-        self.writer.append(row)
+        writer.append(row)
         return row
 
 

@@ -1,4 +1,6 @@
-"""One worker's run: the one training loop shared by every algorithm, task and backend."""
+"""The one training loop shared by every algorithm, task and engine: steps, evaluations,
+checkpoints (start, state, restore), injected failures and how a run ends or fails. An engine
+(relaympi.engines) says how its workers compute a gradient, step, agree and evaluate."""
 
 from __future__ import annotations
 
@@ -6,29 +8,26 @@ import logging
 import math
 import os
 import signal
-import socket
 import sys
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from relaympi.algorithms import make_algorithm
 from relaympi.checkpoint import CheckpointError
-from relaympi.comm import Communicator
 from relaympi.config import ConfigError, RunConfig
 from relaympi.launcher import launch
-from relaympi.optim import make_optimizer
 from relaympi.tasks import TaskError
 from relaympi.training.checkpointing import Checkpoints
-from relaympi.training.evaluation import Evaluator, Timers, log_line
+from relaympi.training.clocks import EventClock, HostClock, Pending
+from relaympi.training.evaluation import Timers, log_line
 from relaympi.training.plan import Plan, Schedule
+from relaympi.training.run_file import close_quietly, record_failure
 
 log = logging.getLogger("relaympi.train")
 
@@ -93,18 +92,27 @@ def signal_injection() -> tuple[signal.Signals, int] | None:
 
 
 class TrainingLoop(ABC):
-    """The steps every backend runs: evaluate, checkpoint, gradient, algorithm step, agree on
-    stopping; and how a run ends (completed, diverged or preempted). A backend says how to compute
-    a gradient, step its algorithm, agree with the other ranks and evaluate."""
+    """The steps every engine runs: evaluate, checkpoint, gradient, algorithm step, agree on
+    stopping; how a run starts (resume from a checkpoint, open the run file), what its checkpoint
+    holds, and how it ends (completed, diverged or preempted) or fails (recorded in the run file).
+    An engine says how to compute a gradient, step its algorithm, agree with the other ranks and
+    evaluate; its workers' parameters, optimizer, algorithm and byte counts are ``x``,
+    ``optimizer``, ``algorithm`` and ``bytes_counter``."""
 
     plan: Plan
     schedule: Schedule
     checkpoints: Checkpoints
-    writer: Any  # rank 0's RunWriter, once the run agreed on it
+    optimizer: Any  # state_dict() / load_state_dict()
+    algorithm: Any  # state_dict() / load_state_dict()
     is_root: bool  # this process writes the run file
+    workers: range  # the workers (ranks) this process runs, for RELAYMPI_INJECT_FAILURE
+    worker_noun: str  # what the error of an injected failure calls one: "rank" or "worker"
+    num_classes: int | None = None  # recorded for the chance-accuracy check (classification)
 
-    def __init__(self, stop: threading.Event = STOP) -> None:
+    def __init__(self, writer_factory: WriterFactory, stop: threading.Event = STOP) -> None:
         self.stop = stop
+        self.writer_factory = writer_factory
+        self.writer: Any = None  # the root's RunWriter, once the run agreed on it
         self.start_step = 0
         self.loss_sum: float | np.ndarray = 0.0
         self.loss_count = 0
@@ -120,17 +128,31 @@ class TrainingLoop(ABC):
         self.check_lag = 1
         self._model_finite = True
         self._last_loss = math.nan
-        self._clock: _HostClock | _EventClock = _HostClock(None)
+        self._clock: HostClock | EventClock = HostClock(None)
         self.inject_signal = signal_injection()
+
+    def check_injection(self, world_size: int) -> None:
+        """Refuse a RELAYMPI_INJECT_FAILURE that names no worker of the run."""
+        if self.inject is not None and not 0 <= self.inject[0] < world_size:
+            raise ConfigError(f"{FAULT_ENV} names {self.worker_noun} {self.inject[0]}, but the run has {self.worker_noun}s 0..{world_size - 1}")
 
     @property
     @abstractmethod
     def x(self) -> torch.Tensor:
         """The parameters (checked for non-finite values)."""
 
+    @property
     @abstractmethod
-    def start(self) -> None:
-        """Agree on resuming, restore the checkpoint, open the run file; set t0."""
+    def bytes_counter(self) -> np.ndarray:
+        """The bytes sent so far (int64; restored in place from a checkpoint)."""
+
+    @abstractmethod
+    def hosts(self) -> list:
+        """Every worker's host name (collective)."""
+
+    @abstractmethod
+    def transport(self) -> dict[str, Any]:
+        """How the workers communicate (the run file's transport record; root only)."""
 
     @abstractmethod
     def gradient(self, step: int) -> float | np.ndarray:
@@ -148,13 +170,58 @@ class TrainingLoop(ABC):
     def evaluate(self, step: int) -> None:
         """Evaluate every worker and append the run file's row (collective)."""
 
-    @abstractmethod
+    def on_root_agreed(self, action: Callable[[], Any]) -> bool:
+        """Run ``action`` on the root only and share its truth value (one process: just run it)."""
+        return bool(action())
+
+    def report_failure(self, message: str) -> None:  # noqa: B027 - one process: the root records it
+        """A rank other than the root tells the root it failed (so the root records it)."""
+
+    # -- start, checkpoint state ------------------------------------------------------------
+    def start(self) -> None:
+        """Agree on resuming, restore the checkpoint, open the run file; set t0."""
+        self.t0 = time.perf_counter()
+        hosts = self.hosts()
+        if self.on_root_agreed(lambda: self.checkpoints.resumable(self.schedule.eval_every)):
+            self.start_step, state = self.checkpoints.load()
+            if state is not None:
+                self.restore(state)
+        if self.is_root and self.start_step:
+            log.info("resuming from the checkpoint of step %d in %s", self.start_step, self.plan.cfg.checkpoint_dir)
+
+        def open_writer() -> None:
+            self.writer = self.writer_factory(self.start_step, hosts, self.transport(), self.schedule.total_steps)
+
+        self.on_root_agreed(open_writer)
+        if self.writer is not None:
+            self.checkpoints.claim(self.writer.run_id)
+        if self.writer is not None and self.num_classes:  # for the chance-accuracy check
+            self.writer.set_attrs(num_classes=int(self.num_classes))
+        self.t0 = time.perf_counter()
+
     def state(self) -> dict[str, Any]:
         """This process's checkpoint state."""
+        return {
+            "x": self.x.detach().cpu(),
+            "optimizer": _to_cpu(self.optimizer.state_dict()),
+            "algorithm": _to_cpu(self.algorithm.state_dict()),
+            "bytes_sent": torch.from_numpy(np.array(self.bytes_counter, dtype=np.int64)),
+            **self.common_state(),
+        }
 
-    @abstractmethod
+    def restore(self, state: dict[str, Any]) -> None:
+        device = self.x.device
+        self.x.copy_(state["x"])
+        self.optimizer.load_state_dict(_to_device(state["optimizer"], device))
+        self.algorithm.load_state_dict(_to_device(state["algorithm"], device))
+        self.bytes_counter[...] = state["bytes_sent"].numpy()
+        self.restore_common(state)
+
     def injected_failure(self, step: int) -> str | None:
         """The message of a failure RELAYMPI_INJECT_FAILURE asks for at this step, else None."""
+        if self.inject is not None and self.inject[1] == step and self.inject[0] in self.workers:
+            return f"injected failure on {self.worker_noun} {self.inject[0]} at step {step} ({FAULT_ENV})"
+        return None
 
     def elapsed(self) -> float:
         return self.wall_offset + (time.perf_counter() - self.t0)
@@ -195,7 +262,21 @@ class TrainingLoop(ABC):
         log.info(log_line(row, self.schedule, self.start_step, self.t0, self.elapsed(), self.plan.cfg.batch_size * workers))
 
     def run(self) -> str:
-        """Train to the end; return the run's status (completed, diverged or preempted)."""
+        """Train to the end; return the run's status (completed, diverged or preempted). A failure is
+        recorded in the run file (the root) or reported to the root (other ranks), then re-raised."""
+        try:
+            return self._run()
+        except BaseException as exc:
+            if self.writer is not None:
+                record_failure(self.writer, exc)
+            elif not self.is_root and not isinstance(exc, USAGE_ERRORS):
+                self.report_failure(f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            if self.writer is not None:
+                close_quietly(self.writer)
+
+    def _run(self) -> str:
         self.start()
         schedule = self.schedule
         bar = _progress_bar(schedule.total_steps, self.start_step) if self.is_root else None
@@ -220,8 +301,8 @@ class TrainingLoop(ABC):
 
     def _steps(self, bar: Any) -> None:
         schedule, cfg, timers, x = self.schedule, self.plan.cfg, self.timers, self.x
-        clock = self._clock = _EventClock() if x.is_cuda and self.check_lag > 1 else _HostClock(x)
-        pending: list[_Pending] = []
+        clock = self._clock = EventClock() if x.is_cuda and self.check_lag > 1 else HostClock(x)
+        pending: list[Pending] = []
         step = self.start_step
         self._model_finite = True
         while True:
@@ -246,7 +327,7 @@ class TrainingLoop(ABC):
             loss = self.gradient(step)
             t_mid = clock.mark()
             self.algorithm_step(step, schedule.lr_at(step))
-            pending.append(_Pending(step, loss, t, t_mid, clock.mark()))
+            pending.append(Pending(step, loss, t, t_mid, clock.mark()))
             step += 1
             if bar is not None:
                 bar.update(1)
@@ -267,7 +348,7 @@ class TrainingLoop(ABC):
         if not bool(torch.isfinite(x).all()):
             raise Stopped("diverged", step, "non-finite model")
 
-    def _settle(self, pending: list[_Pending]) -> int | None:
+    def _settle(self, pending: list[Pending]) -> int | None:
         """Account the pending steps' losses and times (one host read for all of them); return the
         step a divergence is recorded at (the first step with a non-finite loss, or whose model was
         non-finite at the evaluation before it), else None. The recorded step is the one message
@@ -294,7 +375,7 @@ class TrainingLoop(ABC):
         pending.clear()
         return bad_step
 
-    def _settle_or_stop(self, pending: list[_Pending]) -> None:
+    def _settle_or_stop(self, pending: list[Pending]) -> None:
         """Settle before the evaluation, a checkpoint or the end reads the model (deferred checks only:
         with one step pending at most, every step was settled already)."""
         if pending:
@@ -303,146 +384,12 @@ class TrainingLoop(ABC):
                 raise Stopped("diverged", bad_step, "non-finite loss or model")
 
 
-class _Pending(NamedTuple):
-    """A step whose loss and times are not read yet (device values while checks are deferred)."""
-
-    step: int
-    loss: Any  # float, numpy [N], or a device tensor
-    start: Any  # clock marks
-    computed: Any
-    stepped: Any
+def _to_cpu(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
 
 
-class _HostClock:
-    """Times with the host clock; on a GPU, each mark waits for the device (the step split into
-    compute and communication needs it)."""
-
-    def __init__(self, x: torch.Tensor | None):
-        self._sync = (lambda: torch.cuda.synchronize(x.device)) if x is not None and x.is_cuda else (lambda: None)
-
-    def mark(self) -> float:
-        self._sync()
-        return time.perf_counter()
-
-    @staticmethod
-    def seconds(start: float, end: float) -> float:
-        return end - start
-
-
-class _EventClock:
-    """Times with CUDA events: marks queue on the device's stream and never stall the host;
-    a duration is read once its end event completed (the settle's synchronization)."""
-
-    @staticmethod
-    def mark() -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    @staticmethod
-    def seconds(start: torch.cuda.Event, end: torch.cuda.Event) -> float:
-        end.synchronize()
-        return start.elapsed_time(end) / 1000.0
-
-
-class Worker(TrainingLoop):
-    """One rank of a message-passing run: its workload, optimizer and algorithm over a Communicator."""
-
-    def __init__(self, comm: Communicator, plan: Plan, writer_factory: WriterFactory, stop: threading.Event = STOP):
-        super().__init__(stop)
-        self.comm, self.plan = comm, plan
-        self.rank, self.n = comm.rank, comm.world_size
-        self.is_root = self.rank == 0
-        cfg = plan.cfg
-        self.workload = plan.task.workload(plan, self.rank, device_for(cfg, self.rank))
-        self.schedule = plan.schedule(self.workload.steps_per_epoch)
-        x = self.workload.x
-        self.optimizer = make_optimizer(plan.optimizer, x)
-        self.algorithm = make_algorithm(cfg.algo, comm, plan.topology, self.optimizer, x, plan.algorithm_options)
-        self.checkpoints = Checkpoints(cfg, Path(cfg.out), self.rank, self.n, barrier=comm.barrier)
-        self.evaluator = Evaluator(comm, plan, self.schedule, self.workload)
-        self.writer_factory = writer_factory
-
-    @property
-    def writer(self) -> Any:
-        return self.evaluator.writer
-
-    @property
-    def x(self) -> torch.Tensor:
-        return self.workload.x
-
-    # -- checkpoint state -------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
-        return {
-            "x": self.workload.x.detach().cpu(),
-            "optimizer": {k: (v.detach().cpu() if hasattr(v, "detach") else v) for k, v in self.optimizer.state_dict().items()},
-            "algorithm": {k: v.detach().cpu() for k, v in self.algorithm.state_dict().items()},
-            "bytes_sent": torch.from_numpy(self.comm.bytes_sent.copy()),
-            **self.common_state(),
-        }
-
-    def restore(self, state: dict[str, Any]) -> None:
-        self.workload.x.copy_(state["x"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.algorithm.load_state_dict(state["algorithm"])
-        self.comm.bytes_sent[:] = state["bytes_sent"].numpy()
-        self.restore_common(state)
-
-    def on_rank0_agreed(self, action: Callable[[], Any]) -> bool:
-        """Run ``action`` on rank 0 only and share its truth value; a usage error there stops every
-        rank (the others must not go on to wait for rank 0 in a collective)."""
-        result, error = 0.0, None
-        if self.rank == 0:
-            try:
-                result = 1.0 if action() else 0.0
-            except USAGE_ERRORS as exc:
-                error = exc
-        flags = self.comm.allreduce_flags(np.array([1.0 if error else 0.0, result]))
-        if flags[0] > 0:
-            raise error if error is not None else ConfigError("rank 0 refused the run (see its error)")
-        return bool(flags[1])
-
-    # -- the steps ----------------------------------------------------------------------------
-    def start(self) -> None:
-        self.t0 = time.perf_counter()
-        hosts = self.comm.gather(socket.gethostname())
-        if self.on_rank0_agreed(lambda: self.checkpoints.resumable(self.schedule.eval_every)):
-            self.start_step, state = self.checkpoints.load()
-            if state is not None:
-                self.restore(state)
-        if self.rank == 0 and self.start_step:
-            log.info("resuming from the checkpoint of step %d in %s", self.start_step, self.plan.cfg.checkpoint_dir)
-
-        def open_writer() -> None:
-            self.evaluator.writer = self.writer_factory(self.start_step, hosts, self.comm.describe(), self.schedule.total_steps)
-
-        self.on_rank0_agreed(open_writer)
-        if self.writer is not None:
-            self.checkpoints.claim(self.writer.run_id)
-        if self.writer is not None and self.workload.num_classes:  # for the chance-accuracy check
-            self.writer.set_attrs(num_classes=self.workload.num_classes)
-        self.t0 = time.perf_counter()
-
-    def gradient(self, step: int) -> float:
-        return self.workload.gradient(step)
-
-    def algorithm_step(self, step: int, lr: float) -> None:
-        self.algorithm.step(self.workload.x, self.workload.grad, lr, step)
-
-    def agree(self, stop: bool, bad: bool) -> tuple[bool, bool]:
-        flags = self.comm.allreduce_flags(np.array([1.0 if stop else 0.0, 1.0 if bad else 0.0]))
-        return bool(flags[0] > 0), bool(flags[1] > 0)
-
-    def evaluate(self, step: int) -> None:
-        train_loss = self.train_loss(self.workload.current_loss)
-        row = self.evaluator.evaluate(step, train_loss, float(self.comm.bytes_sent.sum()), self.timers, self.elapsed())
-        if row is not None:
-            self.log_evaluation(row, self.n)
-
-    def injected_failure(self, step: int) -> str | None:
-        if self.inject is not None and self.inject == (self.rank, step):
-            return f"injected failure on rank {self.rank} at step {step} ({FAULT_ENV})"
-        return None
+def _to_device(state: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
 
 
 def _progress_bar(total: int, initial: int) -> tqdm | None:

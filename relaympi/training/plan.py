@@ -1,7 +1,8 @@
 """A run, resolved: every default filled in, every derived quantity computed once, nothing mutable.
 
-``resolve`` is cheap (no data is read), so job scripts can validate a configuration before they
-submit it. The step schedule depends on the size of the training set, which only a loaded
+``resolve`` is cheap (no data is read, no engine is loaded), so job scripts can validate a
+configuration before they submit it; what an engine refuses is its own check
+(relaympi.engines: ``engine_for(backend).check(plan)``). The step schedule depends on the size of the training set, which only a loaded
 task knows; ``Plan.schedule`` derives it, a pure function of the plan and that size.
 """
 
@@ -24,7 +25,6 @@ from relaympi.algorithms import (
     get_algorithm_class,
     lr_correction,
 )
-from relaympi.batched.models import refuse_unsupported
 from relaympi.comm import DropPolicy
 from relaympi.config import ConfigError, RunConfig
 from relaympi.data import task_dirs
@@ -152,16 +152,15 @@ def resolve(cfg: RunConfig, world_size: int) -> Plan:
     if cfg.algo == "relay" and cfg.relay_mode is None:  # recorded in the run file: the mode that ran
         cfg = replace(cfg, relay_mode=AlgorithmOptions.relay_mode)
     try:
-        cfg, problem = task.settle(cfg, world_size)
+        settled, problem = task.settle({name: getattr(cfg, name) for name in task.option_names}, world_size)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    cfg = replace(cfg, **settled)
     options = algorithm_options(cfg)
     try:
         check_combination(cfg.algo, topology, optimizer, options)
     except AlgorithmError as exc:
         raise ConfigError(str(exc)) from exc
-    if cfg.backend == "batched":
-        refuse_unsupported(task)  # what the task's class tells (its model is checked once built)
     lr = float(cfg.lr) * (lr_correction(topology) if cfg.relay_lr_correction else 1.0)  # validate() refused it for other algorithms
     return Plan(cfg=cfg, world_size=world_size, topology=topology, task=task, optimizer=optimizer, algorithm_options=options,
                 lr=lr, drops=DropPolicy(cfg.drop_prob, cfg.seed), task_options=task_options(cfg), problem=problem, lr_warning=lr_warning)

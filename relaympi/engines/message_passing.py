@@ -1,0 +1,119 @@
+"""The message-passing engine: one worker per rank, its workload, optimizer and algorithm over a
+Communicator; the ranks are MPI processes (``--backend mpi``) or threads of one process (``--backend local``).
+
+    mpirun -n 16 python -m relaympi.train --algo relay --task cifar10
+    python -m relaympi.train --task digits --backend local --workers 16 --algo relay --alpha 0.01
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from relaympi.algorithms import make_algorithm
+from relaympi.comm import Communicator, run_local
+from relaympi.config import ConfigError
+from relaympi.optim import make_optimizer
+from relaympi.training.checkpointing import Checkpoints
+from relaympi.training.evaluation import Evaluator
+from relaympi.training.loop import STOP, USAGE_ERRORS, TrainingLoop, WriterFactory, device_for
+from relaympi.training.plan import Plan
+from relaympi.training.run_file import writer_factory
+from relaympi.workloads import build_workload
+
+
+def run(plan: Plan, out: Path, command: str, comm: Communicator | None = None) -> str:
+    """Train ``plan`` on this MPI rank (``comm``), or with every worker a thread of this process
+    (``comm`` None); return the run's status (rank 0's, for threads)."""
+    if comm is None:
+        return run_local(plan.world_size, run_rank, plan, out, command, drops=plan.drops)[0]
+    return run_rank(comm, plan, out, command)
+
+
+def run_rank(comm: Communicator, plan: Plan, out: Path, command: str) -> str:
+    """One rank's whole run; a failure is recorded (rank 0) or reported to rank 0 (others)."""
+    try:
+        worker = Worker(comm, plan, writer_factory(plan, out, command))
+    except USAGE_ERRORS as exc:
+        # setup errors are the same on every rank; agree on them so none waits for the others
+        comm.allreduce_flags(np.array([1.0]))
+        raise exc
+    if comm.allreduce_flags(np.array([0.0]))[0] > 0:
+        raise ConfigError("another rank failed to set up (see its error above)")
+    return worker.run()
+
+
+class Worker(TrainingLoop):
+    """One rank of a message-passing run: its workload, optimizer and algorithm over a Communicator."""
+
+    worker_noun = "rank"
+
+    def __init__(self, comm: Communicator, plan: Plan, writer_factory: WriterFactory, stop: threading.Event = STOP):
+        super().__init__(writer_factory, stop)
+        self.comm, self.plan = comm, plan
+        self.rank, self.n = comm.rank, comm.world_size
+        self.is_root = self.rank == 0
+        self.workers = range(self.rank, self.rank + 1)
+        self.check_injection(self.n)
+        cfg = plan.cfg
+        self.workload = build_workload(plan, self.rank, device_for(cfg, self.rank))
+        self.num_classes = self.workload.num_classes
+        self.schedule = plan.schedule(self.workload.steps_per_epoch)
+        x = self.workload.x
+        self.optimizer = make_optimizer(plan.optimizer, x)
+        self.algorithm = make_algorithm(cfg.algo, comm, plan.topology, self.optimizer, x, plan.algorithm_options)
+        self.checkpoints = Checkpoints(cfg, Path(cfg.out), self.rank, self.n, barrier=comm.barrier)
+        self.evaluator = Evaluator(comm, plan, self.schedule, self.workload)
+
+    @property
+    def x(self) -> torch.Tensor:
+        return self.workload.x
+
+    @property
+    def bytes_counter(self) -> np.ndarray:
+        return self.comm.bytes_sent
+
+    def hosts(self) -> list:
+        return self.comm.gather(socket.gethostname())
+
+    def transport(self) -> dict[str, Any]:
+        return self.comm.describe()
+
+    def on_root_agreed(self, action: Any) -> bool:
+        """Run ``action`` on rank 0 only and share its truth value; a usage error there stops every
+        rank (the others must not go on to wait for rank 0 in a collective)."""
+        result, error = 0.0, None
+        if self.rank == 0:
+            try:
+                result = 1.0 if action() else 0.0
+            except USAGE_ERRORS as exc:
+                error = exc
+        flags = self.comm.allreduce_flags(np.array([1.0 if error else 0.0, result]))
+        if flags[0] > 0:
+            raise error if error is not None else ConfigError("rank 0 refused the run (see its error)")
+        return bool(flags[1])
+
+    def report_failure(self, message: str) -> None:
+        self.comm.report_failure(message)
+
+    # -- the steps ----------------------------------------------------------------------------
+    def gradient(self, step: int) -> float:
+        return self.workload.gradient(step)
+
+    def algorithm_step(self, step: int, lr: float) -> None:
+        self.algorithm.step(self.workload.x, self.workload.grad, lr, step)
+
+    def agree(self, stop: bool, bad: bool) -> tuple[bool, bool]:
+        flags = self.comm.allreduce_flags(np.array([1.0 if stop else 0.0, 1.0 if bad else 0.0]))
+        return bool(flags[0] > 0), bool(flags[1] > 0)
+
+    def evaluate(self, step: int) -> None:
+        train_loss = self.train_loss(self.workload.current_loss)
+        row = self.evaluator.evaluate(step, train_loss, float(self.comm.bytes_sent.sum()), self.timers, self.elapsed(), self.writer)
+        if row is not None:
+            self.log_evaluation(row, self.n)
