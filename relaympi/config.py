@@ -254,7 +254,7 @@ class RunConfig:
                              switch=True, numbers=False, resume_free=True)
     checkpoint_dir: Path | None = _field(
         None, "directory for per-rank checkpoints; re-running the command resumes from it (default: none, no checkpoints)", type=Path,
-        numbers=False, resume_free=True, readme_arg="DIR", readme="per-rank checkpoints; re-running the same command resumes")
+        numbers=False, resume_free=True, readme_arg="DIR", readme="per-rank checkpoints; re-running the same command resumes; one folder every node sees (refused otherwise)")
     data_dir: Path | None = _field(
         None, "data set directory (cifar10, imagenet, agnews; refused for digits and quadratics; default <root>/<task>, root $RELAYMPI_DATA "
         "or ~/.cache/relaympi: python -m relaympi.data)", type=Path, numbers=False, readme_arg="DIR",

@@ -47,6 +47,17 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def node_local_ranks(hosts: list[str]) -> list[int]:
+    """Each rank's rank among the ranks of its node, in rank order (MPI_COMM_TYPE_SHARED's order,
+    the local rank MPICH, Open MPI and SLURM give it; --device cuda picks its GPU by it)."""
+    seen: dict[str, int] = {}
+    local = []
+    for host in hosts:
+        local.append(seen.get(host, 0))
+        seen[host] = local[-1] + 1
+    return local
+
+
 def collect(transport: dict[str, Any], hosts: list[str] | None = None, command: str | None = None) -> dict[str, Any]:
     """Provenance of a run; `command` is the command that runs it again (default: this process's argv).
 
@@ -79,6 +90,8 @@ def collect(transport: dict[str, Any], hosts: list[str] | None = None, command: 
         info["torch"] = "not installed"
     if hosts:
         info.update(launch_shape(hosts))
+        info["rank_hosts"] = list(hosts)  # rank r ran on rank_hosts[r]
+        info["rank_local_ranks"] = node_local_ranks(hosts)
     if os.environ.get(EMULATED_LINK_ENV):
         info["emulated_link"] = os.environ[EMULATED_LINK_ENV]
     for var in _SLURM_VARS:

@@ -62,6 +62,27 @@ class Checkpoints:
         self.barrier()
         checkpoint.prune(self.directory, self.rank, step)
 
+    # -- a folder every node sees ------------------------------------------------------------
+    _HOST_MARK = ".host-{}"  # one per node: written by its ranks, read by rank 0
+
+    def mark_host(self, host: str) -> None:
+        """Every rank: leave this node's mark in the folder (collective with check_shared)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / self._HOST_MARK.format(host)).touch()
+
+    def check_shared(self, hosts: list[str]) -> None:
+        """Rank 0, after every rank's mark_host: refuse a folder that some node's ranks write
+        where rank 0 cannot read (each node's own disk): a resume there would mix steps."""
+        missing = sorted({h for h in hosts if not (self.directory / self._HOST_MARK.format(h)).exists()})
+        for host in set(hosts) - set(missing):
+            (self.directory / self._HOST_MARK.format(host)).unlink(missing_ok=True)
+        if missing:
+            raise ConfigError(
+                f"--checkpoint-dir {self.directory} is not shared between the run's nodes: rank 0 on {hosts[0]} cannot see "
+                f"what the ranks on {', '.join(missing)} write there; give a folder on a filesystem every node mounts "
+                "(e.g. under $HOME or the cluster's shared scratch), not a node-local disk such as /tmp"
+            )
+
     def claim(self, run_id: str | None) -> None:
         """Rank 0, once the run file is open: the checkpoints it saves belong to that file (its path and run_id)."""
         self.owner = {"out": str(Path(self.out).resolve()), "run_id": run_id}

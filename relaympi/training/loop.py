@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -182,6 +183,10 @@ class TrainingLoop(ABC):
         """Agree on resuming, restore the checkpoint, open the run file; set t0."""
         self.t0 = time.perf_counter()
         hosts = self.hosts()
+        if self.checkpoints.enabled:  # every node must see the folder before anyone resumes from it
+            self.checkpoints.mark_host(socket.gethostname())
+            self.checkpoints.barrier()
+            self.on_root_agreed(lambda: self.checkpoints.check_shared(hosts) or True)
         if self.on_root_agreed(lambda: self.checkpoints.resumable(self.schedule.eval_every)):
             self.start_step, state = self.checkpoints.load()
             if state is not None:

@@ -95,6 +95,14 @@ def writer_factory(plan: Plan, out: Path, command: str) -> Any:
     return make
 
 
+def placement_text(world_size: Any, provenance: dict[str, Any]) -> str:
+    """' | 16 workers on 4 nodes' (nothing where the run file does not say)."""
+    nodes = provenance.get("nodes")
+    if not world_size or not nodes:
+        return ""
+    return f" | {int(world_size)} worker{'s' if int(world_size) != 1 else ''} on {nodes} node{'s' if nodes != 1 else ''}"
+
+
 def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) -> None:
     """The line a finished command prints: where the run file is and its final metrics (a stopped
     run: where it stopped and whether the same command resumes it)."""
@@ -131,6 +139,7 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
             )
     if "suboptimality" in run.data and len(run.data["suboptimality"]):
         line += f" | {final['sub']} {run.data['suboptimality'][-1]:.3e}"
+    line += placement_text(run.attrs.get("world_size"), run.provenance)
     unstable = unstable_loss(run.data["train_loss"]) if "train_loss" in run.data else None
     if unstable:
         line += f" | WARNING: {unstable_text(unstable)}"
