@@ -23,8 +23,8 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("foundation", 0, ("relaympi", "relaympi.entrypoint", "relaympi.launcher", "relaympi.threads", "relaympi.checkpoint",
                        "relaympi.provenance", "relaympi.results", "relaympi.costs", "relaympi.data", "relaympi.data.download",
                        "relaympi.data.manifest", "relaympi.data.paths")),
-    # pure graphs and schedules; the Communicator and its backends; flat parameter buffers (comm.buffers)
-    ("topology, comm, flat layout", 1, ("relaympi.topology", "relaympi.comm")),
+    # pure graphs and schedules; the Communicator and its backends; the model's flat memory layout (flat)
+    ("topology, comm, flat layout", 1, ("relaympi.topology", "relaympi.comm", "relaympi.flat")),
     ("optim", 2, ("relaympi.optim",)),
     # each algorithm as message passing, its matrix form, and its vectorized (batched) form
     ("algorithms", 3, ("relaympi.algorithms", "relaympi.batched", "relaympi.batched.algorithms", "relaympi.batched.base",
