@@ -69,3 +69,20 @@ def test_the_two_world_size_checks_have_two_names() -> None:
         names = vars(importlib.import_module(module))
         assert "check_world_size" not in names and "_check_world_size" not in names
     assert "check_world_size" not in algorithms.__all__
+
+
+def test_the_readme_layout_names_real_modules_and_where_new_pieces_go() -> None:
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    for path in re.findall(r"relaympi/[\w/]+\.py", layout):
+        assert (root / path).is_file(), f"README's Layout names {path}, which does not exist"
+    for name in ("flat.py", "checkpoint_files.py", "MessagePassingRank"):
+        assert name in layout
+    where = layout.split("Where a new piece goes", 1)[1]
+    for piece, home in (("algorithm", "relaympi/algorithms/registry.py"), ("task", "relaympi/tasks/__init__.py"),
+                        ("engine", "relaympi/engines/__init__.py"), ("flag", "relaympi/config.py")):
+        line = re.search(rf"^- a new {piece}:(.*?)(?=^- |\Z)", where, re.S | re.M)
+        assert line and home in line.group(1), f"README says nowhere where a new {piece} goes"
