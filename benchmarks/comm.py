@@ -26,8 +26,8 @@ import torch
 from relaympi.algorithms import AlgorithmOptions, make_algorithm, relaysum
 from relaympi.algorithms.gossip import GossipMixer
 from relaympi.algorithms.relaysum import DEFAULT_CHUNK, RelaySum
-from relaympi.comm.buffers import padded_zeros
 from relaympi.entrypoint import UsageParser
+from relaympi.flat import padded_zeros
 from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.topology import ExponentialSchedule, build
 

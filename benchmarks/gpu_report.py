@@ -148,7 +148,7 @@ def bench_comm(comm, sizes: list[int], device: str, warmup: int, reps: int) -> l
     import torch
 
     from relaympi.algorithms.relaysum import RelaySum
-    from relaympi.comm.buffers import padded_zeros
+    from relaympi.flat import padded_zeros
     from relaympi.topology import build
 
     rows = []

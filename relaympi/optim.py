@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from relaympi.comm.buffers import padded_zeros_like
+from relaympi.flat import padded_zeros_like
 
 OPTIMIZERS = ("sgd", "adam")
 

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
-from relaympi.comm import flatten_module
-from relaympi.comm.buffers import padded_zeros
+from relaympi.flat import flatten_module, padded_zeros
 from relaympi.tasks.base import ClassificationTask, TaskError, too_many_workers
 from relaympi.tasks.partition import (
     PartitionError,

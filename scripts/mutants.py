@@ -64,7 +64,7 @@ PLANTS = (
     ),
     Plant(
         "relaysum-leaf-counter-0",  # a leaf's message [p, c] (the parcel's spare slot) claims no parcel
-        "relaympi/comm/buffers.py",
+        "relaympi/flat.py",
         "storage[0] = storage[-1] = 1.0",
         "storage[0] = storage[-1] = 0.0",
         (("tests/test_algorithms.py", "-k", "relay"),),

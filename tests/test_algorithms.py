@@ -12,7 +12,7 @@ from relaympi.algorithms import AlgorithmError, AlgorithmOptions, make_algorithm
 from relaympi.algorithms.matrix import make_matrix_algorithm
 from relaympi.algorithms.relaysum import RelaySum
 from relaympi.comm import run_local
-from relaympi.comm.buffers import padded_zeros
+from relaympi.flat import padded_zeros
 from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.tasks.quadratics import QuadraticsSpec, generate
 from relaympi.topology import build

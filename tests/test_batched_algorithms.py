@@ -27,7 +27,7 @@ from relaympi.algorithms.relaysum import RelaySum
 from relaympi.batched import BatchedOptimizer, make_batched_algorithm
 from relaympi.batched.relay import BatchedRelaySum
 from relaympi.comm import DropPolicy, run_local
-from relaympi.comm.buffers import padded_zeros
+from relaympi.flat import padded_zeros
 from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.tasks.quadratics import QuadraticsSpec, generate
 from relaympi.topology import build

@@ -27,8 +27,8 @@ from relaympi import train
 from relaympi.batched.data import BatchedData
 from relaympi.batched.models import BatchedModel, unsupported_reason
 from relaympi.batched.run import run_batched
-from relaympi.comm.buffers import flatten_module
 from relaympi.config import ConfigError, parse_args
+from relaympi.flat import flatten_module
 from relaympi.results import read_run
 from relaympi.tasks import TaskOptions, get_task_class
 from relaympi.tasks.partition import dirichlet_partition

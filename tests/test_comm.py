@@ -10,13 +10,12 @@ from relaympi.comm import (
     BufferError,
     CommError,
     DropPolicy,
-    FlatBuffer,
     LocalWorld,
     WorldAborted,
     buffers,
-    flatten_module,
     run_local,
 )
+from relaympi.flat import FlatBuffer, flatten_module
 
 pytestmark = pytest.mark.spmd
 

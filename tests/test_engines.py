@@ -14,7 +14,7 @@ import pytest
 from relaympi import config, engines
 from relaympi.batched.run import BatchedRun
 from relaympi.config import ConfigError, parse_args
-from relaympi.engines.message_passing import Worker
+from relaympi.engines.message_passing import MessagePassingRank
 from relaympi.training.loop import TrainingLoop
 from relaympi.training.plan import resolve
 from tests.conftest import ROOT, env_for_subprocess
@@ -69,7 +69,7 @@ def test_the_batched_check_refuses_a_task_the_engine_cannot_run(tmp_path) -> Non
 def test_start_state_restore_and_failures_live_in_the_shared_loop() -> None:
     """Neither engine's loop defines its own start, checkpoint state, restore, injected failure or run."""
     shared = ("start", "state", "restore", "injected_failure", "run", "check_injection")
-    for engine_loop in (Worker, BatchedRun):
+    for engine_loop in (MessagePassingRank, BatchedRun):
         assert issubclass(engine_loop, TrainingLoop)
         assert not [name for name in shared if name in vars(engine_loop)], engine_loop
     assert {"record_failure", "close_quietly"} <= set(TrainingLoop.run.__code__.co_names)  # recorded once, for every engine

@@ -25,7 +25,8 @@ import pytest
 import torch
 
 from benchmarks.gpu_report import mpi_cuda_support
-from relaympi.comm import BufferError, FlatBuffer, buffers, flatten_module, run_local
+from relaympi.comm import BufferError, buffers, run_local
+from relaympi.flat import FlatBuffer, flatten_module
 
 DEVICE_ENV = "RELAYMPI_TEST_GPU_DEVICE"
 NUMEL = 1001  # odd: the two trees of double binary trees get unequal halves

@@ -20,11 +20,11 @@ PACKAGE = Path(__file__).resolve().parent.parent / "relaympi"
 LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     # what everything may use: the run file's schema (results) and checkpoint format, the launcher's
     # environment, the package version, where data sets live, the CLI's exit-status conventions
-    ("foundation", 0, ("relaympi", "relaympi.entrypoint", "relaympi.launcher", "relaympi.threads", "relaympi.checkpoint",
+    ("foundation", 0, ("relaympi", "relaympi.entrypoint", "relaympi.launcher", "relaympi.threads", "relaympi.checkpoint_files",
                        "relaympi.provenance", "relaympi.results", "relaympi.costs", "relaympi.data", "relaympi.data.download",
                        "relaympi.data.manifest", "relaympi.data.paths")),
-    # pure graphs and schedules; the Communicator and its backends; flat parameter buffers (comm.buffers)
-    ("topology, comm, flat layout", 1, ("relaympi.topology", "relaympi.comm")),
+    # pure graphs and schedules; the Communicator and its backends; the model's flat memory layout (flat)
+    ("topology, comm, flat layout", 1, ("relaympi.topology", "relaympi.comm", "relaympi.flat")),
     ("optim", 2, ("relaympi.optim",)),
     # each algorithm as message passing, its matrix form, and its vectorized (batched) form
     ("algorithms", 3, ("relaympi.algorithms", "relaympi.batched", "relaympi.batched.algorithms", "relaympi.batched.base",

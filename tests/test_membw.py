@@ -89,7 +89,7 @@ def test_raw_model_counts_the_benchmarks_messages(topo_name, n, numel):
     from benchmarks.comm import _raw_exchange
     from relaympi.algorithms.relaysum import RelaySum
     from relaympi.comm import run_local
-    from relaympi.comm.buffers import padded_zeros
+    from relaympi.flat import padded_zeros
 
     def body(comm):
         relay = RelaySum(comm, build(topo_name, n), numel, padded_zeros(numel))

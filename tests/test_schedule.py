@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from relaympi import checkpoint, train
+from relaympi import checkpoint_files, train
 from relaympi.config import parse_args
 from relaympi.results import read_run
 from relaympi.tasks.partition import steps_per_epoch
@@ -235,13 +235,13 @@ def test_default_eval_cadence_is_one_epoch(tmp_path):
 def saved_steps(monkeypatch):
     """The (rank, step) of every checkpoint the run writes."""
     saved: list[tuple[int, int]] = []
-    original = checkpoint.save
+    original = checkpoint_files.save
 
     def record(directory, rank, step, state):
         saved.append((rank, step))
         original(directory, rank, step, state)
 
-    monkeypatch.setattr(checkpoint, "save", record)
+    monkeypatch.setattr(checkpoint_files, "save", record)
     return saved
 
 

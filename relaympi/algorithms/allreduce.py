@@ -12,8 +12,8 @@ class AllReduceMatrix(MatrixForm):
     """X(t+1) = X(t) + the local optimizers' update of the mean gradient (the same on every row)."""
 
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
-        mean = np.repeat(G.mean(axis=0, keepdims=True), self.engine.n, axis=0)
-        return X + self.engine.optimizer.update(mean, X, lr)
+        mean = np.repeat(G.mean(axis=0, keepdims=True), self.matrix_algorithm.n, axis=0)
+        return X + self.matrix_algorithm.optimizer.update(mean, X, lr)
 
 
 class AllReduce(Algorithm):

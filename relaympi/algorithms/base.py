@@ -93,12 +93,12 @@ TOPOLOGY_CHECKS = {TREES: _check_trees, ONE_GRAPH: _check_one_graph, FULLY_CONNE
 
 class MatrixForm(ABC):
     """An algorithm vectorized over all n workers (rows of X, numpy), an independent formulation of
-    its message passing: the test oracle and the quadratics engine (see MatrixAlgorithm)."""
+    its message passing: the test oracle and the quadratics studies' fast path (see MatrixAlgorithm)."""
 
-    def __init__(self, engine: Any):
-        # engine: the relaympi.algorithms.matrix.MatrixAlgorithm this form steps (its n, d, topology,
+    def __init__(self, matrix_algorithm: Any):
+        # matrix_algorithm: the relaympi.algorithms.matrix.MatrixAlgorithm this form steps (its n, d, topology,
         # optimizer and options); not imported here, so the interfaces stay the lowest algorithm module
-        self.engine = engine
+        self.matrix_algorithm = matrix_algorithm
 
     @abstractmethod
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:

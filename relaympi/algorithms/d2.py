@@ -37,13 +37,13 @@ def d2_mixing_matrix(topology: Topology, exact_diffusion: bool, force: bool) -> 
 class D2Matrix(MatrixForm):
     """X(t+1) = W (X + U + C),  C(t+1) = X(t+1) - X - U."""
 
-    def __init__(self, engine):
-        super().__init__(engine)
-        self.W = d2_mixing_matrix(engine.topology, engine.options.d2_exact_diffusion, engine.options.d2_force)
-        self.C = np.zeros((engine.n, engine.d))
+    def __init__(self, matrix_algorithm):
+        super().__init__(matrix_algorithm)
+        self.W = d2_mixing_matrix(matrix_algorithm.topology, matrix_algorithm.options.d2_exact_diffusion, matrix_algorithm.options.d2_force)
+        self.C = np.zeros((matrix_algorithm.n, matrix_algorithm.d))
 
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
-        U = self.engine.optimizer.update(G, X, lr)
+        U = self.matrix_algorithm.optimizer.update(G, X, lr)
         X_new = self.W @ (X + U + self.C)
         self.C = X_new - X - U
         return X_new

@@ -12,12 +12,12 @@ from relaympi.algorithms.gossip import mixing_matrix_for
 class DPSGDMatrix(MatrixForm):
     """X(t+1) = W (X(t) + U(t))."""
 
-    def __init__(self, engine):
-        super().__init__(engine)
-        self.W = engine.topology.mixing_matrix(0)
+    def __init__(self, matrix_algorithm):
+        super().__init__(matrix_algorithm)
+        self.W = matrix_algorithm.topology.mixing_matrix(0)
 
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
-        return self.W @ (X + self.engine.optimizer.update(G, X, lr))
+        return self.W @ (X + self.matrix_algorithm.optimizer.update(G, X, lr))
 
 
 class DPSGD(Algorithm):

@@ -12,13 +12,13 @@ from relaympi.algorithms.gossip import mixing_matrix_for
 class GradientTrackingMatrix(MatrixForm):
     """X(t+1) = W (X + U + C),  C(t+1) = W (C + U) - U."""
 
-    def __init__(self, engine):
-        super().__init__(engine)
-        self.W = engine.topology.mixing_matrix(0)
-        self.C = np.zeros((engine.n, engine.d))
+    def __init__(self, matrix_algorithm):
+        super().__init__(matrix_algorithm)
+        self.W = matrix_algorithm.topology.mixing_matrix(0)
+        self.C = np.zeros((matrix_algorithm.n, matrix_algorithm.d))
 
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
-        U = self.engine.optimizer.update(G, X, lr)
+        U = self.matrix_algorithm.optimizer.update(G, X, lr)
         X_new = self.W @ (X + U + self.C)
         self.C = self.W @ (self.C + U) - U
         return X_new

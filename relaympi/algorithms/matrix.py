@@ -1,6 +1,6 @@
 """Matrix-form oracle: every algorithm vectorized over all n workers (numpy), an independent formulation.
 
-Used as the test oracle for the message-passing implementations and as the fast engine for
+Used as the test oracle for the message-passing implementations and as the fast path for
 large random-quadratics studies. Rows of X are workers. Nothing here communicates. Each
 algorithm's matrix form sits beside its message passing (``Algorithm.matrix_form``).
 """

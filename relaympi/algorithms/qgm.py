@@ -12,13 +12,13 @@ from relaympi.algorithms.gossip import mixing_matrix_for
 class QuasiGlobalMomentumMatrix(MatrixForm):
     """D = beta M + G (Nesterov: G + beta D);  X(t+1) = W (X - lr D);  M <- beta M + (1 - beta) (X - X(t+1)) / lr."""
 
-    def __init__(self, engine):
-        super().__init__(engine)
-        self.W = engine.topology.mixing_matrix(0)
-        self.M = np.zeros((engine.n, engine.d))
+    def __init__(self, matrix_algorithm):
+        super().__init__(matrix_algorithm)
+        self.W = matrix_algorithm.topology.mixing_matrix(0)
+        self.M = np.zeros((matrix_algorithm.n, matrix_algorithm.d))
 
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
-        c = self.engine.optimizer.config
+        c = self.matrix_algorithm.optimizer.config
         beta = c.momentum
         G = G + c.weight_decay * X if c.weight_decay else G
         D = beta * self.M + G

@@ -37,7 +37,7 @@ def check_combination(algo: str, topology: Topology, optimizer: OptimizerConfig,
     get_algorithm_class(algo).check(topology, optimizer, options)
 
 
-def check_world_size(topology: Topology, world_size: int) -> None:
+def check_topology_fits_world(topology: Topology, world_size: int) -> None:
     """Raise AlgorithmError unless ``topology`` is for ``world_size`` workers."""
     if topology.world_size != world_size:
         raise AlgorithmError(f"topology {topology.name!r} is for {topology.world_size} workers, the world has {world_size}")
@@ -48,5 +48,5 @@ def make_algorithm(
 ) -> Algorithm:
     """Build algorithm ``algo`` for this worker; refuses invalid combinations with a clear error."""
     cls = get_algorithm_class(algo)
-    check_world_size(topology, comm.world_size)
+    check_topology_fits_world(topology, comm.world_size)
     return cls(comm, topology, optimizer, x0, options or AlgorithmOptions())

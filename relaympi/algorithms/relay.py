@@ -41,22 +41,22 @@ def _add_scaled(x: torch.Tensor, other: torch.Tensor, factor: Factor) -> None:
 class _DelayedSum(MatrixForm):
     """RelaySum in matrix form: per coordinate, sum_j V_j(t - e_ij) over the j whose value has arrived.
 
-    Columns are the engine's width // coordinate_period copies of one period-vector, each split
+    Columns are the matrix algorithm's width // coordinate_period copies of one period-vector, each split
     into the layers' coordinate blocks (layer k relays block k)."""
 
-    def __init__(self, engine):
-        super().__init__(engine)
-        d = engine.d
-        period = engine.coordinate_period or d
+    def __init__(self, matrix_algorithm):
+        super().__init__(matrix_algorithm)
+        d = matrix_algorithm.d
+        period = matrix_algorithm.coordinate_period or d
         if d % period:
             raise ValueError(f"width {d} is not a multiple of the coordinate period {period}")
-        blocks = engine.topology.coordinate_blocks(period)
+        blocks = matrix_algorithm.topology.coordinate_blocks(period)
         if period == d:
             self.layer_coords = list(blocks)
         else:
             starts = np.arange(0, d, period)[:, None]
             self.layer_coords = [(starts + np.arange(b.start, b.stop)[None, :]).ravel() for b in blocks]
-        delays = [effective_delays(engine.topology, k) for k in range(engine.topology.num_layers)]
+        delays = [effective_delays(matrix_algorithm.topology, k) for k in range(matrix_algorithm.topology.num_layers)]
         self.tau_max = max(int(e.max()) for e in delays)
         # masks[layer][e][i, j] = 1 where j's value from e steps ago reaches i now
         self.masks = [[(delay == e).astype(float) for e in range(self.tau_max + 1)] for delay in delays]
@@ -64,7 +64,7 @@ class _DelayedSum(MatrixForm):
 
     def delayed_sum(self, current: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
         """The delayed sum including ``current`` (this step's values), and how many values it holds."""
-        n, d = self.engine.n, self.engine.d
+        n, d = self.matrix_algorithm.n, self.matrix_algorithm.d
         self.history.append(current)
         del self.history[: -(self.tau_max + 1)]
         total = np.zeros((n, d))
@@ -81,20 +81,20 @@ class RelaySGDMatrix(_DelayedSum):
     ones filled by X(t) (previous) or x(0) (initial), / n."""
 
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
-        engine = self.engine
-        total, count = self.delayed_sum(X + engine.optimizer.update(G, X, lr), t)
-        if engine.options.relay_mode == "counts":
+        matrix_algorithm = self.matrix_algorithm
+        total, count = self.delayed_sum(X + matrix_algorithm.optimizer.update(G, X, lr), t)
+        if matrix_algorithm.options.relay_mode == "counts":
             return total / count
-        missing = engine.n - count
-        fill = X if engine.options.relay_mode == "previous" else np.broadcast_to(engine.x0, X.shape)
-        return (total + missing * fill) / engine.n
+        missing = matrix_algorithm.n - count
+        fill = X if matrix_algorithm.options.relay_mode == "previous" else np.broadcast_to(matrix_algorithm.x0, X.shape)
+        return (total + missing * fill) / matrix_algorithm.n
 
 
 class RelaySGDGradMatrix(_DelayedSum):
     """X(t+1) = X(t) + the delayed sum of U(s) / n."""
 
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
-        return X + self.delayed_sum(self.engine.optimizer.update(G, X, lr), t)[0] / self.engine.n
+        return X + self.delayed_sum(self.matrix_algorithm.optimizer.update(G, X, lr), t)[0] / self.matrix_algorithm.n
 
 
 class RelaySGD(Algorithm):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from relaympi.comm import Communicator, Request
-from relaympi.comm.buffers import padded_zeros, spare_slots
+from relaympi.flat import padded_zeros, spare_slots
 from relaympi.topology import Topology
 
 # Elements per chunk of a message: assembly of chunk c + 1 overlaps the transfer of chunk c.
@@ -25,7 +25,7 @@ class _Layer:
 
     A message is [payload (block size s), counter] with the counter at index ``counter``:
     first for layer 0 of a multi-tree topology, last otherwise, so that both can sit in the
-    spare slots around a flat parcel (comm.buffers.padded_zeros) and a leaf sends its parcel
+    spare slots around a flat parcel (relaympi.flat.padded_zeros) and a leaf sends its parcel
     without a copy.
     """
 

@@ -14,12 +14,12 @@ ROUNDS = 2  # two communication rounds per gradient step equalize bandwidth with
 class SGPMatrix(MatrixForm):
     """X(t+1) = W(2t + 1) W(2t) (X + U), W(t') the exponential schedule's averaging matrix of round t'."""
 
-    def __init__(self, engine):
-        super().__init__(engine)
-        self.schedule = ExponentialSchedule(engine.n)
+    def __init__(self, matrix_algorithm):
+        super().__init__(matrix_algorithm)
+        self.schedule = ExponentialSchedule(matrix_algorithm.n)
 
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
-        Y = X + self.engine.optimizer.update(G, X, lr)
+        Y = X + self.matrix_algorithm.optimizer.update(G, X, lr)
         for r in range(ROUNDS):
             Y = self.schedule.mixing_matrix(ROUNDS * t + r) @ Y
         return Y

@@ -12,7 +12,7 @@ from relaympi.algorithms import (
     Algorithm,
     AlgorithmOptions,
     check_combination,
-    check_world_size,
+    check_topology_fits_world,
 )
 from relaympi.batched.base import BatchedAlgorithm
 from relaympi.batched.mixer import BatchedMixers
@@ -53,6 +53,6 @@ def make_batched_algorithm(
 ) -> BatchedAlgorithm:
     """The batched form of ``algo`` for the workers of X0 [N, numel]; refuses what make_algorithm refuses."""
     options = options or AlgorithmOptions()
-    check_world_size(topology, X0.shape[0])
+    check_topology_fits_world(topology, X0.shape[0])
     check_combination(algo, topology, optimizer.config, options)  # make_algorithm's refusals, with its messages
     return BATCHED_ALGORITHMS[algo](topology, optimizer, X0, options, drops or DropPolicy())

@@ -1,7 +1,7 @@
 """Communication: the Communicator interface and its MPI and in-process backends."""
 
 from relaympi.comm.base import CommError, Communicator, DropPolicy, RemoteFailure, Request
-from relaympi.comm.buffers import BufferError, FlatBuffer, flatten_module, query_cuda_aware_mpi
+from relaympi.comm.buffers import BufferError, query_cuda_aware_mpi
 from relaympi.comm.local import LocalCommunicator, LocalWorld, WorldAborted, run_local
 
 
@@ -17,13 +17,11 @@ __all__ = [
     "CommError",
     "Communicator",
     "DropPolicy",
-    "FlatBuffer",
     "LocalCommunicator",
     "LocalWorld",
     "RemoteFailure",
     "Request",
     "WorldAborted",
-    "flatten_module",
     "mpi_communicator",
     "query_cuda_aware_mpi",
     "run_local",

@@ -38,7 +38,7 @@ def run(plan: Plan, out: Path, command: str, comm: Communicator | None = None) -
 def run_rank(comm: Communicator, plan: Plan, out: Path, command: str) -> str:
     """One rank's whole run; a failure is recorded (rank 0) or reported to rank 0 (others)."""
     try:
-        worker = Worker(comm, plan, writer_factory(plan, out, command))
+        worker = MessagePassingRank(comm, plan, writer_factory(plan, out, command))
     except USAGE_ERRORS as exc:
         # setup errors are the same on every rank; agree on them so none waits for the others
         comm.allreduce_flags(np.array([1.0]))
@@ -48,7 +48,7 @@ def run_rank(comm: Communicator, plan: Plan, out: Path, command: str) -> str:
     return worker.run()
 
 
-class Worker(TrainingLoop):
+class MessagePassingRank(TrainingLoop):
     """One rank of a message-passing run: its workload, optimizer and algorithm over a Communicator."""
 
     worker_noun = "rank"

@@ -53,7 +53,7 @@ def dirichlet_partition(
     indices are returned sorted ascending (int64).
     """
     labels = _check_labels(labels)
-    _check_world_size(world_size, len(labels))
+    _check_worker_count(world_size, len(labels))
     _check_alpha(alpha)
     _check_seed(seed)
     if group_size < 1:
@@ -85,7 +85,7 @@ def _check_labels(labels: np.ndarray) -> np.ndarray:
     return labels
 
 
-def _check_world_size(world_size: int, num_samples: int) -> None:
+def _check_worker_count(world_size: int, num_samples: int) -> None:
     if not isinstance(world_size, (int, np.integer)) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if world_size > num_samples:

@@ -30,14 +30,14 @@ from .spectra import (
     tree_extremes,
 )
 
-__all__ = ["GENERAL_DIAMETER_MAX_WORK", "LayerFacts", "Topology", "check_world_size"]
+__all__ = ["GENERAL_DIAMETER_MAX_WORK", "LayerFacts", "Topology", "as_world_size"]
 
 # A summary computes the diameter of a graph that is neither a tree nor vertex-transitive by a
 # BFS from every rank, n * (n + m) steps; above this much work it says "not computed" instead.
 GENERAL_DIAMETER_MAX_WORK = 10**8
 
 
-def check_world_size(world_size: Any, *, what: str = "world_size", minimum: int = 1) -> int:
+def as_world_size(world_size: Any, *, what: str = "world_size", minimum: int = 1) -> int:
     """Return world_size as an int, or raise TopologyError if it is not an integer >= minimum."""
     if isinstance(world_size, bool):
         raise TopologyError(f"{what} must be an integer, got {world_size!r}")
@@ -165,7 +165,7 @@ class Topology:
     ) -> None:
         if not isinstance(name, str) or not name:
             raise TopologyError(f"topology name must be a non-empty string, got {name!r}")
-        world_size = check_world_size(world_size)
+        world_size = as_world_size(world_size)
         if isinstance(layers, (nx.Graph, np.ndarray)):
             layers = (layers,)
         layers = tuple(layers)

@@ -10,7 +10,7 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 
-from .core import LayerFacts, Topology, check_world_size
+from .core import LayerFacts, Topology, as_world_size
 from .errors import TopologyError
 from .schedule import ExponentialSchedule, is_power_of_two
 from .spectra import (
@@ -52,7 +52,7 @@ def _pairs(first: np.ndarray, second: np.ndarray) -> np.ndarray:
 
 def ring(world_size: int) -> Topology:
     """Cycle 0-1-...-(n-1)-0; needs n >= 3 (with 2 ranks it degenerates to a chain)."""
-    n = check_world_size(world_size, what="ring world_size", minimum=-(2**62))
+    n = as_world_size(world_size, what="ring world_size", minimum=-(2**62))
     if n < 3:  # one message for every n below the minimum
         raise TopologyError(
             f"ring world_size must be >= 3, got {n} (with 2 ranks a ring degenerates to a chain: use 'chain')"
@@ -64,14 +64,14 @@ def ring(world_size: int) -> Topology:
 
 def chain(world_size: int) -> Topology:
     """Path 0-1-...-(n-1) (the spanning tree of a ring); n >= 2."""
-    n = check_world_size(world_size, what="chain world_size", minimum=2)
+    n = as_world_size(world_size, what="chain world_size", minimum=2)
     facts = LayerFacts("chain", eigenvalues=partial(chain_spectrum, n))
     return Topology("chain", n, (_pairs(np.arange(n - 1), np.arange(1, n)),), facts=(facts,))
 
 
 def star(world_size: int) -> Topology:
     """Rank 0 is the hub connected to every other rank; n >= 2."""
-    n = check_world_size(world_size, what="star world_size", minimum=2)
+    n = as_world_size(world_size, what="star world_size", minimum=2)
     facts = LayerFacts("star", eigenvalues=partial(star_spectrum, n))
     return Topology("star", n, (_pairs(np.zeros(n - 1), np.arange(1, n)),), facts=(facts,))
 
@@ -84,7 +84,7 @@ def _heap_tree_edges(world_size: int) -> np.ndarray:
 
 def binary_tree(world_size: int) -> Topology:
     """Balanced binary tree in heap layout (children of r are 2r+1, 2r+2; root 0); n >= 2."""
-    n = check_world_size(world_size, what="binary-tree world_size", minimum=2)
+    n = as_world_size(world_size, what="binary-tree world_size", minimum=2)
     return Topology("binary-tree", n, (_heap_tree_edges(n),))
 
 
@@ -96,7 +96,7 @@ def double_binary_trees(world_size: int) -> Topology:
     one tree is a leaf in the other, so each rank sends and receives at most 2 models per
     step. The property is checked for the n asked for; n >= 2.
     """
-    n = check_world_size(world_size, what="double-binary-trees world_size", minimum=2)
+    n = as_world_size(world_size, what="double-binary-trees world_size", minimum=2)
     tree_a = _heap_tree_edges(n)
     tree_b = n - 1 - tree_a
     topology = Topology("double-binary-trees", n, (tree_a, tree_b))
@@ -124,7 +124,7 @@ def _check_complementary(topology: Topology) -> None:
 
 def fully_connected(world_size: int) -> Topology:
     """Complete graph (all-reduce); n >= 1 (one worker: the centralized single-worker baseline)."""
-    n = check_world_size(world_size, what="fully-connected world_size", minimum=1)
+    n = as_world_size(world_size, what="fully-connected world_size", minimum=1)
     facts = LayerFacts(
         "fully-connected", vertex_transitive=True, eigenvalues=partial(fully_connected_spectrum, n)
     )
@@ -133,7 +133,7 @@ def fully_connected(world_size: int) -> Topology:
 
 def hypercube(world_size: int) -> Topology:
     """Hypercube: ranks differing in exactly one bit are connected; n a power of two >= 2."""
-    n = check_world_size(world_size, what="hypercube world_size", minimum=2)
+    n = as_world_size(world_size, what="hypercube world_size", minimum=2)
     if not is_power_of_two(n):
         raise TopologyError(
             f"hypercube needs a power of two world_size (2, 4, 8, 16, ...), got {n}"
@@ -215,7 +215,7 @@ def from_edge_list(path: str | Path, world_size: int) -> Topology:
 
     It is named "edge-list:<path>", a name build() accepts.
     """
-    n = check_world_size(world_size, what="edge-list world_size", minimum=1)
+    n = as_world_size(world_size, what="edge-list world_size", minimum=1)
     path = Path(path)
     try:
         text = path.read_text()

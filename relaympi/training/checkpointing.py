@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from relaympi import checkpoint
+from relaympi import checkpoint_files
 from relaympi.config import RESUME_FREE_KEYS, ConfigError, RunConfig
 from relaympi.results import (
     FINISHED_STATUSES,
@@ -53,14 +53,14 @@ class Checkpoints:
 
     def save(self, step: int, state: dict[str, Any]) -> None:
         """Collective: every rank writes ``state``; meta.json names the step once all have."""
-        checkpoint.save(self.directory, self.rank, step, state)
+        checkpoint_files.save(self.directory, self.rank, step, state)
         self.barrier()
         if self.rank == 0:
             engine = {"engine": self.engine} if self.engine else {}
             meta = {"step": step, "world_size": self.world_size, **engine, "config": resume_key(self.cfg), "owner": self.owner}
-            checkpoint.write_meta(self.directory, meta)
+            checkpoint_files.write_meta(self.directory, meta)
         self.barrier()
-        checkpoint.prune(self.directory, self.rank, step)
+        checkpoint_files.prune(self.directory, self.rank, step)
 
     # -- a folder every node sees ------------------------------------------------------------
     _HOST_MARK = ".host-{}"  # one per node: written by its ranks, read by rank 0
@@ -96,7 +96,7 @@ class Checkpoints:
         """
         if self.directory is None:
             return False
-        meta = checkpoint.read_meta(self.directory)
+        meta = checkpoint_files.read_meta(self.directory)
         if meta is None:
             return False
         step, owner = int(meta["step"]), meta.get("owner") or {}
@@ -112,7 +112,7 @@ class Checkpoints:
                 log.warning("ignoring the checkpoint in %s: %s is missing, so the run starts from step 0", self.directory, out)
             else:
                 log.warning("discarding the checkpoint in %s: %s is %s and --overwrite replaces it, so the run starts from step 0", self.directory, out, status)
-            checkpoint.forget(self.directory)
+            checkpoint_files.forget(self.directory)
             return False
         try:
             run = read_run(out, datasets=["step"])
@@ -135,14 +135,14 @@ class Checkpoints:
         if not self.cfg.overwrite:
             raise ConfigError(f"{reason}; or pass --overwrite to discard the checkpoint and start this run from step 0")
         log.warning("discarding the checkpoint in %s (--overwrite): %s", self.directory, reason)
-        checkpoint.forget(self.directory)
+        checkpoint_files.forget(self.directory)
         return False
 
     def load(self) -> tuple[int, dict[str, Any] | None]:
         """(step, this rank's state) of the checkpoint meta.json names; (0, None) when there is none."""
         if self.directory is None:
             return 0, None
-        meta = checkpoint.read_meta(self.directory)
+        meta = checkpoint_files.read_meta(self.directory)
         if meta is None:
             return 0, None
         n = self.world_size
@@ -159,4 +159,4 @@ class Checkpoints:
                 "use another --checkpoint-dir or delete it"
             )
         step = int(meta["step"])
-        return step, checkpoint.load(self.directory, self.rank, step)
+        return step, checkpoint_files.load(self.directory, self.rank, step)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from relaympi.checkpoint import CheckpointError
+from relaympi.checkpoint_files import CheckpointError
 from relaympi.config import ConfigError, RunConfig
 from relaympi.launcher import launch
 from relaympi.tasks import TaskError

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from relaympi import provenance
-from relaympi.checkpoint import CheckpointWriteError
+from relaympi.checkpoint_files import CheckpointWriteError
 from relaympi.config import ConfigError
 from relaympi.results import (
     CHANCE_FACTOR,

@@ -1,0 +1,88 @@
+"""One job per module, and names that say what they are (issue 20, item 5): each renamed or moved
+name is found at its new home, does what it did, and the old name is gone."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from relaympi import comm
+from relaympi.comm import buffers
+
+
+def test_the_flat_layout_is_its_own_module_not_comm() -> None:
+    from relaympi import flat
+
+    model = torch.nn.Linear(3, 2)
+    x, g = flat.flatten_module(model)
+    assert x.numel() == 8 and flat.spare_slots(x) is not None  # RelaySum's spare slots around it
+    assert model.weight.data.data_ptr() == x.data_ptr()
+    fb = flat.FlatBuffer.zeros([(2, 2), (1,)], like=np.zeros(1))
+    assert fb.flat.shape == (5,) and fb.views[0].shape == (2, 2)
+    for name in ("FlatBuffer", "flatten_module", "padded_zeros", "padded_zeros_like", "spare_slots"):
+        assert not hasattr(buffers, name), f"comm.buffers still holds {name}"
+        assert not hasattr(comm, name), f"relaympi.comm still exports {name}"
+    assert comm.BufferError is buffers.BufferError and comm.query_cuda_aware_mpi is buffers.query_cuda_aware_mpi
+
+
+def test_one_ranks_message_passing_run_is_a_message_passing_rank() -> None:
+    from relaympi.engines import message_passing
+    from relaympi.training.loop import TrainingLoop
+
+    assert issubclass(message_passing.MessagePassingRank, TrainingLoop)
+    assert not hasattr(message_passing, "Worker")
+
+
+def test_the_checkpoint_file_format_is_checkpoint_files() -> None:
+    from relaympi import checkpoint_files
+
+    assert all(callable(getattr(checkpoint_files, f)) for f in ("save", "load", "prune", "read_meta", "write_meta", "forget"))
+    assert not (Path(checkpoint_files.__file__).parent / "checkpoint.py").exists()
+
+
+def test_a_matrix_form_names_the_matrix_algorithm_it_steps() -> None:
+    from relaympi.algorithms.matrix import make_matrix_algorithm
+    from relaympi.optim import OptimizerConfig
+    from relaympi.topology import build
+
+    algo = make_matrix_algorithm("dpsgd", build("ring", 4), 4, np.zeros(3), OptimizerConfig(name="sgd"))
+    assert algo.form.matrix_algorithm is algo and not hasattr(algo.form, "engine")
+
+
+def test_the_two_world_size_checks_have_two_names() -> None:
+    from relaympi import algorithms, topology
+    from relaympi.algorithms import AlgorithmError
+    from relaympi.topology import TopologyError
+    from relaympi.topology.core import as_world_size
+
+    assert as_world_size(np.int64(5)) == 5 and type(as_world_size(np.int64(5))) is int  # a count, as an int
+    with pytest.raises(TopologyError, match="ring world_size must be >= 2, got 1"):
+        as_world_size(1, what="ring world_size", minimum=2)
+    algorithms.check_topology_fits_world(topology.build("ring", 4), 4)  # a topology against the world
+    with pytest.raises(AlgorithmError, match="topology 'ring' is for 4 workers, the world has 3"):
+        algorithms.check_topology_fits_world(topology.build("ring", 4), 3)
+    for module in ("relaympi.topology.core", "relaympi.topology.graphs", "relaympi.algorithms.registry", "relaympi.tasks.partition"):
+        names = vars(importlib.import_module(module))
+        assert "check_world_size" not in names and "_check_world_size" not in names
+    assert "check_world_size" not in algorithms.__all__
+
+
+def test_the_readme_layout_names_real_modules_and_where_new_pieces_go() -> None:
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    for path in re.findall(r"relaympi/[\w/]+\.py", layout):
+        assert (root / path).is_file(), f"README's Layout names {path}, which does not exist"
+    for name in ("flat.py", "checkpoint_files.py", "MessagePassingRank"):
+        assert name in layout
+    where = layout.split("Where a new piece goes", 1)[1]
+    for piece, home in (("algorithm", "relaympi/algorithms/registry.py"), ("task", "relaympi/tasks/__init__.py"),
+                        ("engine", "relaympi/engines/__init__.py"), ("flag", "relaympi/config.py")):
+        line = re.search(rf"^- a new {piece}:(.*?)(?=^- |\Z)", where, re.S | re.M)
+        assert line and home in line.group(1), f"README says nowhere where a new {piece} goes"
