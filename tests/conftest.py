@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -67,3 +69,16 @@ def env_for_subprocess() -> dict[str, str]:
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(mount: Path, size: str = "1m"):
+    """A tmpfs of ``size`` at ``mount`` (made here) for the block, unmounted after it; skips the test
+    where it cannot be mounted (needs root)."""
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False, capture_output=True)

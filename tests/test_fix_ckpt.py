@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from relaympi.results import read_run, run_status
-from tests.conftest import ROOT, env_for_subprocess, mpirun_path, requires_mpirun
+from tests.conftest import ROOT, env_for_subprocess, mounted_tmpfs, mpirun_path, requires_mpirun
 
 PY = sys.executable
 # 4 workers, 60 steps, an evaluation (and a checkpoint) every 10
@@ -152,18 +152,25 @@ def test_sigint_checkpoints_like_sigterm_and_the_same_command_resumes(tmp_path):
         np.testing.assert_array_equal(resumed.data[key], uninterrupted.data[key], err_msg=key)
 
 
-def test_ctrl_c_to_the_process_group_stops_the_batched_run_with_a_checkpoint(tmp_path):
-    args = ["--task", "digits", "--backend", "batched", "--workers", "4", "--algo", "relay", "--steps", "100000",
-            "--eval-every", "10", "--log-every", "10", "--checkpoint-dir", tmp_path / "ck", "--out", tmp_path / "r.h5"]
-    proc = subprocess.Popen([PY, "-m", "relaympi.train", *map(str, args)], cwd=ROOT, env=env_for_subprocess(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+def _ctrl_c_at(command: list[str], progress: str) -> tuple[subprocess.Popen, str, str]:
+    """Start ``command`` in its own process group, send the group SIGINT (Ctrl-C) once its stderr
+    shows ``progress``; (process, stdout, stderr) once it ended."""
+    proc = subprocess.Popen(command, cwd=ROOT, env=env_for_subprocess(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
     deadline = time.monotonic() + 240
     for line in proc.stderr:
-        if "step 20/" in line:
+        if progress in line:
             os.killpg(proc.pid, signal.SIGINT)
             break
         assert time.monotonic() < deadline
     out, err = proc.communicate(timeout=120)
+    return proc, out, err
+
+
+def test_ctrl_c_to_the_process_group_stops_the_batched_run_with_a_checkpoint(tmp_path):
+    args = ["--task", "digits", "--backend", "batched", "--workers", "4", "--algo", "relay", "--steps", "100000",
+            "--eval-every", "10", "--log-every", "10", "--checkpoint-dir", tmp_path / "ck", "--out", tmp_path / "r.h5"]
+    proc, out, err = _ctrl_c_at([PY, "-m", "relaympi.train", *map(str, args)], "step 20/")
     assert proc.returncode == 4, err[-3000:]
     assert "Traceback" not in err and "checkpoint saved in" in out
     run = read_run(tmp_path / "r.h5")
@@ -174,15 +181,7 @@ def test_ctrl_c_to_the_process_group_stops_the_batched_run_with_a_checkpoint(tmp
 def test_mpi_ctrl_c_checkpoints_on_every_rank(tmp_path):
     args = ["--task", "quadratics", "--algo", "relay", "--topology", "chain", "--steps", "100000", "--dim", "4",
             "--eval-every", "100", "--log-every", "100", "--checkpoint-dir", tmp_path / "ck", "--out", tmp_path / "r.h5"]
-    proc = subprocess.Popen([mpirun_path(), "-n", "2", PY, "-m", "relaympi.train", *map(str, args)], cwd=ROOT, env=env_for_subprocess(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 240
-    for line in proc.stderr:
-        if "step 200/" in line:
-            os.killpg(proc.pid, signal.SIGINT)
-            break
-        assert time.monotonic() < deadline
-    out, err = proc.communicate(timeout=120)
+    _, out, err = _ctrl_c_at([mpirun_path(), "-n", "2", PY, "-m", "relaympi.train", *map(str, args)], "step 200/")
     assert "KeyboardInterrupt" not in err and "Traceback" not in err, err[-3000:]
     run = read_run(tmp_path / "r.h5")
     assert run.status == "preempted" and run.attrs["checkpoint_saved"] is True
@@ -194,14 +193,8 @@ def test_mpi_ctrl_c_checkpoints_on_every_rank(tmp_path):
 @pytest.fixture
 def small_disk(tmp_path):
     """A 1 MiB tmpfs (needs root); a run file of 16 workers outgrows it within a few evaluations."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
+    with mounted_tmpfs(tmp_path / "small") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
 
 
 @pytest.mark.parametrize("backend", ["local", "batched"])

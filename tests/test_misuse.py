@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import env_for_subprocess, mpirun_path, requires_mpirun
+from tests.conftest import env_for_subprocess, mounted_tmpfs, mpirun_path, requires_mpirun
 
 TRAIN = ["-m", "relaympi.train"]
 
@@ -54,16 +54,10 @@ CASES = [
 @pytest.fixture
 def read_only_dir(tmp_path):
     """A read-only tmpfs at tmp_path/ro holding one file, old.h5; unmounted afterwards."""
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(ro)], capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs (needs root)")
-    try:
+    with mounted_tmpfs(tmp_path / "ro") as ro:
         (ro / "old.h5").write_bytes(b"another problem")
         subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True, capture_output=True)
         yield ro
-    finally:
-        subprocess.run(["umount", str(ro)], check=True, capture_output=True)
 
 
 def _files(root: Path) -> list[str]:
