@@ -158,6 +158,41 @@ node_cpus() {
     awk '$1 ~ /^NodeName=/ { for (i = 2; i <= NF; i++) if ($i ~ /^CPUs=/) print substr($i, 6) }' "$CONF"
 }
 
+conf_common() {  # SPOOL_SUFFIX NAME_SUFFIX MPI_DEFAULT: the slurm.conf lines both kinds of cluster share
+    # (emulated nodes give slurmd a spool folder, pid and log file each: /%n and -%n)
+    cat <<EOF
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+# A requeued job waits cred_expire seconds before it may start again (default 120).
+AuthInfo=cred_expire=10
+StateSaveLocation="$SLURM_DIR/state"
+SlurmdSpoolDir="$SLURM_DIR/spool$1"
+SlurmctldPidFile="$SLURM_DIR/slurmctld.pid"
+SlurmdPidFile="$SLURM_DIR/slurmd$2.pid"
+SlurmctldLogFile="$SLURM_DIR/log/slurmctld.log"
+SlurmdLogFile="$SLURM_DIR/log/slurmd$2.log"
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2
+MpiDefault=$3
+ReturnToService=2
+SlurmdParameters=config_overrides
+MaxArraySize=10001
+MinJobAge=30
+KillWait=10
+InactiveLimit=0
+EOF
+}
+
 write_conf() {
     local cpus memory_mb
     # the CPUs this process may run on (nproc alone also obeys OMP_NUM_THREADS, which scripts set to 1)
@@ -169,35 +204,7 @@ write_conf() {
 # Written by relaympi jobs/local_cluster.sh: a one-node cluster on localhost.
 ClusterName=relaympi
 SlurmctldHost=localhost
-SlurmctldPort=$CTLD_PORT
-SlurmdPort=$SLURMD_PORT
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-# A requeued job waits cred_expire seconds before it may start again (default 120).
-AuthInfo=cred_expire=10
-StateSaveLocation="$SLURM_DIR/state"
-SlurmdSpoolDir="$SLURM_DIR/spool"
-SlurmctldPidFile="$SLURM_DIR/slurmctld.pid"
-SlurmdPidFile="$SLURM_DIR/slurmd.pid"
-SlurmctldLogFile="$SLURM_DIR/log/slurmctld.log"
-SlurmdLogFile="$SLURM_DIR/log/slurmd.log"
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SchedulerType=sched/backfill
-SchedulerParameters=sched_interval=2
-MpiDefault=none
-ReturnToService=2
-SlurmdParameters=config_overrides
-MaxArraySize=10001
-MinJobAge=30
-KillWait=10
-InactiveLimit=0
+$(conf_common "" "" none)
 NodeName=localhost CPUs=$cpus RealMemory=$memory_mb State=UNKNOWN
 PartitionName=$PARTITION Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 EOF
@@ -371,35 +378,8 @@ write_nodes_conf() {
 # Written by relaympi jobs/local_cluster.sh: $N_NODES emulated nodes on this machine ($N_SUBNET.0/24).
 ClusterName=relaympi
 SlurmctldHost=ctld($N_SUBNET.1)
-SlurmctldPort=$CTLD_PORT
-SlurmdPort=$SLURMD_PORT
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=cred_expire=10
-StateSaveLocation="$SLURM_DIR/state"
-SlurmdSpoolDir="$SLURM_DIR/spool/%n"
-SlurmctldPidFile="$SLURM_DIR/slurmctld.pid"
-SlurmdPidFile="$SLURM_DIR/slurmd-%n.pid"
-SlurmctldLogFile="$SLURM_DIR/log/slurmctld.log"
-SlurmdLogFile="$SLURM_DIR/log/slurmd-%n.log"
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SchedulerType=sched/backfill
-SchedulerParameters=sched_interval=2
 # srun starts MPICH ranks itself through PMI2 (the jobs' default launcher); mpirun uses srun for its proxies
-MpiDefault=pmi2
-ReturnToService=2
-SlurmdParameters=config_overrides
-MaxArraySize=10001
-MinJobAge=30
-KillWait=10
-InactiveLimit=0
+$(conf_common /%n -%n pmi2)
 # a node that stops answering (killed, link down) is DOWN, and its jobs end, within ~30 s
 SlurmdTimeout=20
 MessageTimeout=5
