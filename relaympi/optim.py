@@ -47,14 +47,36 @@ class LocalOptimizer:
     def __init__(self, config: OptimizerConfig, like: torch.Tensor):
         self.config = config
         self.update_buffer = padded_zeros_like(like)  # spare slots: RelaySGD/Grad relays u without a copy
-        numel = like.numel()
-        step = UPDATE_BLOCK if like.device.type == "cpu" else max(numel, 1)
-        self._blocks = [slice(lo, min(lo + step, numel)) for lo in range(0, numel, step)]
+        self.numel = numel = like.numel()
+        self._block = UPDATE_BLOCK if like.device.type == "cpu" else max(numel, 1)
         self._decayed: torch.Tensor | None = None  # one block of grad + weight_decay * x
 
     def update(self, grad: torch.Tensor, x: torch.Tensor, lr: float, apply: bool = False) -> torch.Tensor:
         """The update for this step (the returned tensor is reused next step); with ``apply``,
-        also x += u in the same cache-blocked sweep."""
+        also x += u in the same cache-blocked sweep. The same as ``begin_step()`` then
+        ``update_range`` over [0, numel)."""
+        self.begin_step()
+        self.update_range(grad, x, lr, 0, self.numel, apply)
+        return self.update_buffer
+
+    def begin_step(self) -> None:  # noqa: B027 - stateless across steps by default
+        """Start a step whose update comes range by range (``update_range``): per-step counters advance here."""
+
+    def update_range(self, grad: torch.Tensor, x: torch.Tensor, lr: float, lo: int, hi: int, apply: bool = False) -> None:
+        """u[lo:hi] (in ``update_buffer``) from grad[lo:hi], and with ``apply`` x[lo:hi] += u[lo:hi].
+
+        Every optimizer here is elementwise, so the bits of u do not depend on how a step's
+        [0, numel) is cut into ranges, nor on their order: the overlapped and pipelined steps rely
+        on it. Each range must be updated once per step, after ``begin_step``."""
+        for b in self._blocks(lo, hi):
+            self._update_block(grad[b], x[b], self.update_buffer[b], b, lr)
+            if apply:
+                x[b].add_(self.update_buffer[b])
+
+    def _blocks(self, lo: int, hi: int) -> list[slice]:
+        return [slice(start, min(start + self._block, hi)) for start in range(lo, hi, self._block)]
+
+    def _update_block(self, grad: torch.Tensor, x: torch.Tensor, u: torch.Tensor, b: slice, lr: float) -> None:
         raise NotImplementedError
 
     def _regularized(self, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -62,7 +84,7 @@ class LocalOptimizer:
         if not self.config.weight_decay:
             return grad
         if self._decayed is None:
-            self._decayed = torch.empty(self._blocks[0].stop - self._blocks[0].start, dtype=grad.dtype, device=grad.device)
+            self._decayed = torch.empty(min(self._block, self.numel), dtype=grad.dtype, device=grad.device)
         return torch.add(grad, x, alpha=self.config.weight_decay, out=self._decayed[: grad.numel()])
 
     def state_dict(self) -> dict[str, Any]:
@@ -79,24 +101,19 @@ class SGD(LocalOptimizer):
         super().__init__(config, like)
         self.momentum_buffer = torch.zeros_like(like) if config.momentum > 0 else None
 
-    def update(self, grad: torch.Tensor, x: torch.Tensor, lr: float, apply: bool = False) -> torch.Tensor:
+    def _update_block(self, grad: torch.Tensor, x: torch.Tensor, u: torch.Tensor, b: slice, lr: float) -> None:
         beta, nesterov = self.config.momentum, self.config.nesterov
-        for b in self._blocks:
-            g = self._regularized(grad[b], x[b])
-            u = self.update_buffer[b]
-            if self.momentum_buffer is None:
-                torch.mul(g, -lr, out=u)
-            else:
-                m = self.momentum_buffer[b]
-                m.mul_(beta).add_(g)
-                if nesterov:
-                    torch.add(g, m, alpha=beta, out=u)
-                    u.mul_(-lr)
-                else:
-                    torch.mul(m, -lr, out=u)
-            if apply:
-                x[b].add_(u)
-        return self.update_buffer
+        g = self._regularized(grad, x)
+        if self.momentum_buffer is None:
+            torch.mul(g, -lr, out=u)
+            return
+        m = self.momentum_buffer[b]
+        m.mul_(beta).add_(g)
+        if nesterov:
+            torch.add(g, m, alpha=beta, out=u)
+            u.mul_(-lr)
+        else:
+            torch.mul(m, -lr, out=u)
 
     def state_dict(self) -> dict[str, Any]:
         return {} if self.momentum_buffer is None else {"momentum_buffer": self.momentum_buffer}
@@ -115,22 +132,21 @@ class Adam(LocalOptimizer):
         self.exp_avg_sq = torch.zeros_like(like)
         self.steps = 0
 
-    def update(self, grad: torch.Tensor, x: torch.Tensor, lr: float, apply: bool = False) -> torch.Tensor:
-        g = grad.add(x, alpha=self.config.weight_decay) if self.config.weight_decay else grad
-        beta1, beta2 = self.config.betas
+    def begin_step(self) -> None:
         self.steps += 1
-        self.exp_avg.mul_(beta1).add_(g, alpha=1 - beta1)
-        self.exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+
+    def _update_block(self, grad: torch.Tensor, x: torch.Tensor, u: torch.Tensor, b: slice, lr: float) -> None:
+        g = self._regularized(grad, x)
+        beta1, beta2 = self.config.betas
+        exp_avg, exp_avg_sq = self.exp_avg[b], self.exp_avg_sq[b]
+        exp_avg.mul_(beta1).add_(g, alpha=1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
         bias1 = 1 - beta1**self.steps
         bias2 = 1 - beta2**self.steps
-        u = self.update_buffer
-        torch.div(self.exp_avg_sq, bias2, out=u)
+        torch.div(exp_avg_sq, bias2, out=u)
         u.sqrt_().add_(self.config.eps)
-        torch.div(self.exp_avg, u, out=u)
+        torch.div(exp_avg, u, out=u)
         u.mul_(-lr / bias1)
-        if apply:
-            x.add_(u)
-        return u
 
     def state_dict(self) -> dict[str, Any]:
         return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "steps": torch.tensor(self.steps)}

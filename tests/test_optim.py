@@ -138,7 +138,7 @@ def test_cache_blocks_and_applied_updates_change_no_bit(case: str, monkeypatch: 
     whole = _ours(config)
     monkeypatch.setattr(optim, "UPDATE_BLOCK", 2)
     if config.name == "sgd":  # Adam runs one sweep; SGD's blocks are really split
-        assert len(make_optimizer(config, torch.zeros(DIM, dtype=torch.float64))._blocks) == 3
+        assert len(make_optimizer(config, torch.zeros(DIM, dtype=torch.float64))._blocks(0, DIM)) == 3
     for apply in (False, True):
         np.testing.assert_array_equal(_ours(config, apply=apply), whole, err_msg=f"apply={apply}")
 
@@ -174,3 +174,22 @@ def test_state_round_trip_continues_the_same_trajectory() -> None:
         second.load_state_dict({k: v.clone() for k, v in first.state_dict().items()})
         g = torch.tensor([0.3, 0.2, -0.1], dtype=torch.float64)
         assert torch.equal(first.update(g, x, 0.05).clone(), second.update(g, x, 0.05))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_an_update_range_by_range_in_backward_order_changes_no_bit(case: str) -> None:
+    """begin_step, then update_range over [3, 5), [1, 3), [0, 1) (last layers first, as backward
+    finishes them): the same bits as one update of the whole model (the overlapped step relies on it)."""
+    config = CASES[case][0]
+    whole = _ours(config, apply=True)
+    hessian, b, x0 = _problem()
+    x = torch.tensor(x0)
+    optimizer = make_optimizer(config, x)
+    trajectory = []
+    for t in range(STEPS):
+        grad = torch.from_numpy(hessian) @ x - torch.from_numpy(b)
+        optimizer.begin_step()
+        for lo, hi in ((3, 5), (1, 3), (0, 1)):
+            optimizer.update_range(grad, x, _lr(t), lo, hi, apply=True)
+        trajectory.append(x.numpy().copy())
+    np.testing.assert_array_equal(np.array(trajectory), whole)

@@ -149,6 +149,34 @@ class Algorithm(ABC):
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
         """x(t) -> x(t+1) in place, given this worker's gradient at x(t)."""
 
+    # -- a step range by range: the pipelined and the overlapped step --------------------------
+    #
+    # Every algorithm here updates coordinate by coordinate (elementwise local optimizers; the same
+    # mixing weights or relay counters for every coordinate), so a step can start on a range of the
+    # flat model as soon as that range's gradient is final, while backward still computes the rest:
+    #
+    #     algorithm.begin_step(x, grad, lr, step)   # before backward: nothing of grad is final yet
+    #     algorithm.ready(lo, hi)                   # grad[lo:hi] is final: update it, start sending it
+    #     ...                                       # (ranges disjoint, covering [0, numel) in all)
+    #     algorithm.finish_step()                   # the remaining receives, then x(t+1)
+    #
+    # Every rank calls ready() with the same ranges in the same order (backward visits the same
+    # layers everywhere), so messages of a range match by their order. The result is bit-identical
+    # to step(): the default here runs the whole step() in finish_step(); an algorithm that starts
+    # work in ready() overrides all three, and its step() is begin_step, ready(0, numel), finish_step.
+
+    def begin_step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
+        """Start step ``step`` on ``x`` with the gradient that will be in ``grad`` (not final yet)."""
+        self._ranged = (x, grad, lr, step)
+
+    def ready(self, lo: int, hi: int) -> None:  # noqa: B027 - the default does everything in finish_step
+        """``grad[lo:hi]`` is final: start that range's update and communication if this algorithm can."""
+
+    def finish_step(self) -> None:
+        """Complete the step begun by ``begin_step`` (every range has been ``ready``)."""
+        x, grad, lr, step = self._ranged
+        self.step(x, grad, lr, step)
+
     def state_dict(self) -> dict[str, Any]:
         """Everything besides x needed to resume exactly (in-flight messages, counters, corrections)."""
         return {}
