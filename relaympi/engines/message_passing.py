@@ -31,7 +31,7 @@ def run(plan: Plan, out: Path, command: str, comm: Communicator | None = None) -
     """Train ``plan`` on this MPI rank (``comm``), or with every worker a thread of this process
     (``comm`` None); return the run's status (rank 0's, for threads)."""
     if comm is None:
-        return run_local(plan.world_size, run_rank, plan, out, command, drops=plan.drops)[0]
+        return run_local(plan.world_size, run_rank, plan, out, command, drops=plan.drops, nodes=plan.nodes or None)[0]
     return run_rank(comm, plan, out, command)
 
 
