@@ -132,6 +132,11 @@ class RunSummary:
         )
 
     @property
+    def placement(self) -> str:
+        """Where the topology put the ranks (config's resolved --placement; "ranks" for files from before it)."""
+        return {**dict(self.settings), **dict(self.extra)}.get("placement", "ranks")
+
+    @property
     def row_key(self) -> tuple:
         return (
             ALGO_ORDER.get(self.algo, len(ALGO_ORDER)),
