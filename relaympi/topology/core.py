@@ -150,10 +150,12 @@ class Topology:
     (contiguous halves, as NCCL splits data between its two trees; see ``coordinate_blocks``).
     A layer is given as a networkx graph or an [m, 2] integer array of edges; it must be a
     connected simple graph over all ranks. The value is frozen; equality compares name, world
-    size and edges. ``facts`` (generators only) carry closed forms, one LayerFacts per layer.
+    size, placement and edges. ``facts`` (generators only) carry closed forms, one LayerFacts
+    per layer. ``placement`` says how it was built: "ranks" (rank order, the paper's) or "nodes"
+    (node-aware, relaympi.topology.placement); the name stays the family's either way.
     """
 
-    __slots__ = ("name", "world_size", "_edges", "_facts", "_cache")
+    __slots__ = ("name", "world_size", "placement", "_edges", "_facts", "_cache")
 
     def __init__(
         self,
@@ -162,7 +164,10 @@ class Topology:
         layers: Any,
         *,
         facts: tuple[LayerFacts | None, ...] | None = None,
+        placement: str = "ranks",
     ) -> None:
+        if placement not in ("ranks", "nodes"):  # relaympi.topology.placement.PLACEMENTS
+            raise TopologyError(f"placement must be one of ranks, nodes, got {placement!r}")
         if not isinstance(name, str) or not name:
             raise TopologyError(f"topology name must be a non-empty string, got {name!r}")
         world_size = as_world_size(world_size)
@@ -176,7 +181,7 @@ class Topology:
         facts = tuple(facts) if facts is not None else (None,) * len(edges)
         if len(facts) != len(edges):
             raise TopologyError(f"expecting {len(edges)} layer facts, got {len(facts)}")
-        for key, value in (("name", name), ("world_size", world_size), ("_edges", edges),
+        for key, value in (("name", name), ("world_size", world_size), ("placement", placement), ("_edges", edges),
                            ("_facts", facts), ("_cache", {})):
             object.__setattr__(self, key, value)
         for k, (_, adjacency) in enumerate(canonical):
@@ -186,12 +191,12 @@ class Topology:
         raise AttributeError(f"Topology is immutable: cannot set {key!r}")
 
     def __reduce__(self) -> tuple:
-        return (_rebuild, (self.name, self.world_size, self._edges, self._facts))
+        return (_rebuild, (self.name, self.world_size, self._edges, self._facts, self.placement))
 
     # -- identity -------------------------------------------------------------------------
 
     def _key(self) -> tuple:
-        return (self.name, self.world_size, tuple(e.tobytes() for e in self._edges))
+        return (self.name, self.world_size, self.placement, tuple(e.tobytes() for e in self._edges))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Topology):
@@ -202,7 +207,8 @@ class Topology:
         return hash(self._key())
 
     def __repr__(self) -> str:
-        return f"Topology(name={self.name!r}, world_size={self.world_size}, num_layers={self.num_layers})"
+        placed = f", placement={self.placement!r}" if self.placement != "ranks" else ""
+        return f"Topology(name={self.name!r}, world_size={self.world_size}, num_layers={self.num_layers}{placed})"
 
     # -- structure ------------------------------------------------------------------------
 
@@ -366,6 +372,26 @@ class Topology:
         total = sum(self.degrees(k) for k in range(self.num_layers))
         return float(total.max() / self.num_layers)
 
+    def inter_node_edges(self, nodes: Any) -> list[int]:
+        """Per layer, the edges whose two ranks are on different nodes (nodes: one node id per rank)."""
+        labels = self._node_labels(nodes)
+        return [int((labels[e[:, 0]] != labels[e[:, 1]]).sum()) for e in self._edges]
+
+    def inter_node_degrees(self, nodes: Any) -> np.ndarray:
+        """[layers, M]: per layer, the inter-node edges that end on each node (nodes numbered in the
+        order of their lowest rank); a node sends one message per step over each of them."""
+        labels = self._node_labels(nodes)
+        counts = np.zeros((self.num_layers, int(labels.max(initial=0)) + 1), dtype=np.int64)
+        for k, e in enumerate(self._edges):
+            crossing = e[labels[e[:, 0]] != labels[e[:, 1]]]
+            counts[k] = np.bincount(labels[crossing.reshape(-1)], minlength=counts.shape[1])
+        return counts
+
+    def _node_labels(self, nodes: Any) -> np.ndarray:
+        from .placement import node_labels  # placement builds Topology values: import it late
+
+        return node_labels(nodes, self.world_size)
+
     def mixing_matrix(self, layer: int = 0) -> np.ndarray:
         """Metropolis-Hastings gossip matrix of the given layer, shape [n, n]."""
         return dense_metropolis_hastings(self.world_size, self._edges[self._layer(layer)])
@@ -434,6 +460,7 @@ class Topology:
         summary = {
             "name": self.name,
             "world_size": self.world_size,
+            "placement": self.placement,
             "num_layers": self.num_layers,
             "coordinates": "all" if self.num_layers == 1 else "blocks",
             "edges": single(edges),
@@ -449,5 +476,5 @@ class Topology:
         return summary
 
 
-def _rebuild(name: str, world_size: int, edges: tuple, facts: tuple) -> Topology:
-    return Topology(name, world_size, tuple(np.array(e) for e in edges), facts=facts)
+def _rebuild(name: str, world_size: int, edges: tuple, facts: tuple, placement: str = "ranks") -> Topology:
+    return Topology(name, world_size, tuple(np.array(e) for e in edges), facts=facts, placement=placement)
