@@ -159,10 +159,11 @@ class RunConfig:
         "Default per algorithm: relay/relay-grad double-binary-trees (chain for agnews), dpsgd/qgm/d2/gt ring, sgp exponential, allreduce fully-connected")
     placement: str = _field(  # recorded as resolved: "ranks" or "nodes"
         "auto", "where the topology puts ranks: ranks (the paper's rank order), nodes (each node's ranks together, few edges "
-        "between nodes) or auto (default: nodes when the ranks span more than one node, else ranks); the run file records the one used",
+        "between nodes) or auto (default: nodes when the ranks span more than one node and the topology can be placed by node, else ranks); the run file records the one used",
         choices=lambda: PLACEMENTS,
         readme="where the topology puts ranks: the paper's rank order (`ranks`), or each node's ranks kept together so that few tree "
-        "edges cross between nodes (`nodes`); `auto`: `nodes` when the ranks span more than one node, else `ranks` (see \"Placement\"). "
+        "edges cross between nodes (`nodes`); `auto`: `nodes` when the ranks span more than one node and the topology can be placed by "
+        "node, else `ranks` (see \"Placement\"). "
         "The run file records the one used")
     ranks_per_node: int | None = _field(  # emulated nodes: rank r is on node r // K
         None, "emulate nodes of K consecutive ranks each (rank r on node r // K; --backend local and batched: default one node; under "

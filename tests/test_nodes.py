@@ -164,15 +164,31 @@ def test_resume_refuses_a_changed_placement(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--ranks-per-node", "0"], r"error: --ranks-per-node must be >= 1 \(ranks on each emulated node\), got 0"),
     (["--placement", "bogus"], r"--placement: invalid choice: 'bogus' \(choose from '?auto'?, '?ranks'?, '?nodes'?\)"),  # quotes: Python 3.12+
-    (["--algo", "allreduce", "--placement", "nodes"], r"--placement nodes"),
+    (["--algo", "dpsgd", "--topology", "edge-list:{chain}", "--placement", "nodes"],
+     r"topology 'edge-list:.*chain.txt' with 4 workers and --placement nodes: placement 'nodes' does not apply to 'edge-list'.*use placement 'ranks'"),
 ])
 def test_bad_placement_input_is_one_error_line_and_writes_nothing(tmp_path, args, message):
-    proc = subprocess.run([PY, "-m", "relaympi.train", *LOCAL4, *QUAD, *args, "--out", str(tmp_path / "r.h5")], cwd=ROOT,
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "chain.txt").write_text("0 1\n1 2\n2 3\n")
+    args = [a.format(chain=inputs / "chain.txt") for a in args]
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run([PY, "-m", "relaympi.train", *LOCAL4, *QUAD, *args, "--out", str(out / "r.h5")], cwd=ROOT,
                           env=env_for_subprocess(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and re.search(message, errors[0]) and "Traceback" not in proc.stderr
-    assert list(tmp_path.iterdir()) == []
+    assert len(errors) == 1 and re.search(message, errors[0]) and "Traceback" not in proc.stderr, proc.stderr
+    assert list(out.iterdir()) == []
+
+
+def test_auto_keeps_rank_order_where_a_topology_cannot_be_placed(tmp_path):
+    """An edge list names its edges rank by rank: across nodes, auto keeps it (an explicit nodes is refused above)."""
+    chain = tmp_path / "chain.txt"
+    chain.write_text("0 1\n1 2\n2 3\n")
+    plan = resolve(RunConfig(task="quadratics", steps=2, algo="dpsgd", topology=f"edge-list:{chain}", ranks_per_node=2), 4)
+    assert plan.cfg.placement == "ranks" and plan.nodes == (0, 0, 1, 1)
+    assert plan.topology.edges(0) == [(0, 1), (1, 2), (2, 3)]
 
 
 def test_a_config_file_with_a_bogus_placement_is_refused(tmp_path):

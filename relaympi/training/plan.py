@@ -133,6 +133,21 @@ def resolve_placement(placement: str, nodes: Sequence[int]) -> str:
     return "nodes" if len(set(nodes)) > 1 else "ranks"
 
 
+def placed_topology(name: str, world_size: int, placement: str, nodes: Sequence[int]) -> tuple[str, Topology]:
+    """(the placement used, the topology): --placement resolved over ``nodes``. An "auto" that would
+    place by node a topology that cannot be (an edge list, the social network) keeps rank order;
+    an explicit "nodes" there is an error (TopologyError)."""
+    resolved = resolve_placement(placement, nodes)
+    if resolved == "nodes":
+        try:
+            return resolved, build(name, world_size, placement="nodes", nodes=nodes)
+        except TopologyError:
+            if placement != "auto":
+                raise
+            resolved = "ranks"  # the rank-order build below says so if the topology is wrong in itself
+    return resolved, build(name, world_size)
+
+
 def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None) -> Plan:
     """Fill defaults from the task and algorithm, build the topology, check every combination.
 
@@ -140,7 +155,6 @@ def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None)
     rank, so every rank builds the same topology); None: one node, or --ranks-per-node's.
     """
     nodes = run_nodes(cfg, world_size, nodes)
-    cfg = replace(cfg, placement=resolve_placement(cfg.placement, nodes))
     task = get_task_class(cfg.task)
     try:
         algorithm = get_algorithm_class(cfg.algo)
@@ -150,11 +164,12 @@ def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None)
     cfg = _with_data_dirs(cfg)
     topo_name = cfg.topology or task.default_topology_by_algo.get(cfg.algo) or default_topology(cfg.algo)
     try:
-        topology = build(topo_name, world_size, placement=cfg.placement, nodes=nodes if cfg.placement == "nodes" else None)
+        placement, topology = placed_topology(topo_name, world_size, cfg.placement, nodes)
     except TopologyError as exc:
         hint = "; one worker is the centralized baseline: --algo allreduce" if world_size == 1 else ""
-        where = f" and --placement {cfg.placement}" if cfg.placement != "ranks" else ""
+        where = " and --placement nodes" if cfg.placement == "nodes" else ""
         raise ConfigError(f"topology {topo_name!r} with {world_size} workers{where}: {exc}{hint}") from exc
+    cfg = replace(cfg, placement=placement)
     lr_warning = None
     tuned = defaults.lr_tuned_workers
     if cfg.lr is None and tuned and world_size != tuned:
