@@ -137,6 +137,26 @@ def test_run_file_records_nodes_edges_and_placement(tmp_path, capsys):
     assert "placement: nodes" in shown and "rank_node: [0, 0, 1, 1]" in shown and "nodes: 2 (emulated by --ranks-per-node)" in shown
 
 
+def test_batched_engine_emulates_the_same_nodes_and_trees(tmp_path):
+    args = ["--workers", "4", "--ranks-per-node", "2", "--algo", "relay", "--topology", "double-binary-trees", *QUAD]
+    assert _main(["--backend", "local", *args, "--out", tmp_path / "local.h5"]) == 0
+    assert _main(["--backend", "batched", *args, "--out", tmp_path / "batched.h5"]) == 0
+    local, batched = read_run(tmp_path / "local.h5"), read_run(tmp_path / "batched.h5")
+    assert batched.topology.rank_node.tolist() == [0, 0, 1, 1] and batched.topology.placement == "nodes" and batched.topology.nodes_emulated
+    for a, b in zip(local.topology.edges, batched.topology.edges, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(batched.data["suboptimality"], local.data["suboptimality"], rtol=1e-9)
+
+
+def test_default_run_file_name_says_nodes_placement():
+    from relaympi.training.plan import default_out
+
+    cfg = RunConfig(task="quadratics", steps=2, algo="relay", topology="chain")
+    assert default_out(resolve(cfg, 4).cfg, 4).name == "quadratics-relay-chain-n4-a1-s0.h5"  # one node: the name as before
+    placed = resolve(RunConfig(task="quadratics", steps=2, algo="relay", topology="chain", ranks_per_node=2), 4)
+    assert default_out(placed.cfg, 4).name == "quadratics-relay-chain-nodes-n4-a1-s0.h5"  # never the rank-order run's file
+
+
 def test_one_node_runs_in_rank_order_and_says_so(tmp_path, capsys):
     out = tmp_path / "r.h5"
     assert _main([*LOCAL4, "--algo", "dpsgd", "--topology", "ring", *QUAD, "--out", out]) == 0
