@@ -180,6 +180,23 @@ def test_resume_refuses_a_changed_placement(tmp_path, monkeypatch, capsys):
     assert _main([*args, "--placement", "nodes"]) == 0  # auto's resolution, given explicitly, is the same run
 
 
+def test_resume_refuses_ranks_found_on_other_nodes(tmp_path):
+    """Under MPI the nodes come from where the ranks run, not from a flag: a requeued job placed by node must
+    find its ranks on the same nodes (the trees, hence RelaySum's per-edge state, follow them)."""
+    import torch
+
+    from relaympi.training.checkpointing import Checkpoints
+
+    cfg = RunConfig(task="quadratics", steps=4, placement="nodes", checkpoint_dir=tmp_path / "ckpt")
+    Checkpoints(cfg, tmp_path / "r.h5", 0, 4, nodes=(0, 0, 1, 1)).save(2, {"x": torch.zeros(1)})
+    assert Checkpoints(cfg, tmp_path / "r.h5", 0, 4, nodes=(0, 0, 1, 1)).load()[0] == 2
+    with pytest.raises(ConfigError, match=r"each rank's node \[0, 0, 1, 1\] vs \[0, 1, 2, 3\]"):
+        Checkpoints(cfg, tmp_path / "r.h5", 0, 4, nodes=(0, 1, 2, 3)).load()
+    ranks = RunConfig(task="quadratics", steps=4, placement="ranks", checkpoint_dir=tmp_path / "ranks")
+    Checkpoints(ranks, tmp_path / "r.h5", 0, 4, nodes=(0, 0, 1, 1)).save(2, {"x": torch.zeros(1)})
+    assert Checkpoints(ranks, tmp_path / "r.h5", 0, 4, nodes=(0, 1, 2, 3)).load()[0] == 2  # rank order: nodes change nothing
+
+
 # -- bad input --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("args, message", [
     (["--ranks-per-node", "0"], r"error: --ranks-per-node must be >= 1 \(ranks on each emulated node\), got 0"),

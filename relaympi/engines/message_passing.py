@@ -67,7 +67,7 @@ class MessagePassingRank(TrainingLoop):
         x = self.workload.x
         self.optimizer = make_optimizer(plan.optimizer, x)
         self.algorithm = make_algorithm(cfg.algo, comm, plan.topology, self.optimizer, x, plan.algorithm_options)
-        self.checkpoints = Checkpoints(cfg, Path(cfg.out), self.rank, self.n, barrier=comm.barrier)
+        self.checkpoints = Checkpoints(cfg, Path(cfg.out), self.rank, self.n, barrier=comm.barrier, nodes=comm.nodes)
         self.evaluator = Evaluator(comm, plan, self.schedule, self.workload)
 
     @property
