@@ -159,7 +159,8 @@ class RunConfig:
         "Default per algorithm: relay/relay-grad double-binary-trees (chain for agnews), dpsgd/qgm/d2/gt ring, sgp exponential, allreduce fully-connected")
     placement: str = _field(  # recorded as resolved: "ranks" or "nodes"
         "auto", "where the topology puts ranks: ranks (the paper's rank order), nodes (each node's ranks together, few edges "
-        "between nodes) or auto (default: nodes when the ranks span more than one node and the topology can be placed by node, else ranks); the run file records the one used",
+        "between nodes) or auto: nodes when the ranks span more than one node and the topology can be placed by node, else ranks "
+        "(default auto); the run file records the one used",
         choices=lambda: PLACEMENTS,
         readme="where the topology puts ranks: the paper's rank order (`ranks`), or each node's ranks kept together so that few tree "
         "edges cross between nodes (`nodes`); `auto`: `nodes` when the ranks span more than one node and the topology can be placed by "
