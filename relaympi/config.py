@@ -168,7 +168,7 @@ class RunConfig:
         "The run file records the one used")
     ranks_per_node: int | None = _field(  # emulated nodes: rank r is on node r // K
         None, "emulate nodes of K consecutive ranks each (rank r on node r // K; --backend local and batched: default one node; under "
-        "mpirun/srun it overrides the nodes MPI reports, recorded as emulated)", type=int, readme_arg="K",
+        "mpirun/srun it overrides the nodes MPI reports, recorded as emulated)", type=int, metavar="K", readme_arg="K",
         readme="emulate nodes of K consecutive ranks (rank r on node r // K): the nodes `--placement` sees. Default: the nodes MPI "
         "places the ranks on (ranks sharing memory); one node for `--backend local` and `batched`. The run file records every rank's node "
         "and whether it was emulated",

@@ -77,16 +77,18 @@ def test_mpi_ranks_per_node_overrides_the_discovered_nodes(spmd, request):
 
 
 @requires_mpirun
-@pytest.mark.parametrize("extra, nodes, emulated", [([], [0, 0], False), (["--ranks-per-node", "1"], [0, 1], True)])
-def test_mpirun_records_each_ranks_node(tmp_path, extra, nodes, emulated):
-    """Discovery end to end: 2 ranks on one machine are one node; --ranks-per-node 1 emulates two."""
+def test_mpirun_with_ranks_per_node_emulates_nodes(tmp_path):
+    """--ranks-per-node under mpirun overrides what MPI_COMM_TYPE_SHARED finds (one node here), and says so.
+    (The discovered nodes: test_ranks_of_one_machine_are_one_node under mpirun, and tests/test_cluster.py on two.)"""
     out = tmp_path / "r.h5"
-    proc = subprocess.run([mpirun_path(), "-n", "2", PY, "-m", "relaympi.train", "--algo", "dpsgd", "--topology", "chain", *QUAD, *extra,
-                           "--out", str(out)], cwd=ROOT, env=env_for_subprocess(), capture_output=True, text=True, timeout=240)
+    proc = subprocess.run([mpirun_path(), "-n", "2", PY, "-m", "relaympi.train", "--algo", "dpsgd", "--topology", "chain", *QUAD,
+                           "--ranks-per-node", "1", "--out", str(out)], cwd=ROOT, env=env_for_subprocess(), capture_output=True, text=True,
+                          timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    topology = read_run(out).topology
-    assert topology.rank_node.tolist() == nodes and topology.nodes_emulated is emulated
-    assert topology.placement == ("nodes" if emulated else "ranks")  # auto: nodes when the ranks span several
+    run = read_run(out)
+    assert run.topology.rank_node.tolist() == [0, 1] and run.topology.nodes_emulated
+    assert run.topology.placement == "nodes" and run.topology.inter_node_edges == (1,)  # auto: the ranks span two nodes
+    assert run.provenance["nodes"] == 1  # the hardware: one host
 
 
 # -- --placement: resolution, identity ------------------------------------------------------------
