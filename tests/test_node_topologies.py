@@ -275,7 +275,7 @@ def test_cli_counts_sgp_sends_between_nodes_per_round():
     # step t runs rounds 2t and 2t+1 (mod 4): the busiest node sends 4 + 4 models in rounds 2, 3
     assert summary["inter_node_bytes_per_node_per_step"] == 8 * 10 * 4
     status, text, _ = _run(["exponential", "-n", "16", "--ranks-per-node", "4"])
-    assert "round 0 (offset 1, 4 of 16 sends between nodes)" in text
+    assert "round 0 (offset 1): 4 of 16 sends between nodes" in text
 
 
 @pytest.mark.parametrize("argv, message", [
