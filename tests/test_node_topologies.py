@@ -206,6 +206,13 @@ def test_node_aware_double_binary_trees_at_100000_ranks():
     for edges in (topology.edge_array(0), topology.edge_array(1)):
         inside = edges[edges[:, 0] // k == edges[:, 1] // k]
         assert np.bincount(inside[:, 0] // k, minlength=n // k).tolist() == [k - 1] * (n // k)
+    status, out, err = _run(["double-binary-trees", "-n", str(n), "--ranks-per-node", str(k), "--placement", "nodes", "--json"])
+    assert status == 0, err
+    summary = json.loads(out)
+    assert summary["inter_node_edges"] == [n // k - 1] * 2 and summary["nodes"] == n // k
+    assert summary["edges"] == [topology.edges(0), topology.edges(1)] or summary["edges"] == [
+        [list(e) for e in topology.edges(0)], [list(e) for e in topology.edges(1)]]
+    assert summary["models_per_step"] == 2 and summary["is_tree"] and "not_computed" not in summary
 
 
 # -- command line -----------------------------------------------------------------------
@@ -296,3 +303,20 @@ def test_cli_misuse_is_one_error_line_and_exit_2(argv, message):
     assert status == 2 and out == ""
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(message) and "Traceback" not in err
+
+
+def test_trees_deep_from_rank_0_count_eigenvalues_from_their_centre():
+    # node-aware tree B is rooted at the far end from rank 0: the inertia counts root a tree at its
+    # centre when rank 0 is too deep. A broom: a path 0..99, then 1000 leaves on rank 99.
+    from relaympi.topology import Topology, min_eigenvalue, spectral_gap
+    from relaympi.topology.spectra import DENSE_SPECTRUM_MAX_RANKS, TREE_INERTIA_MAX_HEIGHT
+
+    path = np.stack([np.arange(99), np.arange(1, 100)], axis=1)
+    leaves = np.stack([np.full(1000, 99), np.arange(100, 1100)], axis=1)
+    broom = Topology("broom", 1100, (np.concatenate([path, leaves]),))
+    assert broom.world_size > DENSE_SPECTRUM_MAX_RANKS and broom.hops_from(0).max() > TREE_INERTIA_MAX_HEIGHT
+    root = broom._tree_root(0)
+    assert broom.hops_from(root).max() == 50  # ceil(diameter 100 / 2)
+    w = broom.mixing_matrix()
+    assert broom.gossip_extremes().spectral_gap == pytest.approx(spectral_gap(w), abs=1e-12)
+    assert broom.gossip_extremes().min_eigenvalue == pytest.approx(min_eigenvalue(w), abs=1e-12)

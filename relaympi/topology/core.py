@@ -414,10 +414,11 @@ class Topology:
             if n <= DENSE_SPECTRUM_MAX_RANKS:
                 return extremes_of(np.linalg.eigvalsh(self.mixing_matrix(layer)))
             if len(self._edges[layer]) == n - 1:
-                order, parent = csgraph.breadth_first_order(
-                    self._adjacency(layer), 0, directed=True, return_predecessors=True
+                root = self._tree_root(layer)
+                _, parent = csgraph.breadth_first_order(
+                    self._adjacency(layer), root, directed=True, return_predecessors=True
                 )
-                depth = self.hops_from(0, layer)
+                depth = self.hops_from(root, layer)
                 if depth.max() <= TREE_INERTIA_MAX_HEIGHT:
                     parent = np.where(parent < 0, -1, parent)  # scipy marks the root with -9999
                     return tree_extremes(n, self._edges[layer], parent, depth)
@@ -426,6 +427,23 @@ class Topology:
             return not_computed(n)
 
         return self._cached(("extremes", layer), compute)
+
+    def _tree_root(self, layer: int) -> int:
+        """Rank 0 if the tree is at most TREE_INERTIA_MAX_HEIGHT deep from it, else a centre (the
+        middle of a longest path: height ceil(diameter / 2), the least any root gives). Node-aware
+        trees are rooted away from rank 0 in one of their layers."""
+        adjacency = self._adjacency(layer)
+        hops = _hops_from(adjacency, 0)
+        if hops.max() <= TREE_INERTIA_MAX_HEIGHT:
+            return 0
+        end = int(np.argmax(hops))
+        _, parent = csgraph.breadth_first_order(adjacency, end, directed=True, return_predecessors=True)
+        far = int(np.argmax(_hops_from(adjacency, end)))
+        length = int(_hops_from(adjacency, end)[far])
+        rank = far
+        for _ in range(length // 2):  # walk half a longest path back from its far end
+            rank = int(parent[rank])
+        return rank
 
     # -- summary --------------------------------------------------------------------------
 
