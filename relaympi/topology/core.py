@@ -438,10 +438,9 @@ class Topology:
             return 0
         end = int(np.argmax(hops))
         _, parent = csgraph.breadth_first_order(adjacency, end, directed=True, return_predecessors=True)
-        far = int(np.argmax(_hops_from(adjacency, end)))
-        length = int(_hops_from(adjacency, end)[far])
-        rank = far
-        for _ in range(length // 2):  # walk half a longest path back from its far end
+        from_end = _hops_from(adjacency, end)
+        rank = int(np.argmax(from_end))  # the far end of a longest path
+        for _ in range(int(from_end[rank]) // 2):  # walk half of it back
             rank = int(parent[rank])
         return rank
 
