@@ -22,7 +22,7 @@ TREES = ("chain", "binary-tree", "double-binary-trees")
 
 def _layouts(n: int):
     """Block layouts of every node size, round-robin ones, and a shuffled uneven one."""
-    for k in range(1, n + 1):
+    for k in sorted({k for k in (1, 2, 3, 4, 5, 8, n - 1, n) if k >= 1}):
         yield f"{k}", nodes_of(n, k)
     for k in (2, 3, 4):
         yield f"{k}rr", layout(f"{k}rr", n)
@@ -210,8 +210,8 @@ def test_node_aware_double_binary_trees_at_100000_ranks():
     assert status == 0, err
     summary = json.loads(out)
     assert summary["inter_node_edges"] == [n // k - 1] * 2 and summary["nodes"] == n // k
-    assert summary["edges"] == [topology.edges(0), topology.edges(1)] or summary["edges"] == [
-        [list(e) for e in topology.edges(0)], [list(e) for e in topology.edges(1)]]
+    for layer in range(2):
+        np.testing.assert_array_equal(np.array(summary["edges"][layer]), topology.edge_array(layer))
     assert summary["models_per_step"] == 2 and summary["is_tree"] and "not_computed" not in summary
 
 
