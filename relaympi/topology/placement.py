@@ -50,13 +50,11 @@ from typing import Any
 
 import numpy as np
 
-from .core import Topology, as_world_size
+from . import graphs
+from .core import PLACEMENTS, Topology, as_world_size, node_labels
 from .errors import TopologyError
 
 __all__ = ["PLACEMENTS", "check_placement", "node_labels", "node_major_order", "nodes_of", "place"]
-
-PLACEMENTS = ("ranks", "nodes")
-
 
 def check_placement(placement: Any) -> str:
     """placement itself if it is one of PLACEMENTS, else TopologyError naming the allowed ones."""
@@ -72,27 +70,6 @@ def nodes_of(world_size: int, ranks_per_node: int) -> tuple[int, ...]:
     n = as_world_size(world_size)
     k = as_world_size(ranks_per_node, what="ranks_per_node")
     return tuple(rank // k for rank in range(n))
-
-
-def node_labels(nodes: Sequence[Any], world_size: int) -> np.ndarray:
-    """Each rank's node as 0..M-1, nodes numbered in the order of their lowest rank, shape [n].
-
-    nodes: one node id per rank (any hashable: a host name, an int)."""
-    if isinstance(nodes, (str, bytes)) or not hasattr(nodes, "__len__"):
-        raise TopologyError(f"nodes must be a sequence of one node id per rank, got {type(nodes).__name__}")
-    if len(nodes) != world_size:
-        raise TopologyError(f"nodes must give the node of each of the {world_size} ranks, got {len(nodes)} entries")
-    if isinstance(nodes, np.ndarray) and nodes.dtype.kind in "iu":
-        _, first, inverse = np.unique(nodes, return_index=True, return_inverse=True)
-        rank_of_node = np.empty(len(first), dtype=np.int64)
-        rank_of_node[np.argsort(first, kind="stable")] = np.arange(len(first))
-        return rank_of_node[inverse.reshape(-1)]
-    codes: dict[Any, int] = {}
-    try:
-        labels = [codes.setdefault(node, len(codes)) for node in nodes]
-    except TypeError:
-        raise TopologyError("nodes must be hashable node ids (host names or integers)") from None
-    return np.array(labels, dtype=np.int64).reshape(world_size)
 
 
 def node_major_order(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -132,8 +109,6 @@ def place(name: str, world_size: int, nodes: Sequence[Any], base: Topology | Non
     base: the rank-order topology of the same name (the registry builds it first, so that every
     size check and error message is the same as for placement "ranks").
     """
-    from . import graphs
-
     n = as_world_size(world_size)
     labels = node_labels(nodes, n)
     order, sizes = node_major_order(labels)
