@@ -320,3 +320,19 @@ def test_trees_deep_from_rank_0_count_eigenvalues_from_their_centre():
     w = broom.mixing_matrix()
     assert broom.gossip_extremes().spectral_gap == pytest.approx(spectral_gap(w), abs=1e-12)
     assert broom.gossip_extremes().min_eigenvalue == pytest.approx(min_eigenvalue(w), abs=1e-12)
+
+
+def test_node_ids_as_a_numpy_array_number_nodes_by_their_lowest_rank():
+    from relaympi.topology.core import node_labels
+
+    assert node_labels(np.array([5, 5, 2, 9, 2]), 5).tolist() == [0, 0, 1, 2, 1] == node_labels([5, 5, 2, 9, 2], 5).tolist()
+    ids = np.random.default_rng(0).integers(0, 7, 40)
+    assert node_labels(ids, 40).tolist() == node_labels(ids.tolist(), 40).tolist()
+
+
+def test_topology_scale_benchmark_runs_node_aware(capsys):
+    from benchmarks import topology_scale
+
+    assert topology_scale.main(["--sizes", "64", "--names", "double-binary-trees,social-network", "--ranks-per-node", "8"]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    assert [row.split()[:4] for row in rows] == [["double-binary-trees", "64", "text", "0"], ["double-binary-trees", "64", "json", "0"]]
