@@ -255,7 +255,7 @@ def _text(summary: dict[str, Any]) -> str:
         lines.append("                  1 model per rank per round; SGP runs 2 rounds per step")
         for k, offset in enumerate(schedule["offsets"]):
             crossing = schedule["inter_node_sends"][k]
-            lines.append(f"  round {k} (offset {offset}, {crossing} of {len(schedule['send_peers'][k])} sends between nodes):")
+            lines.append(f"  round {k} (offset {offset}): {crossing} of {len(schedule['send_peers'][k])} sends between nodes")
             peers = np.asarray(schedule["send_peers"][k])
             lines.extend(_wrap(_joined(np.arange(len(peers)), peers, "{}->{}", " "), "    "))
     return "\n".join(lines)

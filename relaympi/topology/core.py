@@ -9,7 +9,7 @@ algorithm or a test asks for them.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,11 @@ from .spectra import (
     tree_extremes,
 )
 
-__all__ = ["GENERAL_DIAMETER_MAX_WORK", "LayerFacts", "Topology", "as_world_size"]
+__all__ = ["GENERAL_DIAMETER_MAX_WORK", "PLACEMENTS", "LayerFacts", "Topology", "as_world_size", "node_labels"]
+
+# How a topology was built: "ranks" in rank order (the paper's), "nodes" node-aware
+# (relaympi.topology.placement).
+PLACEMENTS = ("ranks", "nodes")
 
 # A summary computes the diameter of a graph that is neither a tree nor vertex-transitive by a
 # BFS from every rank, n * (n + m) steps; above this much work it says "not computed" instead.
@@ -48,6 +52,28 @@ def as_world_size(world_size: Any, *, what: str = "world_size", minimum: int = 1
     if value < minimum:
         raise TopologyError(f"{what} must be >= {minimum}, got {value}")
     return value
+
+
+def node_labels(nodes: Sequence[Any], world_size: int) -> np.ndarray:
+    """Each rank's node as 0..M-1, nodes numbered in the order of their lowest rank, shape [n].
+
+    nodes: one node id per rank (any hashable: a host name, an int)."""
+    if isinstance(nodes, (str, bytes)) or not hasattr(nodes, "__len__"):
+        raise TopologyError(f"nodes must be a sequence of one node id per rank, got {type(nodes).__name__}")
+    if len(nodes) != world_size:
+        raise TopologyError(f"nodes must give the node of each of the {world_size} ranks, got {len(nodes)} entries")
+    if isinstance(nodes, np.ndarray) and nodes.dtype.kind in "iu":
+        _, first, inverse = np.unique(nodes, return_index=True, return_inverse=True)
+        rank_of_node = np.empty(len(first), dtype=np.int64)
+        rank_of_node[np.argsort(first, kind="stable")] = np.arange(len(first))
+        return rank_of_node[inverse.reshape(-1)]
+    codes: dict[Any, int] = {}
+    try:
+        labels = [codes.setdefault(node, len(codes)) for node in nodes]
+    except TypeError:
+        raise TopologyError("nodes must be hashable node ids (host names or integers)") from None
+    return np.array(labels, dtype=np.int64).reshape(world_size)
+
 
 
 def _canonical_edges(layer: Any, world_size: int, name: str, index: int) -> tuple[np.ndarray, csr_matrix]:
@@ -166,8 +192,8 @@ class Topology:
         facts: tuple[LayerFacts | None, ...] | None = None,
         placement: str = "ranks",
     ) -> None:
-        if placement not in ("ranks", "nodes"):  # relaympi.topology.placement.PLACEMENTS
-            raise TopologyError(f"placement must be one of ranks, nodes, got {placement!r}")
+        if not isinstance(placement, str) or placement not in PLACEMENTS:
+            raise TopologyError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
         if not isinstance(name, str) or not name:
             raise TopologyError(f"topology name must be a non-empty string, got {name!r}")
         world_size = as_world_size(world_size)
@@ -388,8 +414,6 @@ class Topology:
         return counts
 
     def _node_labels(self, nodes: Any) -> np.ndarray:
-        from .placement import node_labels  # placement builds Topology values: import it late
-
         return node_labels(nodes, self.world_size)
 
     def mixing_matrix(self, layer: int = 0) -> np.ndarray:
@@ -414,10 +438,11 @@ class Topology:
             if n <= DENSE_SPECTRUM_MAX_RANKS:
                 return extremes_of(np.linalg.eigvalsh(self.mixing_matrix(layer)))
             if len(self._edges[layer]) == n - 1:
-                order, parent = csgraph.breadth_first_order(
-                    self._adjacency(layer), 0, directed=True, return_predecessors=True
+                root = self._tree_root(layer)
+                _, parent = csgraph.breadth_first_order(
+                    self._adjacency(layer), root, directed=True, return_predecessors=True
                 )
-                depth = self.hops_from(0, layer)
+                depth = self.hops_from(root, layer)
                 if depth.max() <= TREE_INERTIA_MAX_HEIGHT:
                     parent = np.where(parent < 0, -1, parent)  # scipy marks the root with -9999
                     return tree_extremes(n, self._edges[layer], parent, depth)
@@ -426,6 +451,22 @@ class Topology:
             return not_computed(n)
 
         return self._cached(("extremes", layer), compute)
+
+    def _tree_root(self, layer: int) -> int:
+        """Rank 0 if the tree is at most TREE_INERTIA_MAX_HEIGHT deep from it, else a centre (the
+        middle of a longest path: height ceil(diameter / 2), the least any root gives). Node-aware
+        trees are rooted away from rank 0 in one of their layers."""
+        adjacency = self._adjacency(layer)
+        hops = _hops_from(adjacency, 0)
+        if hops.max() <= TREE_INERTIA_MAX_HEIGHT:
+            return 0
+        end = int(np.argmax(hops))
+        _, parent = csgraph.breadth_first_order(adjacency, end, directed=True, return_predecessors=True)
+        from_end = _hops_from(adjacency, end)
+        rank = int(np.argmax(from_end))  # the far end of a longest path
+        for _ in range(int(from_end[rank]) // 2):  # walk half of it back
+            rank = int(parent[rank])
+        return rank
 
     # -- summary --------------------------------------------------------------------------
 

@@ -14,11 +14,14 @@ The rules (M nodes; K = ranks on a node):
 - hypercube: vertex p of the hypercube is the rank at node-major position p, so with nodes of
   2^b ranks the b lowest bits stay inside a node.
 - binary-tree: a heap-layout binary tree over the nodes (node-major index m: children 2m+1,
-  2m+2); inside each node a heap-layout tree over its ranks, rooted at its lowest rank (the
-  node's gateway). A child node's gateway hangs where its parent node's heap would continue
-  (heap positions K and K+1, under local ranks (K-1)//2 and K//2), so every rank keeps degree
-  <= 3 and a node's ranks form one connected subtree: M - 1 inter-node edges, the minimum for
-  a spanning tree. The price is depth: about (log2 K + 1) hops per level of the node tree.
+  2m+2), entered at each node's lowest rank (local 0, the node's gateway). Inside a node without
+  child nodes: the heap-layout tree over its ranks (local j's parent (j-1)//2). Inside a node
+  with child nodes the node tree passes close to the gateway: local 0 - 1 - 2, then a heap
+  rooted at local 2 (local j >= 3 under (j-3)//2 + 2); the first child node hangs on local 0,
+  the second on local 1 (on local 0 if the node has one rank). Every rank keeps degree <= 3, a
+  node's ranks form one connected subtree, and the tree crosses between nodes on M - 1 edges,
+  the minimum for a spanning tree. The price is depth: 1 or 2 hops per level of the node tree
+  where rank order has 1 (64 ranks on 8 nodes: diameter 13 against 11 in rank order).
 - double-binary-trees: tree A is the binary tree above; tree B is the same construction on
   the reversed node-major order (the mirror of A: at the node level the paper's mirror
   m -> M-1-m, inside each node local j -> K-1-j, gateway the node's highest rank). So the two
@@ -50,13 +53,11 @@ from typing import Any
 
 import numpy as np
 
-from .core import Topology, as_world_size
+from . import graphs
+from .core import PLACEMENTS, Topology, as_world_size, node_labels
 from .errors import TopologyError
 
 __all__ = ["PLACEMENTS", "check_placement", "node_labels", "node_major_order", "nodes_of", "place"]
-
-PLACEMENTS = ("ranks", "nodes")
-
 
 def check_placement(placement: Any) -> str:
     """placement itself if it is one of PLACEMENTS, else TopologyError naming the allowed ones."""
@@ -74,44 +75,29 @@ def nodes_of(world_size: int, ranks_per_node: int) -> tuple[int, ...]:
     return tuple(rank // k for rank in range(n))
 
 
-def node_labels(nodes: Sequence[Any], world_size: int) -> np.ndarray:
-    """Each rank's node as 0..M-1, nodes numbered in the order of their lowest rank, shape [n].
-
-    nodes: one node id per rank (any hashable: a host name, an int)."""
-    if isinstance(nodes, (str, bytes)) or not hasattr(nodes, "__len__"):
-        raise TopologyError(f"nodes must be a sequence of one node id per rank, got {type(nodes).__name__}")
-    if len(nodes) != world_size:
-        raise TopologyError(f"nodes must give the node of each of the {world_size} ranks, got {len(nodes)} entries")
-    if isinstance(nodes, np.ndarray) and nodes.dtype.kind in "iu":
-        _, first, inverse = np.unique(nodes, return_index=True, return_inverse=True)
-        rank_of_node = np.empty(len(first), dtype=np.int64)
-        rank_of_node[np.argsort(first, kind="stable")] = np.arange(len(first))
-        return rank_of_node[inverse.reshape(-1)]
-    codes: dict[Any, int] = {}
-    try:
-        labels = [codes.setdefault(node, len(codes)) for node in nodes]
-    except TypeError:
-        raise TopologyError("nodes must be hashable node ids (host names or integers)") from None
-    return np.array(labels, dtype=np.int64).reshape(world_size)
-
-
 def node_major_order(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(order, sizes): order[p] is the rank at node-major position p; sizes[m] the ranks of node m."""
     return np.argsort(labels, kind="stable"), np.bincount(labels)
 
 
 def _nested_heap(order: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """Edges of the binary tree over nodes with heap-layout subtrees inside them (module docstring),
+    """Edges of the binary tree over nodes with a subtree inside each node (module docstring),
     over the node-major positions given by order; [n - 1, 2] ranks."""
+    node_count = len(sizes)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    node = np.repeat(np.arange(len(sizes)), sizes)
+    node = np.repeat(np.arange(node_count), sizes)
     local = np.arange(len(order)) - starts[node]
+    relays = 2 * np.arange(node_count) + 1 < node_count  # nodes with child nodes
     inside = local >= 1
-    intra = np.stack([starts[node[inside]] + (local[inside] - 1) // 2, np.flatnonzero(inside)], axis=1)
-    child = np.arange(1, len(sizes))
+    j = local[inside]
+    heap_parent = (j - 1) // 2
+    relay_parent = np.where(j <= 2, j - 1, (j - 3) // 2 + 2)  # 0 - 1 - 2, then a heap rooted at local 2
+    parent_local = np.where(relays[node[inside]], relay_parent, heap_parent)
+    intra = np.stack([starts[node[inside]] + parent_local, np.flatnonzero(inside)], axis=1)
+    child = np.arange(1, node_count)
     parent = (child - 1) // 2
-    continuation = sizes[parent] + (child - 1) % 2  # heap position K or K + 1 of the parent node
-    inter = np.stack([starts[parent] + (continuation - 1) // 2, starts[child]], axis=1)
+    attach = np.minimum((child - 1) % 2, sizes[parent] - 1)  # first child node at local 0, second at 1
+    inter = np.stack([starts[parent] + attach, starts[child]], axis=1)
     return order[np.concatenate([intra, inter])]
 
 
@@ -132,8 +118,6 @@ def place(name: str, world_size: int, nodes: Sequence[Any], base: Topology | Non
     base: the rank-order topology of the same name (the registry builds it first, so that every
     size check and error message is the same as for placement "ranks").
     """
-    from . import graphs
-
     n = as_world_size(world_size)
     labels = node_labels(nodes, n)
     order, sizes = node_major_order(labels)
