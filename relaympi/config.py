@@ -98,6 +98,8 @@ _QUADRATICS = Applies(lambda c: c.get("task") == "quadratics", lambda c: f"it is
 _GENERATED = Applies(lambda c: c.get("task") != "quadratics" or c.get("problem_file") is None,
                      lambda c: f"it shapes a generated problem, and --problem-file {c.get('problem_file')} is given", identity=False)
 _QUADRATICS_FLAGS = "quadratics (--task quadratics only; refused for other tasks)"
+# where ranks sit changes the numbers through the topology: not all-reduce's (a collective, never refused: scripts pass it to every algorithm)
+_PLACED = Applies(lambda c: c.get("algo") != "allreduce", refuse=False)
 
 
 def _help_topology() -> str:
@@ -161,7 +163,7 @@ class RunConfig:
         "auto", "where the topology puts ranks: ranks (the paper's rank order), nodes (each node's ranks together, few edges "
         "between nodes) or auto: nodes when the ranks span more than one node and the topology can be placed by node, else ranks "
         "(default auto); the run file records the one used",
-        choices=lambda: PLACEMENTS,
+        choices=lambda: PLACEMENTS, applies=(_PLACED,),
         readme="where the topology puts ranks: the paper's rank order (`ranks`), or each node's ranks kept together so that few tree "
         "edges cross between nodes (`nodes`); `auto`: `nodes` when the ranks span more than one node and the topology can be placed by "
         "node, else `ranks` (see \"Placement\"). "
@@ -173,7 +175,7 @@ class RunConfig:
         "places the ranks on (ranks sharing memory); one node for `--backend local` and `batched`. The run file records every rank's node "
         "and whether it was emulated",
         # the nodes only shape the topology under --placement nodes
-        applies=(Applies(lambda c: c.get("placement") == "nodes", refuse=False),))
+        applies=(_PLACED, Applies(lambda c: c.get("placement") == "nodes", refuse=False)))
     alpha: float = _field(  # Dirichlet heterogeneity (smaller = more heterogeneous)
         1.0, "Dirichlet data heterogeneity, > 0; smaller is more heterogeneous (default 1.0)", type=float, readme_arg="A",
         readme="Dirichlet heterogeneity, > 0; smaller is more heterogeneous, `inf` is an iid split (1.0). With few samples per worker "

@@ -116,6 +116,8 @@ def test_placement_and_ranks_per_node_are_part_of_the_experiment():
     assert experiment_settings({**base, "placement": "nodes", "ranks_per_node": 2})["ranks_per_node"] == 2
     assert "ranks_per_node" not in experiment_settings({**base, "placement": "ranks", "ranks_per_node": 2})  # no part of the trees
     assert experiment_settings(base)["placement"] == "ranks"  # a file from before --placement ran in rank order
+    allreduce = {"task": "digits", "algo": "allreduce", "placement": "nodes", "ranks_per_node": 2}
+    assert experiment_settings(allreduce) == experiment_settings({**allreduce, "placement": "ranks", "ranks_per_node": None})  # a collective
 
 
 # -- the run file ---------------------------------------------------------------------------------
