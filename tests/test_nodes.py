@@ -56,7 +56,7 @@ def test_local_ranks_know_their_emulated_node(nodes):
 def test_ranks_of_one_machine_are_one_node(spmd):
     """Under `mpirun -n K` on one machine MPI_COMM_TYPE_SHARED puts every rank on node 0 (plain pytest:
     the in-process ranks of one process)."""
-    for rank, node, nodes in spmd(_my_node):
+    for _rank, node, nodes in spmd(_my_node):
         assert node == 0 and nodes == (0,) * len(nodes) and len(nodes) >= 2
 
 
