@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -128,6 +129,15 @@ def write_outputs(
     return written
 
 
+def placement_summary(runs: Sequence[RunSummary]) -> str:
+    """'; placement: nodes (2 runs), ranks (1 run)': where the runs' topologies put the ranks (rows of runs
+    that differ in it are told apart as placement=...)."""
+    counts = Counter(run.placement for run in runs)
+    if not counts:
+        return ""
+    return "; placement: " + ", ".join(f"{name} ({count} run{'s' if count != 1 else ''})" for name, count in sorted(counts.items()))
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.report",
@@ -225,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(files)} run file(s): {len(runs) - diverged} completed, {diverged} diverged, "
         f"{len(problems)} with problems"
         + (f", {len(left_out)} finished but in no table" if left_out else "")
+        + placement_summary(runs)
     )
     problems += left_out
     sys.stdout.write(render(tables, problems, args.format, summary))

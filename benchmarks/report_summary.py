@@ -108,6 +108,7 @@ class RunSummary:
     time_s: np.ndarray | None = None
     batch_size: int | None = None
     hardware: tuple[tuple[str, Any], ...] = ()
+    placement: str = "ranks"  # where the topology put the ranks (the resolved --placement; files from before it: rank order)
 
     @property
     def converged(self) -> bool:
@@ -267,6 +268,7 @@ def summarize(run: Run, settings: ReportSettings) -> RunSummary:
         extra=extra,
         settings=_settings(config, keys),
         diverged_epoch=diverged_epoch,
+        placement=str(config.get("placement") or "ranks"),
     )
     data = run.data
     summary["costs"] = step_costs(data)

@@ -2,12 +2,15 @@
 
     python -m benchmarks.topology_scale                       # every built-in, n = 1e3, 1e4, 1e5
     python -m benchmarks.topology_scale --sizes 100000 --names ring,double-binary-trees
+    python -m benchmarks.topology_scale --sizes 100000 --ranks-per-node 8   # node-aware (--placement nodes)
 
 Each description runs in its own subprocess (build, describe, print every edge); the table gives
 its wall and CPU time (the CPU time is what a shared machine cannot inflate), its peak resident memory (from wait4) and the bytes it printed. Families that need
 a power of two (hypercube, exponential) run at the next power of two >= n; the social network has
 32 ranks only and runs once. fully-connected above the command's edge limit is refused (exit 2)
-in milliseconds: its n (n - 1) / 2 edges cannot be listed. Not a test: figures depend on the machine.
+in milliseconds: its n (n - 1) / 2 edges cannot be listed. With --ranks-per-node K every topology
+is built with --placement nodes over nodes of K ranks (the social network, whose edges are given
+rank by rank, is left out). Not a test: figures depend on the machine.
 """
 
 from __future__ import annotations
@@ -37,9 +40,12 @@ def world_size_for(name: str, n: int) -> int:
     return n
 
 
-def measure(name: str, n: int, as_json: bool) -> tuple[int, float, float, float, int]:
-    """(exit status, wall seconds, CPU seconds, peak RSS in MiB, bytes printed) of one description."""
+def measure(name: str, n: int, as_json: bool, ranks_per_node: int | None = None) -> tuple[int, float, float, float, int]:
+    """(exit status, wall seconds, CPU seconds, peak RSS in MiB, bytes printed) of one description
+    (node-aware over nodes of ranks_per_node ranks if given)."""
     argv = [sys.executable, "-m", "relaympi.topology", name, "-n", str(n)] + (["--json"] if as_json else [])
+    if ranks_per_node is not None:
+        argv += ["--placement", "nodes", "--ranks-per-node", str(ranks_per_node)]
     with tempfile.TemporaryFile() as out:
         start = time.perf_counter()
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.DEVNULL)
@@ -57,7 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="comma-separated world sizes (default: %(default)s)")
     parser.add_argument("--names", default=",".join(TOPOLOGY_NAMES),
                         help="comma-separated topology names (default: every built-in)")
+    parser.add_argument("--ranks-per-node", type=int, metavar="K",
+                        help="build node-aware (--placement nodes) over nodes of K ranks")
     args = parser.parse_args(argv)
+    if args.ranks_per_node is not None and args.ranks_per_node < 1:
+        parser.error(f"--ranks-per-node must be >= 1, got {args.ranks_per_node}")
     try:
         sizes = [int(float(s)) for s in args.sizes.split(",")]
     except ValueError:
@@ -65,6 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(n < 1 for n in sizes):
         parser.error(f"--sizes must be >= 1, got {args.sizes!r}")
     names = args.names.split(",")
+    if args.ranks_per_node is not None:
+        names = [name for name in names if name not in FIXED_SIZE]
     unknown = [name for name in names if name not in TOPOLOGY_NAMES]
     if unknown:
         parser.error(f"--names: unknown topology {unknown[0]!r}; allowed: {', '.join(TOPOLOGY_NAMES)}")
@@ -77,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             done.add((name, n))
             for as_json in (False, True):
-                status, seconds, cpu, peak, printed = measure(name, n, as_json)
+                status, seconds, cpu, peak, printed = measure(name, n, as_json, args.ranks_per_node)
                 print(f"{name:<22}{n:>8}  {'json' if as_json else 'text':<6}{status:>5}{seconds:>8.2f}{cpu:>7.2f}"
                       f"{peak:>10.0f}{printed / 2**20:>13.1f}", flush=True)
     return 0

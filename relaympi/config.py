@@ -17,9 +17,12 @@ from typing import Any
 
 from relaympi.entrypoint import UsageParser
 from relaympi.tasks.quadratics import QuadraticsSpec
+from relaympi.topology import PLACEMENTS as TOPOLOGY_PLACEMENTS
 from relaympi.topology import TOPOLOGY_NAMES
 
 BACKENDS = ("mpi", "local", "batched")
+# --placement: "auto" resolves to one of relaympi.topology.PLACEMENTS (the run file records which)
+PLACEMENTS = ("auto", *TOPOLOGY_PLACEMENTS)
 AUTOCAST_DTYPES = ("bf16",)  # --autocast: the batched engine's forward and backward in this dtype
 MAX_SEED = 2**63 - 1  # torch.manual_seed and numpy take any seed up to here (--seed 2^64 overflows torch)
 
@@ -95,6 +98,8 @@ _QUADRATICS = Applies(lambda c: c.get("task") == "quadratics", lambda c: f"it is
 _GENERATED = Applies(lambda c: c.get("task") != "quadratics" or c.get("problem_file") is None,
                      lambda c: f"it shapes a generated problem, and --problem-file {c.get('problem_file')} is given", identity=False)
 _QUADRATICS_FLAGS = "quadratics (--task quadratics only; refused for other tasks)"
+# where ranks sit changes the numbers through the topology: not all-reduce's (a collective, never refused: scripts pass it to every algorithm)
+_PLACED = Applies(lambda c: c.get("algo") != "allreduce", refuse=False)
 
 
 def _help_topology() -> str:
@@ -154,6 +159,23 @@ class RunConfig:
         readme="ring, chain, star, binary-tree, double-binary-trees, fully-connected, hypercube, exponential (n a power of two), "
         "social-network and social-network-tree (exactly 32 workers), `spanning-tree:<name>`, `edge-list:<file>` (one `i j` pair per line). "
         "Default per algorithm: relay/relay-grad double-binary-trees (chain for agnews), dpsgd/qgm/d2/gt ring, sgp exponential, allreduce fully-connected")
+    placement: str = _field(  # recorded as resolved: "ranks" or "nodes"
+        "auto", "where the topology puts ranks: ranks (the paper's rank order), nodes (each node's ranks together, few edges "
+        "between nodes) or auto: nodes when the ranks span more than one node and the topology can be placed by node, else ranks "
+        "(default auto); the run file records the one used",
+        choices=lambda: PLACEMENTS, applies=(_PLACED,),
+        readme="where the topology puts ranks: the paper's rank order (`ranks`), or each node's ranks kept together so that few tree "
+        "edges cross between nodes (`nodes`); `auto`: `nodes` when the ranks span more than one node and the topology can be placed by "
+        "node, else `ranks` (see \"Placement\"). "
+        "The run file records the one used")
+    ranks_per_node: int | None = _field(  # emulated nodes: rank r is on node r // K
+        None, "emulate nodes of K consecutive ranks each (rank r on node r // K; --backend local and batched: default one node; under "
+        "mpirun/srun it overrides the nodes MPI reports, recorded as emulated)", type=int, metavar="K", readme_arg="K",
+        readme="emulate nodes of K consecutive ranks (rank r on node r // K): the nodes `--placement` sees. Default: the nodes MPI "
+        "places the ranks on (ranks sharing memory); one node for `--backend local` and `batched`. The run file records every rank's node "
+        "and whether it was emulated",
+        # the nodes only shape the topology under --placement nodes
+        applies=(_PLACED, Applies(lambda c: c.get("placement") == "nodes", refuse=False)))
     alpha: float = _field(  # Dirichlet heterogeneity (smaller = more heterogeneous)
         1.0, "Dirichlet data heterogeneity, > 0; smaller is more heterogeneous (default 1.0)", type=float, readme_arg="A",
         readme="Dirichlet heterogeneity, > 0; smaller is more heterogeneous, `inf` is an iid split (1.0). With few samples per worker "
@@ -356,6 +378,10 @@ _CONFIG_HELP = "JSON file of saved flags (as written in a run file's config); fl
 _CONFIG_README = ("`--config FILE`", "a JSON object of flags (e.g. a run file's `config`); command-line flags win")
 
 
+# what runs did before their run files recorded a key (a default that changed since)
+_BEFORE_RECORDED = {"placement": "ranks"}  # the paper's rank order, the only one before --placement
+
+
 def experiment_settings(config: dict[str, Any]) -> dict[str, Any]:
     """The settings that define a run's experiment (seed included), from a run file's config.
 
@@ -363,7 +389,7 @@ def experiment_settings(config: dict[str, Any]) -> dict[str, Any]:
     algorithm or task are dropped, so `--relay-mode counts` on dpsgd is the same experiment as none.
     """
     defaults = RunConfig().to_dict()
-    merged = {**defaults, **config}
+    merged = {**defaults, **_BEFORE_RECORDED, **config}
     rules = {f.name: [rule for rule in flag.applies if rule.identity] for f, flag in FLAGS}
     return {
         key: value
@@ -447,6 +473,10 @@ def validate(cfg: RunConfig) -> None:
             close = difflib.get_close_matches(cfg.topology.replace("_", "-"), TOPOLOGY_NAMES, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"unknown topology {cfg.topology!r}{hint}; choose one of {', '.join(TOPOLOGY_NAMES)}, spanning-tree:<name> or edge-list:<file>")
+    if cfg.placement not in PLACEMENTS:
+        raise ConfigError(f"unknown --placement {cfg.placement!r}; choose one of {', '.join(PLACEMENTS)}")
+    if cfg.ranks_per_node is not None and cfg.ranks_per_node < 1:
+        raise ConfigError(f"--ranks-per-node must be >= 1 (ranks on each emulated node), got {cfg.ranks_per_node}")
     if not 0 <= cfg.seed <= MAX_SEED:
         raise ConfigError(f"--seed must be an integer in [0, {MAX_SEED}] (2^63 - 1), got {cfg.seed}")
     if not cfg.alpha > 0:

@@ -451,6 +451,23 @@ class RunWriter:
 
         self._write(write, f"status {status}")
 
+    def set_topology(self, topology: RunTopology) -> None:
+        """Record where the ranks are and the graph they ran on (the ``topology`` group; replaced if present)."""
+
+        def write() -> None:
+            if TOPOLOGY_GROUP in self._file:
+                del self._file[TOPOLOGY_GROUP]
+            group = self._file.create_group(TOPOLOGY_GROUP)
+            group.attrs.create("name", topology.name, dtype=_STR)
+            group.attrs.create("placement", topology.placement, dtype=_STR)
+            group.attrs.create("nodes_emulated", bool(topology.nodes_emulated))
+            group.attrs.create("inter_node_edges", np.asarray(topology.inter_node_edges, dtype=np.int64))
+            group.create_dataset("rank_node", data=np.asarray(topology.rank_node, dtype=np.int64))
+            for layer, edges in enumerate(topology.edges):
+                group.create_dataset(f"edges_{layer}", data=np.asarray(edges, dtype=np.int64).reshape(-1, 2))
+
+        self._write(write, "the topology")
+
     def set_attrs(self, **attrs: Any) -> None:
         """Set extra root attributes (str, int, float, bool, or sequences of numbers/strings)."""
         self._write(lambda: self._set_attrs(attrs), "attributes")
@@ -575,6 +592,42 @@ def _truncate_rows(file: h5py.File, resume_step: int) -> None:
         ds[...] = kept
 
 
+TOPOLOGY_GROUP = "topology"  # where the ranks were and the graph they ran on (not a per-evaluation dataset)
+
+
+@dataclass(frozen=True)
+class RunTopology:
+    """The ``topology`` group: each rank's node and the edges every layer (tree or graph) realized."""
+
+    name: str
+    placement: str  # "ranks" or "nodes", as the run resolved --placement
+    rank_node: np.ndarray  # [world_size] int64: rank r ran on node rank_node[r] (0, 1, ... by lowest rank)
+    nodes_emulated: bool  # the nodes came from --ranks-per-node, not from where MPI placed the ranks
+    edges: tuple[np.ndarray, ...]  # per layer: [m, 2] int64 edges (i < j), sorted
+    inter_node_edges: tuple[int, ...]  # per layer: edges whose ends are on different nodes
+
+    @property
+    def num_nodes(self) -> int:
+        return len(set(self.rank_node.tolist()))
+
+
+def _read_topology(file: h5py.File) -> RunTopology | None:
+    if TOPOLOGY_GROUP not in file:
+        return None  # a run file from before the topology was recorded
+    group = file[TOPOLOGY_GROUP]
+    attrs = {name: _decode_attr(group.attrs[name]) for name in group.attrs}
+    layers = sorted((int(k.split("_", 1)[1]), k) for k in group if k.startswith("edges_"))
+    inter = attrs.get("inter_node_edges", ())
+    return RunTopology(
+        name=str(attrs.get("name", "")),
+        placement=str(attrs.get("placement", "")),
+        rank_node=np.asarray(group["rank_node"][...], dtype=np.int64),
+        nodes_emulated=bool(attrs.get("nodes_emulated", False)),
+        edges=tuple(np.asarray(group[k][...], dtype=np.int64) for _, k in layers),
+        inter_node_edges=tuple(int(v) for v in np.atleast_1d(inter)),
+    )
+
+
 @dataclass
 class Run:
     """One run file, read: config, provenance, status, other root attributes and datasets."""
@@ -586,6 +639,7 @@ class Run:
     provenance: dict[str, Any]
     attrs: dict[str, Any] = field(default_factory=dict)
     data: dict[str, np.ndarray] = field(default_factory=dict)
+    topology: RunTopology | None = None  # None: a file from before the topology was recorded
 
     def metric(self, name: str) -> np.ndarray:
         try:
@@ -742,13 +796,14 @@ def read_run(path: str | os.PathLike, *, datasets: Iterable[str] | None = None) 
             available if datasets is None else {k: available[k] for k in datasets if k in available}
         )
         data = {name: ds[:n] for name, ds in wanted.items()}
+        topology = _read_topology(file)
     except RunFileError:
         raise
     except (OSError, KeyError, ValueError, TypeError, RuntimeError) as error:
         raise RunFileError(path, f"corrupt run file ({type(error).__name__}: {error})") from None
     finally:
         file.close()
-    return Run(path, version, status, config, provenance, attrs, data)
+    return Run(path, version, status, config, provenance, attrs, data, topology)
 
 
 def run_status(path: str | os.PathLike) -> str:
@@ -804,6 +859,24 @@ def cost_lines(run: Run, target: float | None = None) -> list[str]:
     return lines
 
 
+def topology_lines(topology: RunTopology | None) -> list[str]:
+    """`show`'s lines on the topology group: placement, nodes, and per layer its edges."""
+    if topology is None:
+        return ["placement: ranks (not recorded: a run file from before --placement, which ran in rank order)"]
+    where = "emulated by --ranks-per-node" if topology.nodes_emulated else "as the ranks were placed"
+    lines = [
+        f"placement: {topology.placement}",
+        "topology:",
+        f"  name: {topology.name}",
+        f"  nodes: {topology.num_nodes} ({where})",
+        f"  rank_node: {json.dumps(topology.rank_node.tolist())}",
+    ]
+    for layer, edges in enumerate(topology.edges):
+        inter = topology.inter_node_edges[layer] if layer < len(topology.inter_node_edges) else "?"
+        lines.append(f"  layer {layer}: {len(edges)} edges, {inter} between nodes")
+    return lines
+
+
 def _show(path: Path, target: float | None = None) -> int:
     try:
         run = read_run(path)
@@ -824,6 +897,8 @@ def _show(path: Path, target: float | None = None) -> int:
     print("provenance:")
     for name, value in sorted(run.provenance.items()):
         print(f"  {name}: {json.dumps(value)}")
+    for line in topology_lines(run.topology):
+        print(line)
     print(f"datasets ({run.num_rows} rows):")
     for name, value in sorted(run.data.items()):
         last = value[-1] if len(value) else None

@@ -37,7 +37,7 @@ from relaympi.engines import BACKENDS, engine_for
 from relaympi.launcher import launch
 from relaympi.tasks.quadratics import QuadraticsTask
 from relaympi.training.loop import STOP, USAGE_ERRORS
-from relaympi.training.plan import Plan, default_out, resolve
+from relaympi.training.plan import Plan, default_out, resolve, run_nodes
 from relaympi.training.run_file import WRITE_ERRORS, check_out, print_summary
 
 log = logging.getLogger("relaympi.train")
@@ -158,13 +158,15 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
             "process with `--backend local --workers 16`; a single-worker baseline runs as "
             "`mpirun -n 1 python -m relaympi.train --algo allreduce ...` or `--backend local --workers 1 --algo allreduce`"
         )
-    comm = mpi_communicator(drops=DropPolicy(cfg.drop_prob, cfg.seed))
+    # --ranks-per-node emulates nodes (recorded as emulated); else the nodes MPI placed the ranks on
+    emulated = run_nodes(cfg, size) if cfg.ranks_per_node is not None else None
+    comm = mpi_communicator(drops=DropPolicy(cfg.drop_prob, cfg.seed), nodes=emulated)
     # bound ranks (srun --cpu-bind, mpirun -bind-to) each keep their own CPUs; unbound ones share theirs
     cpus = threads.allowed_cpus()
     _configure(cfg, comm.rank, cpus, threads.sharers(cpus, node_allgather(cpus)))
     error = None
     try:
-        plan = resolve(cfg, size)
+        plan = resolve(cfg, size, comm.nodes)
         engine_for(cfg.backend).check(plan)
         out = Path(cfg.out) if cfg.out else default_out(plan.cfg, size)
         plan = plan.with_out(out)

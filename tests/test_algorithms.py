@@ -16,6 +16,7 @@ from relaympi.flat import padded_zeros
 from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.tasks.quadratics import QuadraticsSpec, generate
 from relaympi.topology import build
+from tests.node_layouts import build_named
 
 STEPS = 12
 SGD = OptimizerConfig()
@@ -45,7 +46,14 @@ CASES = [
     for topo in ("chain", "binary-tree", "double-binary-trees", "star")
     for mode in ("counts", "previous", "initial")
     for opt in ((SGD, MOMENTUM) if mode == "counts" else (SGD,))
-] + [("relay", "double-binary-trees", ADAM, "counts")]
+] + [("relay", "double-binary-trees", ADAM, "counts")] + [
+    # node-aware topologies ("@3": nodes of 3 ranks in blocks, "@3rr": round-robin; tests/node_layouts.py)
+    ("relay", "double-binary-trees@3", SGD, "counts"),
+    ("relay", "double-binary-trees@3rr", MOMENTUM, "previous"),
+    ("relay", "chain@3rr", SGD, "counts"),
+    ("relay-grad", "binary-tree@3", SGD, "counts"),
+    ("dpsgd", "ring@3rr", SGD, "counts"),
+]
 
 
 def _case_id(case):
@@ -60,7 +68,7 @@ def _problem(n):
 
 def _message_passing(comm, algo, topo_name, opt, mode, x0):
     n = comm.world_size
-    topology = build(topo_name, n)
+    topology = build_named(topo_name, n)
     problem = _problem(n)
     x = torch.tensor(x0, dtype=torch.float64)
     optimizer = make_optimizer(opt, x)
@@ -75,7 +83,7 @@ def _message_passing(comm, algo, topo_name, opt, mode, x0):
 
 
 def _oracle(algo, topo_name, opt, mode, n, x0):
-    topology = build(topo_name, n)
+    topology = build_named(topo_name, n)
     problem = _problem(n)
     engine = make_matrix_algorithm(algo, topology, n, x0, opt, relay_mode=mode)
     X = np.repeat(x0[None], n, axis=0)

@@ -32,6 +32,7 @@ from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.tasks.quadratics import QuadraticsSpec, generate
 from relaympi.topology import build
 from tests.drop_oracle import LossyOracle, delivered_by
+from tests.node_layouts import build_named
 
 STEPS = 30
 DIM = 7
@@ -93,6 +94,13 @@ CASES = [
     Case("relay", topo, n, opt, mode)
     for topo, n, opt in (("chain", 6, SGD), ("star", 6, SGD), ("double-binary-trees", 7, SGD), ("double-binary-trees", 8, MOMENTUM))
     for mode in RELAY_MODES
+] + [
+    # node-aware topologies ("@3": nodes of 3 ranks in blocks, "@3rr": round-robin; tests/node_layouts.py)
+    Case("relay", "double-binary-trees@3", 10, MOMENTUM, "counts"),
+    Case("relay", "double-binary-trees@3rr", 11, SGD, "previous"),
+    Case("relay", "chain@3rr", 7, SGD, "initial"),
+    Case("relay-grad", "binary-tree@3", 9),
+    Case("dpsgd", "ring@3rr", 8),
 ]
 DROPS = (0.0, DROP_PROB)
 
@@ -115,7 +123,7 @@ def _x0() -> np.ndarray:
 
 
 def _message_passing(comm, case: Case) -> tuple[np.ndarray, np.ndarray]:
-    topology, problem = build(case.topology, comm.world_size), _problem(comm.world_size)
+    topology, problem = build_named(case.topology, comm.world_size), _problem(comm.world_size)
     x = torch.tensor(_x0(), dtype=torch.float64)
     algorithm = make_algorithm(case.algo, comm, topology, make_optimizer(case.optimizer, x), x, case.options)
     AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]), torch.from_numpy(problem.Atb[comm.rank])
@@ -134,7 +142,7 @@ class _Batched:
         self.problem = _problem(n)
         self.X = torch.tensor(np.repeat(_x0()[None], n, axis=0))
         self.optimizer = BatchedOptimizer(case.optimizer, self.X)
-        self.algorithm = make_batched_algorithm(case.algo, build(case.topology, n), self.optimizer, self.X.clone(), case.options, drops)
+        self.algorithm = make_batched_algorithm(case.algo, build_named(case.topology, n), self.optimizer, self.X.clone(), case.options, drops)
         self.AtA, self.Atb = torch.from_numpy(self.problem.AtA), torch.from_numpy(self.problem.Atb)
 
     def step(self, t: int) -> np.ndarray:
@@ -146,7 +154,7 @@ class _Batched:
 def _oracle(case: Case, drops: DropPolicy) -> np.ndarray:
     """[steps, n, d]: the matrix oracle without drops, the independent loss model (tests/drop_oracle.py) with them."""
     n = case.workers
-    topology, problem = build(case.topology, n), _problem(n)
+    topology, problem = build_named(case.topology, n), _problem(n)
     if drops.prob == 0:
         engine = make_matrix_algorithm(
             case.algo, topology, n, _x0(), case.optimizer, relay_mode=case.relay_mode, d2_exact_diffusion=case.d2_exact_diffusion
@@ -269,7 +277,7 @@ def test_refuses_what_message_passing_refuses(algo, topology, n, config, match):
 
 
 def _final_message_passing(comm, case: Case, dtype: torch.dtype) -> np.ndarray:
-    topology, problem = build(case.topology, comm.world_size), _problem(comm.world_size)
+    topology, problem = build_named(case.topology, comm.world_size), _problem(comm.world_size)
     x = torch.tensor(_x0(), dtype=dtype)
     algorithm = make_algorithm(case.algo, comm, topology, make_optimizer(case.optimizer, x), x, case.options)
     AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]).to(dtype), torch.from_numpy(problem.Atb[comm.rank]).to(dtype)
@@ -292,7 +300,7 @@ def test_float32_agrees_with_message_passing_at_full_precision_even_with_tf32_al
     n, drops, before = case.workers, DropPolicy(DROP_PROB, seed=3), torch.get_float32_matmul_precision()
     problem = _problem(n)
     X = torch.tensor(np.repeat(_x0()[None], n, axis=0), dtype=torch.float32)
-    algorithm = make_batched_algorithm(case.algo, build(case.topology, n), BatchedOptimizer(case.optimizer, X), X.clone(), case.options, drops)
+    algorithm = make_batched_algorithm(case.algo, build_named(case.topology, n), BatchedOptimizer(case.optimizer, X), X.clone(), case.options, drops)
     AtA, Atb = torch.from_numpy(problem.AtA).float(), torch.from_numpy(problem.Atb).float()
     torch.set_float32_matmul_precision("medium")
     try:

@@ -119,9 +119,10 @@ def nodes(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def reference(nodes: Nodes, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The configuration on one node: plain mpirun -n 4 on this machine, without the cluster's variables."""
+    """The configuration on one node: plain mpirun -n 4 on this machine, without the cluster's variables,
+    emulating the cluster's two nodes of two ranks (--placement auto places the trees by node on both)."""
     out = tmp_path_factory.mktemp("reference") / "one-node.h5"
-    proc = subprocess.run(["mpirun", "-n", "4", sys.executable, "-m", "relaympi.train", *TRAIN, "--out", str(out)],
+    proc = subprocess.run(["mpirun", "-n", "4", sys.executable, "-m", "relaympi.train", *TRAIN, "--ranks-per-node", "2", "--out", str(out)],
                           capture_output=True, text=True, env=clean_env(), cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
@@ -159,6 +160,11 @@ def test_a_job_on_two_nodes_learns_bit_for_bit_what_one_node_does(nodes: Nodes, 
     # every step's exchange between the nodes crossed node2's shaped link, both ways (MBs, not bytes of SLURM)
     assert after[0] - before[0] > 4e6 and after[1] - before[1] > 4e6, (before, after)
     assert_same_run(out, reference)
+    # MPI_COMM_TYPE_SHARED found the two nodes: the trees the one-node run emulated with --ranks-per-node 2
+    placed, emulated = read_run(out).topology, read_run(reference).topology
+    assert placed.rank_node.tolist() == emulated.rank_node.tolist() == [0, 0, 1, 1]
+    assert placed.placement == emulated.placement == "nodes" and not placed.nodes_emulated and emulated.nodes_emulated
+    assert all(np.array_equal(a, b) for a, b in zip(placed.edges, emulated.edges, strict=True))
 
 
 def job_state(nodes: Nodes, job: str) -> tuple[str, str]:

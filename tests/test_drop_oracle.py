@@ -17,6 +17,7 @@ from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.tasks.quadratics import QuadraticsSpec, generate
 from relaympi.topology import TopologyError, build
 from tests.drop_oracle import LossyMeanEstimator, LossyOracle, delivered_by
+from tests.node_layouts import build_named
 
 STEPS = 10
 DIM = 7
@@ -86,6 +87,11 @@ CASES = [
     Case("relay", "double-binary-trees", 8, MOMENTUM, "previous", relay_chunk=2),
     Case("relay", "double-binary-trees", 7, SGD, "initial", relay_in_place=True, relay_chunk=2),
     Case("relay-grad", "double-binary-trees", 8, SGD, relay_chunk=3),
+    # node-aware topologies ("@3": nodes of 3 ranks in blocks, "@3rr": round-robin; tests/node_layouts.py)
+    Case("relay", "double-binary-trees@3", 9, SGD, "counts"),
+    Case("relay", "double-binary-trees@3rr", 12, MOMENTUM, "previous"),
+    Case("relay", "chain@3rr", 7, SGD, "initial", relay_chunk=2),
+    Case("gt", "ring@3rr", 8),
 ]
 
 
@@ -102,7 +108,7 @@ def _x0() -> np.ndarray:
 
 
 def _message_passing(comm, case: Case) -> tuple[int, np.ndarray]:
-    topology, problem = build(case.topology, comm.world_size), _problem(comm.world_size)
+    topology, problem = build_named(case.topology, comm.world_size), _problem(comm.world_size)
     x = torch.tensor(_x0(), dtype=torch.float64)
     options = AlgorithmOptions(
         relay_mode=case.relay_mode,
@@ -121,7 +127,7 @@ def _message_passing(comm, case: Case) -> tuple[int, np.ndarray]:
 
 def _oracle(case: Case, n: int, drops: DropPolicy) -> np.ndarray:
     """The lossy model's trajectory, [steps, n, d]."""
-    topology, problem = build(case.topology, n), _problem(n)
+    topology, problem = build_named(case.topology, n), _problem(n)
     oracle = LossyOracle(case.algo, topology, _x0(), case.optimizer, delivered_by(drops), case.relay_mode, case.d2_exact_diffusion)
     X = np.repeat(_x0()[None], n, axis=0)
     trajectory = []
@@ -158,7 +164,7 @@ def test_message_passing_with_drops_matches_loss_model(spmd, case, seed):
 def test_loss_model_without_drops_is_the_matrix_form(case):
     """With every message delivered, the loss model is the matrix oracle (delayed averages, W x)."""
     n = case.workers
-    topology, problem = build(case.topology, n), _problem(n)
+    topology, problem = build_named(case.topology, n), _problem(n)
     lossy = LossyOracle(case.algo, topology, _x0(), case.optimizer, lambda *_: True, case.relay_mode, case.d2_exact_diffusion)
     matrix = make_matrix_algorithm(
         case.algo, topology, n, _x0(), case.optimizer, relay_mode=case.relay_mode, d2_exact_diffusion=case.d2_exact_diffusion

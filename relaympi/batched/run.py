@@ -156,7 +156,7 @@ class BatchedRun(TrainingLoop):
         self.schedule = plan.schedule(self.engine.steps_per_epoch)
         self.optimizer = make_optimizer(plan.optimizer, self.engine.X)
         self.algorithm = make_algorithm(cfg.algo, plan.topology, self.optimizer, self.engine.X, plan.algorithm_options, plan.drops)
-        self.checkpoints = Checkpoints(cfg, self.out, 0, self.n, engine=BACKEND)
+        self.checkpoints = Checkpoints(cfg, self.out, 0, self.n, engine=BACKEND, nodes=plan.nodes)
         self.check_lag = check_lag(self.device)
         self.loss_sum = np.zeros(self.n)
         self._G: torch.Tensor | None = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,26 @@ class DropPolicy:
         return bool(rng.random() < self.prob)
 
 
+def checked_nodes(nodes: Sequence[int] | None, world_size: int) -> tuple[int, ...]:
+    """Each rank's node id as a tuple (None: every rank on node 0); refuses a list of the wrong
+    length, or ids that are not numbered 0, 1, ... in the order of each node's lowest rank."""
+    if nodes is None:
+        return (0,) * world_size
+    nodes = tuple(int(node) for node in nodes)
+    if len(nodes) != world_size:
+        raise ValueError(f"expecting a node id for each of {world_size} ranks, got {len(nodes)}")
+    if nodes != number_nodes(nodes):
+        raise ValueError(f"node ids must be numbered 0, 1, ... in the order of each node's lowest rank, got {list(nodes)[:16]}")
+    return nodes
+
+
+def number_nodes(labels: Sequence[Any]) -> tuple[int, ...]:
+    """Node ids 0, 1, ... from any per-rank node label (a host name, a node's lowest rank), numbered
+    in the order of each node's lowest rank: the same on every rank, whatever the labels are."""
+    ids: dict[Any, int] = {}
+    return tuple(ids.setdefault(label, len(ids)) for label in labels)
+
+
 class Request(ABC):
     """Outstanding sends and receives of one exchange; wait() completes them all."""
 
@@ -62,10 +82,12 @@ class Communicator(ABC):
     the order they were posted.
     """
 
-    def __init__(self, rank: int, world_size: int, drops: DropPolicy | None = None):
+    def __init__(self, rank: int, world_size: int, drops: DropPolicy | None = None, nodes: Sequence[int] | None = None):
         self.rank = rank
         self.world_size = world_size
         self.drops = drops or DropPolicy()
+        # each rank's node, numbered 0, 1, ... in the order of each node's lowest rank (None: one node)
+        self.nodes: tuple[int, ...] = checked_nodes(nodes, world_size)
         # bytes actually handed to the transport, per destination rank (dropped messages excluded)
         self.bytes_sent = np.zeros(world_size, dtype=np.int64)
 
@@ -168,6 +190,11 @@ class Communicator(ABC):
     @abstractmethod
     def abort(self, code: int = 1) -> None:
         """Tear the whole world down now: no rank may be left waiting in a receive."""
+
+    @property
+    def node(self) -> int:
+        """This rank's node (``nodes[rank]``)."""
+        return self.nodes[self.rank]
 
     @property
     def backend(self) -> str:

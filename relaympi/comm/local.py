@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from relaympi.comm import buffers
-from relaympi.comm.base import Communicator, DropPolicy, RemoteFailure, Request
+from relaympi.comm.base import Communicator, DropPolicy, RemoteFailure, Request, checked_nodes
 
 
 class WorldAborted(RemoteFailure):
@@ -25,11 +25,13 @@ class LocalWorld:
     Collectives reduce in rank order, so results do not depend on thread scheduling.
     """
 
-    def __init__(self, world_size: int, drops: DropPolicy | None = None):
+    def __init__(self, world_size: int, drops: DropPolicy | None = None, nodes: Sequence[int] | None = None):
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.world_size = world_size
         self.drops = drops or DropPolicy()
+        # each rank's node (emulated: one process is one node; None: every rank on node 0)
+        self.nodes = checked_nodes(nodes, world_size)
         self._cond = threading.Condition()
         self._mail: dict[tuple[int, int, int], deque] = defaultdict(deque)
         self._aborted: str | None = None
@@ -114,7 +116,7 @@ class LocalCommunicator(Communicator):
     """One rank of a LocalWorld."""
 
     def __init__(self, world: LocalWorld, rank: int):
-        super().__init__(rank, world.world_size, world.drops)
+        super().__init__(rank, world.world_size, world.drops, world.nodes)
         self.world = world
 
     def _post(self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int, chunk: int = 0) -> Request:
@@ -168,13 +170,16 @@ class LocalCommunicator(Communicator):
         return "local"
 
 
-def run_local(world_size: int, fn: Callable[..., Any], *args: Any, drops: DropPolicy | None = None, **kwargs: Any) -> list[Any]:
+def run_local(world_size: int, fn: Callable[..., Any], *args: Any, drops: DropPolicy | None = None, nodes: Sequence[int] | None = None,
+              **kwargs: Any) -> list[Any]:
     """Run ``fn(comm, *args, **kwargs)`` on ``world_size`` in-process ranks; return their results by rank.
+
+    ``nodes``: the node each rank is said to be on (emulated; default: all on node 0).
 
     If any rank raises, the world is aborted (every other rank's blocking call raises
     WorldAborted instead of hanging) and the real exception of the lowest rank is re-raised here.
     """
-    world = LocalWorld(world_size, drops)
+    world = LocalWorld(world_size, drops, nodes)
     results: list[Any] = [None] * world_size
     errors: list[tuple[int, BaseException]] = []
     lock = threading.Lock()

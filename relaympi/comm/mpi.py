@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import atexit
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from relaympi.comm import buffers
-from relaympi.comm.base import Communicator, DropPolicy, RemoteFailure, Request
+from relaympi.comm.base import Communicator, DropPolicy, RemoteFailure, Request, number_nodes
 
 _FAILURE_TAG = 0x7E
 _FAILURE_BYTES = 1 << 16
@@ -109,9 +109,10 @@ class _MPIRequest(Request):
 class MPICommunicator(Communicator):
     """A Communicator over a duplicate of MPI.COMM_WORLD (library traffic never matches users')."""
 
-    def __init__(self, comm: Any = None, drops: DropPolicy | None = None, cuda_aware: bool | None = None):
+    def __init__(self, comm: Any = None, drops: DropPolicy | None = None, cuda_aware: bool | None = None, nodes: Sequence[int] | None = None):
         self.comm = (comm or MPI.COMM_WORLD).Dup()
-        super().__init__(self.comm.Get_rank(), self.comm.Get_size(), drops)
+        # nodes: each rank's node as given (emulated, e.g. --ranks-per-node); None: as MPI places the ranks
+        super().__init__(self.comm.Get_rank(), self.comm.Get_size(), drops, self._discover_nodes() if nodes is None else nodes)
         self.cuda_aware = buffers.query_cuda_aware_mpi() if cuda_aware is None else cuda_aware
         self._staging = _Staging()
         self._side_streams: dict[Any, Any] = {}  # device -> CUDA stream for staging copies
@@ -122,6 +123,16 @@ class MPICommunicator(Communicator):
         self._failure_buf = bytearray(_FAILURE_BYTES)
         self._failure_req = self._failures.Irecv(self._failure_buf, source=MPI.ANY_SOURCE, tag=_FAILURE_TAG) if self.rank == 0 else None
         atexit.register(self.close)
+
+    def _discover_nodes(self) -> tuple[int, ...]:
+        """Every rank's node (collective): ranks that share memory (MPI_COMM_TYPE_SHARED) are one node,
+        numbered by each node's lowest rank, so every rank computes the same list."""
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        try:
+            lowest = node.allreduce(self.comm.Get_rank(), op=MPI.MIN)
+        finally:
+            node.Free()
+        return number_nodes(self.comm.allgather(lowest))
 
     def close(self) -> None:
         """Cancel the pending failure receive, so MPI finalizes cleanly."""

@@ -31,7 +31,7 @@ def run(plan: Plan, out: Path, command: str, comm: Communicator | None = None) -
     """Train ``plan`` on this MPI rank (``comm``), or with every worker a thread of this process
     (``comm`` None); return the run's status (rank 0's, for threads)."""
     if comm is None:
-        return run_local(plan.world_size, run_rank, plan, out, command, drops=plan.drops)[0]
+        return run_local(plan.world_size, run_rank, plan, out, command, drops=plan.drops, nodes=plan.nodes or None)[0]
     return run_rank(comm, plan, out, command)
 
 
@@ -67,7 +67,7 @@ class MessagePassingRank(TrainingLoop):
         x = self.workload.x
         self.optimizer = make_optimizer(plan.optimizer, x)
         self.algorithm = make_algorithm(cfg.algo, comm, plan.topology, self.optimizer, x, plan.algorithm_options)
-        self.checkpoints = Checkpoints(cfg, Path(cfg.out), self.rank, self.n, barrier=comm.barrier)
+        self.checkpoints = Checkpoints(cfg, Path(cfg.out), self.rank, self.n, barrier=comm.barrier, nodes=comm.nodes)
         self.evaluator = Evaluator(comm, plan, self.schedule, self.workload)
 
     @property

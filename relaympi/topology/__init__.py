@@ -16,11 +16,13 @@ from .graphs import (
     star,
 )
 from .mixing import metropolis_hastings, min_eigenvalue, spectral_gap
+from .placement import PLACEMENTS, nodes_of
 from .registry import TOPOLOGY_NAMES, build
 from .schedule import ExponentialSchedule
 from .trees import spanning_tree
 
 __all__ = [
+    "PLACEMENTS",
     "TOPOLOGY_NAMES",
     "ExponentialSchedule",
     "Topology",
@@ -37,6 +39,7 @@ __all__ = [
     "hypercube",
     "metropolis_hastings",
     "min_eigenvalue",
+    "nodes_of",
     "ring",
     "social_network",
     "spanning_tree",

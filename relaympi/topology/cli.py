@@ -1,4 +1,5 @@
-"""Command line: describe a topology (`python -m relaympi.topology NAME -n N [--json]`)."""
+"""Command line: describe a topology (`python -m relaympi.topology NAME -n N [--json]`), and plan it
+for a cluster (`--ranks-per-node K [--placement nodes] [--model-size D]`)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,17 @@ from relaympi.algorithms import lr_correction
 from relaympi.algorithms.d2_rule import D2_MIN_EIGENVALUE, d2_allows
 from relaympi.entrypoint import UsageParser
 
-from .core import Topology
+from .core import Topology, coordinate_blocks
 from .errors import TopologyError
+from .placement import PLACEMENTS, nodes_of
 from .registry import EDGE_LIST, SPANNING_TREE_PREFIX, TOPOLOGY_NAMES, build
 from .schedule import ExponentialSchedule
 
-__all__ = ["MAX_DESCRIBED_EDGES", "describe", "main"]
+__all__ = ["DEFAULT_MODEL_SIZE", "MAX_DESCRIBED_EDGES", "describe", "main"]
+
+# VGG-11's parameters, relaympi.tasks.models.VGG11_NUM_PARAMETERS (importing it would load torch
+# for a pure-graph command; tests/test_node_topologies.py holds the two equal).
+DEFAULT_MODEL_SIZE = 9_225_610
 
 # The summary lists every edge; all else it prints takes O(n + m) time and memory or is left out
 # above a stated size (relaympi.topology.spectra, core.GENERAL_DIAMETER_MAX_WORK). Edges are written
@@ -53,12 +59,27 @@ def _edges_to_build(name: str, n: int) -> int | None:
     return counts.get(name)
 
 
-def describe(topology: Topology, *, edge_arrays: bool = False) -> dict[str, Any]:
+def describe(
+    topology: Topology,
+    *,
+    edge_arrays: bool = False,
+    ranks_per_node: int = 1,
+    model_size: int = DEFAULT_MODEL_SIZE,
+    dtype_bytes: int = 4,
+) -> dict[str, Any]:
     """Topology.to_dict() with what the algorithms make of it (RelaySGD's learning-rate correction,
     None unless every layer is a tree; whether D² may gossip on each layer, None where the smallest
     eigenvalue is not computed), plus the SGP schedule (period, offsets, peers per round) for
     "exponential". edge_arrays=True: edges and peers as numpy arrays (the command line streams
-    them; _json_chunks writes exactly what json.dumps writes for the lists)."""
+    them; _json_chunks writes exactly what json.dumps writes for the lists).
+
+    The cluster plan, for ranks in blocks of ranks_per_node (nodes_of; 1: every rank its own node,
+    every edge between nodes): per layer its diameter, mean delay (mean hop distance tau_ij over
+    pairs i != j, trees only) and lr correction (trees only), its inter-node edges, and the most
+    bytes one node sends to other nodes per step for a model of model_size elements of dtype_bytes
+    each: on a layer, each edge carries that layer's coordinate block each way every step (1 model
+    for a one-graph topology); SGP sends 1 model per rank per round, 2 rounds per step.
+    """
     summary = topology.to_dict(edge_arrays=edge_arrays)
     later = ("spectral_gap", "min_eigenvalue", "not_computed")
     gossip = {key: summary.pop(key) for key in later if key in summary}  # the keys keep their order
@@ -66,6 +87,7 @@ def describe(topology: Topology, *, edge_arrays: bool = False) -> dict[str, Any]
     summary |= gossip
     allowed = [None if low is None else d2_allows(low) for low in _per_layer(summary, "min_eigenvalue")]
     summary["d2_allowed"] = allowed[0] if topology.num_layers == 1 else allowed
+    summary |= _cluster_plan(topology, ranks_per_node, model_size, dtype_bytes)
     if "not_computed" in summary:  # last, so that small topologies keep their keys' order
         summary["not_computed"] = summary.pop("not_computed")
     if topology.name == "exponential":
@@ -76,8 +98,47 @@ def describe(topology: Topology, *, edge_arrays: bool = False) -> dict[str, Any]
             "offsets": [schedule.offset(k) for k in rounds],
             "send_peers": [_listed(schedule.send_peers(k), edge_arrays) for k in rounds],
             "recv_peers": [_listed(schedule.recv_peers(k), edge_arrays) for k in rounds],
+            "inter_node_sends": summary.pop("_inter_node_sends"),
         }
     return summary
+
+
+def _cluster_plan(topology: Topology, ranks_per_node: int, model_size: int, dtype_bytes: int) -> dict[str, Any]:
+    """The keys describe() adds for a cluster of nodes of ranks_per_node ranks (see there)."""
+    n, layers = topology.world_size, topology.num_layers
+    nodes = np.array(nodes_of(n, ranks_per_node), dtype=np.int64)
+    diameters = [topology.layer_diameter(k) if topology._diameter_method(k) else None for k in range(layers)]
+    mean_delays, corrections = [None] * layers, [None] * layers
+    if topology.is_tree:
+        for k in range(layers):
+            one = Topology(topology.name, n, (topology.edge_array(k),))
+            corrections[k] = lr_correction(one)
+            # 1 / (alpha n) = 1 + (2 W - n (n - 1)) / n^2 (relay_lr), W the sum of tau_ij over i < j
+            mean_delays[k] = 1.0 if n == 1 else ((corrections[k] - 1) * n * n + n * (n - 1)) / (n * (n - 1))
+    plan: dict[str, Any] = {
+        "ranks_per_node": ranks_per_node,
+        "nodes": int(nodes[-1]) + 1,
+        "layer_diameters": diameters,
+        "mean_delays": mean_delays,
+        "layer_lr_corrections": corrections,
+        "inter_node_edges": topology.inter_node_edges(nodes),
+        "model_size": model_size,
+        "dtype_bytes": dtype_bytes,
+    }
+    if topology.name == "exponential":
+        schedule = ExponentialSchedule(n)
+        crossing = [nodes[schedule.send_peers(k)] != nodes for k in range(schedule.period)]
+        per_node = np.stack([np.bincount(nodes[c], minlength=plan["nodes"]) for c in crossing])
+        steps = [per_node[(2 * t) % schedule.period] + per_node[(2 * t + 1) % schedule.period]
+                 for t in range(schedule.period)]  # step t runs rounds 2t and 2t + 1
+        plan["_inter_node_sends"] = [int(c.sum()) for c in crossing]
+        most = int(max(s.max() for s in steps)) * model_size * dtype_bytes
+    else:
+        blocks = coordinate_blocks(model_size, layers)
+        sizes = np.array([b.stop - b.start for b in blocks], dtype=np.int64)
+        most = int((topology.inter_node_degrees(nodes) * sizes[:, None]).sum(axis=0).max()) * dtype_bytes
+    plan["inter_node_bytes_per_node_per_step"] = most
+    return plan
 
 
 def _listed(values: np.ndarray, as_array: bool) -> np.ndarray | list:
@@ -184,6 +245,7 @@ def _text(summary: dict[str, Any]) -> str:
             f"Metropolis-Hastings{where}: spectral gap {gap:.6g}, smallest eigenvalue {low:.6g} "
             f"(D2 {verdict}: needs >= {D2_MIN_EIGENVALUE})"
         )
+    lines += _plan_text(summary)
     if "schedule" in summary:
         schedule = summary["schedule"]
         lines.append(
@@ -192,10 +254,41 @@ def _text(summary: dict[str, Any]) -> str:
         )
         lines.append("                  1 model per rank per round; SGP runs 2 rounds per step")
         for k, offset in enumerate(schedule["offsets"]):
-            lines.append(f"  round {k} (offset {offset}):")
+            crossing = schedule["inter_node_sends"][k]
+            lines.append(f"  round {k} (offset {offset}): {crossing} of {len(schedule['send_peers'][k])} sends between nodes")
             peers = np.asarray(schedule["send_peers"][k])
             lines.extend(_wrap(_joined(np.arange(len(peers)), peers, "{}->{}", " "), "    "))
     return "\n".join(lines)
+
+
+def _plan_text(summary: dict[str, Any]) -> list[str]:
+    layers = summary["num_layers"]
+    k, m = summary["ranks_per_node"], summary["nodes"]
+    lines = [f"placement         {summary['placement']}  ({m} node{'s' * (m != 1)} of {k} rank{'s' * (k != 1)}"
+             + (", the last one smaller" if m * k != summary["world_size"] else "") + ")"]
+    for layer in range(layers):
+        label = f"layer {layer}" if layers > 1 else ("tree" if summary["is_tree"] else "graph")
+        facts = [f"inter-node edges {summary['inter_node_edges'][layer]}"]
+        diameter = summary["layer_diameters"][layer]
+        facts.append(f"diameter {diameter if diameter is not None else 'not computed'}")
+        if summary["mean_delays"][layer] is not None:
+            facts.append(f"mean delay {summary['mean_delays'][layer]:.4g} steps")
+            facts.append(f"lr correction {summary['layer_lr_corrections'][layer]:.6g}")
+        lines.append(f"  {label}: " + ", ".join(facts))
+    size, width = summary["model_size"], summary["dtype_bytes"]
+    lines.append(f"inter-node bytes  {summary['inter_node_bytes_per_node_per_step']} per node per step "
+                 f"(most over nodes; model of {size} x {width} bytes)")
+    return lines
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -216,6 +309,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--edge-list", type=Path, metavar="FILE", help="'i j' pairs, one per line (with edge-list)"
+    )
+    parser.add_argument(
+        "--placement", choices=PLACEMENTS, default="ranks",
+        help="ranks: rank order, the paper's (default); nodes: keep each node's ranks together "
+        "(needs --ranks-per-node)",
+    )
+    parser.add_argument(
+        "--ranks-per-node", type=_positive, metavar="K",
+        help="ranks fill nodes in blocks of K (the last node may hold fewer); default 1: every "
+        "rank on its own node, every edge between nodes",
+    )
+    parser.add_argument(
+        "--model-size", type=_positive, default=DEFAULT_MODEL_SIZE, metavar="D",
+        help="model elements for the inter-node bytes (default %(default)s, VGG-11's parameters)",
+    )
+    parser.add_argument(
+        "--dtype-bytes", type=_positive, default=4, metavar="B",
+        help="bytes per element (default 4, float32)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return parser
@@ -246,7 +357,11 @@ def _max_edges_up_to(name: str, n: int) -> int | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2 on bad input)."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.placement == "nodes" and args.ranks_per_node is None:
+        parser.error("--placement nodes needs --ranks-per-node K (the ranks on each node)")
+    ranks_per_node = args.ranks_per_node or 1
     edges = _edges_to_build(args.name, args.world_size)
     if edges is not None and edges > MAX_DESCRIBED_EDGES:
         print(f"error: -n {args.world_size} is too large to describe {args.name}: it takes {edges} edges to "
@@ -257,8 +372,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        topology = build(args.name, args.world_size, root=args.root, edge_list=args.edge_list)
-        summary = describe(topology, edge_arrays=True)
+        nodes = nodes_of(args.world_size, ranks_per_node) if args.world_size >= 1 else None
+        topology = build(args.name, args.world_size, root=args.root, edge_list=args.edge_list,
+                         placement=args.placement, nodes=nodes)
+        summary = describe(topology, edge_arrays=True, ranks_per_node=ranks_per_node,
+                           model_size=args.model_size, dtype_bytes=args.dtype_bytes)
         if args.json:
             sys.stdout.writelines(_json_chunks(summary))
             sys.stdout.write("\n")

@@ -9,7 +9,7 @@ algorithm or a test asks for them.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,11 @@ from .spectra import (
     tree_extremes,
 )
 
-__all__ = ["GENERAL_DIAMETER_MAX_WORK", "LayerFacts", "Topology", "as_world_size"]
+__all__ = ["GENERAL_DIAMETER_MAX_WORK", "PLACEMENTS", "LayerFacts", "Topology", "as_world_size", "node_labels"]
+
+# How a topology was built: "ranks" in rank order (the paper's), "nodes" node-aware
+# (relaympi.topology.placement).
+PLACEMENTS = ("ranks", "nodes")
 
 # A summary computes the diameter of a graph that is neither a tree nor vertex-transitive by a
 # BFS from every rank, n * (n + m) steps; above this much work it says "not computed" instead.
@@ -48,6 +52,28 @@ def as_world_size(world_size: Any, *, what: str = "world_size", minimum: int = 1
     if value < minimum:
         raise TopologyError(f"{what} must be >= {minimum}, got {value}")
     return value
+
+
+def node_labels(nodes: Sequence[Any], world_size: int) -> np.ndarray:
+    """Each rank's node as 0..M-1, nodes numbered in the order of their lowest rank, shape [n].
+
+    nodes: one node id per rank (any hashable: a host name, an int)."""
+    if isinstance(nodes, (str, bytes)) or not hasattr(nodes, "__len__"):
+        raise TopologyError(f"nodes must be a sequence of one node id per rank, got {type(nodes).__name__}")
+    if len(nodes) != world_size:
+        raise TopologyError(f"nodes must give the node of each of the {world_size} ranks, got {len(nodes)} entries")
+    if isinstance(nodes, np.ndarray) and nodes.dtype.kind in "iu":
+        _, first, inverse = np.unique(nodes, return_index=True, return_inverse=True)
+        rank_of_node = np.empty(len(first), dtype=np.int64)
+        rank_of_node[np.argsort(first, kind="stable")] = np.arange(len(first))
+        return rank_of_node[inverse.reshape(-1)]
+    codes: dict[Any, int] = {}
+    try:
+        labels = [codes.setdefault(node, len(codes)) for node in nodes]
+    except TypeError:
+        raise TopologyError("nodes must be hashable node ids (host names or integers)") from None
+    return np.array(labels, dtype=np.int64).reshape(world_size)
+
 
 
 def _canonical_edges(layer: Any, world_size: int, name: str, index: int) -> tuple[np.ndarray, csr_matrix]:
@@ -150,10 +176,12 @@ class Topology:
     (contiguous halves, as NCCL splits data between its two trees; see ``coordinate_blocks``).
     A layer is given as a networkx graph or an [m, 2] integer array of edges; it must be a
     connected simple graph over all ranks. The value is frozen; equality compares name, world
-    size and edges. ``facts`` (generators only) carry closed forms, one LayerFacts per layer.
+    size, placement and edges. ``facts`` (generators only) carry closed forms, one LayerFacts
+    per layer. ``placement`` says how it was built: "ranks" (rank order, the paper's) or "nodes"
+    (node-aware, relaympi.topology.placement); the name stays the family's either way.
     """
 
-    __slots__ = ("name", "world_size", "_edges", "_facts", "_cache")
+    __slots__ = ("name", "world_size", "placement", "_edges", "_facts", "_cache")
 
     def __init__(
         self,
@@ -162,7 +190,10 @@ class Topology:
         layers: Any,
         *,
         facts: tuple[LayerFacts | None, ...] | None = None,
+        placement: str = "ranks",
     ) -> None:
+        if not isinstance(placement, str) or placement not in PLACEMENTS:
+            raise TopologyError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
         if not isinstance(name, str) or not name:
             raise TopologyError(f"topology name must be a non-empty string, got {name!r}")
         world_size = as_world_size(world_size)
@@ -176,7 +207,7 @@ class Topology:
         facts = tuple(facts) if facts is not None else (None,) * len(edges)
         if len(facts) != len(edges):
             raise TopologyError(f"expecting {len(edges)} layer facts, got {len(facts)}")
-        for key, value in (("name", name), ("world_size", world_size), ("_edges", edges),
+        for key, value in (("name", name), ("world_size", world_size), ("placement", placement), ("_edges", edges),
                            ("_facts", facts), ("_cache", {})):
             object.__setattr__(self, key, value)
         for k, (_, adjacency) in enumerate(canonical):
@@ -186,12 +217,12 @@ class Topology:
         raise AttributeError(f"Topology is immutable: cannot set {key!r}")
 
     def __reduce__(self) -> tuple:
-        return (_rebuild, (self.name, self.world_size, self._edges, self._facts))
+        return (_rebuild, (self.name, self.world_size, self._edges, self._facts, self.placement))
 
     # -- identity -------------------------------------------------------------------------
 
     def _key(self) -> tuple:
-        return (self.name, self.world_size, tuple(e.tobytes() for e in self._edges))
+        return (self.name, self.world_size, self.placement, tuple(e.tobytes() for e in self._edges))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Topology):
@@ -202,7 +233,8 @@ class Topology:
         return hash(self._key())
 
     def __repr__(self) -> str:
-        return f"Topology(name={self.name!r}, world_size={self.world_size}, num_layers={self.num_layers})"
+        placed = f", placement={self.placement!r}" if self.placement != "ranks" else ""
+        return f"Topology(name={self.name!r}, world_size={self.world_size}, num_layers={self.num_layers}{placed})"
 
     # -- structure ------------------------------------------------------------------------
 
@@ -366,6 +398,24 @@ class Topology:
         total = sum(self.degrees(k) for k in range(self.num_layers))
         return float(total.max() / self.num_layers)
 
+    def inter_node_edges(self, nodes: Any) -> list[int]:
+        """Per layer, the edges whose two ranks are on different nodes (nodes: one node id per rank)."""
+        labels = self._node_labels(nodes)
+        return [int((labels[e[:, 0]] != labels[e[:, 1]]).sum()) for e in self._edges]
+
+    def inter_node_degrees(self, nodes: Any) -> np.ndarray:
+        """[layers, M]: per layer, the inter-node edges that end on each node (nodes numbered in the
+        order of their lowest rank); a node sends one message per step over each of them."""
+        labels = self._node_labels(nodes)
+        counts = np.zeros((self.num_layers, int(labels.max(initial=0)) + 1), dtype=np.int64)
+        for k, e in enumerate(self._edges):
+            crossing = e[labels[e[:, 0]] != labels[e[:, 1]]]
+            counts[k] = np.bincount(labels[crossing.reshape(-1)], minlength=counts.shape[1])
+        return counts
+
+    def _node_labels(self, nodes: Any) -> np.ndarray:
+        return node_labels(nodes, self.world_size)
+
     def mixing_matrix(self, layer: int = 0) -> np.ndarray:
         """Metropolis-Hastings gossip matrix of the given layer, shape [n, n]."""
         return dense_metropolis_hastings(self.world_size, self._edges[self._layer(layer)])
@@ -388,10 +438,11 @@ class Topology:
             if n <= DENSE_SPECTRUM_MAX_RANKS:
                 return extremes_of(np.linalg.eigvalsh(self.mixing_matrix(layer)))
             if len(self._edges[layer]) == n - 1:
-                order, parent = csgraph.breadth_first_order(
-                    self._adjacency(layer), 0, directed=True, return_predecessors=True
+                root = self._tree_root(layer)
+                _, parent = csgraph.breadth_first_order(
+                    self._adjacency(layer), root, directed=True, return_predecessors=True
                 )
-                depth = self.hops_from(0, layer)
+                depth = self.hops_from(root, layer)
                 if depth.max() <= TREE_INERTIA_MAX_HEIGHT:
                     parent = np.where(parent < 0, -1, parent)  # scipy marks the root with -9999
                     return tree_extremes(n, self._edges[layer], parent, depth)
@@ -400,6 +451,22 @@ class Topology:
             return not_computed(n)
 
         return self._cached(("extremes", layer), compute)
+
+    def _tree_root(self, layer: int) -> int:
+        """Rank 0 if the tree is at most TREE_INERTIA_MAX_HEIGHT deep from it, else a centre (the
+        middle of a longest path: height ceil(diameter / 2), the least any root gives). Node-aware
+        trees are rooted away from rank 0 in one of their layers."""
+        adjacency = self._adjacency(layer)
+        hops = _hops_from(adjacency, 0)
+        if hops.max() <= TREE_INERTIA_MAX_HEIGHT:
+            return 0
+        end = int(np.argmax(hops))
+        _, parent = csgraph.breadth_first_order(adjacency, end, directed=True, return_predecessors=True)
+        from_end = _hops_from(adjacency, end)
+        rank = int(np.argmax(from_end))  # the far end of a longest path
+        for _ in range(int(from_end[rank]) // 2):  # walk half of it back
+            rank = int(parent[rank])
+        return rank
 
     # -- summary --------------------------------------------------------------------------
 
@@ -434,6 +501,7 @@ class Topology:
         summary = {
             "name": self.name,
             "world_size": self.world_size,
+            "placement": self.placement,
             "num_layers": self.num_layers,
             "coordinates": "all" if self.num_layers == 1 else "blocks",
             "edges": single(edges),
@@ -449,5 +517,5 @@ class Topology:
         return summary
 
 
-def _rebuild(name: str, world_size: int, edges: tuple, facts: tuple) -> Topology:
-    return Topology(name, world_size, tuple(np.array(e) for e in edges), facts=facts)
+def _rebuild(name: str, world_size: int, edges: tuple, facts: tuple, placement: str = "ranks") -> Topology:
+    return Topology(name, world_size, tuple(np.array(e) for e in edges), facts=facts, placement=placement)

@@ -100,11 +100,13 @@ def double_binary_trees(world_size: int) -> Topology:
     tree_a = _heap_tree_edges(n)
     tree_b = n - 1 - tree_a
     topology = Topology("double-binary-trees", n, (tree_a, tree_b))
-    _check_complementary(topology)
+    check_complementary(topology)
+    check_models_per_step(topology)
     return topology
 
 
-def _check_complementary(topology: Topology) -> None:
+def check_complementary(topology: Topology) -> None:
+    """TopologyError unless every rank internal in one of the two trees is a leaf of the other."""
     n = topology.world_size
     degrees = [topology.degrees(k) for k in range(topology.num_layers)]
     shared = np.flatnonzero((degrees[0] > 1) & (degrees[1] > 1))
@@ -113,6 +115,12 @@ def _check_complementary(topology: Topology) -> None:
             f"double binary trees with world_size={n} are not complementary: "
             f"ranks {shared[:5].tolist()} are internal in both trees"
         )
+
+
+def check_models_per_step(topology: Topology) -> None:
+    """TopologyError if a rank of the double binary trees would send more than 2 models per step."""
+    n = topology.world_size
+    degrees = [topology.degrees(k) for k in range(topology.num_layers)]
     over = np.flatnonzero(degrees[0] + degrees[1] > 2 * 2)
     if over.size:
         rank = int(over[0])

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from .core import Topology
 from .errors import TopologyError
@@ -21,6 +22,7 @@ from .graphs import (
     social_network,
     star,
 )
+from .placement import PLACEMENTS, check_placement, node_labels, place
 from .trees import spanning_tree
 
 __all__ = ["TOPOLOGY_NAMES", "SPANNING_TREE_PREFIX", "EDGE_LIST", "build"]
@@ -81,6 +83,8 @@ def build(
     *,
     root: int | None = None,
     edge_list: str | Path | None = None,
+    placement: str = "ranks",
+    nodes: Sequence[Any] | None = None,
 ) -> Topology:
     """The topology called `name` over world_size ranks.
 
@@ -89,7 +93,23 @@ def build(
     "spanning-tree:<name>" for the Spanning Tree Protocol tree of any single-layer
     topology (root = lowest rank unless given). `root` applies only to spanning trees
     (including "social-network-tree"), `edge_list` only to "edge-list" bases.
+
+    placement: one of PLACEMENTS. "ranks" (default) builds in rank order, the paper's; `nodes`,
+    if given, is only checked. "nodes" keeps each node's ranks together (the rules per family
+    are in relaympi.topology.placement) and needs `nodes`, one node id per rank (ranks of a node
+    need not be contiguous); with one node it is exactly the rank-order topology.
     """
+    check_placement(placement)
+    if nodes is not None and isinstance(world_size, int) and not isinstance(world_size, bool):
+        node_labels(nodes, world_size)  # a wrong layout is an error whatever the placement
+    if placement == "nodes":
+        if nodes is None:
+            raise TopologyError(
+                "placement 'nodes' needs the node of every rank (nodes=..., or --ranks-per-node K "
+                f"to emulate nodes); placements: {', '.join(PLACEMENTS)}"
+            )
+        base = build(name, world_size, root=root, edge_list=edge_list)
+        return place(base.name if not base.name.startswith(EDGE_LIST) else EDGE_LIST, base.world_size, nodes, base)
     if not isinstance(name, str):
         raise TopologyError(f"topology name must be a string, got {name!r}; allowed: {_allowed()}")
     if name.startswith(SPANNING_TREE_PREFIX):

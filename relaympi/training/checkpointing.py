@@ -5,7 +5,7 @@ evaluations reach the checkpoint's step; same config, same world size)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +40,13 @@ class Checkpoints:
     None is message passing, whose checkpoints any backend of it resumes.
     """
 
-    def __init__(self, cfg: RunConfig, out: Path, rank: int, world_size: int, barrier: Callable[[], None] | None = None, engine: str | None = None):
+    def __init__(self, cfg: RunConfig, out: Path, rank: int, world_size: int, barrier: Callable[[], None] | None = None, engine: str | None = None,
+                 nodes: Sequence[int] = ()):
         self.cfg, self.out, self.rank, self.world_size = cfg, out, rank, world_size
         self.barrier = barrier or (lambda: None)
         self.engine = engine
+        # placed by node, the trees follow the nodes: a resume must find the ranks on the same nodes
+        self.nodes = [int(node) for node in nodes] if cfg.placement == "nodes" else None
         self.directory = cfg.checkpoint_dir
         self.owner: dict[str, Any] = {}  # rank 0: the run file this run writes (see claim())
 
@@ -57,7 +60,8 @@ class Checkpoints:
         self.barrier()
         if self.rank == 0:
             engine = {"engine": self.engine} if self.engine else {}
-            meta = {"step": step, "world_size": self.world_size, **engine, "config": resume_key(self.cfg), "owner": self.owner}
+            nodes = {"nodes": self.nodes} if self.nodes is not None else {}
+            meta = {"step": step, "world_size": self.world_size, **engine, **nodes, "config": resume_key(self.cfg), "owner": self.owner}
             checkpoint_files.write_meta(self.directory, meta)
         self.barrier()
         checkpoint_files.prune(self.directory, self.rank, step)
@@ -152,6 +156,8 @@ class Checkpoints:
             differences.append(f"engine {meta.get('engine') or _MESSAGE_PASSING} vs {self.engine or _MESSAGE_PASSING}")
         if meta.get("world_size") != n:
             differences.append(f"world size {meta.get('world_size')} vs {n}")
+        elif meta.get("nodes") is not None and self.nodes is not None and meta["nodes"] != self.nodes:
+            differences.append(f"each rank's node {meta['nodes']} vs {self.nodes} (--placement nodes builds the trees from them)")
         differences += [f"{k} {saved.get(k)!r} vs {current.get(k)!r}" for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
         if differences:
             raise ConfigError(

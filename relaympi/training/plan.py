@@ -12,6 +12,7 @@ import hashlib
 import logging
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
@@ -30,7 +31,7 @@ from relaympi.config import ConfigError, RunConfig
 from relaympi.data import task_dirs
 from relaympi.optim import OptimizerConfig
 from relaympi.tasks import Task, TaskOptions, get_task_class
-from relaympi.topology import Topology, TopologyError, build
+from relaympi.topology import Topology, TopologyError, build, nodes_of
 
 log = logging.getLogger("relaympi.train")
 
@@ -75,6 +76,8 @@ class Plan:
     task_options: TaskOptions  # what the run tells its task; the device is --device's (an engine sets each worker's)
     problem: Any = None  # the run-level problem the task settled on (quadratics), else None
     lr_warning: str | None = None  # a default lr used at a worker count it was not tuned for
+    # each rank's node (0, 1, ... by each node's lowest rank): as MPI placed the ranks, or emulated (--ranks-per-node)
+    nodes: tuple[int, ...] = ()
 
     def warn_untuned_lr(self) -> None:
         if self.lr_warning:
@@ -111,8 +114,47 @@ def _steps_in(epochs: float, steps_per_epoch: int) -> int:
     return max(1, math.ceil(Fraction(repr(float(epochs))) * steps_per_epoch))
 
 
-def resolve(cfg: RunConfig, world_size: int) -> Plan:
-    """Fill defaults from the task and algorithm, build the topology, check every combination."""
+def run_nodes(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None) -> tuple[int, ...]:
+    """Each rank's node: rank // --ranks-per-node where given (emulated), else ``nodes`` (the
+    Communicator's, as MPI placed the ranks), else one node (every worker in this process)."""
+    if cfg.ranks_per_node is not None:
+        try:
+            return tuple(int(node) for node in nodes_of(world_size, cfg.ranks_per_node))
+        except TopologyError as exc:
+            raise ConfigError(f"--ranks-per-node {cfg.ranks_per_node}: {exc}") from exc
+    return (0,) * world_size if nodes is None else tuple(int(node) for node in nodes)
+
+
+def resolve_placement(placement: str, nodes: Sequence[int]) -> str:
+    """--placement as it runs: "auto" is "nodes" when the ranks span more than one node, else
+    "ranks" (on one node both give the same topology, and "ranks" is the paper's)."""
+    if placement != "auto":
+        return placement
+    return "nodes" if len(set(nodes)) > 1 else "ranks"
+
+
+def placed_topology(name: str, world_size: int, placement: str, nodes: Sequence[int]) -> tuple[str, Topology]:
+    """(the placement used, the topology): --placement resolved over ``nodes``. An "auto" that would
+    place by node a topology that cannot be (an edge list, the social network) keeps rank order;
+    an explicit "nodes" there is an error (TopologyError)."""
+    resolved = resolve_placement(placement, nodes)
+    if resolved == "nodes":
+        try:
+            return resolved, build(name, world_size, placement="nodes", nodes=nodes)
+        except TopologyError:
+            if placement != "auto":
+                raise
+            resolved = "ranks"  # the rank-order build below says so if the topology is wrong in itself
+    return resolved, build(name, world_size)
+
+
+def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None) -> Plan:
+    """Fill defaults from the task and algorithm, build the topology, check every combination.
+
+    ``nodes``: each rank's node as the Communicator knows it (under MPI: the same list on every
+    rank, so every rank builds the same topology); None: one node, or --ranks-per-node's.
+    """
+    nodes = run_nodes(cfg, world_size, nodes)
     task = get_task_class(cfg.task)
     try:
         algorithm = get_algorithm_class(cfg.algo)
@@ -122,10 +164,12 @@ def resolve(cfg: RunConfig, world_size: int) -> Plan:
     cfg = _with_data_dirs(cfg)
     topo_name = cfg.topology or task.default_topology_by_algo.get(cfg.algo) or default_topology(cfg.algo)
     try:
-        topology = build(topo_name, world_size)
+        placement, topology = placed_topology(topo_name, world_size, cfg.placement, nodes)
     except TopologyError as exc:
         hint = "; one worker is the centralized baseline: --algo allreduce" if world_size == 1 else ""
-        raise ConfigError(f"topology {topo_name!r} with {world_size} workers: {exc}{hint}") from exc
+        where = " and --placement nodes" if cfg.placement == "nodes" else ""
+        raise ConfigError(f"topology {topo_name!r} with {world_size} workers{where}: {exc}{hint}") from exc
+    cfg = replace(cfg, placement=placement)
     lr_warning = None
     tuned = defaults.lr_tuned_workers
     if cfg.lr is None and tuned and world_size != tuned:
@@ -163,7 +207,8 @@ def resolve(cfg: RunConfig, world_size: int) -> Plan:
         raise ConfigError(str(exc)) from exc
     lr = float(cfg.lr) * (lr_correction(topology) if cfg.relay_lr_correction else 1.0)  # validate() refused it for other algorithms
     return Plan(cfg=cfg, world_size=world_size, topology=topology, task=task, optimizer=optimizer, algorithm_options=options,
-                lr=lr, drops=DropPolicy(cfg.drop_prob, cfg.seed), task_options=task_options(cfg), problem=problem, lr_warning=lr_warning)
+                lr=lr, drops=DropPolicy(cfg.drop_prob, cfg.seed), task_options=task_options(cfg), problem=problem, lr_warning=lr_warning,
+                nodes=nodes)
 
 
 def _with_data_dirs(cfg: RunConfig) -> RunConfig:
@@ -193,8 +238,10 @@ def task_options(cfg: RunConfig) -> TaskOptions:
 
 
 def default_out(cfg: RunConfig, world_size: int) -> Path:
-    """results/<task>-<algo>-<topology>-n<N>-a<alpha>-s<seed>.h5: a plain file name directly in results/."""
-    return Path("results") / f"{cfg.task}-{cfg.algo}-{_topology_slug(cfg.topology)}-n{world_size}-a{cfg.alpha:g}-s{cfg.seed}.h5"
+    """results/<task>-<algo>-<topology>[-nodes]-n<N>-a<alpha>-s<seed>.h5: a plain file name directly in results/
+    (``-nodes``: placed by node, so that it never replaces the same run in rank order)."""
+    placed = "-nodes" if cfg.placement == "nodes" else ""
+    return Path("results") / f"{cfg.task}-{cfg.algo}-{_topology_slug(cfg.topology)}{placed}-n{world_size}-a{cfg.alpha:g}-s{cfg.seed}.h5"
 
 
 def _topology_slug(name: str) -> str:

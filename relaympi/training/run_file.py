@@ -18,6 +18,7 @@ from relaympi.results import (
     NotARunFileError,
     RunExistsError,
     RunFileWriteError,
+    RunTopology,
     RunWriter,
     file_kind,
     read_run,
@@ -75,10 +76,12 @@ def writer_factory(plan: Plan, out: Path, command: str) -> Any:
         try:
             if start_step > 0 and run_status(out) in RESUMABLE_STATUSES:
                 return RunWriter.reopen(out, resume_step=start_step - 1)
-            return RunWriter.create(
+            writer = RunWriter.create(
                 out, config=plan.cfg.to_dict() | {"world_size": plan.world_size, "lr_effective": plan.lr, "total_steps": total_steps},
                 provenance=provenance.collect(transport, hosts, command=command), world_size=plan.world_size, overwrite=plan.cfg.overwrite,
             )
+            writer.set_topology(run_topology(plan))
+            return writer
         except NotARunFileError as exc:
             raise ConfigError(f"--out {exc}; --out replaces only run files: choose another --out") from exc
         except RunFileWriteError:
@@ -93,6 +96,26 @@ def writer_factory(plan: Plan, out: Path, command: str) -> Any:
             raise ConfigError(f"cannot write the run file --out {out}: {exc}; choose a writable path") from exc
 
     return make
+
+
+def run_topology(plan: Plan) -> RunTopology:
+    """What the run file records of the plan's topology: each rank's node and every layer's edges."""
+    topology = plan.topology
+    nodes = plan.nodes or (0,) * plan.world_size
+    return RunTopology(
+        name=topology.name, placement=plan.cfg.placement, rank_node=np.asarray(nodes, dtype=np.int64),
+        nodes_emulated=plan.cfg.ranks_per_node is not None,
+        edges=tuple(topology.edge_array(layer) for layer in range(topology.num_layers)),
+        inter_node_edges=tuple(int(count) for count in topology.inter_node_edges(nodes)),
+    )
+
+
+def topology_text(topology: RunTopology | None) -> str:
+    """' | placement nodes (2 emulated nodes)': the placement the run used (nothing for older files)."""
+    if topology is None:
+        return ""
+    emulated = f" ({topology.num_nodes} emulated node{'s' if topology.num_nodes != 1 else ''})" if topology.nodes_emulated else ""
+    return f" | placement {topology.placement}{emulated}"
 
 
 def placement_text(world_size: Any, provenance: dict[str, Any]) -> str:
@@ -139,7 +162,7 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
             )
     if "suboptimality" in run.data and len(run.data["suboptimality"]):
         line += f" | {final['sub']} {run.data['suboptimality'][-1]:.3e}"
-    line += placement_text(run.attrs.get("world_size"), run.provenance)
+    line += placement_text(run.attrs.get("world_size"), run.provenance) + topology_text(run.topology)
     unstable = unstable_loss(run.data["train_loss"]) if "train_loss" in run.data else None
     if unstable:
         line += f" | WARNING: {unstable_text(unstable)}"
