@@ -128,8 +128,8 @@ class RelaySum:
             k, s = len(nbrs), block.stop - block.start
             chunks = [slice(lo, min(lo + self.chunk, s + 1)) for lo in range(0, s + 1, self.chunk)]
             tail = None
-            if k == 1:
-                tail = torch.ones(chunks[-1].stop - chunks[-1].start, **self._opts)  # its last slot: the counter 1
+            if k == 1 and block.stop < numel:  # no parcel has a spare slot after this block
+                tail = self._tail(chunks[-1])
             self.layers.append(
                 _Layer(
                     block=block,
@@ -163,8 +163,13 @@ class RelaySum:
             return self._parcel[coords]
         if self._storage is not None and layer.block.stop == self.numel:  # storage index = flat index + 1
             return self._storage[coords.start + 1 : self.numel + 2]
+        if layer.tail is None:  # the last layer's, for a parcel without spare slots
+            layer.tail = self._tail(c)
         layer.tail[:-1].copy_(self._parcel[coords])
         return layer.tail
+
+    def _tail(self, c: slice) -> torch.Tensor:
+        return torch.ones(c.stop - c.start, **self._opts)  # its last slot: the counter 1
 
     def _assemble(self, layer: _Layer, j: int) -> None:
         """Chunk j of every outgoing message, in place in ``received`` (see ``_targets``), from the
