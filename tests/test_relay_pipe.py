@@ -105,3 +105,78 @@ def test_ranged_step_gives_the_bits_of_step(case):
     assert np.isfinite(whole).all()
     for bucket in (1, 4, 9):
         np.testing.assert_array_equal(_run(case, bucket=bucket), whole, err_msg=f"bucket {bucket}")
+
+
+def test_resume_mid_run_gives_the_same_bits():
+    """state_dict between steps holds everything (nothing is in flight): a rebuilt run goes on exactly."""
+    for case in [c for c in CASES if c[2] == "double-binary-trees" and c[7] > 0 and c[8] == torch.float64][:4]:
+        np.testing.assert_array_equal(_run(case, bucket=4, resume_at=2), _run(case), err_msg=_ids(case))
+
+
+def _recorded(comm, algo):
+    """Per send: (tag, chunk, message chunk) and whether finish_step had begun; x after the first ready()."""
+    sent, finishing = [], [False]
+    exchange = comm.exchange
+
+    def recording(sends, recvs, **kw):
+        for buf in sends.values():
+            sent.append((kw["tag"], kw["chunk"], buf.clone(), finishing[0]))
+        return exchange(sends, recvs, **kw)
+
+    comm.exchange = recording
+    x = padded_zeros(D, dtype=torch.float64)
+    x.copy_(torch.linspace(-1.0, 1.0, D, dtype=torch.float64))
+    x_before = x.clone()
+    options = AlgorithmOptions(relay_chunk=5)
+    algorithm = make_algorithm(algo, comm, build("double-binary-trees", comm.world_size), make_optimizer(OPTIMIZERS["momentum"], x), x, options)
+    grad = torch.ones(D, dtype=torch.float64)
+    algorithm.begin_step(x, grad, 0.1, 0)
+    algorithm.ready(18, D)
+    after_first = x.clone()
+    sent_by_ready = len(sent)
+    algorithm.ready(0, 18)
+    finishing[0] = True
+    algorithm.finish_step()
+    return sent, sent_by_ready, x_before, after_first
+
+
+@pytest.mark.parametrize("algo", ["relay", "relay-grad"])
+def test_chunks_go_out_from_ready_counter_first(algo):
+    """ready() updates its range and sends each complete chunk at once; a message's chunks travel last
+    to first, so the first one out holds the counter (1 + counters received: 1 in step 0)."""
+    for rank, (sent, sent_by_ready, x_before, after_first) in enumerate(run_local(6, _recorded, algo)):
+        # layer 1 relays [12, 23) in chunks [0, 5), [5, 10), [10, 12) of [payload, counter]: [18, 23) completes the last
+        assert sent_by_ready >= 1, f"rank {rank}: nothing sent by ready()"
+        assert all(tag == 1 and chunk == 2 for tag, chunk, _, _ in sent[:sent_by_ready])
+        assert not any(late for *_, late in sent), "a chunk waited for finish_step"
+        if algo == "relay":  # x(t+1/2) on the ready range only
+            assert not torch.equal(after_first[18:], x_before[18:]) and torch.equal(after_first[:18], x_before[:18])
+        for tag in (0, 1):
+            chunks = [(chunk, message) for t, chunk, message, _ in sent if t == tag]
+            first_chunk, first_message = chunks[0]
+            assert first_chunk == max(chunk for chunk, _ in chunks)
+            assert first_message[-1].item() == 1.0  # step 0: every message carries the sender's parcel alone
+            order = [chunk for chunk, _ in chunks]
+            assert order == sorted(order, reverse=True)
+
+
+SPMD_CASES = [
+    c for c in CASES
+    if (c[0], c[1], c[2], c[4], c[5], c[7], c[8]) in {
+        ("relay", "counts", "double-binary-trees", False, 5, 0.3, torch.float64),
+        ("relay", "previous", "star", True, 2, 0.3, torch.float64),
+        ("relay-grad", "counts", "chain", False, 5, 0.0, torch.float32),
+        ("relay", "initial", "double-binary-trees", True, 2, 0.0, torch.float32),
+    }
+]
+
+
+@pytest.mark.spmd
+@pytest.mark.parametrize("case", SPMD_CASES, ids=_ids)
+def test_ranged_step_gives_the_bits_of_step_over_the_transport(spmd, case):
+    """The same under mpirun (CI: 4 ranks): chunks of one tag posted in agreeing order on both ends."""
+    drops = DropPolicy(case[7], seed=3)
+    whole = spmd(trajectory, case, drops=drops)
+    ranged = spmd(trajectory, case, 4, drops=drops)
+    for got, want in zip(ranged, whole, strict=True):
+        np.testing.assert_array_equal(got, want)
