@@ -14,9 +14,8 @@ from relaympi.algorithms.base import (
     MatrixForm,
     round_id,
 )
-from relaympi.topology import Topology
-
 from relaympi.algorithms.relays import RangedRelays
+from relaympi.topology import Topology
 
 if TYPE_CHECKING:
     from relaympi.algorithms.relays import Factor, Relays

@@ -122,6 +122,7 @@ class RelaySum:
         self._opts = {"dtype": like.dtype, "device": like.device}
         # CPU: passes run CACHE_BLOCK elements at a time; a GPU runs each op over a whole chunk
         self._block = CACHE_BLOCK if like.device.type == "cpu" else max(self.chunk, numel + 1)
+        self._progress_block = 4 * self._block  # ready()'s pieces between two progress calls (the optimizer's block)
         self.layers: list[_Layer] = []
         for index, block in enumerate(topology.coordinate_blocks(numel)):
             nbrs = topology.neighbors(comm.rank, index)
@@ -153,6 +154,7 @@ class RelaySum:
         self._last_request: Request | None = None  # the last request posted: tested to let the transport progress
         self._swaps = 0  # in-place chunks posted this step (they take turns in the bounce buffer)
         self._landing: tuple | None = None  # the in-place chunk posted last, not landed yet
+        self._progress: Request | None = None  # in finish(): the next receive, tested between normalized blocks
 
     # -- messages ---------------------------------------------------------------------------
 
@@ -253,8 +255,11 @@ class RelaySum:
                 a, b = max(lo, coords.start), min(hi, coords.stop)
                 if a >= b:
                     continue
-                if prepare is not None:
-                    prepare(a, b)
+                if prepare is not None:  # (with the transport progressing between blocks, as in _assemble)
+                    for piece in range(a, b, self._progress_block):
+                        if piece > a and self._last_request is not None:
+                            self._last_request.test()
+                        prepare(piece, min(piece + self._progress_block, b))
                 if layer.neighbors:
                     layer.missing[j] -= b - a
                     self._send_ready(tag, layer)
@@ -311,6 +316,7 @@ class RelaySum:
         if self._landing is not None:
             self._land(*self._landing)
             self._landing = None
+        upcoming = [r for index in reversed(range(len(self.layers))) for r in reversed(self.layers[index].recvs) if r is not None]
         for index in reversed(range(len(self.layers))):
             layer = self.layers[index]
             in_place = self.in_place and len(layer.neighbors) >= 2
@@ -320,11 +326,13 @@ class RelaySum:
             for j in reversed(range(len(layer.chunks))):
                 if layer.neighbors and not in_place:
                     delivered = layer.recvs[j].wait()
+                    upcoming.pop(0)
+                    self._progress = upcoming[0] if upcoming else None  # tested while this chunk is normalized
                     if j == len(layer.chunks) - 1:  # chunks of a message are dropped together
                         for r, peer in enumerate(layer.neighbors):
                             if peer not in delivered:
                                 layer.arrivals[r].zero_()
-                    if len(layer.neighbors) == 1:  # the chunk is a view of the parcel, which the caller may now change
+                    if len(layer.neighbors) == 1 and landed is not None:  # the chunk is a view of the parcel, which landed() may change
                         layer.sends[j].wait()
                 if j == len(layer.chunks) - 1:
                     nbar = self._nbar(layer, layer.arrivals)
@@ -338,7 +346,7 @@ class RelaySum:
             layer.total_is_sum = layer.total is not None and layer.summed == len(layer.chunks)
             layer.summed = 0
             layer.recvs, layer.sends = [], []
-        self._parcel = self._storage = self._last_request = None
+        self._parcel = self._storage = self._last_request = self._progress = None
 
     def exchange(self, parcel: torch.Tensor, round: int) -> None:
         """The whole exchange at once: begin, ready(0, numel), finish."""
@@ -366,15 +374,18 @@ class RelaySum:
         ``before(slice(a, b))`` runs first and ``after`` last (so a caller's fill-ins and its use of
         the sum stay in cache)."""
         here = self.layers[layer]
-        self._add_rows(out, here, here.arrivals, here.chunks[chunk], divisor, before, after)
+        self._add_rows(out, here, here.arrivals, here.chunks[chunk], divisor, before, after, self._progress)
         here.summed += 1
 
-    def _add_rows(self, out, layer: _Layer, rows: torch.Tensor, c: slice, divisor, before=None, after=None) -> None:
+    def _add_rows(self, out, layer: _Layer, rows: torch.Tensor, c: slice, divisor, before=None, after=None, progress=None) -> None:
         """out[coords of message slice c] += the sum of rows (k >= 3: through total, kept for the next
-        assembly; else in neighbour order), /= divisor; the counters too into total."""
+        assembly; else in neighbour order), /= divisor; the counters too into total. ``progress``
+        (a request) is tested between blocks so that the chunks still in flight move meanwhile."""
         start, total = layer.block.start, layer.total
         payload_stop = min(c.stop, layer.size)
         for lo in range(c.start, payload_stop, self._block):
+            if progress is not None and lo > c.start:
+                progress.test()
             hi = min(lo + self._block, payload_stop)
             coords, block = slice(start + lo, start + hi), slice(lo, hi)
             if before is not None:
