@@ -29,8 +29,7 @@ CASES = [
     for algo, mode in (("relay", "counts"), ("relay", "previous"), ("relay", "initial"), ("relay-grad", "counts"))
     for topo, n in (("chain", 4), ("star", 5), ("double-binary-trees", 6))
     for in_place, chunk, padded in ((False, 5, True), (True, 2, False), (False, 1 << 20, False))
-    for drop in (0.0, 0.3)
-    for dtype, opt in ((torch.float64, "momentum"), (torch.float32, "adam"))
+    for drop, dtype, opt in ((0.0, torch.float32, "adam"), (0.3, torch.float64, "momentum"), (0.3, torch.float32, "adam"))
 ]
 
 
@@ -40,11 +39,15 @@ def _ids(case) -> str:
 
 
 def _cuts(rng: np.random.Generator, numel: int, bucket: int) -> list[tuple[int, int]]:
-    """[0, numel) in ranges of about ``bucket`` elements (random jitter), last range (high indices) first."""
+    """[0, numel) in ranges of about ``bucket`` elements (random jitter), last range (high indices)
+    first; a negative ``bucket`` shuffles the ranges (the same order on every rank)."""
     edges = [0]
     while edges[-1] < numel:
-        edges.append(min(numel, edges[-1] + max(1, int(rng.integers(1, 2 * bucket + 1)))))
-    return [(lo, hi) for lo, hi in zip(edges[:-1], edges[1:], strict=True)][::-1]
+        edges.append(min(numel, edges[-1] + max(1, int(rng.integers(1, 2 * abs(bucket) + 1)))))
+    ranges = [(lo, hi) for lo, hi in zip(edges[:-1], edges[1:], strict=True)][::-1]
+    if bucket < 0:
+        rng.shuffle(ranges)
+    return ranges
 
 
 def trajectory(comm, case, bucket: int | None = None, resume_at: int | None = None):
@@ -103,8 +106,14 @@ def _run(case, **kwargs) -> np.ndarray:
 def test_ranged_step_gives_the_bits_of_step(case):
     whole = _run(case)
     assert np.isfinite(whole).all()
-    for bucket in (1, 4, 9):
+    for bucket in (1, 6):
         np.testing.assert_array_equal(_run(case, bucket=bucket), whole, err_msg=f"bucket {bucket}")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[2] == "double-binary-trees" and c[7] > 0 and c[8] == torch.float64], ids=_ids)
+def test_ranges_in_any_order_give_the_bits_of_step(case):
+    """Chunks that complete out of their travel order wait for the chunks before them."""
+    np.testing.assert_array_equal(_run(case, bucket=-3), _run(case))
 
 
 def test_resume_mid_run_gives_the_same_bits():
@@ -165,7 +174,7 @@ SPMD_CASES = [
     if (c[0], c[1], c[2], c[4], c[5], c[7], c[8]) in {
         ("relay", "counts", "double-binary-trees", False, 5, 0.3, torch.float64),
         ("relay", "previous", "star", True, 2, 0.3, torch.float64),
-        ("relay-grad", "counts", "chain", False, 5, 0.0, torch.float32),
+        ("relay-grad", "counts", "chain", False, 5, 0.3, torch.float32),
         ("relay", "initial", "double-binary-trees", True, 2, 0.0, torch.float32),
     }
 ]
