@@ -186,9 +186,10 @@ class Algorithm(ABC):
 
 
 def check_ranges(ranges: list[tuple[int, int]], numel: int) -> None:
-    """Raise ValueError unless the ranges of one step are disjoint and cover [0, numel) (each ready once)."""
+    """Raise ValueError unless the ranges of one step are disjoint and cover [0, numel) (each ready
+    once; an empty range anywhere is harmless)."""
     position = 0
-    for lo, hi in sorted(ranges):
+    for lo, hi in sorted(r for r in ranges if r[0] != r[1]):
         if lo != position or hi < lo:
             break
         position = hi
