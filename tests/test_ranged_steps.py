@@ -245,3 +245,20 @@ def _spmd_whole_and_ranged(comm, algo: str, topology: str):
 @pytest.mark.parametrize("algo, topology", [("allreduce", "fully-connected"), ("dpsgd", "ring"), ("gt", "ring"), ("sgp", "exponential")])
 def test_ranged_steps_match_whole_steps_over_mpi(spmd, algo: str, topology: str) -> None:
     assert all(spmd(_spmd_whole_and_ranged, algo, topology))
+
+
+def _iallreduce_bfloat16(comm):
+    a = (torch.arange(64, dtype=torch.float32) * (comm.rank + 1) / 7).to(torch.bfloat16)
+    whole, pieces = a.clone(), a.clone()
+    comm.iallreduce_sum(whole).wait()
+    for request in [comm.iallreduce_sum(pieces[lo:hi]) for lo, hi in ((40, 64), (0, 40))]:
+        request.wait()
+    assert torch.equal(whole, pieces)
+    expected = torch.arange(64, dtype=torch.float32) * sum(range(1, comm.world_size + 1)) / 7
+    torch.testing.assert_close(whole.float(), expected, rtol=2e-2, atol=0)  # summed as numbers, not bytes
+    return True
+
+
+@pytest.mark.spmd
+def test_iallreduce_sums_bfloat16_as_numbers(spmd) -> None:
+    assert all(spmd(_iallreduce_bfloat16))
