@@ -83,6 +83,15 @@ class GossipMixer:
         )
         return _MixingRange(self, part, lo, hi, request)
 
+    def _combine(self, part: torch.Tensor, lo: int, hi: int, delivered: frozenset[int]) -> None:
+        """x[lo:hi] (``part``) <- the weighted average, renormalized over the messages that arrived (a
+        lost message is lost for every range of its round: drops ignore the range)."""
+        total = self.self_weight + sum(self.weights[j] for j in delivered)
+        part.mul_(self.self_weight / total)
+        for j in self.neighbors:  # sorted: the same summation order on every backend
+            if j in delivered:
+                part.add_(self.received[j][lo:hi], alpha=self.weights[j] / total)
+
 
 class _MixingRange:
     """One range of a GossipMixer round in flight (x's range is not touched until finish)."""
@@ -91,15 +100,7 @@ class _MixingRange:
         self.mixer, self.part, self.lo, self.hi, self.request = mixer, part, lo, hi, request
 
     def finish(self) -> None:
-        """x[lo:hi] <- the weighted average, renormalized over the messages that arrived (a lost
-        message is lost for every range of its round: drops ignore the range)."""
-        mixer, part = self.mixer, self.part
-        delivered = self.request.wait()
-        total = mixer.self_weight + sum(mixer.weights[j] for j in delivered)
-        part.mul_(mixer.self_weight / total)
-        for j in mixer.neighbors:  # sorted: the same summation order on every backend
-            if j in delivered:
-                part.add_(mixer.received[j][self.lo : self.hi], alpha=mixer.weights[j] / total)
+        self.mixer._combine(self.part, self.lo, self.hi, self.request.wait())
 
 
 class _AllreduceMean:
