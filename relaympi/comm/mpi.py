@@ -188,6 +188,9 @@ class _TreeSumRequest(Request):
     def wait(self) -> frozenset[int]:
         polls = 0
         while not self.test():
+            if self._comm._failure_req is None and self._pending is not None:
+                MPI.Request.Waitall(self._pending)  # no failure channel to watch: block on this stage
+                continue
             self._comm._check_failures()
             polls += 1
             if polls > 1000:
