@@ -163,7 +163,8 @@ class Algorithm(ABC):
     # Every rank calls ready() with the same ranges in the same order (backward visits the same
     # layers everywhere), so messages of a range match by their order. The result is bit-identical
     # to step(): the default here runs the whole step() in finish_step(); an algorithm that starts
-    # work in ready() overrides all three, and its step() is begin_step, ready(0, numel), finish_step.
+    # work in ready() overrides all three, and its step() is begin_step, ready(0, numel), finish_step
+    # (RangedAlgorithm below: all-reduce, D-PSGD, QGM, D², gradient tracking, SGP).
 
     def begin_step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
         """Start step ``step`` on ``x`` with the gradient that will be in ``grad`` (not final yet)."""
