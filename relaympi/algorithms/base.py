@@ -223,6 +223,16 @@ class RangedAlgorithm(Algorithm):
     def ready(self, lo: int, hi: int) -> None:
         self._started.append((lo, hi, self._start(lo, hi, len(self._started))))
 
+    def progress(self) -> None:
+        """Let the communication of the ranges made ready so far advance without waiting (a hook may
+        call it while backward runs: the MPI backend's all-reduce posts its next stages only here
+        or in finish_step)."""
+        for _, _, pending in self._started:
+            self._test(pending)
+
+    def _test(self, pending: Any) -> None:
+        pending.test()
+
     def finish_step(self) -> None:
         started, self._started = self._started, []
         check_ranges([(lo, hi) for lo, hi, _ in started], self._ranged[0].shape[-1])

@@ -16,6 +16,9 @@ from relaympi.topology import Topology
 class Started(Protocol):
     """Communication started by a mixer; ``finish`` completes it (receives, then the combination)."""
 
+    def test(self) -> bool:
+        """Advance it without blocking; whether finish() would not wait."""
+
     def finish(self) -> None: ...
 
 
@@ -99,6 +102,9 @@ class _MixingRange:
     def __init__(self, mixer: GossipMixer, part: torch.Tensor, lo: int, hi: int, request: Request):
         self.mixer, self.part, self.lo, self.hi, self.request = mixer, part, lo, hi, request
 
+    def test(self) -> bool:
+        return self.request.test()
+
     def finish(self) -> None:
         self.mixer._combine(self.part, self.lo, self.hi, self.request.wait())
 
@@ -106,6 +112,9 @@ class _MixingRange:
 class _AllreduceMean:
     def __init__(self, comm: Communicator, x: torch.Tensor):
         self.comm, self.x, self.request = comm, x, comm.iallreduce_sum(x)
+
+    def test(self) -> bool:
+        return self.request.test()
 
     def finish(self) -> None:
         self.request.wait()

@@ -65,6 +65,9 @@ class SGP(RangedAlgorithm):
         x, _, _, step = self._ranged
         return r, index, self.hops[(ROUNDS * step + r) % self.schedule.period].start(x, lo, hi, round_id(step, r), chunk=index)
 
+    def _test(self, pending) -> None:
+        pending[2].test()
+
     def _finish(self, lo: int, hi: int, pending) -> tuple | None:
         r, index, started = pending
         started.finish()

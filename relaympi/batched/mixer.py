@@ -89,6 +89,9 @@ class _Deferred:
             raise ValueError(f"the batched engine steps whole models: got the range [{lo}, {hi}) of {X.shape[-1]} coordinates")
         self.run, self.X = run, X
 
+    def test(self) -> bool:
+        return False  # nothing runs before finish()
+
     def finish(self) -> None:
         self.run(self.X)
 
