@@ -28,7 +28,7 @@ def test_benchmark_writes_every_operation_with_its_ratios(tmp_path, capsys):
         "raw isend/irecv chain", "relaysum chain", "relaysum in-place chain",
         "raw isend/irecv double-binary-trees", "relaysum double-binary-trees",
         "relaysum in-place double-binary-trees", "relaysgd step double-binary-trees",
-        "gossip ring", "sgp round", "allreduce",
+        "gossip ring", "sgp round", "allreduce", "iallreduce fixed tree", "iallreduce fixed tree 8 pieces",
     }
     assert set(ops) == expected
     row = {op: i for i, op in enumerate(ops)}
@@ -41,4 +41,4 @@ def test_benchmark_writes_every_operation_with_its_ratios(tmp_path, capsys):
     for topo, messages in (("chain", [1001]), ("double-binary-trees", [501, 501, 501])):
         assert sent[row[f"raw isend/irecv {topo}"]] == sent[row[f"relaysum {topo}"]] == 4 * sum(messages)
         assert sent[row[f"relaysum in-place {topo}"]] == 4 * sum(messages)
-    assert sent[row["allreduce"]] == 4 * 1000
+    assert sent[row["allreduce"]] == sent[row["iallreduce fixed tree"]] == sent[row["iallreduce fixed tree 8 pieces"]] == 4 * 1000

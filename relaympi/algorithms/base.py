@@ -163,7 +163,8 @@ class Algorithm(ABC):
     # Every rank calls ready() with the same ranges in the same order (backward visits the same
     # layers everywhere), so messages of a range match by their order. The result is bit-identical
     # to step(): the default here runs the whole step() in finish_step(); an algorithm that starts
-    # work in ready() overrides all three, and its step() is begin_step, ready(0, numel), finish_step.
+    # work in ready() overrides all three, and its step() is begin_step, ready(0, numel), finish_step
+    # (RangedAlgorithm below: all-reduce, D-PSGD, QGM, D², gradient tracking, SGP).
 
     def begin_step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
         """Start step ``step`` on ``x`` with the gradient that will be in ``grad`` (not final yet)."""
@@ -183,3 +184,67 @@ class Algorithm(ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - stateless algorithms keep the default
         pass
+
+
+def check_ranges(ranges: list[tuple[int, int]], numel: int) -> None:
+    """Raise ValueError unless the ranges of one step are disjoint and cover [0, numel) (each ready
+    once; an empty range anywhere is harmless)."""
+    position = 0
+    for lo, hi in sorted(r for r in ranges if r[0] != r[1]):
+        if lo != position or hi < lo:
+            break
+        position = hi
+    else:
+        if position == numel:
+            return
+    shown = ", ".join(f"[{lo}, {hi})" for lo, hi in ranges[:8]) + (", ..." if len(ranges) > 8 else "")
+    raise ValueError(f"the ranges made ready in a step must be disjoint and cover [0, {numel}) once; got {shown}")
+
+
+class RangedAlgorithm(Algorithm):
+    """An algorithm that starts a range's update and communication as soon as the range is ready;
+    its step() is begin_step, ready(0, numel), finish_step: the whole and the ranged step are one
+    code path. A subclass defines ``_start`` (grad[lo:hi] is final: the local update of the range,
+    then its sends) and ``_finish`` (receives and combination, range by range in the order started,
+    round by round).
+
+    ``numel`` is x's last dimension (the batched engine steps x [N, numel], whole steps only)."""
+
+    def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
+        self.begin_step(x, grad, lr, step)
+        self.ready(0, x.shape[-1])
+        self.finish_step()
+
+    def begin_step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
+        super().begin_step(x, grad, lr, step)
+        self._started: list[tuple[int, int, Any]] = []
+        self.optimizer.begin_step()  # per-step counters (Adam's bias correction) before any range's update
+
+    def ready(self, lo: int, hi: int) -> None:
+        self._started.append((lo, hi, self._start(lo, hi, len(self._started))))
+
+    def progress(self) -> None:
+        """Let the communication of the ranges made ready so far advance without waiting (a hook may
+        call it while backward runs: the MPI backend's all-reduce posts its next stages only here
+        or in finish_step)."""
+        for _, _, pending in self._started:
+            self._test(pending)
+
+    def _test(self, pending: Any) -> None:
+        pending.test()
+
+    def finish_step(self) -> None:
+        started, self._started = self._started, []
+        check_ranges([(lo, hi) for lo, hi, _ in started], self._ranged[0].shape[-1])
+        while started:  # every range's round in the order started (messages of a round match in that order), then the next round
+            started = [(lo, hi, later) for lo, hi, pending in started if (later := self._finish(lo, hi, pending)) is not None]
+
+    @abstractmethod
+    def _start(self, lo: int, hi: int, index: int) -> Any:
+        """Coordinates [lo, hi) are final in grad: update them and start their communication (the
+        ``index``-th range of this step); return what ``_finish`` needs."""
+
+    @abstractmethod
+    def _finish(self, lo: int, hi: int, pending: Any) -> Any:
+        """Complete the round of range [lo, hi) that ``pending`` started; None when the range is
+        done, or what its next round started (SGP's second round)."""
