@@ -165,6 +165,11 @@ class Communicator(ABC):
     @abstractmethod
     def barrier(self) -> None: ...
 
+    def progress(self) -> None:  # noqa: B027 - in-process delivery needs no progress
+        """Let the transport move messages already posted, without waiting (called between pieces of
+        computation, e.g. from backward's hooks under --overlap): MPICH's and Open MPI's transports move
+        data only inside MPI calls unless a progress thread runs (README "Overlap")."""
+
     @abstractmethod
     def abort(self, code: int = 1) -> None:
         """Tear the whole world down now: no rank may be left waiting in a receive."""
