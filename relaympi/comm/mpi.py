@@ -78,9 +78,6 @@ class _MPIRequest(Request):
         self._on_complete = on_complete
         self._staged = staged or []
         self._done = False
-        comm._in_flight.append(self)  # for progress()
-        if len(comm._in_flight) > 1024:  # exchanges completed by test() alone are never removed by wait()
-            comm._prune_in_flight()
 
     def _all_requests(self, block: bool) -> list | None:
         """This exchange's MPI requests, posting its staged sends first (None: some copy still runs)."""
@@ -100,8 +97,6 @@ class _MPIRequest(Request):
             for finish in self._on_complete:
                 finish()
             self._done = True
-            if self in self._comm._in_flight:
-                self._comm._in_flight.remove(self)
         return self._delivered
 
     def test(self) -> bool:
@@ -122,7 +117,6 @@ class MPICommunicator(Communicator):
         self._side_streams: dict[Any, Any] = {}  # device -> CUDA stream for staging copies
         self._staged_sends: list[_StagedSend] = []  # copies not yet posted, in posting order
         self._copies_from: dict[int, Any] = {}  # pinned host buffer -> event of its last host-to-device copy
-        self._in_flight: list[_MPIRequest] = []  # exchanges posted and not waited for (progress tests them)
         # failure channel: any rank may tell rank 0 it failed; rank 0 checks it while it waits
         self._failures = (comm or MPI.COMM_WORLD).Dup()
         self._failure_buf = bytearray(_FAILURE_BYTES)
@@ -350,19 +344,10 @@ class MPICommunicator(Communicator):
     def barrier(self) -> None:
         self._wait([self.comm.Ibarrier()])
 
-    def _prune_in_flight(self) -> None:
-        self._in_flight = [r for r in self._in_flight if not r._done and (r._staged or any(r._requests))]
-
     def progress(self) -> None:
-        # Testall on the transfers in flight moves them (benchmarks.overlap_probe: MPICH's shared memory and
-        # UCX move data only inside MPI calls; a Testall beats an Iprobe there); completed ones become null
-        # requests, which the exchange's wait() then passes at once
         if self._staged_sends:
             self._post_staged()  # device sends whose host copy is done start now
-        self._prune_in_flight()
-        requests = [req for r in self._in_flight for req in r._requests if req]
-        if requests:
-            MPI.Request.Testall(requests)
+        super().progress()
 
     def abort(self, code: int = 1) -> None:
         MPI.COMM_WORLD.Abort(code)
