@@ -23,6 +23,7 @@ import argparse
 import os
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -60,6 +61,10 @@ def timing(path: Path) -> Timing:
         return 1e3 * float(statistics.median(values[keep]))
 
     return Timing(ms(per["time_compute_s"].max(axis=1)), ms(per["time_comm_s"].max(axis=1)), ms(wall))
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _median(timings: list[Timing]) -> Timing:
@@ -116,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.nodes < 1 or args.ranks_per_node < 1 or args.repeat < 1:
         p.error("--nodes, --ranks-per-node and --repeat must be >= 1")
+    # a TERM (or an INT, which a background job ignores) still stops the cluster in the finally below
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stop)
     algos, links = args.algos.split(","), args.links.split(",")
     ranks = args.nodes * args.ranks_per_node
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
