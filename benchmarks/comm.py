@@ -141,6 +141,19 @@ def _cases(comm, numel: int, device: torch.device, chunk: int) -> dict:
 
     cases["allreduce"] = allreduce
     allreduce.bytes_per_call = 4 * numel  # algorithm bandwidth: the buffer over the time
+    v = x.clone()
+    pieces = [(lo, min(lo + -(-numel // 8), numel)) for lo in range(0, numel, -(-numel // 8))]
+
+    def tree_allreduce(_i: int) -> None:  # Communicator.iallreduce_sum: the same bits for any cut
+        comm.iallreduce_sum(v).wait()
+
+    def tree_allreduce_pieces(_i: int) -> None:  # as a ranged step: 8 pieces in flight at once, last first
+        for request in [comm.iallreduce_sum(v[lo:hi]) for lo, hi in reversed(pieces)]:
+            request.wait()
+
+    cases["iallreduce fixed tree"] = tree_allreduce
+    cases["iallreduce fixed tree 8 pieces"] = tree_allreduce_pieces
+    tree_allreduce.bytes_per_call = tree_allreduce_pieces.bytes_per_call = 4 * numel
     return cases
 
 

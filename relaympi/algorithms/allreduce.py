@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from relaympi.algorithms.base import FULLY_CONNECTED, Algorithm, MatrixForm
+from relaympi.algorithms.base import FULLY_CONNECTED, MatrixForm, RangedAlgorithm
 
 
 class AllReduceMatrix(MatrixForm):
@@ -16,9 +15,13 @@ class AllReduceMatrix(MatrixForm):
         return X + self.matrix_algorithm.optimizer.update(mean, X, lr)
 
 
-class AllReduce(Algorithm):
+class AllReduce(RangedAlgorithm):
     """Synchronous data-parallel SGD: every worker applies the same averaged gradient, so all
     models stay identical (momentum/Adam then act on the global gradient, as centralized training).
+
+    A range's all-reduce starts once its gradient is final (Mixers.start_allreduce_mean: pieces sum
+    to the whole buffer's bits, on MPI by relaympi.comm.mpi's fixed-tree all-reduce); its local update
+    follows the mean, in finish_step.
 
     The all-reduce is a collective: simulated message loss (--drop-prob) does not apply to it."""
 
@@ -27,6 +30,10 @@ class AllReduce(Algorithm):
     topology_kind = FULLY_CONNECTED
     matrix_form = AllReduceMatrix
 
-    def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        self.mixers.allreduce_mean(grad)
-        self.optimizer.update(grad, x, lr, apply=True)
+    def _start(self, lo: int, hi: int, index: int):
+        return self.mixers.start_allreduce_mean(self._ranged[1][..., lo:hi])
+
+    def _finish(self, lo: int, hi: int, pending) -> None:
+        x, grad, lr, _ = self._ranged
+        pending.finish()
+        self.optimizer.update_range(grad, x, lr, lo, hi, apply=True)

@@ -183,3 +183,57 @@ class Algorithm(ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - stateless algorithms keep the default
         pass
+
+
+def check_ranges(ranges: list[tuple[int, int]], numel: int) -> None:
+    """Raise ValueError unless the ranges of one step are disjoint and cover [0, numel) (each ready
+    once; an empty range anywhere is harmless)."""
+    position = 0
+    for lo, hi in sorted(r for r in ranges if r[0] != r[1]):
+        if lo != position or hi < lo:
+            break
+        position = hi
+    else:
+        if position == numel:
+            return
+    shown = ", ".join(f"[{lo}, {hi})" for lo, hi in ranges[:8]) + (", ..." if len(ranges) > 8 else "")
+    raise ValueError(f"the ranges made ready in a step must be disjoint and cover [0, {numel}) once; got {shown}")
+
+
+class RangedAlgorithm(Algorithm):
+    """An algorithm that starts a range's update and communication as soon as the range is ready;
+    its step() is begin_step, ready(0, numel), finish_step: the whole and the ranged step are one
+    code path. A subclass defines ``_start`` (grad[lo:hi] is final: the local update of the range,
+    then its sends) and ``_finish`` (receives and combination, range by range in the order started,
+    round by round).
+
+    ``numel`` is x's last dimension (the batched engine steps x [N, numel], whole steps only)."""
+
+    def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
+        self.begin_step(x, grad, lr, step)
+        self.ready(0, x.shape[-1])
+        self.finish_step()
+
+    def begin_step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
+        super().begin_step(x, grad, lr, step)
+        self._started: list[tuple[int, int, Any]] = []
+        self.optimizer.begin_step()  # per-step counters (Adam's bias correction) before any range's update
+
+    def ready(self, lo: int, hi: int) -> None:
+        self._started.append((lo, hi, self._start(lo, hi, len(self._started))))
+
+    def finish_step(self) -> None:
+        started, self._started = self._started, []
+        check_ranges([(lo, hi) for lo, hi, _ in started], self._ranged[0].shape[-1])
+        while started:  # every range's round in the order started (messages of a round match in that order), then the next round
+            started = [(lo, hi, later) for lo, hi, pending in started if (later := self._finish(lo, hi, pending)) is not None]
+
+    @abstractmethod
+    def _start(self, lo: int, hi: int, index: int) -> Any:
+        """Coordinates [lo, hi) are final in grad: update them and start their communication (the
+        ``index``-th range of this step); return what ``_finish`` needs."""
+
+    @abstractmethod
+    def _finish(self, lo: int, hi: int, pending: Any) -> Any:
+        """Complete the round of range [lo, hi) that ``pending`` started; None when the range is
+        done, or what its next round started (SGP's second round)."""

@@ -7,10 +7,10 @@ import torch
 
 from relaympi.algorithms.base import (
     ONE_GRAPH,
-    Algorithm,
     AlgorithmError,
     AlgorithmOptions,
     MatrixForm,
+    RangedAlgorithm,
     round_id,
 )
 from relaympi.algorithms.d2_rule import D2_MIN_EIGENVALUE, d2_allows
@@ -49,13 +49,16 @@ class D2Matrix(MatrixForm):
         return X_new
 
 
-class D2(Algorithm):
+class D2(RangedAlgorithm):
     """u = local (momentum) update;  x(t+1/2) = x(t) + u + c;  x(t+1) = W x(t+1/2);
     c(t+1) = x(t+1) - x(t) - u  (= c + x(t+1) - x(t+1/2), so x(t) need not be kept).
 
     A lost message: its weight in W is dropped and the worker's row renormalized (GossipMixer),
     and c(t+1) is computed from the x(t+1) actually obtained. The paper reports that D² diverges
-    with lost messages; this is the plain rule, not a fix."""
+    with lost messages; this is the plain rule, not a fix.
+
+    A range's local step, correction and sends start once its gradient is final; its averaging and
+    new correction follow its receives."""
 
     name = "d2"
     default_topology = "ring"
@@ -73,12 +76,16 @@ class D2(Algorithm):
         self.correction = torch.zeros_like(x0)
         self._half = torch.zeros_like(x0)
 
-    def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        self.optimizer.update(grad, x, lr, apply=True)
-        x.add_(self.correction)  # x(t+1/2)
-        self._half.copy_(x)
-        self.mixer.mix(x, round_id(step))
-        self.correction.add_(x).sub_(self._half)
+    def _start(self, lo: int, hi: int, index: int):
+        x, grad, lr, step = self._ranged
+        self.optimizer.update_range(grad, x, lr, lo, hi, apply=True)
+        half = x[..., lo:hi].add_(self.correction[..., lo:hi])  # x(t+1/2)
+        self._half[..., lo:hi].copy_(half)
+        return self.mixer.start(x, lo, hi, round_id(step), chunk=index)
+
+    def _finish(self, lo: int, hi: int, pending) -> None:
+        pending.finish()
+        self.correction[..., lo:hi].add_(self._ranged[0][..., lo:hi]).sub_(self._half[..., lo:hi])
 
     def state_dict(self):
         return {"correction": self.correction}

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from relaympi.algorithms.base import ONE_GRAPH, Algorithm, MatrixForm, round_id
+from relaympi.algorithms.base import ONE_GRAPH, MatrixForm, RangedAlgorithm, round_id
 from relaympi.algorithms.gossip import mixing_matrix_for
 
 
@@ -20,7 +19,10 @@ class DPSGDMatrix(MatrixForm):
         return self.W @ (X + self.matrix_algorithm.optimizer.update(G, X, lr))
 
 
-class DPSGD(Algorithm):
+class DPSGD(RangedAlgorithm):
+    """x(t+1/2) = x(t) + u(t), then x(t+1) = W x(t+1/2): a range's local step and its sends start as
+    soon as its gradient is final; the averaging follows each range's receives."""
+
     name = "dpsgd"
     default_topology = "ring"
     topology_kind = ONE_GRAPH
@@ -30,6 +32,10 @@ class DPSGD(Algorithm):
         super().__init__(comm, topology, optimizer, x0, options, mixers)
         self.mixer = self.mixers.gossip(mixing_matrix_for(topology), x0)
 
-    def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        self.optimizer.update(grad, x, lr, apply=True)  # x(t+1/2), paper eq. (DP-SGD)
-        self.mixer.mix(x, round_id(step))
+    def _start(self, lo: int, hi: int, index: int):
+        x, grad, lr, step = self._ranged
+        self.optimizer.update_range(grad, x, lr, lo, hi, apply=True)  # x(t+1/2), paper eq. (DP-SGD)
+        return self.mixer.start(x, lo, hi, round_id(step), chunk=index)
+
+    def _finish(self, lo: int, hi: int, pending) -> None:
+        pending.finish()

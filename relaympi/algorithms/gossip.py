@@ -9,13 +9,24 @@ import torch
 
 from relaympi.algorithms.relays import Relays
 from relaympi.algorithms.relaysum import DEFAULT_CHUNK, RelaySum
-from relaympi.comm import Communicator
+from relaympi.comm import Communicator, Request
 from relaympi.topology import Topology
+
+
+class Started(Protocol):
+    """Communication started by a mixer; ``finish`` completes it (receives, then the combination)."""
+
+    def finish(self) -> None: ...
 
 
 class Mixer(Protocol):
     def mix(self, x: torch.Tensor, round: int, tag: int = 0) -> None:
         """In place: x <- W x over this mixer's matrix, in communication round ``round``."""
+
+    def start(self, x: torch.Tensor, lo: int, hi: int, round: int, tag: int = 0, chunk: int = 0) -> Started:
+        """Start mixing coordinates [lo, hi) of x (the last dimension): its sends leave now, and
+        ``finish()`` sets them to W x. The ranges of one round, started in the same order on every
+        worker (``chunk`` = 0, 1, ...), give mix's bits: the weights are the same for every coordinate."""
 
 
 class Mixers(Protocol):
@@ -29,6 +40,10 @@ class Mixers(Protocol):
 
     def allreduce_mean(self, x: torch.Tensor) -> None:
         """In place: x <- the mean of x over all workers (a collective: never dropped, no bytes counted)."""
+
+    def start_allreduce_mean(self, x: torch.Tensor) -> Started:
+        """allreduce_mean, started now and complete after ``finish()``; pieces of a buffer started
+        separately (in the same order on every worker) give the whole buffer's bits."""
 
     def relays(self, topology: Topology, like: torch.Tensor, in_place: bool = False, chunk: int | None = None) -> Relays:
         """RelaySum over ``topology``'s trees for parcels shaped as ``like``; ``in_place`` and ``chunk``
@@ -58,13 +73,43 @@ class GossipMixer:
 
     def mix(self, x: torch.Tensor, round: int, tag: int = 0) -> None:
         """In place: x <- the weighted average of x and the neighbours' x."""
-        request = self.comm.exchange({j: x for j in self.send_to}, self.received, tag=tag, round=round)
-        delivered = request.wait()
-        total = self.self_weight + sum(self.weights[j] for j in delivered)
-        x.mul_(self.self_weight / total)
-        for j in self.neighbors:  # sorted: the same summation order on every backend
+        self.start(x, 0, x.numel(), round, tag).finish()
+
+    def start(self, x: torch.Tensor, lo: int, hi: int, round: int, tag: int = 0, chunk: int = 0) -> _MixingRange:
+        """Send x[lo:hi] and post the receives of the neighbours' [lo:hi]; finish() averages them in."""
+        part = x[lo:hi]
+        request = self.comm.exchange(
+            {j: part for j in self.send_to}, {j: self.received[j][lo:hi] for j in self.neighbors}, tag=tag, round=round, chunk=chunk,
+        )
+        return _MixingRange(self, part, lo, hi, request)
+
+
+class _MixingRange:
+    """One range of a GossipMixer round in flight (x's range is not touched until finish)."""
+
+    def __init__(self, mixer: GossipMixer, part: torch.Tensor, lo: int, hi: int, request: Request):
+        self.mixer, self.part, self.lo, self.hi, self.request = mixer, part, lo, hi, request
+
+    def finish(self) -> None:
+        """x[lo:hi] <- the weighted average, renormalized over the messages that arrived (a lost
+        message is lost for every range of its round: drops ignore the range)."""
+        mixer, part = self.mixer, self.part
+        delivered = self.request.wait()
+        total = mixer.self_weight + sum(mixer.weights[j] for j in delivered)
+        part.mul_(mixer.self_weight / total)
+        for j in mixer.neighbors:  # sorted: the same summation order on every backend
             if j in delivered:
-                x.add_(self.received[j], alpha=self.weights[j] / total)
+                part.add_(mixer.received[j][self.lo : self.hi], alpha=mixer.weights[j] / total)
+
+
+class _AllreduceMean:
+    def __init__(self, comm: Communicator, x: torch.Tensor):
+        self.comm, self.x, self.request = comm, x, comm.iallreduce_sum(x)
+
+    def finish(self) -> None:
+        self.request.wait()
+        if self.comm.world_size > 1:
+            self.x /= self.comm.world_size
 
 
 class CommMixers:
@@ -88,6 +133,9 @@ class CommMixers:
 
     def allreduce_mean(self, x: torch.Tensor) -> None:
         self.comm.allreduce_mean(x)
+
+    def start_allreduce_mean(self, x: torch.Tensor) -> _AllreduceMean:
+        return _AllreduceMean(self.comm, x)
 
     def relays(self, topology: Topology, like: torch.Tensor, in_place: bool = False, chunk: int | None = None) -> RelaySum:
         return RelaySum(self.comm, topology, like.numel(), like, in_place=in_place, chunk=chunk or DEFAULT_CHUNK)

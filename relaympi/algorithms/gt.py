@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from relaympi.algorithms.base import ONE_GRAPH, Algorithm, MatrixForm, round_id
+from relaympi.algorithms.base import ONE_GRAPH, MatrixForm, RangedAlgorithm, round_id
 from relaympi.algorithms.gossip import mixing_matrix_for
 
 
@@ -24,11 +24,14 @@ class GradientTrackingMatrix(MatrixForm):
         return X_new
 
 
-class GradientTracking(Algorithm):
+class GradientTracking(RangedAlgorithm):
     """x(t+1) = W (x(t) + u(t) + c(t)),  c(t+1) = W (c(t) + u(t)) - u(t).
 
     (The appendix's correction line has a typo; this is the standard form: y = u + c then
-    follows y(t+1) = W y(t) + u(t+1) - u(t).) Both products use one exchange of [x+u+c, c+u].
+    follows y(t+1) = W y(t) + u(t+1) - u(t).) Both products use one exchange of [x+u+c, c+u]: per
+    range [lo, hi) one message packed[2 lo : 2 hi] = [(x+u+c)[lo:hi], (c+u)[lo:hi]] (disjoint ranges
+    covering [0, n) tile [0, 2n); the whole step's packed is [x+u+c, c+u]). A range needs only its own
+    gradient, so its message leaves once that is final.
 
     A lost message loses both halves: both products use the same row of W with the lost
     neighbour's weight dropped and the rest renormalized (GossipMixer).
@@ -46,15 +49,20 @@ class GradientTracking(Algorithm):
         self.correction = torch.zeros_like(x0)
         self.mixer = self.mixers.gossip(mixing_matrix_for(topology), self.packed)
 
-    def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        n = x.shape[-1]
-        u = self.optimizer.update(grad, x, lr, apply=False)
-        model, corr = self.packed[..., :n], self.packed[..., n:]
-        torch.add(x, u, out=model).add_(self.correction)
-        torch.add(self.correction, u, out=corr)
-        self.mixer.mix(self.packed, round_id(step))
-        x.copy_(model)
-        torch.sub(corr, u, out=self.correction)
+    def _start(self, lo: int, hi: int, index: int):
+        x, grad, lr, step = self._ranged
+        self.optimizer.update_range(grad, x, lr, lo, hi, apply=False)
+        u, c = self.optimizer.update_buffer[..., lo:hi], self.correction[..., lo:hi]
+        model, corr = self.packed[..., 2 * lo : lo + hi], self.packed[..., lo + hi : 2 * hi]
+        torch.add(x[..., lo:hi], u, out=model).add_(c)
+        torch.add(c, u, out=corr)
+        return self.mixer.start(self.packed, 2 * lo, 2 * hi, round_id(step), chunk=index)
+
+    def _finish(self, lo: int, hi: int, pending) -> None:
+        pending.finish()
+        u = self.optimizer.update_buffer[..., lo:hi]
+        self._ranged[0][..., lo:hi].copy_(self.packed[..., 2 * lo : lo + hi])
+        torch.sub(self.packed[..., lo + hi : 2 * hi], u, out=self.correction[..., lo:hi])
 
     def state_dict(self):
         return {"correction": self.correction}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from relaympi.algorithms.base import ONE_GRAPH, Algorithm, MatrixForm, round_id
+from relaympi.algorithms.base import ONE_GRAPH, MatrixForm, RangedAlgorithm, round_id
 from relaympi.algorithms.gossip import mixing_matrix_for
 
 
@@ -30,7 +30,7 @@ class QuasiGlobalMomentumMatrix(MatrixForm):
         return X_new
 
 
-class QuasiGlobalMomentum(Algorithm):
+class QuasiGlobalMomentum(RangedAlgorithm):
     """x(t+1/2) = x(t) - lr (g + beta (beta m + g))  (Nesterov form; heavy ball: x - lr (beta m + g)),
     gossip, then  m <- beta m + (1 - beta) (x(t) - x(t+1)) / lr.
 
@@ -52,17 +52,24 @@ class QuasiGlobalMomentum(Algorithm):
         self._x_before = torch.zeros_like(x0)
         self._direction = torch.zeros_like(x0)
 
-    def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        cfg, beta, m, d = self.optimizer.config, self.beta, self.momentum_buffer, self._direction
+    def _start(self, lo: int, hi: int, index: int):
+        x, grad, lr, step = self._ranged
+        cfg, beta = self.optimizer.config, self.beta
+        x, grad, m, d = x[..., lo:hi], grad[..., lo:hi], self.momentum_buffer[..., lo:hi], self._direction[..., lo:hi]
         g = grad.add(x, alpha=cfg.weight_decay) if cfg.weight_decay else grad
         torch.add(g, m, alpha=beta, out=d)  # beta m + g
         if cfg.nesterov:
             d.mul_(beta).add_(g)  # g + beta (beta m + g)
-        self._x_before.copy_(x)
+        self._x_before[..., lo:hi].copy_(x)
         x.add_(d, alpha=-lr)
-        self.mixer.mix(x, round_id(step))
+        return self.mixer.start(self._ranged[0], lo, hi, round_id(step), chunk=index)
+
+    def _finish(self, lo: int, hi: int, pending) -> None:
+        pending.finish()
+        x, _, lr, _ = self._ranged
+        beta = self.beta
         if lr > 0:  # during a warm-up from lr = 0 the model did not move: keep m
-            m.mul_(beta).add_(self._x_before.sub_(x), alpha=(1 - beta) / lr)
+            self.momentum_buffer[..., lo:hi].mul_(beta).add_(self._x_before[..., lo:hi].sub_(x[..., lo:hi]), alpha=(1 - beta) / lr)
 
     def state_dict(self):
         return {"momentum_buffer": self.momentum_buffer}

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from relaympi.algorithms.base import EXPONENTIAL, Algorithm, AlgorithmError, MatrixForm, round_id
+from relaympi.algorithms.base import (
+    EXPONENTIAL,
+    AlgorithmError,
+    MatrixForm,
+    RangedAlgorithm,
+    round_id,
+)
 from relaympi.topology import ExponentialSchedule, TopologyError
 
 ROUNDS = 2  # two communication rounds per gradient step equalize bandwidth with RelaySGD
@@ -25,12 +30,17 @@ class SGPMatrix(MatrixForm):
         return Y
 
 
-class SGP(Algorithm):
+class SGP(RangedAlgorithm):
     """Round r (global counter t' = 2 step + r): send x to i - 2^(t' mod log2 n), receive from
     i + 2^(t' mod log2 n), x <- (x + x_received) / 2. With exactly one in- and one out-neighbour
     per round the push-sum weights stay 1, so they are not carried. Each round is a gossip mix with
     the schedule's W(t') (one mixer per hop length); a lost message leaves the receiver's model as
-    it was (its weight dropped, x's renormalized to 1)."""
+    it was (its weight dropped, x's renormalized to 1).
+
+    So no push-sum weight travels: the only scalars are each round's mixing weights, the same for
+    every coordinate, and a drop decision covers all ranges of its round's message. A range's local
+    step and first round start once its gradient is final; finish_step completes every range's
+    first round (starting that range's second round as it completes), then the second rounds."""
 
     name = "sgp"
     default_topology = "exponential"
@@ -46,7 +56,16 @@ class SGP(Algorithm):
         # one gossip mixer per hop length: W(t') sends to i - o and mixes in i + o with weights 1/2
         self.hops = [self.mixers.gossip(self.schedule.mixing_matrix(k), x0) for k in range(self.schedule.period)]
 
-    def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        self.optimizer.update(grad, x, lr, apply=True)
-        for r in range(ROUNDS):
-            self.hops[(ROUNDS * step + r) % self.schedule.period].mix(x, round_id(step, r))
+    def _start(self, lo: int, hi: int, index: int):
+        x, grad, lr, _ = self._ranged
+        self.optimizer.update_range(grad, x, lr, lo, hi, apply=True)
+        return self._round(0, lo, hi, index)
+
+    def _round(self, r: int, lo: int, hi: int, index: int) -> tuple:
+        x, _, _, step = self._ranged
+        return r, index, self.hops[(ROUNDS * step + r) % self.schedule.period].start(x, lo, hi, round_id(step, r), chunk=index)
+
+    def _finish(self, lo: int, hi: int, pending) -> tuple | None:
+        r, index, started = pending
+        started.finish()
+        return self._round(r + 1, lo, hi, index) if r + 1 < ROUNDS else None

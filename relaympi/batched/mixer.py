@@ -76,6 +76,22 @@ class BatchedMixer:
         mix(weights, X, self._mixed)
         X.copy_(self._mixed)
 
+    def start(self, X: torch.Tensor, lo: int, hi: int, round: int, tag: int = 0, chunk: int = 0) -> _Deferred:
+        """The whole mix at finish() ([lo, hi) must be every coordinate)."""
+        return _Deferred(lambda X: self.mix(X, round, tag), X, lo, hi)
+
+
+class _Deferred:
+    """A batched mix or mean, run whole at finish(): the batched engine has no wire to overlap."""
+
+    def __init__(self, run, X: torch.Tensor, lo: int, hi: int):
+        if (lo, hi) != (0, X.shape[-1]):
+            raise ValueError(f"the batched engine steps whole models: got the range [{lo}, {hi}) of {X.shape[-1]} coordinates")
+        self.run, self.X = run, X
+
+    def finish(self) -> None:
+        self.run(self.X)
+
 
 class BatchedMixers:
     """gossip.Mixers for X [N, d]: ``bytes_sent[i, j]`` counts the bytes of worker i's messages to j.
@@ -93,6 +109,9 @@ class BatchedMixers:
 
     def allreduce_mean(self, X: torch.Tensor) -> None:
         X.copy_((X.sum(dim=0) / X.shape[0]).expand_as(X))
+
+    def start_allreduce_mean(self, X: torch.Tensor) -> _Deferred:
+        return _Deferred(self.allreduce_mean, X, 0, X.shape[-1])
 
     def relays(self, topology, like: torch.Tensor, in_place: bool = False, chunk: int | None = None) -> BatchedRelaySum:
         """RelaySum for X [N, d]. ``in_place`` and ``chunk`` shape message passing's buffers and do not

@@ -31,6 +31,22 @@ class BatchedOptimizer:
         """The updates U for this step (the returned tensor is reused next step); with ``apply``, X += U."""
         return self._flat.update(G.view(-1), X.view(-1), lr, apply=apply).view(self.shape)
 
+    @property
+    def update_buffer(self) -> torch.Tensor:
+        """The last step's updates U [N, ...] (what update returned)."""
+        return self._flat.update_buffer.view(self.shape)
+
+    def begin_step(self) -> None:
+        self._flat.begin_step()
+
+    def update_range(self, G: torch.Tensor, X: torch.Tensor, lr: float, lo: int, hi: int, apply: bool = False) -> None:
+        """Coordinates [lo, hi) of every worker's update (LocalOptimizer.update_range, elementwise: the
+        same bits as update)."""
+        numel = self.shape[1:].numel()
+        rows = [(0, self.shape[0] * numel)] if (lo, hi) == (0, numel) else [(r * numel + lo, r * numel + hi) for r in range(self.shape[0])]
+        for start, end in rows:  # the whole model: one range of the flat buffers
+            self._flat.update_range(G.view(-1), X.view(-1), lr, start, end, apply)
+
     def state_dict(self) -> dict[str, Any]:
         return {k: (v.view(self.shape) if v.dim() else v) for k, v in self._flat.state_dict().items()}
 

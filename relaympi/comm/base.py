@@ -53,6 +53,16 @@ class Request(ABC):
         """Whether wait() would return without blocking."""
 
 
+class Completed(Request):
+    """A request with nothing outstanding (a collective that completed when it was started)."""
+
+    def wait(self) -> frozenset[int]:
+        return frozenset()
+
+    def test(self) -> bool:
+        return True
+
+
 class Communicator(ABC):
     """What algorithms may use to talk to other workers.
 
@@ -134,6 +144,17 @@ class Communicator(ABC):
     @abstractmethod
     def allreduce_sum(self, buf: Any) -> None:
         """In place: buf <- sum over ranks of buf."""
+
+    def iallreduce_sum(self, buf: Any) -> Request:
+        """Start buf <- sum over ranks of buf (in place); the sum is in buf once ``wait()`` returns.
+
+        Several may be in flight; every rank starts them in the same order. Each element's sum is
+        the same bits whatever piece of a larger buffer it is reduced in (the same order of additions
+        per element), so a step that reduces its gradient range by range equals the whole step's
+        reduction bit for bit. This default reduces at once (blocking allreduce_sum): a backend whose
+        allreduce_sum keeps that property, or that has a nonblocking one, overrides it."""
+        self.allreduce_sum(buf)
+        return Completed()
 
     def allreduce_mean(self, buf: Any) -> None:
         """In place: buf <- mean over ranks of buf."""

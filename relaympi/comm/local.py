@@ -37,6 +37,7 @@ class LocalWorld:
         self._arrived = 0
         self._generation = 0
         self._result: Any = None
+        self._sums: dict[int, _PendingSum] = {}  # nonblocking all-reduces in flight, by sequence number
 
     def communicator(self, rank: int) -> LocalCommunicator:
         return LocalCommunicator(self, rank)
@@ -88,6 +89,62 @@ class LocalWorld:
                     self._cond.wait(timeout=1.0)
             return self._result
 
+    def _start_sum(self, rank: int, seq: int, value: Any) -> None:
+        """Rank ``rank``'s contribution to the ``seq``-th nonblocking all-reduce; the last one sums in rank order."""
+        with self._cond:
+            self._check()
+            pending = self._sums.setdefault(seq, _PendingSum(self.world_size))
+            pending.values[rank] = value
+            pending.arrived += 1
+            if pending.arrived == self.world_size:
+                total = buffers.clone(pending.values[0])
+                for v in pending.values[1:]:
+                    total += v
+                pending.total, pending.values = total, []
+                self._cond.notify_all()
+
+    def _sum_ready(self, seq: int) -> bool:
+        with self._cond:
+            self._check()
+            return self._sums[seq].total is not None
+
+    def _take_sum(self, seq: int, buf: Any) -> None:
+        """Copy the ``seq``-th all-reduce's sum into buf once every rank contributed (blocks until then)."""
+        with self._cond:
+            pending = self._sums[seq]
+            while pending.total is None:
+                self._check()
+                self._cond.wait(timeout=1.0)
+            buffers.copy_into(buf, pending.total)
+            pending.taken += 1
+            if pending.taken == self.world_size:
+                del self._sums[seq]
+
+
+class _PendingSum:
+    def __init__(self, world_size: int):
+        self.values: list[Any] = [None] * world_size
+        self.arrived = 0
+        self.total: Any = None
+        self.taken = 0
+
+
+class _LocalSum(Request):
+    """One rank's share of a nonblocking all-reduce: its value was handed over (a copy) when started."""
+
+    def __init__(self, comm: LocalCommunicator, seq: int, buf: Any):
+        self._world, self._seq, self._buf = comm.world, seq, buf
+        self._done = False
+
+    def wait(self) -> frozenset[int]:
+        if not self._done:
+            self._world._take_sum(self._seq, self._buf)
+            self._done = True
+        return frozenset()
+
+    def test(self) -> bool:
+        return self._done or self._world._sum_ready(self._seq)
+
 
 class _LocalRequest(Request):
     def __init__(self, comm: LocalCommunicator, recvs: Mapping[int, Any], tag: int):
@@ -116,6 +173,7 @@ class LocalCommunicator(Communicator):
     def __init__(self, world: LocalWorld, rank: int):
         super().__init__(rank, world.world_size, world.drops)
         self.world = world
+        self._sums_started = 0  # every rank starts its nonblocking all-reduces in the same order
 
     def _post(self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int, chunk: int = 0) -> Request:
         # chunks of a message arrive in posting order: mailboxes are FIFO per (src, dst, tag)
@@ -137,6 +195,12 @@ class LocalCommunicator(Communicator):
             return acc
 
         buffers.copy_into(buf, self.world._collective(self.rank, buffers.clone(buf), total))
+
+    def iallreduce_sum(self, buf: Any) -> Request:
+        """Nonblocking: the sum in rank order, like allreduce_sum (elementwise, so the same bits for any cut)."""
+        seq, self._sums_started = self._sums_started, self._sums_started + 1
+        self.world._start_sum(self.rank, seq, buffers.clone(buf))
+        return _LocalSum(self, seq, buf)
 
     def allreduce_flags(self, values: np.ndarray) -> np.ndarray:
         values = np.asarray(values, dtype=np.float64)

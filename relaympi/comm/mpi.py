@@ -106,6 +106,95 @@ class _MPIRequest(Request):
         return requests is not None and MPI.Request.Testall(requests)
 
 
+# tags per nonblocking all-reduce on its own communicator: one per stage (a fold, log2 n halvings,
+# log2 n doublings, an unfold), so stages and all-reduces in flight can never match each other's messages
+_SUM_STAGES = 64
+
+
+def _tree_sum(comm: Any, data: np.ndarray, tag: int) -> Any:
+    """buf <- the sum over ranks, as a generator that yields each stage's MPI requests.
+
+    A reduce-scatter by recursive halving, then an allgather by recursive doubling, over
+    point-to-point messages (Rabenseifner's all-reduce): with p the largest power of two <= n,
+    rank p + q first adds its data to rank q's; at stage d = p/2, p/4, ..., 1 rank r keeps half of
+    its segment, sends the other half to r ^ d and adds what r ^ d sends back. Every element is
+    thus summed in one fixed tree, x_q + x_(q+p) at the leaves then pairs r, r ^ d, whatever the
+    buffer's length and whichever rank holds the element: pieces of a buffer reduced separately
+    give the whole reduction's bits, which MPI_Allreduce does not promise (MPICH's ring and Open
+    MPI's segmented ring sum an element in an order set by the message's length)."""
+    rank, n = comm.Get_rank(), comm.Get_size()
+    p = 1 << (n.bit_length() - 1)
+    extra = n - p
+    if rank >= p:  # folded into rank - p, which sends the sum back at the end
+        yield [comm.Isend(data, dest=rank - p, tag=tag)]
+        yield [comm.Irecv(data, source=rank - p, tag=tag + _SUM_STAGES - 1)]
+        return
+    scratch = np.empty(len(data) if rank < extra else (len(data) + 1) // 2, dtype=data.dtype)
+    if rank < extra:
+        yield [comm.Irecv(scratch, source=rank + p, tag=tag)]
+        data += scratch
+    lo, hi, stage, splits = 0, len(data), 1, []
+    d = p >> 1
+    while d:
+        partner, mid = rank ^ d, lo + (hi - lo) // 2
+        (keep_lo, keep_hi), (give_lo, give_hi) = ((mid, hi), (lo, mid)) if rank & d else ((lo, mid), (mid, hi))
+        received = scratch[: keep_hi - keep_lo]
+        yield [comm.Irecv(received, source=partner, tag=tag + stage), comm.Isend(data[give_lo:give_hi], dest=partner, tag=tag + stage)]
+        data[keep_lo:keep_hi] += received
+        splits.append((lo, hi))
+        lo, hi, stage, d = keep_lo, keep_hi, stage + 1, d >> 1
+    d = 1
+    while d < p:  # allgather: the partner holds the other part of the segment split at this stage
+        partner, (seg_lo, seg_hi) = rank ^ d, splits.pop()
+        other = data[seg_lo:lo] if lo > seg_lo else data[hi:seg_hi]
+        yield [comm.Irecv(other, source=partner, tag=tag + stage), comm.Isend(data[lo:hi], dest=partner, tag=tag + stage)]
+        lo, hi, stage, d = seg_lo, seg_hi, stage + 1, d << 1
+    if rank < extra:
+        yield [comm.Isend(data, dest=rank + p, tag=tag + _SUM_STAGES - 1)]
+
+
+class _TreeSumRequest(Request):
+    """A nonblocking _tree_sum: each test() or wait() (of any of the communicator's sums) posts the
+    stages whose predecessors completed; ``on_complete`` runs once the sum is in place."""
+
+    def __init__(self, comm: MPICommunicator, stages: Any, on_complete: list):
+        self._comm, self._stages, self._on_complete = comm, stages, on_complete
+        self._pending: list | None = next(self._stages, None)
+        self._done = False
+
+    def advance(self) -> bool:
+        """Post every stage whose predecessor completed; whether all completed."""
+        while self._pending is not None:
+            if not MPI.Request.Testall(self._pending):
+                return False
+            self._pending = next(self._stages, None)
+        return True
+
+    def _finish(self) -> None:
+        if not self._done:
+            self._done = True
+            self._comm._sums.remove(self)
+            for finish in self._on_complete:
+                finish()
+
+    def test(self) -> bool:
+        if self._done:
+            return True
+        self._comm._advance_sums()
+        if self._pending is None:
+            self._finish()
+        return self._done
+
+    def wait(self) -> frozenset[int]:
+        polls = 0
+        while not self.test():
+            self._comm._check_failures()
+            polls += 1
+            if polls > 1000:
+                time.sleep(5e-5)
+        return frozenset()
+
+
 class MPICommunicator(Communicator):
     """A Communicator over a duplicate of MPI.COMM_WORLD (library traffic never matches users')."""
 
@@ -120,6 +209,11 @@ class MPICommunicator(Communicator):
         # failure channel: any rank may tell rank 0 it failed; rank 0 checks it while it waits
         self._failures = (comm or MPI.COMM_WORLD).Dup()
         self._failure_buf = bytearray(_FAILURE_BYTES)
+        # nonblocking all-reduces (iallreduce_sum): their own communicator, a tag range each, in flight
+        self._sum_comm = (comm or MPI.COMM_WORLD).Dup()
+        self._sum_tags = max(1, (int(self._sum_comm.Get_attr(MPI.TAG_UB)) + 1) // _SUM_STAGES)
+        self._sums_started = 0
+        self._sums: list[_TreeSumRequest] = []
         self._failure_req = self._failures.Irecv(self._failure_buf, source=MPI.ANY_SOURCE, tag=_FAILURE_TAG) if self.rank == 0 else None
         atexit.register(self.close)
 
@@ -323,6 +417,29 @@ class MPICommunicator(Communicator):
             self._wait([self.comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)])
         else:
             self._wait([self.comm.Iallreduce(MPI.IN_PLACE, buffers.host_view(buf), op=MPI.SUM)])
+
+    def iallreduce_sum(self, buf: Any) -> Request:
+        """Nonblocking, and the same bits for any cut (_tree_sum, not MPI_Iallreduce); device memory
+        and bfloat16/float16 are summed on the host in float32, as allreduce_sum stages them."""
+        buffers.check_transferable(buf, "allreduce buffer")
+        on_complete: list = []
+        if buffers.is_half(buf) or buffers.is_device(buf):
+            half = buffers.is_half(buf)
+            wide = (buf.float() if buffers.array_kind(buf) == "torch" else buf.astype(np.float32)) if half else buf
+            host = np.empty(tuple(buf.shape), dtype=np.float32 if half else np.dtype(buffers.dtype_name(buf)))
+            buffers.copy_into(host, wide)  # a blocking copy: complete before MPI reads it
+            on_complete.append(lambda: buffers.copy_into(buf, host))
+        else:
+            host = buffers.host_view(buf)
+        seq, self._sums_started = self._sums_started, self._sums_started + 1
+        tag = (seq % self._sum_tags) * _SUM_STAGES
+        request = _TreeSumRequest(self, _tree_sum(self._sum_comm, host.reshape(-1), tag), on_complete)
+        self._sums.append(request)
+        return request
+
+    def _advance_sums(self) -> None:
+        for request in list(self._sums):
+            request.advance()
 
     def allreduce_flags(self, values: np.ndarray) -> np.ndarray:
         values = np.ascontiguousarray(values, dtype=np.float64).copy()
