@@ -242,9 +242,10 @@ def test_sgp_refuses_non_power_of_two_world():
 @pytest.mark.parametrize("topo, n, bound", [("chain", 8, 2.0), ("double-binary-trees", 16, 2.5), ("binary-tree", 16, 4.0), ("star", 6, 6.0)])
 def test_relaysum_memory_is_one_buffer_per_neighbour(topo, n, bound, in_place):
     """In place: the last message per neighbour (+1 scratch sum at degree >= 3) and a bounce buffer
-    of 2 x degree x chunk elements, whatever the model size; else twice the messages."""
+    of 2 x degree x chunk elements, whatever the model size; else twice the messages. A leaf of a
+    tree whose block ends before the model's adds one chunk (its last, holding the counter)."""
     numel, chunk, topology = 1000, 16, build(topo, n)
-    bound = bound if in_place else 2 * bound
+    bound = (bound if in_place else 2 * bound) + chunk / numel
 
     def body(comm):
         parcel = padded_zeros(numel, dtype=torch.float32)  # as flat models and updates are
@@ -265,7 +266,7 @@ def test_relaysum_memory_is_one_buffer_per_neighbour(topo, n, bound, in_place):
     copies = run_local(n, body)
     assert max(copies) <= bound
     if in_place and topo in ("chain", "double-binary-trees"):
-        assert max(copies) <= 2.5  # the paper: at most ~2 extra model copies on double binary trees
+        assert max(copies) <= 2.5 + chunk / numel  # the paper: at most ~2 extra model copies on double binary trees
 
 
 @pytest.mark.parametrize("topo", ["chain", "binary-tree", "double-binary-trees", "star"])

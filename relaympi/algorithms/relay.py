@@ -16,6 +16,8 @@ from relaympi.algorithms.base import (
 )
 from relaympi.topology import Topology
 
+from relaympi.algorithms.relays import RangedRelays
+
 if TYPE_CHECKING:
     from relaympi.algorithms.relays import Factor, Relays
 
@@ -117,12 +119,22 @@ class RelaySGD(Algorithm):
         super().__init__(comm, topology, optimizer, x0, options, mixers)
         self.mode = options.relay_mode
         self.relay = _relays(self, x0)
+        self._pipelined = isinstance(self.relay, RangedRelays)
         self.x_initial = x0.detach().clone() if self.mode == "initial" else None
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        """Passes over the model besides the optimizer's and the exchange's: x + u, then one
-        cache-blocked sweep adding the received sums and dividing (the robust modes add one
-        pass over the layers with missing parcels)."""
+        """Over RelaySum (relays.RangedRelays), the step is pipelined chunk by chunk: begin_step,
+        ready(0, numel), finish_step. Passes over the model, each cache-blocked: one sweep that
+        updates (x += u, the optimizer's own reads and writes) and assembles each message chunk just
+        before its send (a leaf: no pass, its chunks are views of x), and one sweep normalizing each
+        chunk as it lands: add what arrived and divide (the robust modes fill in the missing parcels
+        in the same sweep). On any other Relays (the batched engine's): the same passes one after
+        the other, the robust modes adding one pass over the layers with missing parcels."""
+        if self._pipelined:
+            self.begin_step(x, grad, lr, step)
+            self.ready(0, self.numel)
+            self.finish_step()
+            return
         u = self.optimizer.update(grad, x, lr, apply=True)  # x(t+1/2) = x(t) + u(t)
         self.relay.exchange(x, round_id(step))
         counts = self.relay.counts()
@@ -142,6 +154,50 @@ class RelaySGD(Algorithm):
                 _add_scaled(xs, self.relay.coords(self.x_initial, layer), missing)
         self.relay.add_received(x, divide_by=[n] * len(counts))
 
+    # -- range by range (Algorithm.begin_step): x(t+1/2) is relayed chunk by chunk ----------------
+
+    def begin_step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
+        if not self._pipelined:
+            return super().begin_step(x, grad, lr, step)
+        self._ranged = (x, grad, lr, step)
+        self.optimizer.begin_step()
+        self.relay.begin(x, round_id(step))  # every receive of the step posted now
+
+    def ready(self, lo: int, hi: int) -> None:
+        if not self._pipelined:
+            return
+        x, grad, lr, _ = self._ranged
+        # x(t+1/2) = x(t) + u(t), chunk by chunk, each just before the chunk's messages are assembled and sent
+        self.relay.ready(lo, hi, lambda a, b: self.optimizer.update_range(grad, x, lr, a, b, apply=True))
+
+    def finish_step(self) -> None:
+        if not self._pipelined:
+            return super().finish_step()
+        self.relay.finish(self._landed)
+        self._ranged = None
+
+    def _landed(self, layer: int, chunk: int, nbar: float) -> None:
+        """Normalize one chunk as it lands, as step()'s whole-model rules do, element by element."""
+        x = self._ranged[0]
+        if self.mode == "counts":
+            self.relay.add_received_chunk(x, layer, chunk, divisor=self.relay.factor(nbar, layer))
+            return
+        n = float(self.topology.world_size)
+        missing = self.relay.factor(n - nbar, layer)
+        fill = None
+        if missing and self.mode == "previous":  # x(t) = x(t+1/2) - u(t)
+            u = self.optimizer.update_buffer
+
+            def fill(c: slice) -> None:
+                x[c].mul_(1.0 + missing)
+                _add_scaled(x[c], u[c], -missing)
+        elif missing:
+
+            def fill(c: slice) -> None:
+                _add_scaled(x[c], self.x_initial[c], missing)
+
+        self.relay.add_received_chunk(x, layer, chunk, divisor=n, before=fill)
+
     def state_dict(self):
         return self.relay.state_dict()
 
@@ -160,14 +216,48 @@ class RelaySGDGrad(Algorithm):
     def __init__(self, comm, topology, optimizer, x0, options, mixers=None):
         super().__init__(comm, topology, optimizer, x0, options, mixers)
         self.relay = _relays(self, x0)
+        self._pipelined = isinstance(self.relay, RangedRelays)
         self._total = torch.zeros_like(x0)
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
+        """Over RelaySum, pipelined as RelaySGD's step: one sweep computing u (u is the parcel: a
+        leaf's chunks are views of it) and assembling each chunk before its send, and one sweep as
+        each chunk lands: total = u + what arrived, x += total / n. Elsewhere the same passes in turn."""
+        if self._pipelined:
+            self.begin_step(x, grad, lr, step)
+            self.ready(0, self.numel)
+            self.finish_step()
+            return
         u = self.optimizer.update(grad, x, lr, apply=False)
         self.relay.exchange(u, round_id(step))
         self._total.copy_(u)
         self.relay.add_received(self._total)
         x.add_(self._total, alpha=1.0 / self.topology.world_size)
+
+    def begin_step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
+        if not self._pipelined:
+            return super().begin_step(x, grad, lr, step)
+        self._ranged = (x, grad, lr, step)
+        self.optimizer.begin_step()
+        self.relay.begin(self.optimizer.update_buffer, round_id(step))
+
+    def ready(self, lo: int, hi: int) -> None:
+        if not self._pipelined:
+            return
+        x, grad, lr, _ = self._ranged
+        self.relay.ready(lo, hi, lambda a, b: self.optimizer.update_range(grad, x, lr, a, b, apply=False))
+
+    def finish_step(self) -> None:
+        if not self._pipelined:
+            return super().finish_step()
+        self.relay.finish(self._landed)
+        self._ranged = None
+
+    def _landed(self, layer: int, chunk: int, nbar: float) -> None:
+        x, u, total, scale = self._ranged[0], self.optimizer.update_buffer, self._total, 1.0 / self.topology.world_size
+        self.relay.add_received_chunk(
+            total, layer, chunk, before=lambda c: total[c].copy_(u[c]), after=lambda c: x[c].add_(total[c], alpha=scale)
+        )
 
     def state_dict(self):
         return self.relay.state_dict()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import numpy as np
     import torch
 
@@ -49,3 +51,25 @@ class Relays(Protocol):
         """The messages and counters in flight, to resume exactly."""
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class RangedRelays(Relays, Protocol):
+    """Relays whose exchange runs range by range (relaympi.algorithms.relaysum.RelaySum): the
+    pipelined and overlapped steps (Algorithm.begin_step / ready / finish_step) use it where the
+    injected Relays has it; exchange() is begin, ready(0, numel), finish."""
+
+    def begin(self, parcel: torch.Tensor, round: int) -> None:
+        """Start the exchange of ``parcel``, whose coordinates become final range by range."""
+
+    def ready(self, lo: int, hi: int, prepare: Callable[[int, int], None] | None = None) -> None:
+        """parcel[lo:hi] is final once ``prepare(a, b)`` ran on each piece of it: send what is complete."""
+
+    def finish(self, landed: Callable[[int, int, float], None] | None = None) -> None:
+        """Complete the exchange; ``landed(layer, chunk, nbar)`` on each chunk as it arrives."""
+
+    def add_received_chunk(
+        self, out: torch.Tensor, layer: int, chunk: int, divisor: float | None = None,
+        before: Callable[[slice], None] | None = None, after: Callable[[slice], None] | None = None,
+    ) -> None:
+        """In ``landed``: out += that chunk's received sum, /= divisor; before/after per cache block."""

@@ -97,10 +97,12 @@ class Communicator(ABC):
         on both sides). A dropped message is neither sent nor received: the receive buffer
         keeps its content and the peer is missing from ``wait()``'s result.
 
-        A message may travel as several chunks, posted by separate calls in chunk order with
-        ``chunk`` = 0, 1, ... (the receiver posts the same chunks): chunks of one message are
-        dropped or delivered together (the decision ignores ``chunk``), and a backend that
-        stages device memory through the host keeps one staging buffer per chunk in flight.
+        A message may travel as several chunks, posted by separate calls, each with its number
+        ``chunk`` (0, 1, ...), in the same order on both sides: chunks of one tag match in posting
+        order (MPI's non-overtaking rule), so the sender and the receiver must agree on it (RelaySum
+        sends them last to first). Chunks of one message are dropped or delivered together (the
+        decision ignores ``chunk``), and a backend that stages device memory through the host keeps
+        one staging buffer per chunk in flight.
         """
         for peer in (*sends, *recvs):
             if not 0 <= peer < self.world_size or peer == self.rank:

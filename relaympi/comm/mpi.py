@@ -349,7 +349,7 @@ class MPICommunicator(Communicator):
         return buffers.host_view(host)
 
     def _post(self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int, chunk: int = 0) -> Request:
-        # chunks of one message share the tag: MPI's non-overtaking rule keeps them in order
+        # chunks of one message share the tag: they match in posting order (non-overtaking), which both sides share
         requests, on_complete, staged = [], [], []
         for peer in sorted(recvs):
             slot = ("recv", peer, tag, chunk)
