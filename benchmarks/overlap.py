@@ -133,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':10} {'':8} {'--no-overlap':>26} | {'--overlap':>26} |")
     cluster_dir = None
     with tempfile.TemporaryDirectory(prefix="overlap-") as tmp:
-        from tests.data_factories import write_cifar10_binary  # the generator the tests use (random pixels)
+        from tests.data_factories import (
+            write_cifar10_binary,  # the generator the tests use (random pixels)
+        )
 
         data = Path(tmp) / "cifar10"
         write_cifar10_binary(data, n_per_batch=64)
