@@ -253,8 +253,8 @@ class RunConfig:
         "final, while backward computes the rest; same numbers either way (off: see \"Overlap\")",
         applies=(Applies(lambda c: c.get("backend") != "batched" or not c.get("overlap"),
                          lambda c: "the batched engine has no wire to overlap (its workers' communication is tensor arithmetic on one device)"),))
-    # MiB of gradient per --overlap bucket: measured on VGG-11 (benchmarks.overlap); small enough that the first
-    # bucket (the last layers) is ready early, large enough that per-bucket overheads (a message per peer) stay small
+    # MiB of gradient per --overlap bucket: 1, 4 and 16 measured on VGG-11 (benchmarks.overlap, README "Overlap"):
+    # 16 overlaps least; at 4 and below each of VGG-11's large convolutions is its own bucket
     bucket_size: float = _field(
         4.0, "--overlap only: MiB of the flat gradient per bucket, cut from the last layers (default 4); same numbers for any size",
         type=float, metavar="MB", numbers=False, resume_free=True, readme_arg="MB",
