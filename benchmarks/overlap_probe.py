@@ -5,7 +5,8 @@
 
 Prints, for the slowest rank (median of repetitions): the transfer alone, three elementwise
 passes alone, both one after the other, both with the transfer posted first and no MPI call
-during the passes, and the same with Testall calls between 32 pieces of the passes. If
+during the passes, the same with Testall calls between 32 pieces of the passes ("poked"), and
+with an Iprobe instead ("iprobed": what Communicator.progress does, with no requests at hand). If
 "overlap" equals "sequential", the transport moves data only inside MPI calls.
 """
 
@@ -36,13 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     send, recv = torch.ones(n), torch.zeros(n)
     a, b = torch.randn(n), torch.randn(n)
 
-    def passes(pieces: int = 1, requests: list | None = None) -> None:
+    def passes(pieces: int = 1, requests: list | None = None, iprobe: bool = False) -> None:
         step = n // pieces
         for i in range(pieces):
             part = slice(i * step, n if i == pieces - 1 else (i + 1) * step)
             a[part].add_(b[part]).mul_(0.5).add_(b[part])
             if requests is not None:
                 MPI.Request.Testall(requests)
+            if iprobe:
+                comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
 
     def post() -> list:
         return [comm.Irecv(recv.numpy(), source=peer), comm.Isend(send.numpy(), dest=peer)]
@@ -56,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
             samples.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
         return 1e3 * statistics.median(samples[1:])
 
-    def overlapped(pieces: int, poke: bool) -> None:
+    def overlapped(pieces: int, poke: bool, iprobe: bool = False) -> None:
         requests = post()
-        passes(pieces, requests if poke else None)
+        passes(pieces, requests if poke else None, iprobe)
         MPI.Request.Waitall(requests)
 
     figures = {
@@ -67,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         "sequential": timed(lambda: (MPI.Request.Waitall(post()), passes())),
         "overlap": timed(lambda: overlapped(1, poke=False)),
         "poked": timed(lambda: overlapped(args.pieces, poke=True)),
+        "iprobed": timed(lambda: overlapped(args.pieces, poke=False, iprobe=True)),
     }
     if comm.rank == 0:
         print(f"ranks {comm.size}: " + "  ".join(f"{name} {ms:.1f} ms" for name, ms in figures.items()))

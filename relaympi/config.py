@@ -68,6 +68,7 @@ class Flag:
     choices: Callable[[], Sequence[str]] | None = None  # the allowed values (imported when the parser is built)
     metavar: str | None = None  # --help's name of the value (None: argparse's)
     switch: bool = False  # an on/off flag: given, it stores the opposite of the field's default
+    negatable: bool = False  # an on/off pair: --name stores True, --no-name False (argparse.BooleanOptionalAction)
     option: str | None = None  # the option string (None: --name-with-dashes)
     group: str | None = None  # the --help group it is listed in
     numbers: bool = True  # whether it can change a run's numbers (False: part of NON_SEMANTIC_KEYS)
@@ -266,6 +267,21 @@ class RunConfig:
         readme="`--backend batched` only: forward and backward in bfloat16 under `torch.autocast` (off: float32)",
         applies=(Applies(lambda c: c.get("backend") == "batched", lambda c: f"it is the batched engine's mixed precision (--backend batched), not --backend {c.get('backend')}'s", identity=False),
                  Applies(lambda c: c.get("backend") != "batched" or c.get("task") != "quadratics", lambda c: "quadratics run in float64 without a model to autocast", identity=False)))
+    overlap: bool = _field(  # per-bucket steps started from backward's hooks; the numbers are the same
+        False, "--backend mpi/local: start each gradient bucket's update and communication while backward computes the rest "
+        "(--no-overlap: after backward; same numbers either way; default --no-overlap)", negatable=True, numbers=False, resume_free=True,
+        readme_cell="`--overlap`, `--no-overlap`",
+        readme="message passing only: each gradient bucket's update and communication start from backward's hooks as soon as its gradient is "
+        "final, while backward computes the rest; same numbers either way (off: see \"Overlap\")",
+        applies=(Applies(lambda c: c.get("backend") != "batched" or not c.get("overlap"),
+                         lambda c: "the batched engine has no wire to overlap (its workers' communication is tensor arithmetic on one device)"),))
+    # MiB of gradient per --overlap bucket: 1, 4 and 16 measured on VGG-11 (benchmarks.overlap, README "Overlap"):
+    # 16 overlaps least; at 4 and below each of VGG-11's large convolutions is its own bucket
+    bucket_size: float = _field(
+        4.0, "--overlap only: MiB of the flat gradient per bucket, cut from the last layers (default 4); same numbers for any size",
+        type=float, metavar="MB", numbers=False, resume_free=True, readme_arg="MB",
+        readme="`--overlap` only: MiB of the flat gradient per bucket, cut from the last layers (4); same numbers for any size",
+        applies=(Applies(lambda c: bool(c.get("overlap")), lambda c: "it sizes --overlap's gradient buckets; without --overlap there are none"),))
     out: Path | None = _field(
         None, "HDF5 run file to write (default results/<task>-<algo>-<topology>-n<N>-a<alpha>-s<seed>.h5)", type=Path, numbers=False,
         resume_free=True, readme_arg="PATH.h5",
@@ -482,6 +498,7 @@ def validate(cfg: RunConfig) -> None:
     if not cfg.alpha > 0:
         raise ConfigError(f"--alpha must be > 0 (Dirichlet concentration; smaller = more heterogeneous), got {cfg.alpha}")
     _positive("lr", cfg.lr)
+    _positive("bucket_size", cfg.bucket_size)
     given = {"name": cfg.optimizer, "momentum": cfg.momentum}
     _checked(lambda: OptimizerConfig(**{k: v for k, v in given.items() if v is not None}), {"momentum": "--momentum", "optimizer": "--optimizer"})
     _positive("weight_decay", cfg.weight_decay, allow_zero=True)
@@ -625,7 +642,9 @@ def build_parser() -> argparse.ArgumentParser:
     for f, flag in FLAGS:
         target = p if flag.group is None else groups.get(flag.group) or groups.setdefault(flag.group, p.add_argument_group(flag.group))
         text = flag.help() if callable(flag.help) else flag.help
-        if flag.switch:  # given, it stores the opposite of the field's default (None: not given)
+        if flag.negatable:  # --name / --no-name (None: not given)
+            target.add_argument(flag.option_string(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=text)
+        elif flag.switch:  # given, it stores the opposite of the field's default (None: not given)
             target.add_argument(flag.option_string(f.name), dest=f.name, action="store_false" if f.default else "store_true", default=None, help=text)
         else:
             target.add_argument(flag.option_string(f.name), type=flag.type, choices=flag.choices() if flag.choices else None,

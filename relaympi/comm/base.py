@@ -100,6 +100,8 @@ class Communicator(ABC):
         self.nodes: tuple[int, ...] = checked_nodes(nodes, world_size)
         # bytes actually handed to the transport, per destination rank (dropped messages excluded)
         self.bytes_sent = np.zeros(world_size, dtype=np.int64)
+        # requests progress() tests; None until progress() is first called (then every new one is tracked)
+        self._in_flight: list[Request] | None = None
 
     # -- point to point -------------------------------------------------------------------
     def exchange(
@@ -133,7 +135,7 @@ class Communicator(ABC):
         live_recvs = {p: b for p, b in recvs.items() if not self.drops.dropped(round, tag, p, self.rank)}
         for peer, buf in live_sends.items():
             self.bytes_sent[peer] += buffers.nbytes(buf)
-        return self._post(live_sends, live_recvs, tag, chunk)
+        return self.track(self._post(live_sends, live_recvs, tag, chunk))
 
     @abstractmethod
     def _post(self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int, chunk: int = 0) -> Request: ...
@@ -156,7 +158,7 @@ class Communicator(ABC):
             if send:
                 self.bytes_sent[peer] += buffers.nbytes(buf)
             items.append((peer, buf, send, recv))
-        return self._post_replace(items, tag)
+        return self.track(self._post_replace(items, tag))
 
     @abstractmethod
     def _post_replace(self, items: list[tuple[int, Any, bool, bool]], tag: int) -> Request:
@@ -209,6 +211,22 @@ class Communicator(ABC):
 
     @abstractmethod
     def barrier(self) -> None: ...
+
+    def track(self, request: Request) -> Request:
+        """Hand ``request`` to progress() (once progress() is in use); returns it."""
+        if self._in_flight is not None:
+            self._in_flight.append(request)
+        return request
+
+    def progress(self) -> None:
+        """Let the transport move what is in flight, without waiting: test() every tracked request
+        (on MPI a Testall, which runs the progress engine). Called between pieces of computation
+        (backward's hooks under --overlap): MPICH's and Open MPI's transports move data only inside MPI
+        calls unless a progress thread runs (README "Overlap"). Completed requests are dropped; wait()
+        on them still returns their result."""
+        if self._in_flight is None:
+            self._in_flight = []
+        self._in_flight = [r for r in self._in_flight if not r.test()]
 
     @abstractmethod
     def abort(self, code: int = 1) -> None:

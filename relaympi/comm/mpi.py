@@ -475,6 +475,12 @@ class MPICommunicator(Communicator):
     def barrier(self) -> None:
         self._wait([self.comm.Ibarrier()])
 
+    def progress(self) -> None:
+        if self._staged_sends:
+            self._post_staged()  # device sends whose host copy is done start now
+        self._advance_sums()  # the nonblocking all-reduces' next stages
+        super().progress()
+
     def abort(self, code: int = 1) -> None:
         MPI.COMM_WORLD.Abort(code)
 

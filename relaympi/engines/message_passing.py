@@ -19,6 +19,7 @@ from relaympi.algorithms import make_algorithm
 from relaympi.comm import Communicator, run_local
 from relaympi.config import ConfigError
 from relaympi.optim import make_optimizer
+from relaympi.training.buckets import GradientBuckets
 from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.evaluation import Evaluator
 from relaympi.training.loop import STOP, USAGE_ERRORS, TrainingLoop, WriterFactory, device_for
@@ -69,6 +70,9 @@ class MessagePassingRank(TrainingLoop):
         self.algorithm = make_algorithm(cfg.algo, comm, plan.topology, self.optimizer, x, plan.algorithm_options)
         self.checkpoints = Checkpoints(cfg, Path(cfg.out), self.rank, self.n, barrier=comm.barrier, nodes=comm.nodes)
         self.evaluator = Evaluator(comm, plan, self.schedule, self.workload)
+        # --overlap: each bucket's step starts from backward's hooks; the step's timers then split into
+        # backward with the work started inside it (compute) and the exposed rest (comm: finish_step)
+        self.buckets = GradientBuckets(self.workload.grad, _trainable(self.workload), cfg.bucket_size, comm.progress) if cfg.overlap else None
 
     @property
     def x(self) -> torch.Tensor:
@@ -103,10 +107,17 @@ class MessagePassingRank(TrainingLoop):
 
     # -- the steps ----------------------------------------------------------------------------
     def gradient(self, step: int) -> float:
-        return self.workload.gradient(step)
+        if self.buckets is None:
+            return self.workload.gradient(step)
+        self.algorithm.begin_step(self.workload.x, self.workload.grad, self.schedule.lr_at(step), step)
+        with self.buckets.delivering(self.algorithm.ready):
+            return self.workload.gradient(step)
 
     def algorithm_step(self, step: int, lr: float) -> None:
-        self.algorithm.step(self.workload.x, self.workload.grad, lr, step)
+        if self.buckets is None:
+            self.algorithm.step(self.workload.x, self.workload.grad, lr, step)
+        else:
+            self.algorithm.finish_step()
 
     def agree(self, stop: bool, bad: bool) -> tuple[bool, bool]:
         flags = self.comm.allreduce_flags(np.array([1.0 if stop else 0.0, 1.0 if bad else 0.0]))
@@ -117,3 +128,9 @@ class MessagePassingRank(TrainingLoop):
         row = self.evaluator.evaluate(step, train_loss, float(self.comm.bytes_sent.sum()), self.timers, self.elapsed(), self.writer)
         if row is not None:
             self.log_evaluation(row, self.n)
+
+
+def _trainable(workload: Any) -> list[torch.nn.Parameter]:
+    """The parameters backward fills (none for a workload without a model: one bucket after its gradient)."""
+    model = getattr(workload, "model", None)
+    return [p for p in model.parameters() if p.requires_grad] if model is not None else []

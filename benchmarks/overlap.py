@@ -1,0 +1,177 @@
+"""Step time with and without --overlap: compute, communication and exposed communication per step.
+
+    python -m benchmarks.overlap                                          # one node: mpirun -n 2, VGG-11, relay and allreduce
+    python -m benchmarks.overlap --nodes 2 --ranks-per-node 1 --links 250mbit,500mbit,1gbit   # emulated cluster (root)
+    python -m benchmarks.overlap --nodes 2 --ranks-per-node 2 --links 500mbit --algos relay
+
+Each case trains VGG-11 (generated CIFAR-10 files: a speed test) through ``python -m relaympi.train``
+twice, ``--no-overlap`` and ``--overlap``, and reads its timers from the run file: per step, over the
+evaluation intervals after the first (warm-up), the median of the slowest rank's
+- compute: ``time_compute_s`` (forward and backward; with --overlap also the bucket work that the
+  hooks start inside backward),
+- comm: ``time_comm_s`` (without --overlap: the whole algorithm step, "communication alone"; with
+  --overlap: what is left after backward, the exposed communication),
+- step: wall time per step, evaluations left out.
+With --nodes the emulated cluster (jobs/local_cluster.sh start --nodes N --link RATE) is started
+once, its links reshaped for every rate, and always stopped at the end; ranks start in the nodes'
+namespaces (mpiexec's rsh launcher), so every byte between nodes crosses the shaped links.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from relaympi.results import read_run
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER = ROOT / "jobs" / "local_cluster.sh"
+TOPOLOGY = {"relay": "double-binary-trees", "allreduce": "fully-connected", "dpsgd": "ring", "relay-grad": "double-binary-trees"}
+
+
+@dataclass(frozen=True)
+class Timing:
+    compute_ms: float
+    comm_ms: float
+    step_ms: float
+
+
+def timing(path: Path) -> Timing:
+    """Per-step medians over the evaluation intervals after the first, the slowest rank's."""
+    data = read_run(path).data
+    steps = np.diff(data["step"].astype(float))
+    per = {}
+    for key in ("time_compute_s", "time_comm_s", "time_eval_s"):
+        per[key] = np.diff(data[key], axis=0) / steps[:, None]  # [intervals, workers]
+    wall = np.diff(data["time_s"].astype(float)) / steps - per["time_eval_s"].max(axis=1)
+    keep = slice(1, None) if len(steps) > 1 else slice(None)  # the first interval warms up
+
+    def ms(values: np.ndarray) -> float:
+        return 1e3 * float(statistics.median(values[keep]))
+
+    return Timing(ms(per["time_compute_s"].max(axis=1)), ms(per["time_comm_s"].max(axis=1)), ms(wall))
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _median(timings: list[Timing]) -> Timing:
+    return Timing(*(statistics.median(getattr(t, name) for t in timings) for name in ("compute_ms", "comm_ms", "step_ms")))
+
+
+def _mpiexec() -> str:
+    beside = Path(sys.executable).parent / "mpiexec"
+    found = str(beside) if beside.exists() else shutil.which("mpiexec")
+    if found is None:
+        raise SystemExit("error: no mpiexec beside the Python interpreter or on PATH")
+    return found
+
+
+def launch_prefix(ranks: int, per_node: int, env: dict[str, str]) -> list[str]:
+    if "RELAYMPI_CLUSTER_LAUNCHER" in env:
+        return [_mpiexec(), "-launcher", "rsh", "-launcher-exec", env["RELAYMPI_CLUSTER_LAUNCHER"], "-f", env["RELAYMPI_CLUSTER_HOSTS"],
+                "-ppn", str(per_node), "-n", str(ranks)]
+    return [_mpiexec(), "-n", str(ranks)]
+
+
+def train(prefix: list[str], algo: str, args: argparse.Namespace, data: Path, out: Path, overlap: bool, env: dict[str, str]) -> Timing:
+    command = [*prefix, sys.executable, "-m", "relaympi.train", "--task", "cifar10", "--data-dir", str(data), "--algo", algo,
+               "--topology", TOPOLOGY.get(algo, "ring"), "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+               "--eval-every", str(args.interval), "--eval-batch-size", "64", "--threads", "1", "--lr", "0.01",
+               "--overlap" if overlap else "--no-overlap", *(["--bucket-size", str(args.bucket_size)] if overlap else []),
+               "--out", str(out), "--overwrite"]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(command)} exited {proc.returncode}: {proc.stderr.strip()[-1500:]}")
+    return timing(out)
+
+
+def parse_exports(text: str) -> dict[str, str]:
+    env = {}
+    for line in text.splitlines():
+        words = shlex.split(line)
+        if words and words[0] == "export":
+            env.update(word.split("=", 1) for word in words[1:])
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.overlap", description=__doc__.splitlines()[0])
+    p.add_argument("--algos", default="relay,allreduce", help="comma-separated algorithms: relay, allreduce, dpsgd, relay-grad (default relay,allreduce)")
+    p.add_argument("--nodes", type=int, default=1, help="emulated nodes (>= 2 starts jobs/local_cluster.sh; root); 1: this machine, mpirun (default 1)")
+    p.add_argument("--ranks-per-node", type=int, default=2, help="ranks on each node (default 2)")
+    p.add_argument("--links", default="none", help="comma-separated link rates for the emulated cluster, tc rates such as 500mbit, 1gbit (default none: unshaped)")
+    p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step (default 16)")
+    p.add_argument("--steps", type=int, default=12, help="steps per run (default 12)")
+    p.add_argument("--interval", type=int, default=3, help="steps between evaluations: the timing intervals, the first one warm-up (default 3)")
+    p.add_argument("--bucket-size", type=float, default=4.0, help="--bucket-size of the --overlap runs in MiB (default 4)")
+    p.add_argument("--repeat", type=int, default=2, help="runs of each setting, alternating without/with; the median of their figures (default 2)")
+    args = p.parse_args(argv)
+    if args.nodes < 1 or args.ranks_per_node < 1 or args.repeat < 1:
+        p.error("--nodes, --ranks-per-node and --repeat must be >= 1")
+    # a TERM (or an INT, which a background job ignores) still stops the cluster in the finally below
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stop)
+    algos, links = args.algos.split(","), args.links.split(",")
+    ranks = args.nodes * args.ranks_per_node
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    print(f"VGG-11, batch {args.batch_size} per rank, {args.nodes} node(s) x {args.ranks_per_node} rank(s), bucket {args.bucket_size:g} MiB; "
+          "ms per step (median of the slowest rank)")
+    print(f"{'algo':10} {'link':8} {'compute':>8} {'comm':>8} {'step':>8} | {'compute':>8} {'exposed':>8} {'step':>8} | {'with/without':>12}")
+    print(f"{'':10} {'':8} {'--no-overlap':>26} | {'--overlap':>26} |")
+    cluster_dir = None
+    with tempfile.TemporaryDirectory(prefix="overlap-") as tmp:
+        from tests.data_factories import (
+            write_cifar10_binary,  # the generator the tests use (random pixels)
+        )
+
+        data = Path(tmp) / "cifar10"
+        write_cifar10_binary(data, n_per_batch=64)
+        try:
+            for link in links:
+                if args.nodes > 1:
+                    if cluster_dir is None:
+                        cluster_dir = Path(tmp) / "cluster"
+                        started = subprocess.run(["bash", str(CLUSTER), "start", "--nodes", str(args.nodes), "--link", link,
+                                                  "--cpus-per-node", str(args.ranks_per_node), "--dir", str(cluster_dir)],
+                                                 capture_output=True, text=True, check=False)
+                        if started.returncode != 0:
+                            print(f"error: the emulated cluster did not start: {started.stderr.strip()[-800:]}", file=sys.stderr)
+                            return 1
+                        env.update(parse_exports(started.stdout))
+                    else:
+                        subprocess.run(["bash", str(CLUSTER), "link", link, "--dir", str(cluster_dir)], capture_output=True, check=True)
+                    env["RELAYMPI_EMULATED_LINK"] = link
+                prefix = launch_prefix(ranks, args.ranks_per_node, env)
+                for algo in algos:
+                    try:
+                        runs: dict[bool, list[Timing]] = {False: [], True: []}
+                        for _ in range(args.repeat):  # alternating, so a load change on a shared machine hits both
+                            for overlap in (False, True):
+                                runs[overlap].append(train(prefix, algo, args, data, Path(tmp) / f"{algo}-{overlap}.h5", overlap, env))
+                        off, on = (_median(runs[False]), _median(runs[True]))
+                    except RuntimeError as exc:
+                        print(f"{algo:10} {link:8} failed: {exc}", flush=True)
+                        continue
+                    print(f"{algo:10} {link:8} {off.compute_ms:8.1f} {off.comm_ms:8.1f} {off.step_ms:8.1f} | {on.compute_ms:8.1f} "
+                          f"{on.comm_ms:8.1f} {on.step_ms:8.1f} | {on.step_ms / off.step_ms:11.2f}x", flush=True)
+        finally:
+            if cluster_dir is not None:
+                subprocess.run(["bash", str(CLUSTER), "stop", "--dir", str(cluster_dir)], capture_output=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

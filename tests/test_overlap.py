@@ -1,0 +1,249 @@
+"""--overlap: gradient buckets delivered from backward's hooks, and the same numbers with and without it.
+
+The buckets (relaympi/training/buckets.py) must cover the flat model exactly once per step, in the
+same order every step, each with its gradient final when it is delivered; the runs must be bit
+for bit those without --overlap (run files compared dataset by dataset, times and the overlap keys
+aside) for every algorithm and relay mode, chunked and in-place RelaySum, drops, any bucket size,
+a checkpoint resumed with the other setting, and on MPI ranks (the spmd test under mpirun -n 4).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from relaympi import train
+from relaympi.algorithms import AlgorithmOptions, make_algorithm
+from relaympi.flat import flatten_module
+from relaympi.optim import OptimizerConfig, make_optimizer
+from relaympi.topology import build
+from relaympi.training.buckets import GradientBuckets, cut_buckets
+
+# ------------------------------------------------------------------------------------ buckets
+
+
+class _Tied(torch.nn.Module):
+    """Embedding and output tied (one parameter used twice), a parameter backward never reaches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.embed = torch.nn.Embedding(11, 6)
+        self.hidden = torch.nn.Linear(6, 6)
+        self.unused = torch.nn.Linear(6, 2)
+        self.last = torch.nn.Linear(6, 6)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.hidden(self.embed(tokens)))
+        return self.last(h) @ self.embed.weight.T  # the embedding again: its gradient accumulates twice
+
+
+def _deliveries(model: torch.nn.Module, grad: torch.Tensor, buckets: GradientBuckets, batch: torch.Tensor):
+    """One step's deliveries: (lo, hi, grad[lo:hi] at delivery, delivered during backward)."""
+    got, in_backward = [], [True]
+    grad.zero_()
+    with buckets.delivering(lambda lo, hi: got.append((lo, hi, grad[lo:hi].clone(), in_backward[0]))):
+        torch.nn.functional.cross_entropy(model(batch).reshape(-1, 11), batch.reshape(-1)).backward()
+        in_backward[0] = False
+    return got
+
+
+@pytest.mark.parametrize("bucket_mb", [1e-5, 2e-4, 1.0])
+def test_buckets_cover_the_model_once_in_the_same_order_with_final_gradients(bucket_mb):
+    model = _Tied()
+    _, grad = flatten_module(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    buckets = GradientBuckets(grad, params, bucket_mb)
+    orders = []
+    for step in range(3):
+        batch = torch.randint(0, 11, (4, 5), generator=torch.Generator().manual_seed(step))
+        got = _deliveries(model, grad, buckets, batch)
+        covered = np.zeros(grad.numel(), dtype=int)
+        for lo, hi, at_delivery, _ in got:
+            covered[lo:hi] += 1
+            assert torch.equal(at_delivery, grad[lo:hi]), f"grad[{lo}:{hi}] changed after its delivery"
+        assert (covered == 1).all()  # every element exactly once
+        assert [hi for _, hi, _, _ in got] == sorted((hi for _, hi, _, _ in got), reverse=True)  # last layers first
+        orders.append([(lo, hi) for lo, hi, _, _ in got])
+        unused = range(*_flat_range(model.unused, grad))
+        # the bucket holding the unused layer waits for the end (its gradient never comes); the tied
+        # embedding (flat index 0) waits for both of its uses
+        assert all(not during for lo, hi, _, during in got if lo <= unused[0] < hi or lo == 0)
+        if len(got) > 2:
+            assert got[0][3], "the last layers' bucket was not delivered while backward ran"
+    assert orders[0] == orders[1] == orders[2]
+
+
+def _flat_range(layer: torch.nn.Module, grad: torch.Tensor) -> tuple[int, int]:
+    base = grad.data_ptr()
+    lows = [(p.grad.data_ptr() - base) // grad.element_size() for p in layer.parameters()]
+    return min(lows), max(lo + p.numel() for lo, p in zip(lows, layer.parameters(), strict=True))
+
+
+def test_buckets_are_cut_from_the_end_to_at_least_the_size():
+    ranges = [(0, 10), (10, 12), (12, 30), (30, 31)]
+    assert cut_buckets(ranges, 1) == [(30, 31), (12, 30), (10, 12), (0, 10)]
+    assert cut_buckets(ranges, 5) == [(12, 31), (0, 12)]
+    assert cut_buckets(ranges, 100) == [(0, 31)]
+
+
+def test_without_autograd_one_bucket_is_delivered_after_the_gradient():
+    grad = torch.zeros(7, dtype=torch.float64)
+    buckets = GradientBuckets(grad, [], 1.0)
+    got = []
+    with buckets.delivering(lambda lo, hi: got.append((lo, hi))):
+        assert got == []
+    assert got == [(0, 7)]
+
+
+def test_two_backwards_in_one_step_are_refused():
+    model = torch.nn.Linear(3, 2)
+    _, grad = flatten_module(model)
+    buckets = GradientBuckets(grad, list(model.parameters()), 1.0)
+    with pytest.raises(RuntimeError, match="accumulated twice"), buckets.delivering(lambda lo, hi: None):
+        for _ in range(2):
+            model(torch.ones(1, 3)).sum().backward()
+
+
+# ---------------------------------------------------------------- the same numbers, run files
+
+DIGITS = ["--task", "digits", "--backend", "local", "--workers", "4", "--steps", "6", "--eval-every", "3", "--alpha", "0.5"]
+SMALL_BUCKETS = ["--bucket-size", "0.002"]  # 524 float32: the digits MLP's 4,810 parameters in 4 buckets
+
+CASES = {
+    "allreduce": ["--algo", "allreduce"],
+    "dpsgd": ["--algo", "dpsgd"],
+    "qgm": ["--algo", "qgm"],
+    "d2": ["--algo", "d2", "--topology", "chain"],
+    "gt": ["--algo", "gt"],
+    "sgp": ["--algo", "sgp"],
+    "relay-counts": ["--algo", "relay"],
+    "relay-previous-drops": ["--algo", "relay", "--relay-mode", "previous", "--drop-prob", "0.2"],
+    "relay-initial-drops": ["--algo", "relay", "--relay-mode", "initial", "--drop-prob", "0.2"],
+    "relay-chunked-in-place": ["--algo", "relay", "--relay-chunk", "300", "--relay-in-place"],
+    "relay-grad-chain-chunked": ["--algo", "relay-grad", "--topology", "chain", "--relay-chunk", "700"],
+    "dpsgd-drops-momentum": ["--algo", "dpsgd", "--drop-prob", "0.2", "--momentum", "0.9"],
+}
+
+
+def _train(tmp_path: Path, name: str, *args: str) -> Path:
+    out = tmp_path / f"{name}.h5"
+    assert train.main([*DIGITS, *args, "--out", str(out)]) == 0
+    return out
+
+
+def _numbers(path: Path) -> tuple[dict[str, np.ndarray], dict]:
+    """A run file's datasets but the times, and its config but the overlap keys."""
+    with h5py.File(path, "r") as file:
+        data = {name: file[name][:] for name in file if isinstance(file[name], h5py.Dataset) and not name.startswith("time")}
+        config = json.loads(file.attrs["config"])
+    return data, {k: v for k, v in config.items() if k not in ("overlap", "bucket_size", "out")}
+
+
+def assert_same_numbers(path: Path, reference: Path) -> None:
+    (got, got_config), (want, want_config) = _numbers(path), _numbers(reference)
+    assert got_config == want_config
+    assert sorted(got) == sorted(want)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_overlap_gives_the_same_run_file(tmp_path, case):
+    plain = _train(tmp_path, "plain", *CASES[case])
+    overlapped = _train(tmp_path, "overlap", *CASES[case], "--overlap", *SMALL_BUCKETS)
+    assert_same_numbers(overlapped, plain)
+    with h5py.File(overlapped, "r") as file:
+        config = json.loads(file.attrs["config"])
+    assert config["overlap"] is True and config["bucket_size"] == 0.002
+
+
+def test_the_bucket_size_changes_no_bit(tmp_path):
+    args = ["--algo", "relay", "--relay-chunk", "500", "--drop-prob", "0.1"]
+    one = _train(tmp_path, "one", *args, "--overlap", "--bucket-size", "100")
+    many = _train(tmp_path, "many", *args, "--overlap", "--bucket-size", "0.0001")
+    assert_same_numbers(many, one)
+
+
+def test_a_checkpoint_resumes_with_the_other_overlap_setting(tmp_path, monkeypatch):
+    args = ["--algo", "relay", "--steps", "8", "--eval-every", "2"]
+    full = _train(tmp_path, "full", *args)
+    resumed = [*DIGITS, *args, "--out", str(tmp_path / "resumed.h5"), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    monkeypatch.setenv("RELAYMPI_INJECT_FAILURE", "1:5")
+    assert train.main([*resumed, "--overlap"]) == train.EXIT_FAILED
+    monkeypatch.delenv("RELAYMPI_INJECT_FAILURE")
+    assert train.main([*resumed, "--no-overlap"]) == 0
+    got, want = _numbers(tmp_path / "resumed.h5")[0], _numbers(full)[0]
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_quadratics_overlap_in_float64(tmp_path):
+    args = ["--task", "quadratics", "--backend", "local", "--workers", "4", "--steps", "5", "--eval-every", "1", "--algo", "relay"]
+    outs = []
+    for extra in ([], ["--overlap"]):
+        outs.append(tmp_path / f"q{len(outs)}.h5")
+        assert train.main([*args, *extra, "--out", str(outs[-1])]) == 0
+    assert_same_numbers(outs[1], outs[0])
+
+
+@pytest.mark.parametrize("flags, refused", [
+    (["--backend", "batched", "--workers", "2", "--overlap"], "--overlap cannot apply: the batched engine has no wire"),
+    (["--backend", "local", "--workers", "2", "--bucket-size", "1"], "--bucket-size cannot apply"),
+    (["--backend", "local", "--workers", "2", "--overlap", "--bucket-size", "0"], "--bucket-size must be > 0"),
+])
+def test_misuse_exits_2_naming_the_flag(tmp_path, capsys, flags, refused):
+    assert train.main(["--task", "digits", "--steps", "2", *flags, "--out", str(tmp_path / "r.h5")]) == 2
+    assert refused in capsys.readouterr().err
+    assert not (tmp_path / "r.h5").exists()
+
+
+def test_batched_accepts_no_overlap(tmp_path):
+    assert train.main(["--task", "digits", "--steps", "2", "--backend", "batched", "--workers", "2", "--no-overlap",
+                       "--out", str(tmp_path / "r.h5")]) == 0
+
+
+# ------------------------------------------------- message passing on MPI ranks (mpirun -n 4)
+
+ALGOS = [("relay", "double-binary-trees", "counts"), ("relay", "chain", "previous"), ("relay-grad", "double-binary-trees", "counts"),
+         ("allreduce", "fully-connected", "counts"), ("dpsgd", "chain", "counts"), ("gt", "chain", "counts")]  # chain: any world size >= 2
+
+
+def _model_steps(comm, algo: str, topology: str, mode: str, overlap: bool) -> np.ndarray:
+    """Six steps of a small MLP per rank (its own data) with the algorithm: bucketed (overlap) or whole steps."""
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).double()
+    init = torch.Generator().manual_seed(0)  # the same x(0) everywhere (not the global RNG: in-process ranks are threads)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(generator=init)
+    x, grad = flatten_module(model)
+    optimizer = make_optimizer(OptimizerConfig(momentum=0.9), x)
+    algorithm = make_algorithm(algo, comm, build(topology, comm.world_size), optimizer, x, AlgorithmOptions(relay_mode=mode, relay_chunk=7))
+    buckets = GradientBuckets(grad, list(model.parameters()), 1e-4, comm.progress) if overlap else None
+    inputs = torch.randn(6, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(comm.rank))
+    for t in range(6):
+        lr = 0.05 + 0.01 * t
+        grad.zero_()
+        if buckets is None:
+            model(inputs).square().mean().backward()
+            algorithm.step(x, grad, lr, t)
+        else:
+            algorithm.begin_step(x, grad, lr, t)
+            with buckets.delivering(algorithm.ready):
+                model(inputs).square().mean().backward()
+            algorithm.finish_step()
+    return x.detach().numpy().copy()
+
+
+@pytest.mark.spmd
+@pytest.mark.parametrize("algo, topology, mode", ALGOS, ids=[f"{a}-{t}-{m}" for a, t, m in ALGOS])
+def test_bucketed_steps_match_whole_steps_on_every_rank(spmd, algo, topology, mode):
+    plain = spmd(_model_steps, algo, topology, mode, False)
+    overlapped = spmd(_model_steps, algo, topology, mode, True)
+    for got, want in zip(overlapped, plain, strict=True):
+        np.testing.assert_array_equal(got, want)
