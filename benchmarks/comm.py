@@ -4,13 +4,20 @@
     mpirun -n 4 python -m benchmarks.comm                        # sizes up to VGG-11's
     mpirun -n 16 python -m benchmarks.comm --sizes 1e3,1e6 --reps 10 --chunk 262144
     python -m benchmarks.comm --backend local --workers 8        # in-process ranks (no transport cost)
+    sudo bash benchmarks/cluster.sh --nodes 2 --ranks-per-node 2 -- --sizes 9225610   # an emulated cluster
 
 Each operation is warmed up, repeated, and timed between barriers; the table shows the median
 over repetitions of the slowest rank's time. "raw" sends exactly the messages of the RelaySum
 exchange (same sizes, same peers, counters included) with bare Isend/Irecv and no arithmetic:
 the transport's limit. "relaysgd step" is the whole RelaySGD step (local SGD update, exchange,
-normalization) on double binary trees; its ratio is to the raw exchange. Every ratio to
+normalization) on double binary trees; its ratio is to the raw exchange; "gossip ring" is
+compared with "raw isend/irecv ring" (the whole model to both ring neighbours). Every ratio to
 MPI_Allreduce is to the allreduce of the same buffer.
+
+When the ranks span several nodes (as MPI placed them, or emulated with --ranks-per-node K),
+every placed operation also gets a row named as the default one plus " node-aware": the same
+operation on the topology built with placement "nodes" (relaympi.topology.build). The column
+"inter-node MB" is the most any rank sends per call to ranks on other nodes.
 """
 
 from __future__ import annotations
@@ -65,14 +72,20 @@ def _time(comm, fn, warmup: int, reps: int, device: torch.device) -> float:
     return statistics.median(samples)
 
 
-def _raw_exchange(comm, relay: RelaySum, device: torch.device):
-    """RelaySum's exact messages (sizes, peers, counters) with bare Isend/Irecv and no arithmetic."""
+def _relay_messages(relay: RelaySum) -> list[tuple[int, int, int]]:
+    """RelaySum's messages of one exchange as (peer, float32s with the counter, tag)."""
+    return [(peer, size + 1, k) for k, (size, peers) in enumerate(zip(relay.sizes, relay.neighbors, strict=True)) for peer in peers]
+
+
+def _raw_exchange(comm, messages: list[tuple[int, int, int]], device: torch.device):
+    """These messages (peer, float32s, tag), sent to and received from each peer, with bare
+    Isend/Irecv and no arithmetic: the transport's limit for an operation that sends them."""
     mpi = getattr(comm, "comm", None)
     on_device = device.type == "cuda"
     direct = not on_device or getattr(comm, "cuda_aware", False)
     # without CUDA-aware MPI the transport's limit includes staging through pinned host memory
-    shapes = [(peer, size + 1) for size, peers in zip(relay.sizes, relay.neighbors, strict=True) for peer in peers]
-    tags = [k for k, peers in enumerate(relay.neighbors) for _ in peers]
+    shapes = [(peer, size) for peer, size, _ in messages]
+    tags = [tag for _, _, tag in messages]
     sends = [torch.zeros(size, device=device) for _, size in shapes]
     recvs = [torch.zeros(size, device=device) for _, size in shapes]
     stage = lambda b: b if direct else torch.empty(b.shape, dtype=b.dtype, pin_memory=True)  # noqa: E731
@@ -100,6 +113,8 @@ def _raw_exchange(comm, relay: RelaySum, device: torch.device):
                 recv.copy_(host)
 
     run.bytes_per_call = sum(4 * size for _, size in shapes)  # float32; bypasses the byte counters
+    nodes = comm.nodes
+    run.inter_node_bytes = sum(4 * size for peer, size in shapes if nodes[peer] != nodes[comm.rank])
     return run
 
 
@@ -109,23 +124,32 @@ def _cases(comm, numel: int, device: torch.device, chunk: int) -> dict:
     x = padded_zeros(numel, device=device)  # a flat model: RelaySum's counters fit in its spare slots
     x.copy_(torch.randn(numel, generator=torch.Generator().manual_seed(rank)))
     cases = {}
-    for topo_name in ("chain", "double-binary-trees"):
-        relay = RelaySum(comm, build(topo_name, n), numel, x, chunk=chunk)
-        cases[f"raw isend/irecv {topo_name}"] = _raw_exchange(comm, relay, device)
-        cases[f"relaysum {topo_name}"] = lambda i, relay=relay: relay.exchange(x, i)
-        lean = RelaySum(comm, build(topo_name, n), numel, x, in_place=True, chunk=chunk)
-        cases[f"relaysum in-place {topo_name}"] = lambda i, lean=lean: lean.exchange(x, i)
+    # on several nodes, each placed operation twice: the paper's rank order, and node-aware
+    placements = [("", {})]
+    if len(set(comm.nodes)) > 1:
+        placements.append((" node-aware", {"placement": "nodes", "nodes": comm.nodes}))
+    for suffix, placed in placements:
+        for topo_name in ("chain", "double-binary-trees"):
+            relay = RelaySum(comm, build(topo_name, n, **placed), numel, x, chunk=chunk)
+            cases[f"raw isend/irecv {topo_name}{suffix}"] = _raw_exchange(comm, _relay_messages(relay), device)
+            cases[f"relaysum {topo_name}{suffix}"] = lambda i, relay=relay: relay.exchange(x, i)
+            lean = RelaySum(comm, build(topo_name, n, **placed), numel, x, in_place=True, chunk=chunk)
+            cases[f"relaysum in-place {topo_name}{suffix}"] = lambda i, lean=lean: lean.exchange(x, i)
     model = padded_zeros(numel, device=device)
     model.copy_(x)
     grad = torch.randn(numel, generator=torch.Generator().manual_seed(n + rank)).to(device)
-    sgd = make_optimizer(OptimizerConfig(), model)
-    relay_sgd = make_algorithm("relay", comm, build("double-binary-trees", n), sgd, model, AlgorithmOptions(relay_chunk=chunk))
-    cases["relaysgd step double-binary-trees"] = lambda i: relay_sgd.step(model, grad, 1e-3, i)
+    for suffix, placed in placements:
+        sgd = make_optimizer(OptimizerConfig(), model)
+        relay_sgd = make_algorithm("relay", comm, build("double-binary-trees", n, **placed), sgd, model, AlgorithmOptions(relay_chunk=chunk))
+        cases[f"relaysgd step double-binary-trees{suffix}"] = lambda i, relay_sgd=relay_sgd: relay_sgd.step(model, grad, 1e-3, i)
     if n >= 3:
-        ring = build("ring", n)
-        mixer = GossipMixer(comm, ring.mixing_matrix(0), ring.neighbors(rank), numel, x)
-        y = x.clone()
-        cases["gossip ring"] = lambda i: mixer.mix(y, i)
+        for suffix, placed in placements:
+            ring = build("ring", n, **placed)
+            neighbors = ring.neighbors(rank)
+            cases[f"raw isend/irecv ring{suffix}"] = _raw_exchange(comm, [(peer, numel, 0) for peer in neighbors], device)
+            mixer = GossipMixer(comm, ring.mixing_matrix(0), neighbors, numel, x)
+            y = x.clone()
+            cases[f"gossip ring{suffix}"] = lambda i, mixer=mixer, y=y: mixer.mix(y, i)
     if n & (n - 1) == 0:
         schedule = ExponentialSchedule(n)
         received, z = torch.zeros_like(x), x.clone()
@@ -158,36 +182,47 @@ def _cases(comm, numel: int, device: torch.device, chunk: int) -> dict:
 
 
 def bench(comm, sizes: list[int], warmup: int, reps: int, device: torch.device, chunk: int = DEFAULT_CHUNK) -> list[dict]:
+    """One row per operation and size; bytes_per_rank is rank 0's bytes sent per call,
+    inter_node_bytes the most any rank sends per call to ranks on other nodes (nan where the
+    operation's messages are MPI's own: the allreduce)."""
     rows = []
+    other_node = np.array([node != comm.nodes[comm.rank] for node in comm.nodes])
     for numel in sizes:
         for name, fn in _cases(comm, numel, device, chunk).items():
-            before = int(comm.bytes_sent.sum())
+            before = comm.bytes_sent.copy()
             seconds = _time(comm, fn, warmup, reps, device)
-            sent = getattr(fn, "bytes_per_call", (int(comm.bytes_sent.sum()) - before) / (warmup + reps))
-            rows.append({"op": name, "numel": numel, "median_s": seconds, "bytes_per_rank": sent})
+            delta = (comm.bytes_sent - before) / (warmup + reps)
+            sent = getattr(fn, "bytes_per_call", float(delta.sum()))
+            inter = getattr(fn, "inter_node_bytes", float(delta[other_node].sum()) if delta.any() else float("nan"))
+            inter = float(comm.allreduce_flags(np.array([inter]))[0])  # the busiest rank's
+            rows.append({"op": name, "numel": numel, "median_s": seconds, "bytes_per_rank": sent, "inter_node_bytes": inter})
     _add_ratios(rows)
     return rows
 
 
 def _add_ratios(rows: list[dict]) -> None:
-    """vs_raw: RelaySum (and the RelaySGD step) over the raw exchange on the same topology; vs_allreduce: any op over allreduce."""
+    """vs_raw: RelaySum, the RelaySGD step and gossip over the raw exchange on the same topology and
+    placement; vs_allreduce: any op over allreduce."""
     times = {(r["op"], r["numel"]): r["median_s"] for r in rows}
     for r in rows:
-        topology = r["op"].split()[-1]
+        words = r["op"].split()
+        placed = words[-1] == "node-aware"
+        topology = " ".join(words[-2:]) if placed else words[-1]
         raw = times.get((f"raw isend/irecv {topology}", r["numel"]))
-        related = r["op"].startswith(("relaysum", "relaysgd"))
+        related = r["op"].startswith(("relaysum", "relaysgd", "gossip"))
         r["vs_raw"] = r["median_s"] / raw if related and raw else float("nan")
         allreduce = times.get(("allreduce", r["numel"]))
         r["vs_allreduce"] = r["median_s"] / allreduce if allreduce and r["op"] != "allreduce" else float("nan")
 
 
-def _print(rows: list[dict], n: int, chunk: int) -> None:
-    print(f"# world size {n}; chunk {chunk} elements; cache block {relaysum.CACHE_BLOCK}; median over repetitions of the slowest rank's time")
-    print(f"{'operation':36s} {'float32s':>10s} {'median ms':>11s} {'GB/s/rank':>10s} {'vs raw':>7s} {'vs allreduce':>13s}")
+def _print(rows: list[dict], n: int, nodes: int, chunk: int) -> None:
+    print(f"# world size {n} on {nodes} node{'s' if nodes > 1 else ''}; chunk {chunk} elements; cache block {relaysum.CACHE_BLOCK}; median over repetitions of the slowest rank's time")
+    print(f"{'operation':47s} {'float32s':>10s} {'median ms':>11s} {'GB/s/rank':>10s} {'inter-node MB':>14s} {'vs raw':>7s} {'vs allreduce':>13s}")
     for r in rows:
         gbps = r["bytes_per_rank"] / r["median_s"] / 1e9 if r["bytes_per_rank"] else float("nan")
         ratio = lambda v: "" if v != v else f"{v:.2f}x"  # noqa: E731 - blank for nan
-        print(f"{r['op']:36s} {r['numel']:>10d} {1e3 * r['median_s']:>11.3f} {gbps:>10.3f} {ratio(r['vs_raw']):>7s} {ratio(r['vs_allreduce']):>13s}")
+        inter = "" if r["inter_node_bytes"] != r["inter_node_bytes"] else f"{r['inter_node_bytes'] / 1e6:.3f}"
+        print(f"{r['op']:47s} {r['numel']:>10d} {1e3 * r['median_s']:>11.3f} {gbps:>10.3f} {inter:>14s} {ratio(r['vs_raw']):>7s} {ratio(r['vs_allreduce']):>13s}")
 
 
 def _write(path: Path, rows: list[dict], comm, device: torch.device, chunk: int) -> None:
@@ -204,7 +239,8 @@ def _write(path: Path, rows: list[dict], comm, device: torch.device, chunk: int)
         f.attrs["cuda_aware"] = bool(getattr(comm, "cuda_aware", False))
         f.attrs["provenance"] = __import__("json").dumps(provenance.collect(comm.describe()))
         f.create_dataset("op", data=np.array([r["op"] for r in rows], dtype=h5py.string_dtype()))
-        for key in ("numel", "median_s", "bytes_per_rank", "vs_raw", "vs_allreduce"):
+        f.attrs["nodes"] = np.asarray(comm.nodes)
+        for key in ("numel", "median_s", "bytes_per_rank", "inter_node_bytes", "vs_raw", "vs_allreduce"):
             f.create_dataset(key, data=np.array([r[key] for r in rows]))
 
 
@@ -227,6 +263,9 @@ def build_parser() -> UsageParser:
     p.add_argument("--backend", choices=("mpi", "local"), default="mpi",
                    help="mpi (one rank per process, under mpirun) or local (--workers ranks in this process; no transport cost); default mpi")
     p.add_argument("--workers", type=int, default=4, help="in-process ranks for --backend local, >= 2 (default 4)")
+    p.add_argument("--ranks-per-node", type=int,
+                   help="emulate nodes of K ranks (rank // K) instead of the nodes MPI placed the ranks on; "
+                        "with several nodes every placed operation gets a node-aware row too")
     p.add_argument("--device", default="cpu", help="cpu, or cuda (the GPU of the node-local rank); default cpu")
     p.add_argument("--out", type=Path, help="HDF5 file for the figures (default bench-results/comm-n<N>.h5)")
     return p
@@ -249,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--workers must be >= 2 (the operations exchange messages between ranks), got {args.workers}")
     if args.chunk < 1 or args.cache_block < 1:
         p.error(f"--chunk and --cache-block must be positive numbers of elements, got {args.chunk} and {args.cache_block}")
+    if args.ranks_per_node is not None and args.ranks_per_node < 1:
+        p.error(f"--ranks-per-node must be >= 1, got {args.ranks_per_node}")
     relaysum.CACHE_BLOCK = args.cache_block
     torch.set_num_threads(1)
 
@@ -256,14 +297,14 @@ def main(argv: list[str] | None = None) -> int:
         device = _device(args.device, comm.rank)
         rows = bench(comm, sizes, args.warmup, args.reps, device, args.chunk)
         if comm.rank == 0:
-            _print(rows, comm.world_size, args.chunk)
+            _print(rows, comm.world_size, len(set(comm.nodes)), args.chunk)
             _write(args.out or Path("bench-results") / f"comm-n{comm.world_size}.h5", rows, comm, device, args.chunk)
         return rows
 
     if args.backend == "local":
         from relaympi.comm import run_local
 
-        run_local(args.workers, body)
+        run_local(args.workers, body, nodes=_emulated(args.workers, args.ranks_per_node))
         return 0
     from relaympi.comm import mpi_communicator
     from relaympi.comm.mpi import world_size
@@ -271,8 +312,14 @@ def main(argv: list[str] | None = None) -> int:
     if world_size() < 2:
         print("error: run under mpirun, e.g. `mpirun -n 4 python -m benchmarks.comm`, or use --backend local --workers N", file=sys.stderr)
         return 2
-    body(mpi_communicator())
+    body(mpi_communicator(nodes=_emulated(world_size(), args.ranks_per_node)))
     return 0
+
+
+def _emulated(world_size: int, ranks_per_node: int | None) -> tuple[int, ...] | None:
+    from relaympi.topology import nodes_of
+
+    return None if ranks_per_node is None else nodes_of(world_size, ranks_per_node)
 
 
 if __name__ == "__main__":

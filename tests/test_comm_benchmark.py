@@ -28,12 +28,12 @@ def test_benchmark_writes_every_operation_with_its_ratios(tmp_path, capsys):
         "raw isend/irecv chain", "relaysum chain", "relaysum in-place chain",
         "raw isend/irecv double-binary-trees", "relaysum double-binary-trees",
         "relaysum in-place double-binary-trees", "relaysgd step double-binary-trees",
-        "gossip ring", "sgp round", "allreduce", "iallreduce fixed tree", "iallreduce fixed tree 8 pieces",
+        "raw isend/irecv ring", "gossip ring", "sgp round", "allreduce", "iallreduce fixed tree", "iallreduce fixed tree 8 pieces",
     }
     assert set(ops) == expected
     row = {op: i for i, op in enumerate(ops)}
     for op in ops:  # a ratio to raw exactly for RelaySum and the RelaySGD step, to allreduce for all others
-        assert np.isfinite(ratios[row[op]]) == op.startswith(("relaysum", "relaysgd"))
+        assert np.isfinite(ratios[row[op]]) == op.startswith(("relaysum", "relaysgd", "gossip"))
         assert np.isfinite(vs_allreduce[row[op]]) == (op != "allreduce")
     # rank 0's bytes per call: RelaySum sends exactly the raw exchange's messages. On a 4-chain rank 0
     # is a leaf (one message of 1000 + 1 float32s); on double binary trees of 4 it has two children
@@ -42,3 +42,41 @@ def test_benchmark_writes_every_operation_with_its_ratios(tmp_path, capsys):
         assert sent[row[f"raw isend/irecv {topo}"]] == sent[row[f"relaysum {topo}"]] == 4 * sum(messages)
         assert sent[row[f"relaysum in-place {topo}"]] == 4 * sum(messages)
     assert sent[row["allreduce"]] == sent[row["iallreduce fixed tree"]] == sent[row["iallreduce fixed tree 8 pieces"]] == 4 * 1000
+
+
+def test_node_aware_rows_and_each_ranks_inter_node_bytes(tmp_path):
+    """4 ranks on 2 emulated nodes: every placed operation gets a node-aware row; the inter-node
+    column is the busiest rank's bytes to the other node, derived here from the topologies' edges."""
+    from relaympi.topology import build
+
+    out = tmp_path / "comm.h5"
+    args = ["--backend", "local", "--workers", "4", "--ranks-per-node", "2", "--sizes", "1000", "--reps", "1", "--warmup", "0", "--out", str(out)]
+    assert bench.main(args) == 0
+    with h5py.File(out) as f:
+        ops = [op.decode() if isinstance(op, bytes) else op for op in f["op"][()]]
+        inter, ratios = f["inter_node_bytes"][()], f["vs_raw"][()]
+        assert list(f.attrs["nodes"]) == [0, 0, 1, 1]
+    row = {op: i for i, op in enumerate(ops)}
+    nodes = (0, 0, 1, 1)
+
+    def busiest(name: str, placed: bool) -> float:
+        topology = build(name, 4, placement="nodes", nodes=nodes) if placed else build(name, 4)
+        blocks = topology.coordinate_blocks(1000)
+        counter = 1 if topology.is_tree else 0  # RelaySum's messages carry their counter
+        return max(
+            sum(4 * (b.stop - b.start + counter) for k, b in enumerate(blocks) for peer in topology.neighbors(rank, k) if nodes[peer] != nodes[rank])
+            for rank in range(4)
+        )
+
+    for suffix, placed in (("", False), (" node-aware", True)):
+        for topo in ("chain", "double-binary-trees"):
+            want = busiest(topo, placed)
+            for op in (f"raw isend/irecv {topo}", f"relaysum {topo}", f"relaysum in-place {topo}"):
+                assert inter[row[op + suffix]] == want, op + suffix
+        assert inter[row["relaysgd step double-binary-trees" + suffix]] == busiest("double-binary-trees", placed)
+        assert inter[row["gossip ring" + suffix]] == inter[row["raw isend/irecv ring" + suffix]] == busiest("ring", placed)
+        assert np.isfinite(ratios[row["gossip ring" + suffix]])
+    # rank order crosses the nodes on 2 edges per tree (rank 0 sends both halves to rank 2); node-aware on 1
+    assert inter[row["relaysum double-binary-trees"]] == 4 * (501 + 501)
+    assert inter[row["relaysum double-binary-trees node-aware"]] < inter[row["relaysum double-binary-trees"]]
+    assert np.isnan(inter[row["allreduce"]])

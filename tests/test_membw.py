@@ -86,14 +86,14 @@ def test_raw_model_counts_the_benchmarks_messages(topo_name, n, numel):
     """The model's messages are benchmarks.comm's raw exchange's: sent bytes per rank, x 4 with two copies."""
     import torch
 
-    from benchmarks.comm import _raw_exchange
+    from benchmarks.comm import _raw_exchange, _relay_messages
     from relaympi.algorithms.relaysum import RelaySum
     from relaympi.comm import run_local
     from relaympi.flat import padded_zeros
 
     def body(comm):
         relay = RelaySum(comm, build(topo_name, n), numel, padded_zeros(numel))
-        return _raw_exchange(comm, relay, torch.device("cpu")).bytes_per_call
+        return _raw_exchange(comm, _relay_messages(relay), torch.device("cpu")).bytes_per_call
 
     sent = np.array(run_local(n, body), dtype=float)
     model = membw.traffic("raw", build(topo_name, n), numel)
