@@ -44,8 +44,8 @@ eval "$exports"
 # shellcheck disable=SC1091
 source "$DIR/nodes.env"
 sent() {  # bytes through node1's tbf qdiscs: into the node, out of it (0 0 when unshaped: no counters)
-    tc -s qdisc show dev "rmpi${N_TAG}n1" | awk '/Sent/ && !n++ { s = $2 } END { print s + 0 }'
-    tc -n "rmpi$N_TAG-node1" -s qdisc show dev "$N_IFACE" | awk '/Sent/ && !n++ { s = $2 } END { print s + 0 }'
+    tc -s qdisc show dev "rmpi${N_TAG}n1" | awk '/Sent/ && !n++ { s = $2 } END { printf "%.0f\n", s }'
+    tc -n "rmpi$N_TAG-node1" -s qdisc show dev "$N_IFACE" | awk '/Sent/ && !n++ { s = $2 } END { printf "%.0f\n", s }'
 }
 mapfile -t before < <(sent)
 echo "cluster.sh: $NODES nodes x $PER_NODE ranks, links $LINK: $MPIEXEC -launcher rsh -launcher-exec $RELAYMPI_CLUSTER_LAUNCHER -f $RELAYMPI_CLUSTER_HOSTS -ppn $PER_NODE -n $((NODES * PER_NODE)) python -m benchmarks.comm ${COMM_ARGS[*]}" >&2
