@@ -267,3 +267,32 @@ def _iallreduce_bfloat16(comm):
 @pytest.mark.spmd
 def test_iallreduce_sums_bfloat16_as_numbers(spmd) -> None:
     assert all(spmd(_iallreduce_bfloat16))
+
+
+def test_gossip_messages_travel_in_pieces_that_change_no_bit(monkeypatch):
+    """GossipMixer sends a range in pieces of PIECE elements (each averaged in as it lands): pieces
+    of 7 give the bits of one whole message, with drops (a message's pieces are dropped together)."""
+    import relaympi.algorithms.gossip as gossip
+    from relaympi.comm import DropPolicy, run_local
+    from relaympi.topology import build
+
+    calls = []
+
+    def body(comm):
+        ring = build("ring", 4)
+        x = torch.randn(1001, generator=torch.Generator().manual_seed(comm.rank))
+        mixer = gossip.GossipMixer(comm, ring.mixing_matrix(0), ring.neighbors(comm.rank), 1001, x)
+        exchange = comm.exchange
+        comm.exchange = lambda *a, **k: calls.append(comm.rank) or exchange(*a, **k)
+        for r in range(4):
+            mixer.mix(x, r)
+        return x
+
+    whole = run_local(4, body, drops=DropPolicy(0.3, seed=1))
+    assert len(calls) == 4 * 4
+    calls.clear()
+    monkeypatch.setattr(gossip, "PIECE", 7)
+    pieces = run_local(4, body, drops=DropPolicy(0.3, seed=1))
+    assert len(calls) == 4 * 4 * -(-1001 // 7)
+    for a, b in zip(whole, pieces, strict=True):
+        assert torch.equal(a, b)

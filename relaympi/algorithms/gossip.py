@@ -22,6 +22,13 @@ class Started(Protocol):
     def finish(self) -> None: ...
 
 
+# Elements per piece of a gossip message: averaging piece p in overlaps the transfer of the pieces
+# after it (the same size as RelaySum's chunks, relaysum.DEFAULT_CHUNK); a range has at most
+# PIECES_PER_RANGE pieces (its chunk numbers for the transport's staging buffers)
+PIECE = 1 << 20
+PIECES_PER_RANGE = 1 << 12
+
+
 class Mixer(Protocol):
     def mix(self, x: torch.Tensor, round: int, tag: int = 0) -> None:
         """In place: x <- W x over this mixer's matrix, in communication round ``round``."""
@@ -79,34 +86,51 @@ class GossipMixer:
         self.start(x, 0, x.numel(), round, tag).finish()
 
     def start(self, x: torch.Tensor, lo: int, hi: int, round: int, tag: int = 0, chunk: int = 0) -> _MixingRange:
-        """Send x[lo:hi] and post the receives of the neighbours' [lo:hi]; finish() averages them in."""
-        part = x[lo:hi]
-        request = self.comm.exchange(
-            {j: part for j in self.send_to}, {j: self.received[j][lo:hi] for j in self.neighbors}, tag=tag, round=round, chunk=chunk,
-        )
-        return _MixingRange(self, part, lo, hi, request)
+        """Send x[lo:hi] and post the receives of the neighbours' [lo:hi]; finish() averages them in.
 
-    def _combine(self, part: torch.Tensor, lo: int, hi: int, delivered: frozenset[int]) -> None:
+        The range travels in pieces of at most ``PIECE`` elements, all posted now (in the same order
+        on both ends), so that finish() averages each piece in as it lands while the later ones are
+        still on the wire: the averaging is elementwise, so the pieces change no bit."""
+        part = x[lo:hi]
+        requests = []
+        for i, start in enumerate(range(lo, max(hi, lo + 1), PIECE)):
+            end = min(start + PIECE, hi)
+            requests.append(self.comm.exchange(
+                {j: x[start:end] for j in self.send_to}, {j: self.received[j][start:end] for j in self.neighbors},
+                tag=tag, round=round, chunk=chunk * PIECES_PER_RANGE + i,
+            ))
+        return _MixingRange(self, part, lo, hi, requests)
+
+    def _combine(self, part: torch.Tensor, lo: int, hi: int, delivered: frozenset[int], pending: Request | None = None) -> None:
         """x[lo:hi] (``part``) <- the weighted average, renormalized over the messages that arrived (a
-        lost message is lost for every range of its round: drops ignore the range)."""
+        lost message is lost for every range of its round: drops ignore the range). Between the
+        passes, ``pending.test()`` lets the transport move the next piece (MPI copies only inside calls)."""
         total = self.self_weight + sum(self.weights[j] for j in delivered)
         part.mul_(self.self_weight / total)
         for j in self.neighbors:  # sorted: the same summation order on every backend
+            if pending is not None:
+                pending.test()
             if j in delivered:
                 part.add_(self.received[j][lo:hi], alpha=self.weights[j] / total)
 
 
 class _MixingRange:
-    """One range of a GossipMixer round in flight (x's range is not touched until finish)."""
+    """One range of a GossipMixer round in flight, as pieces (x's range is not touched until finish)."""
 
-    def __init__(self, mixer: GossipMixer, part: torch.Tensor, lo: int, hi: int, request: Request):
-        self.mixer, self.part, self.lo, self.hi, self.request = mixer, part, lo, hi, request
+    def __init__(self, mixer: GossipMixer, part: torch.Tensor, lo: int, hi: int, requests: list[Request]):
+        self.mixer, self.part, self.lo, self.hi, self.requests = mixer, part, lo, hi, requests
 
     def test(self) -> bool:
-        return self.request.test()
+        return all([request.test() for request in self.requests])
 
     def finish(self) -> None:
-        self.mixer._combine(self.part, self.lo, self.hi, self.request.wait())
+        """Average each piece in as it lands, in posting order."""
+        for i, request in enumerate(self.requests):
+            delivered = request.wait()  # every piece of a message is dropped or delivered with it
+            lo = self.lo + i * PIECE
+            hi = min(lo + PIECE, self.hi)
+            following = self.requests[i + 1] if i + 1 < len(self.requests) else None
+            self.mixer._combine(self.part[lo - self.lo : hi - self.lo], lo, hi, delivered, following)
 
 
 class _AllreduceMean:
