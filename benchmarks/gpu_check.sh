@@ -25,6 +25,8 @@
 #                    and model (COMM_MEMBW=1; GPU_CHECK_COMM_RANKS)
 #   bench-n2/4/8     benchmarks.gpu_report comm: RelaySum and allreduce on host, staged and
 #                    CUDA-aware buffers, 1e3 to 9.2M float32s, 2/4/8 ranks sharing the one GPU
+#   overlap          benchmarks.overlap --device cuda: VGG-11 step time with and without --overlap, 2 ranks
+#                    sharing the GPU, every message staged through host memory (issue 24)
 #   report           samples/s, ms per step split into compute and communication, peak GPU memory
 #                    per rank (benchmarks.gpu_report summary)
 # At the end: a table stage -> ok/failed/timeout/skipped, and in $OUT (else ./gpu-check-out):
@@ -273,7 +275,12 @@ report_stage() {
         | tee "$WORK/report.txt"
 }
 
-export -f env_stage wheels_stage mpi_env mpi_stage tests_local_stage tests_mpi_stage data_stage train_stage batched_stage bench_stage report_stage compute_stage comm_stage
+overlap_stage() {  # step time with and without --overlap, 2 ranks on the GPU, messages staged through the host
+    [ "${MPI_OK:-0}" = 1 ] || { echo "skip: MPI unusable (see the mpi stage)"; exit 77; }
+    "$PY" -m benchmarks.overlap --device "$DEVICE" --batch-size "$BATCH" --steps 24 --interval 6 --repeat 2
+}
+
+export -f env_stage wheels_stage mpi_env mpi_stage tests_local_stage tests_mpi_stage data_stage train_stage batched_stage bench_stage report_stage compute_stage comm_stage overlap_stage
 
 # -- the run ---------------------------------------------------------------------------------
 
@@ -299,6 +306,7 @@ for n in $RANKS; do
     stage "bench-n$n" 90 "RANKS_N=$n bench_stage"
 done
 stage "comm-$COMM_N" 150 comm_stage
+stage overlap 150 overlap_stage
 BUDGET=$(( BUDGET + 30 )) stage report 30 report_stage  # 30 s kept back for the report
 
 # -- summary and results ---------------------------------------------------------------------

@@ -3,6 +3,7 @@
     python -m benchmarks.overlap                                          # one node: mpirun -n 2, VGG-11, relay and allreduce
     python -m benchmarks.overlap --nodes 2 --ranks-per-node 1 --links 250mbit,500mbit,1gbit   # emulated cluster (root)
     python -m benchmarks.overlap --nodes 2 --ranks-per-node 2 --links 500mbit --algos relay
+    python -m benchmarks.overlap --device cuda --batch-size 128               # GPU ranks, messages staged through the host
 
 Each case trains VGG-11 (generated CIFAR-10 files: a speed test) through ``python -m relaympi.train``
 twice, ``--no-overlap`` and ``--overlap``, and reads its timers from the run file: per step, over the
@@ -90,7 +91,7 @@ def train(prefix: list[str], algo: str, args: argparse.Namespace, data: Path, ou
     command = [*prefix, sys.executable, "-m", "relaympi.train", "--task", "cifar10", "--data-dir", str(data), "--algo", algo,
                "--topology", TOPOLOGY.get(algo, "ring"), "--batch-size", str(args.batch_size), "--steps", str(args.steps),
                "--eval-every", str(args.interval), "--eval-batch-size", "64", "--threads", "1", "--lr", "0.01",
-               "--overlap" if overlap else "--no-overlap", *(["--bucket-size", str(args.bucket_size)] if overlap else []),
+               "--device", args.device, "--overlap" if overlap else "--no-overlap", *(["--bucket-size", str(args.bucket_size)] if overlap else []),
                "--out", str(out), "--overwrite"]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode != 0:
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=1, help="emulated nodes (>= 2 starts jobs/local_cluster.sh; root); 1: this machine, mpirun (default 1)")
     p.add_argument("--ranks-per-node", type=int, default=2, help="ranks on each node (default 2)")
     p.add_argument("--links", default="none", help="comma-separated link rates for the emulated cluster, tc rates such as 500mbit, 1gbit (default none: unshaped)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: each rank's node-local GPU; MPI without CUDA support stages every message through host memory (default cpu)")
     p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step (default 16)")
     p.add_argument("--steps", type=int, default=12, help="steps per run (default 12)")
     p.add_argument("--interval", type=int, default=3, help="steps between evaluations: the timing intervals, the first one warm-up (default 3)")
