@@ -277,7 +277,7 @@ report_stage() {
 
 overlap_stage() {  # step time with and without --overlap, 2 ranks on the GPU, messages staged through the host
     [ "${MPI_OK:-0}" = 1 ] || { echo "skip: MPI unusable (see the mpi stage)"; exit 77; }
-    "$PY" -m benchmarks.overlap --device "$DEVICE" --batch-size "$BATCH" --steps 24 --interval 6 --repeat 2
+    "$PY" -m benchmarks.overlap --device "$DEVICE" --batch-size "$BATCH" --steps 18 --interval 6 --repeat 1 ${GPU_CHECK_OVERLAP_ARGS:-}
 }
 
 export -f env_stage wheels_stage mpi_env mpi_stage tests_local_stage tests_mpi_stage data_stage train_stage batched_stage bench_stage report_stage compute_stage comm_stage overlap_stage
@@ -306,7 +306,7 @@ for n in $RANKS; do
     stage "bench-n$n" 90 "RANKS_N=$n bench_stage"
 done
 stage "comm-$COMM_N" 150 comm_stage
-stage overlap 150 overlap_stage
+stage overlap 200 overlap_stage
 BUDGET=$(( BUDGET + 30 )) stage report 30 report_stage  # 30 s kept back for the report
 
 # -- summary and results ---------------------------------------------------------------------
