@@ -85,7 +85,7 @@ else
     RECORDS=${GPU_CHECK_RECORDS:-2000}
     STEPS=${GPU_CHECK_STEPS:-300}
     EVAL_EVERY=$(( STEPS / 3 > 0 ? STEPS / 3 : 1 ))
-    TRAIN_EXTRA="--log-every 50"
+    TRAIN_EXTRA="--log-every 50 ${GPU_CHECK_TRAIN_EXTRA:-}"
     SIZES=${GPU_CHECK_SIZES:-1e3,1e5,1e6,9225610}  # 9,225,610: VGG-11 (benchmarks.comm.vgg11_params)
     REPS=5
     BATCHED=${GPU_CHECK_BATCHED:-16 64}

@@ -274,7 +274,11 @@ class RunConfig:
         readme="message passing only: each gradient bucket's update and communication start from backward's hooks as soon as its gradient is "
         "final, while backward computes the rest; same numbers either way (off: see \"Overlap\")",
         applies=(Applies(lambda c: c.get("backend") != "batched" or not c.get("overlap"),
-                         lambda c: "the batched engine has no wire to overlap (its workers' communication is tensor arithmetic on one device)"),))
+                         lambda c: "the batched engine has no wire to overlap (its workers' communication is tensor arithmetic on one device)"),
+                 # on an H100 (2026-11-26) `mpirun -n 4 ... --device cuda --overlap` hung after its first step,
+                 # undiagnosed: refused until the GPU path is found and tested (README "Overlap")
+                 Applies(lambda c: c.get("device") != "cuda" or not c.get("overlap"),
+                         lambda c: "it hung on a GPU in its only check (--device cuda, host-staged MPI; undiagnosed): use --no-overlap with --device cuda"),))
     # MiB of gradient per --overlap bucket: 1, 4 and 16 measured on VGG-11 (benchmarks.overlap, README "Overlap"):
     # 16 overlaps least; at 4 and below each of VGG-11's large convolutions is its own bucket
     bucket_size: float = _field(

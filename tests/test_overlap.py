@@ -195,6 +195,7 @@ def test_quadratics_overlap_in_float64(tmp_path):
 @pytest.mark.parametrize("flags, refused", [
     (["--backend", "batched", "--workers", "2", "--overlap"], "--overlap cannot apply: the batched engine has no wire"),
     (["--backend", "local", "--workers", "2", "--bucket-size", "1"], "--bucket-size cannot apply"),
+    (["--backend", "local", "--workers", "2", "--device", "cuda", "--overlap"], "--overlap cannot apply: it hung on a GPU"),
     (["--backend", "local", "--workers", "2", "--overlap", "--bucket-size", "0"], "--bucket-size must be > 0"),
 ])
 def test_misuse_exits_2_naming_the_flag(tmp_path, capsys, flags, refused):
