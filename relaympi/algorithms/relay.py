@@ -3,7 +3,7 @@ the rules, once for every engine (RelaySum injected as relays.Relays), and their
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
@@ -98,7 +98,59 @@ class RelaySGDGradMatrix(_DelayedSum):
         return X + self.delayed_sum(self.matrix_algorithm.optimizer.update(G, X, lr), t)[0] / self.matrix_algorithm.n
 
 
-class RelaySGD(Algorithm):
+class _RelayedSteps(Algorithm):
+    """The ranged step over RelaySum (relays.RangedRelays) shared by RelaySGD and RelaySGD/Grad:
+    begin_step posts every receive of the parcel, ready(lo, hi) runs the range's local update just
+    before its chunks are assembled and sent, finish_step lets ``_landed`` normalize each chunk as it
+    lands. On any other Relays (the batched engine's) the whole step runs in finish_step. Subclasses
+    say what is relayed (``_parcel``) and whether the update is applied to x (``applies_update``)."""
+
+    applies_update: ClassVar[bool]
+
+    def __init__(self, comm, topology, optimizer, x0, options, mixers=None):
+        super().__init__(comm, topology, optimizer, x0, options, mixers)
+        self.relay = _relays(self, x0)
+        self._pipelined = isinstance(self.relay, RangedRelays)
+
+    def _parcel(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _landed(self, layer: int, chunk: int, nbar: float) -> None:
+        raise NotImplementedError
+
+    def _pipelined_step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
+        self.begin_step(x, grad, lr, step)
+        self.ready(0, self.numel)
+        self.finish_step()
+
+    def begin_step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
+        if not self._pipelined:
+            return super().begin_step(x, grad, lr, step)
+        self._ranged = (x, grad, lr, step)
+        self.optimizer.begin_step()
+        self.relay.begin(self._parcel(x), round_id(step))  # every receive of the step posted now
+
+    def ready(self, lo: int, hi: int) -> None:
+        if not self._pipelined:
+            return
+        x, grad, lr, _ = self._ranged
+        apply = self.applies_update
+        self.relay.ready(lo, hi, lambda a, b: self.optimizer.update_range(grad, x, lr, a, b, apply=apply))
+
+    def finish_step(self) -> None:
+        if not self._pipelined:
+            return super().finish_step()
+        self.relay.finish(self._landed)
+        self._ranged = None
+
+    def state_dict(self):
+        return self.relay.state_dict()
+
+    def load_state_dict(self, state):
+        self.relay.load_state_dict(state)
+
+
+class RelaySGD(_RelayedSteps):
     """x(t+1/2) = x(t) + u(t); relay x(t+1/2); then per layer with n-bar parcels received:
 
     - counts   (Algorithm 1):  x(t+1) = (x(t+1/2) + sum_j m_ji) / n-bar
@@ -117,8 +169,6 @@ class RelaySGD(Algorithm):
     def __init__(self, comm, topology, optimizer, x0, options, mixers=None):
         super().__init__(comm, topology, optimizer, x0, options, mixers)
         self.mode = options.relay_mode
-        self.relay = _relays(self, x0)
-        self._pipelined = isinstance(self.relay, RangedRelays)
         self.x_initial = x0.detach().clone() if self.mode == "initial" else None
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
@@ -130,10 +180,7 @@ class RelaySGD(Algorithm):
         in the same sweep). On any other Relays (the batched engine's): the same passes one after
         the other, the robust modes adding one pass over the layers with missing parcels."""
         if self._pipelined:
-            self.begin_step(x, grad, lr, step)
-            self.ready(0, self.numel)
-            self.finish_step()
-            return
+            return self._pipelined_step(x, grad, lr, step)
         u = self.optimizer.update(grad, x, lr, apply=True)  # x(t+1/2) = x(t) + u(t)
         self.relay.exchange(x, round_id(step))
         counts = self.relay.counts()
@@ -153,27 +200,12 @@ class RelaySGD(Algorithm):
                 _add_scaled(xs, self.relay.coords(self.x_initial, layer), missing)
         self.relay.add_received(x, divide_by=[n] * len(counts))
 
-    # -- range by range (Algorithm.begin_step): x(t+1/2) is relayed chunk by chunk ----------------
+    # -- range by range (_RelayedSteps): x(t+1/2) is relayed chunk by chunk ------------------------
 
-    def begin_step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        if not self._pipelined:
-            return super().begin_step(x, grad, lr, step)
-        self._ranged = (x, grad, lr, step)
-        self.optimizer.begin_step()
-        self.relay.begin(x, round_id(step))  # every receive of the step posted now
+    applies_update = True  # x(t+1/2) = x(t) + u(t), chunk by chunk, each just before its messages are sent
 
-    def ready(self, lo: int, hi: int) -> None:
-        if not self._pipelined:
-            return
-        x, grad, lr, _ = self._ranged
-        # x(t+1/2) = x(t) + u(t), chunk by chunk, each just before the chunk's messages are assembled and sent
-        self.relay.ready(lo, hi, lambda a, b: self.optimizer.update_range(grad, x, lr, a, b, apply=True))
-
-    def finish_step(self) -> None:
-        if not self._pipelined:
-            return super().finish_step()
-        self.relay.finish(self._landed)
-        self._ranged = None
+    def _parcel(self, x: torch.Tensor) -> torch.Tensor:
+        return x
 
     def _landed(self, layer: int, chunk: int, nbar: float) -> None:
         """Normalize one chunk as it lands, as step()'s whole-model rules do, element by element."""
@@ -197,14 +229,8 @@ class RelaySGD(Algorithm):
 
         self.relay.add_received_chunk(x, layer, chunk, divisor=n, before=fill)
 
-    def state_dict(self):
-        return self.relay.state_dict()
 
-    def load_state_dict(self, state):
-        self.relay.load_state_dict(state)
-
-
-class RelaySGDGrad(Algorithm):
+class RelaySGDGrad(_RelayedSteps):
     """u(t) = local update; relay u(t); x(t+1) = x(t) + (u(t) + sum_j m_ji) / n (on any engine, as RelaySGD)."""
 
     name = "relay-grad"
@@ -214,8 +240,6 @@ class RelaySGDGrad(Algorithm):
 
     def __init__(self, comm, topology, optimizer, x0, options, mixers=None):
         super().__init__(comm, topology, optimizer, x0, options, mixers)
-        self.relay = _relays(self, x0)
-        self._pipelined = isinstance(self.relay, RangedRelays)
         self._total = torch.zeros_like(x0)
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
@@ -223,43 +247,20 @@ class RelaySGDGrad(Algorithm):
         leaf's chunks are views of it) and assembling each chunk before its send, and one sweep as
         each chunk lands: total = u + what arrived, x += total / n. Elsewhere the same passes in turn."""
         if self._pipelined:
-            self.begin_step(x, grad, lr, step)
-            self.ready(0, self.numel)
-            self.finish_step()
-            return
+            return self._pipelined_step(x, grad, lr, step)
         u = self.optimizer.update(grad, x, lr, apply=False)
         self.relay.exchange(u, round_id(step))
         self._total.copy_(u)
         self.relay.add_received(self._total)
         x.add_(self._total, alpha=1.0 / self.topology.world_size)
 
-    def begin_step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        if not self._pipelined:
-            return super().begin_step(x, grad, lr, step)
-        self._ranged = (x, grad, lr, step)
-        self.optimizer.begin_step()
-        self.relay.begin(self.optimizer.update_buffer, round_id(step))
+    applies_update = False  # u(t) is relayed; x moves only as the chunks land
 
-    def ready(self, lo: int, hi: int) -> None:
-        if not self._pipelined:
-            return
-        x, grad, lr, _ = self._ranged
-        self.relay.ready(lo, hi, lambda a, b: self.optimizer.update_range(grad, x, lr, a, b, apply=False))
-
-    def finish_step(self) -> None:
-        if not self._pipelined:
-            return super().finish_step()
-        self.relay.finish(self._landed)
-        self._ranged = None
+    def _parcel(self, x: torch.Tensor) -> torch.Tensor:
+        return self.optimizer.update_buffer
 
     def _landed(self, layer: int, chunk: int, nbar: float) -> None:
         x, u, total, scale = self._ranged[0], self.optimizer.update_buffer, self._total, 1.0 / self.topology.world_size
         self.relay.add_received_chunk(
             total, layer, chunk, before=lambda c: total[c].copy_(u[c]), after=lambda c: x[c].add_(total[c], alpha=scale)
         )
-
-    def state_dict(self):
-        return self.relay.state_dict()
-
-    def load_state_dict(self, state):
-        self.relay.load_state_dict(state)
