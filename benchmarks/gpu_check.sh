@@ -50,7 +50,8 @@
 # (samples per worker in those stages, 128), GPU_CHECK_RECORDS (per data batch), GPU_CHECK_SIZES, GPU_CHECK_RANKS ("2 4 8"),
 # GPU_CHECK_BATCHED (worker counts of the batched stages, "16 64"; the first is also run under mpirun),
 # GPU_CHECK_BUDGET_S, GPU_CHECK_KEEP=1 (keep the work folder /tmp/gpu-check.*), GPU_CHECK_ONLY (stage names to run, e.g. "wheels mpi tests-mpi": a rerun of
-# what failed; keep wheels and mpi in it for any MPI stage, data for training).
+# what failed; keep wheels and mpi in it for any MPI stage, data for training), GPU_CHECK_TRAIN_EXTRA (more
+# relaympi.train flags for the train stages, e.g. --overlap), GPU_CHECK_OVERLAP_ARGS (more benchmarks.overlap flags).
 
 # shellcheck disable=SC2317  # the stage functions run through `bash -c NAME`
 set -u -o pipefail
