@@ -1,18 +1,22 @@
 """Step time with and without --overlap: compute, communication and exposed communication per step.
 
     python -m benchmarks.overlap                                          # one node: mpirun -n 2, VGG-11, relay and allreduce
+    python -m benchmarks.overlap --nodes 2 --ranks-per-node 1 --links 1500mbit,3gbit,6gbit   # the README's tables
     python -m benchmarks.overlap --nodes 2 --ranks-per-node 1 --links 250mbit,500mbit,1gbit   # emulated cluster (root)
     python -m benchmarks.overlap --nodes 2 --ranks-per-node 2 --links 500mbit --algos relay
     python -m benchmarks.overlap --device cuda --batch-size 128               # GPU ranks, messages staged through the host
 
 Each case trains VGG-11 (generated CIFAR-10 files: a speed test) through ``python -m relaympi.train``
-twice, ``--no-overlap`` and ``--overlap``, and reads its timers from the run file: per step, over the
-evaluation intervals after the first (warm-up), the median of the slowest rank's
+once per variant — off (``--no-overlap``), hooks (``--overlap --no-progress-thread``: only the hooks'
+MPI calls progress the transfers) and thread (``--overlap --progress-thread``) — alternating, ``--repeat``
+times, and reads its timers from the run file: per step, over the evaluation intervals after the
+first (warm-up), the median of the slowest rank's
 - compute: ``time_compute_s`` (forward and backward; with --overlap also the bucket work that the
   hooks start inside backward),
 - comm: ``time_comm_s`` (without --overlap: the whole algorithm step, "communication alone"; with
   --overlap: what is left after backward, the exposed communication),
-- step: wall time per step, evaluations left out.
+- step: wall time per step, evaluations left out;
+and "vs off": step over the off variant's step. The rows and the provenance go to ``--out`` (HDF5).
 With --nodes the emulated cluster (jobs/local_cluster.sh start --nodes N --link RATE) is started
 once, its links reshaped for every rate, and always stopped at the end; ranks start in the nodes'
 namespaces (mpiexec's rsh launcher), so every byte between nodes crosses the shaped links.
@@ -38,6 +42,16 @@ from relaympi.results import read_run
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = ROOT / "jobs" / "local_cluster.sh"
+VARIANTS = {"off": ["--no-overlap"], "hooks": ["--overlap", "--no-progress-thread"], "thread": ["--overlap", "--progress-thread"]}
+
+
+def variant_flags(variant: str, args: argparse.Namespace) -> list[str]:
+    flags = list(VARIANTS[variant])
+    if variant != "off":
+        flags += ["--bucket-size", str(args.bucket_size)]
+    if variant == "thread" and args.progress_interval is not None:
+        flags += ["--progress-interval", str(args.progress_interval)]
+    return flags
 TOPOLOGY = {"relay": "double-binary-trees", "allreduce": "fully-connected", "dpsgd": "ring", "relay-grad": "double-binary-trees"}
 
 
@@ -87,11 +101,11 @@ def launch_prefix(ranks: int, per_node: int, env: dict[str, str]) -> list[str]:
     return [_mpiexec(), "-n", str(ranks)]
 
 
-def train(prefix: list[str], algo: str, args: argparse.Namespace, data: Path, out: Path, overlap: bool, env: dict[str, str]) -> Timing:
+def train(prefix: list[str], algo: str, args: argparse.Namespace, data: Path, out: Path, variant: str, env: dict[str, str]) -> Timing:
     command = [*prefix, sys.executable, "-m", "relaympi.train", "--task", "cifar10", "--data-dir", str(data), "--algo", algo,
                "--topology", TOPOLOGY.get(algo, "ring"), "--batch-size", str(args.batch_size), "--steps", str(args.steps),
                "--eval-every", str(args.interval), "--eval-batch-size", "64", "--threads", "1", "--lr", "0.01",
-               "--device", args.device, "--overlap" if overlap else "--no-overlap", *(["--bucket-size", str(args.bucket_size)] if overlap else []),
+               "--device", args.device, *variant_flags(variant, args),
                "--out", str(out), "--overwrite"]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode != 0:
@@ -119,10 +133,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=12, help="steps per run (default 12)")
     p.add_argument("--interval", type=int, default=3, help="steps between evaluations: the timing intervals, the first one warm-up (default 3)")
     p.add_argument("--bucket-size", type=float, default=4.0, help="--bucket-size of the --overlap runs in MiB (default 4)")
-    p.add_argument("--repeat", type=int, default=2, help="runs of each setting, alternating without/with; the median of their figures (default 2)")
+    p.add_argument("--progress-interval", type=float, help="--progress-interval of the thread runs in ms (default: relaympi.train's)")
+    p.add_argument("--variants", default="off,hooks,thread", help="comma-separated: off (--no-overlap), hooks (--overlap "
+                   "--no-progress-thread), thread (--overlap --progress-thread); default off,hooks,thread")
+    p.add_argument("--repeat", type=int, default=2, help="runs of each variant, alternating; the median of their figures (default 2)")
+    p.add_argument("--out", type=Path, help="HDF5 file of the rows (default bench-results/overlap-<nodes>x<ranks per node>.h5)")
     args = p.parse_args(argv)
     if args.nodes < 1 or args.ranks_per_node < 1 or args.repeat < 1:
         p.error("--nodes, --ranks-per-node and --repeat must be >= 1")
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or "off" not in variants:
+        p.error(f"--variants must include off and name only {', '.join(VARIANTS)}; got {args.variants!r}")
+    out = args.out or ROOT / "bench-results" / f"overlap-{args.nodes}x{args.ranks_per_node}.h5"
     # a TERM (or an INT, which a background job ignores) still stops the cluster in the finally below
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _stop)
@@ -131,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     print(f"VGG-11, batch {args.batch_size} per rank, {args.nodes} node(s) x {args.ranks_per_node} rank(s), bucket {args.bucket_size:g} MiB; "
           "ms per step (median of the slowest rank)")
-    print(f"{'algo':10} {'link':8} {'compute':>8} {'comm':>8} {'step':>8} | {'compute':>8} {'exposed':>8} {'step':>8} | {'with/without':>12}")
-    print(f"{'':10} {'':8} {'--no-overlap':>26} | {'--overlap':>26} |")
+    print(f"{'algo':10} {'link':8} {'overlap':8} {'compute':>8} {'comm':>8} {'step':>8} {'vs off':>7}")
+    rows: list[dict] = []
     cluster_dir = None
     with tempfile.TemporaryDirectory(prefix="overlap-") as tmp:
         from tests.data_factories import (
@@ -159,20 +182,46 @@ def main(argv: list[str] | None = None) -> int:
                 prefix = launch_prefix(ranks, args.ranks_per_node, env)
                 for algo in algos:
                     try:
-                        runs: dict[bool, list[Timing]] = {False: [], True: []}
-                        for _ in range(args.repeat):  # alternating, so a load change on a shared machine hits both
-                            for overlap in (False, True):
-                                runs[overlap].append(train(prefix, algo, args, data, Path(tmp) / f"{algo}-{overlap}.h5", overlap, env))
-                        off, on = (_median(runs[False]), _median(runs[True]))
+                        runs: dict[str, list[Timing]] = {v: [] for v in variants}
+                        for _ in range(args.repeat):  # alternating, so a load change on a shared machine hits every variant
+                            for variant in variants:
+                                runs[variant].append(train(prefix, algo, args, data, Path(tmp) / f"{algo}-{variant}.h5", variant, env))
                     except RuntimeError as exc:
                         print(f"{algo:10} {link:8} failed: {exc}", flush=True)
                         continue
-                    print(f"{algo:10} {link:8} {off.compute_ms:8.1f} {off.comm_ms:8.1f} {off.step_ms:8.1f} | {on.compute_ms:8.1f} "
-                          f"{on.comm_ms:8.1f} {on.step_ms:8.1f} | {on.step_ms / off.step_ms:11.2f}x", flush=True)
+                    off = _median(runs["off"])
+                    for variant in variants:
+                        t = _median(runs[variant])
+                        rows.append({"algo": algo, "link": link, "variant": variant, "compute_ms": t.compute_ms, "comm_ms": t.comm_ms,
+                                     "step_ms": t.step_ms, "vs_off": t.step_ms / off.step_ms})
+                        print(f"{algo:10} {link:8} {variant:8} {t.compute_ms:8.1f} {t.comm_ms:8.1f} {t.step_ms:8.1f} "
+                              f"{t.step_ms / off.step_ms:6.2f}x", flush=True)
+                    write(out, rows, args)
         finally:
             if cluster_dir is not None:
                 subprocess.run(["bash", str(CLUSTER), "stop", "--dir", str(cluster_dir)], capture_output=True)
     return 0
+
+
+def write(path: Path, rows: list[dict], args: argparse.Namespace) -> None:
+    """The rows so far (rewritten after each case: a stopped benchmark keeps what it measured)."""
+    import json
+
+    import h5py
+
+    from relaympi import provenance
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    with h5py.File(partial, "w") as f:
+        f.attrs["provenance"] = json.dumps(provenance.collect({"backend": "mpi"}))
+        f.attrs["settings"] = json.dumps({k: str(v) for k, v in vars(args).items()})
+        f.attrs["emulated_cluster"] = args.nodes > 1
+        for key in ("algo", "link", "variant"):
+            f.create_dataset(key, data=np.array([r[key] for r in rows], dtype=h5py.string_dtype()))
+        for key in ("compute_ms", "comm_ms", "step_ms", "vs_off"):
+            f.create_dataset(key, data=np.array([r[key] for r in rows], dtype=np.float64))
+    partial.replace(path)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,11 @@
 
 Prints, for the slowest rank (median of repetitions): the transfer alone, three elementwise
 passes alone, both one after the other, both with the transfer posted first and no MPI call
-during the passes, the same with Testall calls between 32 pieces of the passes ("poked"), and
-with an Iprobe instead ("iprobed": what Communicator.progress does, with no requests at hand). If
-"overlap" equals "sequential", the transport moves data only inside MPI calls.
+during the passes, the same with Testall calls between 32 pieces of the passes ("poked"), with
+an Iprobe instead ("iprobed"), with relaympi's progress thread polling every --interval ms and no
+MPI call from the rank ("threaded": --progress-thread), and the passes alone with that thread
+polling ("passes+thread": what the thread costs the computation). If "overlap" equals
+"sequential", the transport moves data only inside MPI calls.
 """
 
 from __future__ import annotations
@@ -19,14 +21,20 @@ import time
 
 import torch
 
+from relaympi.comm.base import PROGRESS_INTERVAL_S
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.overlap_probe", description=__doc__.splitlines()[0])
     p.add_argument("--numel", type=int, default=9_225_610, help="float32 elements sent each way (VGG-11's)")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--pieces", type=int, default=32, help="Testall calls during the passes, for 'poked'")
+    p.add_argument("--interval", type=float, default=1e3 * PROGRESS_INTERVAL_S, help=f"the progress thread's poll period in ms, for "
+                   f"'threaded' (default {1e3 * PROGRESS_INTERVAL_S:g}: --progress-thread's)")
     args = p.parse_args(argv)
     from mpi4py import MPI
+
+    from relaympi.comm.mpi import ProgressThread
 
     comm = MPI.COMM_WORLD
     if comm.size < 2 or comm.size % 2:
@@ -64,6 +72,15 @@ def main(argv: list[str] | None = None) -> int:
         passes(pieces, requests if poke else None, iprobe)
         MPI.Request.Waitall(requests)
 
+    thread = ProgressThread(comm.Dup(), args.interval * 1e-3) if MPI.Query_thread() == MPI.THREAD_MULTIPLE else None
+
+    def with_thread(fn) -> None:
+        thread.resume()
+        try:
+            fn()
+        finally:
+            thread.pause()
+
     figures = {
         "transfer": timed(lambda: MPI.Request.Waitall(post())),
         "passes": timed(passes),
@@ -72,9 +89,20 @@ def main(argv: list[str] | None = None) -> int:
         "poked": timed(lambda: overlapped(args.pieces, poke=True)),
         "iprobed": timed(lambda: overlapped(args.pieces, poke=False, iprobe=True)),
     }
+    if thread is not None:
+        figures["threaded"] = timed(lambda: _threaded(post, passes, with_thread, MPI))
+        figures["passes+thread"] = timed(lambda: with_thread(passes))
+        thread.close()
     if comm.rank == 0:
         print(f"ranks {comm.size}: " + "  ".join(f"{name} {ms:.1f} ms" for name, ms in figures.items()))
     return 0
+
+
+def _threaded(post, passes, with_thread, MPI) -> None:
+    """The transfer posted, then the passes with the progress thread polling (no MPI call from the rank)."""
+    requests = post()
+    with_thread(passes)
+    MPI.Request.Waitall(requests)
 
 
 if __name__ == "__main__":

@@ -267,25 +267,49 @@ class RunConfig:
         readme="`--backend batched` only: forward and backward in bfloat16 under `torch.autocast` (off: float32)",
         applies=(Applies(lambda c: c.get("backend") == "batched", lambda c: f"it is the batched engine's mixed precision (--backend batched), not --backend {c.get('backend')}'s", identity=False),
                  Applies(lambda c: c.get("backend") != "batched" or c.get("task") != "quadratics", lambda c: "quadratics run in float64 without a model to autocast", identity=False)))
-    overlap: bool = _field(  # per-bucket steps started from backward's hooks; the numbers are the same
-        False, "--backend mpi/local: start each gradient bucket's update and communication while backward computes the rest "
-        "(--no-overlap: after backward; same numbers either way; default --no-overlap)", negatable=True, numbers=False, resume_free=True,
+    overlap: bool | None = _field(  # per-bucket steps started from backward's hooks; the numbers are the same. Recorded as resolved
+        None, "--backend mpi/local: start each gradient bucket's update and communication while backward computes the rest "
+        "(--no-overlap: after backward; same numbers either way). Default: on when the MPI ranks span more than one node "
+        "(as MPI or --ranks-per-node places them) on the CPU, else off; the run file records the one used",
+        negatable=True, numbers=False, resume_free=True,
         readme_cell="`--overlap`, `--no-overlap`",
         readme="message passing only: each gradient bucket's update and communication start from backward's hooks as soon as its gradient is "
-        "final, while backward computes the rest; same numbers either way (off: see \"Overlap\")",
+        "final, while backward computes the rest; same numbers either way. Default: on for MPI ranks on more than one node on the CPU, "
+        "else off (see \"Overlap\"); the run file records the one used",
         applies=(Applies(lambda c: c.get("backend") != "batched" or not c.get("overlap"),
                          lambda c: "the batched engine has no wire to overlap (its workers' communication is tensor arithmetic on one device)"),
                  # on an H100 (2026-11-26) `mpirun -n 4 ... --device cuda --overlap` hung after its first step,
                  # undiagnosed: refused until the GPU path is found and tested (README "Overlap")
                  Applies(lambda c: c.get("device") != "cuda" or not c.get("overlap"),
                          lambda c: "it hung on a GPU in its only check (--device cuda, host-staged MPI; undiagnosed): use --no-overlap with --device cuda"),))
+    progress_thread: bool = _field(  # how MPI progresses during backward; the numbers are the same. Recorded as it ran
+        False, "--overlap on MPI: a thread runs MPI's progress engine every --progress-interval ms while backward computes, so the "
+        "transfers started from the hooks keep moving between them (needs MPI_THREAD_MULTIPLE; it sleeps between polls; for ranks with a "
+        "spare core). Default --no-progress-thread: only the hooks' MPI_Test calls progress them",
+        negatable=True, numbers=False, resume_free=True,
+        readme_cell="`--progress-thread`, `--no-progress-thread`",
+        readme="`--overlap` on MPI: a thread that runs MPI's progress engine during backward (needs `MPI_THREAD_MULTIPLE`), for ranks "
+        "with a spare core; off: only the hooks' `MPI_Test` calls progress the transfers (see \"Overlap\")",
+        applies=(Applies(lambda c: c.get("backend") == "mpi" or not c.get("progress_thread"),
+                         lambda c: f"it runs MPI's progress engine, and --backend {c.get('backend')} has none (its transfers are copies made in its own calls)"),
+                 Applies(lambda c: c.get("overlap") is not False or not c.get("progress_thread"),
+                         lambda c: "it progresses transfers started during backward, and --no-overlap starts none there"),))
+    progress_interval: float = _field(  # the progress thread's poll period; the numbers are the same
+        2.0, "--progress-thread's poll period in ms (default 2): shorter keeps a fast link busier (a ~4 MB socket buffer drains in "
+        "2 ms at 16 Gbit/s) and costs the ranks more wake-ups; same numbers for any period",
+        type=float, metavar="MS", numbers=False, resume_free=True, readme_arg="MS",
+        readme="the progress thread's poll period in ms (2); same numbers for any period",
+        applies=(Applies(lambda c: c.get("backend") == "mpi" and c.get("overlap") is not False and bool(c.get("progress_thread")),
+                         lambda c: "it sets the progress thread's poll period, and this run has none (--progress-thread runs with "
+                         "--overlap on --backend mpi)"),))
     # MiB of gradient per --overlap bucket: 1, 4 and 16 measured on VGG-11 (benchmarks.overlap, README "Overlap"):
     # 16 overlaps least; at 4 and below each of VGG-11's large convolutions is its own bucket
     bucket_size: float = _field(
         4.0, "--overlap only: MiB of the flat gradient per bucket, cut from the last layers (default 4); same numbers for any size",
         type=float, metavar="MB", numbers=False, resume_free=True, readme_arg="MB",
         readme="`--overlap` only: MiB of the flat gradient per bucket, cut from the last layers (4); same numbers for any size",
-        applies=(Applies(lambda c: bool(c.get("overlap")), lambda c: "it sizes --overlap's gradient buckets; without --overlap there are none"),))
+        applies=(Applies(lambda c: bool(c.get("overlap")) or (c.get("overlap") is None and c.get("backend") == "mpi"),
+                         lambda c: "it sizes --overlap's gradient buckets; without --overlap there are none"),))
     out: Path | None = _field(
         None, "HDF5 run file to write (default results/<task>-<algo>-<topology>-n<N>-a<alpha>-s<seed>.h5)", type=Path, numbers=False,
         resume_free=True, readme_arg="PATH.h5",
@@ -503,6 +527,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"--alpha must be > 0 (Dirichlet concentration; smaller = more heterogeneous), got {cfg.alpha}")
     _positive("lr", cfg.lr)
     _positive("bucket_size", cfg.bucket_size)
+    _positive("progress_interval", cfg.progress_interval)
     given = {"name": cfg.optimizer, "momentum": cfg.momentum}
     _checked(lambda: OptimizerConfig(**{k: v for k, v in given.items() if v is not None}), {"momentum": "--momentum", "optimizer": "--optimizer"})
     _positive("weight_decay", cfg.weight_decay, allow_zero=True)

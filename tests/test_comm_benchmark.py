@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import h5py
 import numpy as np
+import pytest
 
 from benchmarks import comm as bench
 
@@ -80,3 +81,14 @@ def test_node_aware_rows_and_each_ranks_inter_node_bytes(tmp_path):
     assert inter[row["relaysum double-binary-trees"]] == 4 * (501 + 501)
     assert inter[row["relaysum double-binary-trees node-aware"]] < inter[row["relaysum double-binary-trees"]]
     assert np.isnan(inter[row["allreduce"]])
+
+
+@pytest.mark.parametrize("nodes, numel, order, want", [
+    ((0, 0, 1, 1), 1000, (1, 2), 4 * 500),  # node-aware: the second half-split crosses, half of the buffer's half each way
+    ((0, 0, 1, 1), 1000, (2, 1), 4 * 1000),  # the first split across nodes: half the buffer there, the same back
+    ((0, 1), 7, (1,), 4 * 7),  # one stage: 4 elements given, 3 kept and sent back
+    # 6 ranks, p = 4: ranks 4, 5 fold into 0, 1 across nodes (1000 each way); rank 1 also crosses at d = 2 (1000)
+    ((0, 0, 0, 1, 1, 1), 1000, (2, 1), 4 * 2000),
+])
+def test_the_tree_all_reduces_inter_node_bytes_by_hand(nodes, numel, order, want):
+    assert bench.tree_inter_node_bytes(list(nodes), numel, order) == want

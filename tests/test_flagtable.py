@@ -55,7 +55,7 @@ def test_resume_free_keys_are_metadata_and_cannot_change_the_numbers() -> None:
     from relaympi.training.checkpointing import resume_key
 
     assert set(RESUME_FREE_KEYS) == {"out", "overwrite", "checkpoint_dir", "backend", "workers", "log_every", "threads",
-                                     "loader_workers", "device", "eval_batch_size", "overlap", "bucket_size"}
+                                     "loader_workers", "device", "eval_batch_size", "overlap", "progress_thread", "progress_interval", "bucket_size"}
     assert set(RESUME_FREE_KEYS) <= NON_SEMANTIC_KEYS  # what a resumed run may change never changes its numbers
     key = resume_key(RunConfig(threads=3, relay_chunk=64))
     assert "threads" not in key and key["relay_chunk"] == 64  # chunks are checkpointed state: they must match

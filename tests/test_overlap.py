@@ -10,6 +10,7 @@ a checkpoint resumed with the other setting, and on MPI ranks (the spmd test und
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import h5py
@@ -192,11 +193,55 @@ def test_quadratics_overlap_in_float64(tmp_path):
     assert_same_numbers(outs[1], outs[0])
 
 
+# --overlap and --progress-thread as they run (relaympi.training.plan.resolve): --overlap by default on
+# for MPI ranks on more than one node on the CPU (measured faster there), else off; the thread only
+# where given and MPI overlaps
+@pytest.mark.parametrize("flags, nodes, want", [
+    ([], (0, 0, 1, 1), (True, False)),  # MPI across two nodes
+    ([], (0, 0, 0, 0), (False, False)),  # one node: the transfers are the ranks' own copies
+    (["--ranks-per-node", "2"], None, (True, False)),  # emulated nodes count as nodes (as for --placement)
+    (["--device", "cuda"], (0, 0, 1, 1), (False, False)),  # refused on GPUs for now
+    (["--progress-thread"], (0, 0, 1, 1), (True, True)),
+    (["--progress-thread"], (0, 0, 0, 0), (False, False)),  # nothing to progress on one node (auto: no overlap)
+    (["--no-overlap"], (0, 0, 1, 1), (False, False)),
+    (["--overlap", "--progress-thread"], (0, 0, 0, 0), (True, True)),
+    (["--backend", "local", "--workers", "4", "--ranks-per-node", "2"], None, (False, False)),  # no wire between threads
+    (["--backend", "local", "--workers", "4", "--overlap"], None, (True, False)),
+    (["--backend", "batched", "--workers", "4", "--ranks-per-node", "2"], None, (False, False)),
+])
+def test_overlap_and_the_progress_thread_resolve_per_run(flags, nodes, want):
+    from relaympi.config import parse_args
+    from relaympi.training.plan import resolve
+
+    plan = resolve(parse_args(["--task", "digits", *flags]), 4, nodes)
+    assert (plan.cfg.overlap, plan.cfg.progress_thread) == want
+
+
+def test_the_summary_says_when_a_run_overlapped(tmp_path, capsys):
+    _train(tmp_path, "on", "--algo", "relay", "--overlap")
+    assert capsys.readouterr().out.rstrip().endswith("| placement ranks | overlap")
+    _train(tmp_path, "off", "--algo", "relay")
+    assert capsys.readouterr().out.rstrip().endswith("| placement ranks")
+
+
+def test_a_run_file_records_the_resolved_settings(tmp_path):
+    out = _train(tmp_path, "auto", "--algo", "relay")  # the local backend on one node: off
+    with h5py.File(out, "r") as file:
+        config = json.loads(file.attrs["config"])
+    assert (config["overlap"], config["progress_thread"]) == (False, False)
+
+
 @pytest.mark.parametrize("flags, refused", [
     (["--backend", "batched", "--workers", "2", "--overlap"], "--overlap cannot apply: the batched engine has no wire"),
     (["--backend", "local", "--workers", "2", "--bucket-size", "1"], "--bucket-size cannot apply"),
     (["--backend", "local", "--workers", "2", "--device", "cuda", "--overlap"], "--overlap cannot apply: it hung on a GPU"),
     (["--backend", "local", "--workers", "2", "--overlap", "--bucket-size", "0"], "--bucket-size must be > 0"),
+    (["--backend", "local", "--workers", "2", "--overlap", "--progress-thread"], "--progress-thread cannot apply: it runs MPI's progress engine"),
+    (["--no-overlap", "--progress-thread"], "--progress-thread cannot apply: it progresses transfers started during backward"),
+    (["--no-overlap", "--bucket-size", "2"], "--bucket-size cannot apply"),
+    (["--overlap", "--progress-interval", "1"], "--progress-interval cannot apply"),
+    (["--backend", "local", "--workers", "2", "--overlap", "--progress-interval", "1"], "--progress-interval cannot apply"),
+    (["--progress-thread", "--progress-interval", "0"], "--progress-interval must be > 0"),
 ])
 def test_misuse_exits_2_naming_the_flag(tmp_path, capsys, flags, refused):
     assert train.main(["--task", "digits", "--steps", "2", *flags, "--out", str(tmp_path / "r.h5")]) == 2
@@ -215,8 +260,9 @@ ALGOS = [("relay", "double-binary-trees", "counts"), ("relay", "chain", "previou
          ("allreduce", "fully-connected", "counts"), ("dpsgd", "chain", "counts"), ("gt", "chain", "counts")]  # chain: any world size >= 2
 
 
-def _model_steps(comm, algo: str, topology: str, mode: str, overlap: bool) -> np.ndarray:
-    """Six steps of a small MLP per rank (its own data) with the algorithm: bucketed (overlap) or whole steps."""
+def _model_steps(comm, algo: str, topology: str, mode: str, overlap: bool, thread: bool = False) -> np.ndarray:
+    """Six steps of a small MLP per rank (its own data) with the algorithm: bucketed (overlap) or whole
+    steps; ``thread``: with a progress thread polling every 0.1 ms during backward (MPI only)."""
     model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).double()
     init = torch.Generator().manual_seed(0)  # the same x(0) everywhere (not the global RNG: in-process ranks are threads)
     with torch.no_grad():
@@ -226,6 +272,8 @@ def _model_steps(comm, algo: str, topology: str, mode: str, overlap: bool) -> np
     optimizer = make_optimizer(OptimizerConfig(momentum=0.9), x)
     algorithm = make_algorithm(algo, comm, build(topology, comm.world_size), optimizer, x, AlgorithmOptions(relay_mode=mode, relay_chunk=7))
     buckets = GradientBuckets(grad, list(model.parameters()), 1e-4, comm.progress) if overlap else None
+    if thread:
+        assert comm.start_progress_thread(1e-4) == (comm.backend == "mpi")
     inputs = torch.randn(6, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(comm.rank))
     for t in range(6):
         lr = 0.05 + 0.01 * t
@@ -235,7 +283,7 @@ def _model_steps(comm, algo: str, topology: str, mode: str, overlap: bool) -> np
             algorithm.step(x, grad, lr, t)
         else:
             algorithm.begin_step(x, grad, lr, t)
-            with buckets.delivering(algorithm.ready):
+            with comm.progressing(), buckets.delivering(algorithm.ready):
                 model(inputs).square().mean().backward()
             algorithm.finish_step()
     return x.detach().numpy().copy()
@@ -246,5 +294,44 @@ def _model_steps(comm, algo: str, topology: str, mode: str, overlap: bool) -> np
 def test_bucketed_steps_match_whole_steps_on_every_rank(spmd, algo, topology, mode):
     plain = spmd(_model_steps, algo, topology, mode, False)
     overlapped = spmd(_model_steps, algo, topology, mode, True)
-    for got, want in zip(overlapped, plain, strict=True):
+    threaded = spmd(_model_steps, algo, topology, mode, True, True)
+    for got, with_thread, want in zip(overlapped, threaded, plain, strict=True):
         np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(with_thread, want)
+
+
+def _moved_while_computing(comm) -> tuple[bool, int, bool]:
+    """Rank 0 sends 16 MiB to rank 1 (a rendezvous: it moves only while the progress engine runs);
+    then every rank computes for 0.4 s without an MPI call, inside ``progressing()``. Returns (rank 1's
+    buffer held the message before its first MPI call after posting, the thread's polls, the request
+    completed)."""
+    assert comm.start_progress_thread(2e-4)
+    n = 4 << 20
+    buf = np.zeros(n, dtype=np.float32) if comm.rank else np.arange(n, dtype=np.float32)
+    request = comm.exchange({1: buf}, {}, tag=17) if comm.rank == 0 else comm.exchange({}, {0: buf}, tag=17) if comm.rank == 1 else None
+    polls = comm.progress_polls
+    with comm.progressing():
+        deadline = time.monotonic() + 0.4
+        while time.monotonic() < deadline:
+            torch.ones(256, 256) @ torch.ones(256, 256)  # compute, no MPI call
+    moved = bool(comm.rank != 1 or np.array_equal(buf, np.arange(n, dtype=np.float32)))  # read before any MPI call
+    if request is not None:
+        request.wait()
+    comm.barrier()
+    return moved, comm.progress_polls - polls, request is None or request.test()
+
+
+def test_the_in_process_transport_starts_no_progress_thread():
+    from relaympi.comm import run_local
+
+    assert run_local(2, lambda comm: comm.start_progress_thread()) == [False, False]  # its copies move inside its own calls
+
+
+@pytest.mark.spmd
+def test_the_progress_thread_moves_a_transfer_while_the_rank_computes(spmd, request):
+    if not request.config.getoption("--with-mpi", default=False):
+        pytest.skip("MPI ranks only: the in-process transport has no progress engine (start_progress_thread is False there)")
+    (moved, polls, completed), = spmd(_moved_while_computing)
+    assert completed
+    assert polls > 100  # polled every ~0.2 ms for 0.4 s
+    assert moved

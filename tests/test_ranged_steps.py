@@ -182,17 +182,16 @@ def test_check_ranges(ranges) -> None:
 # -- iallreduce_sum: pieces of a buffer sum to the whole buffer's bits, on every backend ------------
 
 
-def _fixed_tree_sum(values: list[np.ndarray]) -> np.ndarray:
-    """The MPI backend's order: x_q + x_(q+p) folded in, then pairs r, r ^ d for d = p/2, ..., 1."""
+def _fixed_tree_sum(values: list[np.ndarray], order: tuple[int, ...] | None = None) -> np.ndarray:
+    """The MPI backend's order: x_q + x_(q+p) folded in, then pairs r, r ^ d for d in ``order``
+    (default p/2, ..., 1: one node's)."""
     n = len(values)
     p = 1 << (n.bit_length() - 1)
     leaves = [values[q] + values[q + p] if q < n - p else values[q].copy() for q in range(p)]
-    d = p >> 1
-    while d:
+    for d in order or [p >> i for i in range(1, p.bit_length())]:
         for q in range(p):
-            if not q & d:
+            if not q & d:  # q and q | d hold the two partial sums this stage adds (a + b == b + a in IEEE)
                 leaves[q] = leaves[q] + leaves[q | d]
-        d >>= 1
     return leaves[0]
 
 
@@ -218,6 +217,54 @@ def _iallreduce_pieces(comm, numel: int, dtype: str):
         np.testing.assert_array_equal(whole.numpy(), oracle)
     np.testing.assert_array_equal(pieces.numpy(), whole.numpy())
     return True
+
+
+@pytest.mark.parametrize("nodes, order", [
+    ((0, 0, 0, 0), (2, 1)),  # one node: the order before node-awareness (the same bits)
+    ((0, 0, 1, 1), (1, 2)),  # 2 nodes x 2: the intra-node pairs first, a quarter of the buffer crosses each way
+    ((0, 1, 0, 1), (2, 1)),  # round-robin nodes: r ^ 2 is the same node
+    ((0, 0, 0, 0, 1, 1, 1, 1), (2, 1, 4)),  # both intra-node bits before the one across
+    ((0, 0, 1, 1, 2, 2, 3, 3), (1, 4, 2)),  # ties (every pair across nodes) keep the larger bit first
+    ((0, 0, 0, 1, 1, 1), (2, 1)),  # p = 4: both bits pair 2 of 4 ranks across nodes
+    ((0,), ()),
+    ((0, 1), (1,)),
+])
+def test_the_tree_sums_pairs_on_one_node_first(nodes, order) -> None:
+    from relaympi.comm.mpi import stage_order
+
+    assert stage_order(nodes) == order
+
+
+def _node_aware_sum(comm, numel: int) -> bool:
+    """A communicator on emulated nodes (ranks 2k, 2k + 1 on node k) sums in the node-aware order."""
+    from relaympi.comm.mpi import MPICommunicator
+
+    nodes = [r // 2 for r in range(comm.world_size)]
+    placed = MPICommunicator(nodes=nodes)
+    try:
+        rng = np.random.default_rng(11 * comm.rank + numel)
+        a = (rng.standard_normal(numel) * rng.exponential(1.0, numel)).astype(np.float32)
+        whole = torch.from_numpy(a.copy())
+        placed.iallreduce_sum(whole).wait()
+        pieces = torch.from_numpy(a.copy())
+        for request in [placed.iallreduce_sum(pieces[lo:hi]) for lo, hi in backward_cut(numel, max(1, numel // 5), seed=numel)]:
+            request.wait()
+        values = placed.gather(a)
+        if values is not None:
+            p = 1 << (len(values).bit_length() - 1)
+            order = (1, *(p >> i for i in range(1, p.bit_length() - 1)))  # nodes of 2 ranks: d = 1, then p/2, ..., 2
+            np.testing.assert_array_equal(whole.numpy(), _fixed_tree_sum(values, order))
+        np.testing.assert_array_equal(pieces.numpy(), whole.numpy())
+    finally:
+        placed.close()
+    return True
+
+
+@pytest.mark.spmd
+def test_a_node_aware_tree_sum_gives_its_own_trees_bits(spmd, request) -> None:
+    if not request.config.getoption("--with-mpi", default=False) or spmd(lambda comm: comm.world_size)[0] < 4:
+        pytest.skip("MPI ranks only (4 or more, on emulated nodes of 2): the in-process transport sums in rank order")
+    assert all(spmd(_node_aware_sum, 10_000))
 
 
 @pytest.mark.spmd

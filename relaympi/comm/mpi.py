@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import atexit
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from relaympi.comm import buffers
-from relaympi.comm.base import Communicator, DropPolicy, RemoteFailure, Request, number_nodes
+from relaympi.comm.base import (
+    PROGRESS_INTERVAL_S,
+    Communicator,
+    DropPolicy,
+    RemoteFailure,
+    Request,
+    number_nodes,
+)
 
 _FAILURE_TAG = 0x7E
 _FAILURE_BYTES = 1 << 16
@@ -111,17 +120,30 @@ class _MPIRequest(Request):
 _SUM_STAGES = 64
 
 
-def _tree_sum(comm: Any, data: np.ndarray, tag: int) -> Any:
+def stage_order(nodes: Sequence[int]) -> tuple[int, ...]:
+    """The partner bits d of _tree_sum's halving stages, in stage order: the bits that pair ranks on
+    the same node first (fewest pairs r, r ^ d across nodes), so the halves that cross between nodes
+    are the smallest (nodes of 2^k consecutive ranks: each rank sends 2 * (1/2^k) of the buffer to
+    other nodes instead of its whole buffer). Ties keep d = p/2, ..., 1: on one node (every bit ties)
+    the order, and so every sum's bits, are those of the tree before node-awareness."""
+    n = len(nodes)
+    p = 1 << (n.bit_length() - 1)
+    bits = [1 << i for i in range(p.bit_length() - 1)]
+    return tuple(sorted(bits, key=lambda d: (sum(nodes[r] != nodes[r ^ d] for r in range(p)), -d)))
+
+
+def _tree_sum(comm: Any, data: np.ndarray, tag: int, order: Sequence[int]) -> Any:
     """buf <- the sum over ranks, as a generator that yields each stage's MPI requests.
 
     A reduce-scatter by recursive halving, then an allgather by recursive doubling, over
     point-to-point messages (Rabenseifner's all-reduce): with p the largest power of two <= n,
-    rank p + q first adds its data to rank q's; at stage d = p/2, p/4, ..., 1 rank r keeps half of
-    its segment, sends the other half to r ^ d and adds what r ^ d sends back. Every element is
-    thus summed in one fixed tree, x_q + x_(q+p) at the leaves then pairs r, r ^ d, whatever the
-    buffer's length and whichever rank holds the element: pieces of a buffer reduced separately
-    give the whole reduction's bits, which MPI_Allreduce does not promise (MPICH's ring and Open
-    MPI's segmented ring sum an element in an order set by the message's length)."""
+    rank p + q first adds its data to rank q's; at the stage of each bit d of ``order``
+    (stage_order: p/2, p/4, ..., 1 on one node) rank r keeps half of its segment, sends the other
+    half to r ^ d and adds what r ^ d sends back; the allgather undoes the stages in reverse. Every
+    element is thus summed in one fixed tree, x_q + x_(q+p) at the leaves then pairs r, r ^ d in
+    ``order``, whatever the buffer's length and whichever rank holds the element: pieces of a buffer
+    reduced separately give the whole reduction's bits, which MPI_Allreduce does not promise (MPICH's
+    ring and Open MPI's segmented ring sum an element in an order set by the message's length)."""
     rank, n = comm.Get_rank(), comm.Get_size()
     p = 1 << (n.bit_length() - 1)
     extra = n - p
@@ -134,21 +156,19 @@ def _tree_sum(comm: Any, data: np.ndarray, tag: int) -> Any:
         yield [comm.Irecv(scratch, source=rank + p, tag=tag)]
         data += scratch
     lo, hi, stage, splits = 0, len(data), 1, []
-    d = p >> 1
-    while d:
+    for d in order:
         partner, mid = rank ^ d, lo + (hi - lo) // 2
         (keep_lo, keep_hi), (give_lo, give_hi) = ((mid, hi), (lo, mid)) if rank & d else ((lo, mid), (mid, hi))
         received = scratch[: keep_hi - keep_lo]
         yield [comm.Irecv(received, source=partner, tag=tag + stage), comm.Isend(data[give_lo:give_hi], dest=partner, tag=tag + stage)]
         data[keep_lo:keep_hi] += received
         splits.append((lo, hi))
-        lo, hi, stage, d = keep_lo, keep_hi, stage + 1, d >> 1
-    d = 1
-    while d < p:  # allgather: the partner holds the other part of the segment split at this stage
+        lo, hi, stage = keep_lo, keep_hi, stage + 1
+    for d in reversed(order):  # allgather: the partner holds the other part of the segment split at this stage
         partner, (seg_lo, seg_hi) = rank ^ d, splits.pop()
         other = data[seg_lo:lo] if lo > seg_lo else data[hi:seg_hi]
         yield [comm.Irecv(other, source=partner, tag=tag + stage), comm.Isend(data[lo:hi], dest=partner, tag=tag + stage)]
-        lo, hi, stage, d = seg_lo, seg_hi, stage + 1, d << 1
+        lo, hi, stage = seg_lo, seg_hi, stage + 1
     if rank < extra:
         yield [comm.Isend(data, dest=rank + p, tag=tag + _SUM_STAGES - 1)]
 
@@ -198,10 +218,66 @@ class _TreeSumRequest(Request):
         return frozenset()
 
 
+THREAD_LEVELS = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled", MPI.THREAD_SERIALIZED: "serialized",
+                 MPI.THREAD_MULTIPLE: "multiple"}
+
+
+class ProgressThread:
+    """A thread that runs MPI's progress engine every ``interval`` seconds while resumed (backward, under
+    --overlap), so transfers posted from the hooks keep moving between them; asleep while paused.
+
+    It tests a receive of its own, posted on its own communicator and never matched (MPI_Test runs
+    the progress engine for every request in flight): it never touches the requests of the main
+    thread, which MPI forbids two threads to complete at once. Needs MPI_THREAD_MULTIPLE. Between
+    polls it sleeps, holding neither a core nor the GIL (a spinning thread, like MPICH's
+    MPIR_CVAR_ASYNC_PROGRESS, takes a core from the ranks where there is none to spare).
+    """
+
+    def __init__(self, comm: Any, interval: float):
+        self._comm = comm
+        self._request = comm.Irecv(bytearray(1), source=comm.Get_rank(), tag=0)  # nobody sends on this communicator
+        self.interval = interval
+        self.polls = 0  # progress-engine calls made (tests, provenance of a measurement)
+        self._resumed = threading.Event()
+        self._closing = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="relaympi-mpi-progress", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                self._resumed.wait()
+                if self._closing:
+                    return
+                self._request.Test()
+                self.polls += 1
+                time.sleep(self.interval)
+        except BaseException as exc:  # raised in the main thread at the next pause()
+            self._error = exc
+
+    def resume(self) -> None:
+        self._resumed.set()
+
+    def pause(self) -> None:
+        self._resumed.clear()
+        if self._error is not None:
+            raise RuntimeError(f"the MPI progress thread failed: {self._error}") from self._error
+
+    def close(self) -> None:
+        self._closing = True
+        self._resumed.set()
+        self._thread.join()
+        self._request.Cancel()
+        self._request.Wait()
+        self._comm.Free()
+
+
 class MPICommunicator(Communicator):
     """A Communicator over a duplicate of MPI.COMM_WORLD (library traffic never matches users')."""
 
     def __init__(self, comm: Any = None, drops: DropPolicy | None = None, cuda_aware: bool | None = None, nodes: Sequence[int] | None = None):
+        self._comm_world = comm
         self.comm = (comm or MPI.COMM_WORLD).Dup()
         # nodes: each rank's node as given (emulated, e.g. --ranks-per-node); None: as MPI places the ranks
         super().__init__(self.comm.Get_rank(), self.comm.Get_size(), drops, self._discover_nodes() if nodes is None else nodes)
@@ -218,8 +294,40 @@ class MPICommunicator(Communicator):
         self._sum_tags = max(1, (int(self._sum_comm.Get_attr(MPI.TAG_UB)) + 1) // _SUM_STAGES)
         self._sums_started = 0
         self._sums: list[_TreeSumRequest] = []
+        self._sum_order = stage_order(self.nodes)  # node-aware: the halves crossing between nodes are the smallest
         self._failure_req = self._failures.Irecv(self._failure_buf, source=MPI.ANY_SOURCE, tag=_FAILURE_TAG) if self.rank == 0 else None
+        self._progress_thread: ProgressThread | None = None
         atexit.register(self.close)
+
+    # -- progress while the ranks compute (--overlap) ----------------------------------------
+    @staticmethod
+    def thread_level() -> str:
+        """The thread support MPI provides ("multiple" lets a progress thread call MPI beside the rank)."""
+        return THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread()))
+
+    def start_progress_thread(self, interval: float = PROGRESS_INTERVAL_S) -> bool:
+        if self._progress_thread is None:
+            if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+                return False
+            # Dup is collective: every rank starts its thread at the same point (the engine's set-up)
+            self._progress_thread = ProgressThread((self._comm_world or MPI.COMM_WORLD).Dup(), interval)
+        return True
+
+    @property
+    def progress_polls(self) -> int:
+        return self._progress_thread.polls if self._progress_thread is not None else 0
+
+    @contextmanager
+    def progressing(self) -> Iterator[None]:
+        thread = self._progress_thread
+        if thread is None:
+            yield
+            return
+        thread.resume()
+        try:
+            yield
+        finally:
+            thread.pause()
 
     def _discover_nodes(self) -> tuple[int, ...]:
         """Every rank's node (collective): ranks that share memory (MPI_COMM_TYPE_SHARED) are one node,
@@ -232,7 +340,10 @@ class MPICommunicator(Communicator):
         return number_nodes(self.comm.allgather(lowest))
 
     def close(self) -> None:
-        """Cancel the pending failure receive, so MPI finalizes cleanly."""
+        """Stop the progress thread and cancel the pending failure receive, so MPI finalizes cleanly."""
+        if self._progress_thread is not None:
+            self._progress_thread.close()
+            self._progress_thread = None
         if self._failure_req is not None:
             self._failure_req.Cancel()
             self._failure_req.Wait()
@@ -447,7 +558,7 @@ class MPICommunicator(Communicator):
             host = buffers.host_view(buf)
         seq, self._sums_started = self._sums_started, self._sums_started + 1
         tag = (seq % self._sum_tags) * _SUM_STAGES
-        request = _TreeSumRequest(self, _tree_sum(self._sum_comm, host.reshape(-1), tag), on_complete)
+        request = _TreeSumRequest(self, _tree_sum(self._sum_comm, host.reshape(-1), tag, self._sum_order), on_complete)
         self._sums.append(request)
         return request
 
@@ -495,5 +606,7 @@ class MPICommunicator(Communicator):
             "mpi_standard": "{}.{}".format(*MPI.Get_version()),
             "mpi4py": __import__("mpi4py").__version__,
             "cuda_aware": bool(self.cuda_aware),
+            "thread_level": self.thread_level(),
+            "progress_thread": self._progress_thread is not None,
             "processor_name": MPI.Get_processor_name(),
         }

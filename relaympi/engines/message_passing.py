@@ -7,6 +7,7 @@ Communicator; the ranks are MPI processes (``--backend mpi``) or threads of one 
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from pathlib import Path
@@ -26,6 +27,8 @@ from relaympi.training.loop import STOP, USAGE_ERRORS, TrainingLoop, WriterFacto
 from relaympi.training.plan import Plan
 from relaympi.training.run_file import writer_factory
 from relaympi.workloads import build_workload
+
+log = logging.getLogger("relaympi.train")
 
 
 def run(plan: Plan, out: Path, command: str, comm: Communicator | None = None) -> str:
@@ -73,6 +76,10 @@ class MessagePassingRank(TrainingLoop):
         # --overlap: each bucket's step starts from backward's hooks; the step's timers then split into
         # backward with the work started inside it (compute) and the exposed rest (comm: finish_step)
         self.buckets = GradientBuckets(self.workload.grad, _trainable(self.workload), cfg.bucket_size, comm.progress) if cfg.overlap else None
+        # and a thread that runs MPI's progress engine during backward, between the hooks (README "Overlap")
+        if self.buckets is not None and cfg.progress_thread and not comm.start_progress_thread(cfg.progress_interval * 1e-3) and self.is_root:
+            log.warning("no progress thread: this MPI does not provide MPI_THREAD_MULTIPLE (the run file's transport records "
+                        "its thread_level); only the hooks' MPI_Test calls move the transfers during backward")
 
     @property
     def x(self) -> torch.Tensor:
@@ -110,7 +117,7 @@ class MessagePassingRank(TrainingLoop):
         if self.buckets is None:
             return self.workload.gradient(step)
         self.algorithm.begin_step(self.workload.x, self.workload.grad, self.schedule.lr_at(step), step)
-        with self.buckets.delivering(self.algorithm.ready):
+        with self.comm.progressing(), self.buckets.delivering(self.algorithm.ready):
             return self.workload.gradient(step)
 
     def algorithm_step(self, step: int, lr: float) -> None:
