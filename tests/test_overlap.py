@@ -10,6 +10,8 @@ a checkpoint resumed with the other setting, and on MPI ranks (the spmd test und
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from relaympi.flat import flatten_module
 from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.topology import build
 from relaympi.training.buckets import GradientBuckets, cut_buckets
+from tests.conftest import ROOT, env_for_subprocess, mpirun_path, requires_mpirun
 
 # ------------------------------------------------------------------------------------ buckets
 
@@ -335,3 +338,23 @@ def test_the_progress_thread_moves_a_transfer_while_the_rank_computes(spmd, requ
     assert completed
     assert polls > 100  # polled every ~0.2 ms for 0.4 s
     assert moved
+
+
+@requires_mpirun
+@pytest.mark.parametrize("thread_level, ran", [("multiple", True), ("serialized", False)])
+def test_mpi_ranks_on_two_nodes_overlap_by_default_and_say_whether_the_thread_ran(tmp_path, thread_level, ran):
+    """Under mpirun on 2 emulated nodes --overlap is on without being asked; --progress-thread runs
+    where MPI provides MPI_THREAD_MULTIPLE, and where it does not rank 0 warns, the run goes on
+    without it, and the run file and the summary say so."""
+    out = tmp_path / "r.h5"
+    env = {**env_for_subprocess(), "MPI4PY_RC_THREAD_LEVEL": thread_level}
+    proc = subprocess.run([mpirun_path(), "-n", "2", sys.executable, "-m", "relaympi.train", "--task", "digits", "--algo", "relay",
+                           "--steps", "4", "--ranks-per-node", "1", "--progress-thread", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with h5py.File(out, "r") as file:
+        config, provenance = json.loads(file.attrs["config"]), json.loads(file.attrs["provenance"])
+    assert config["overlap"] is True and config["progress_thread"] is True  # as asked and resolved
+    assert provenance["transport_thread_level"] == thread_level and provenance["transport_progress_thread"] is ran
+    assert ("no progress thread: this MPI does not provide MPI_THREAD_MULTIPLE" in proc.stdout + proc.stderr) is not ran
+    assert proc.stdout.rstrip().endswith("| overlap with a progress thread" if ran else "| overlap")

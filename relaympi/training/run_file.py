@@ -164,7 +164,8 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
         line += f" | {final['sub']} {run.data['suboptimality'][-1]:.3e}"
     line += placement_text(run.attrs.get("world_size"), run.provenance) + topology_text(run.topology)
     if run.config.get("overlap"):  # the default across nodes: say so, it sets the timers' meaning (README "Overlap")
-        line += " | overlap" + (" with a progress thread" if run.config.get("progress_thread") else "")
+        ran = run.provenance.get("transport_progress_thread", run.config.get("progress_thread"))  # False where MPI lacked THREAD_MULTIPLE
+        line += " | overlap" + (" with a progress thread" if ran else "")
     unstable = unstable_loss(run.data["train_loss"]) if "train_loss" in run.data else None
     if unstable:
         line += f" | WARNING: {unstable_text(unstable)}"
