@@ -181,29 +181,32 @@ def _cases(comm, numel: int, device: torch.device, chunk: int) -> dict:
     if comm.backend == "mpi":  # its messages are not counted by the communicator: the busiest rank's, from the tree
         from relaympi.comm.mpi import stage_order
 
-        tree_allreduce.inter_node_bytes = tree_inter_node_bytes(comm.nodes, numel, stage_order(comm.nodes))
-        tree_allreduce_pieces.inter_node_bytes = sum(tree_inter_node_bytes(comm.nodes, hi - lo, stage_order(comm.nodes)) for lo, hi in pieces)
+        order = stage_order(comm.nodes)
+        tree_allreduce.inter_node_bytes = tree_inter_node_bytes(comm.nodes, [numel], order)
+        tree_allreduce_pieces.inter_node_bytes = tree_inter_node_bytes(comm.nodes, [hi - lo for lo, hi in pieces], order)
     return cases
 
 
-def tree_inter_node_bytes(nodes: list[int], numel: int, order: tuple[int, ...], itemsize: int = 4) -> float:
-    """The most bytes any rank sends to other nodes in one tree all-reduce of ``numel`` elements
-    (relaympi.comm.mpi._tree_sum with the stage ``order``): the fold of ranks beyond the largest power
-    of two, each halving stage's given half, and the same again in the allgather."""
+def tree_inter_node_bytes(nodes: list[int], sizes: list[int], order: tuple[int, ...], itemsize: int = 4) -> float:
+    """The most bytes any rank sends to other nodes in tree all-reduces of buffers of ``sizes``
+    elements (relaympi.comm.mpi._tree_sum with the stage ``order``), summed per rank: the fold of ranks
+    beyond the largest power of two, each halving stage's given half, and the same again in the
+    allgather."""
     n = len(nodes)
     p = 1 << (n.bit_length() - 1)
     sent = [0] * n
-    for r in range(n - p):  # rank p + r sends its buffer to r, which sends the sum back
-        if nodes[r] != nodes[r + p]:
-            sent[r] += numel
-            sent[r + p] += numel
-    for r in range(p):
-        lo, hi = 0, numel
-        for d in order:
-            if nodes[r] != nodes[r ^ d]:  # the half it gives in the reduce-scatter, the half it kept in the allgather
-                sent[r] += hi - lo
-            mid = lo + (hi - lo) // 2
-            lo, hi = (mid, hi) if r & d else (lo, mid)
+    for numel in sizes:
+        for r in range(n - p):  # rank p + r sends its buffer to r, which sends the sum back
+            if nodes[r] != nodes[r + p]:
+                sent[r] += numel
+                sent[r + p] += numel
+        for r in range(p):
+            lo, hi = 0, numel
+            for d in order:
+                if nodes[r] != nodes[r ^ d]:  # the half it gives in the reduce-scatter, the half it kept in the allgather
+                    sent[r] += hi - lo
+                mid = lo + (hi - lo) // 2
+                lo, hi = (mid, hi) if r & d else (lo, mid)
     return float(itemsize * max(sent))
 
 

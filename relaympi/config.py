@@ -280,9 +280,10 @@ class RunConfig:
                          lambda c: "the batched engine has no wire to overlap (its workers' communication is tensor arithmetic on one device)"),
                  # on an H100 (2026-11-26) `mpirun -n 4 ... --device cuda --overlap` hung after its first step,
                  # undiagnosed: refused until the GPU path is found and tested (README "Overlap")
-                 Applies(lambda c: c.get("device") != "cuda" or not c.get("overlap"),
+                 Applies(lambda c: not str(c.get("device")).startswith("cuda") or not c.get("overlap"),
                          lambda c: "it hung on a GPU in its only check (--device cuda, host-staged MPI; undiagnosed): use --no-overlap with --device cuda"),))
-    progress_thread: bool = _field(  # how MPI progresses during backward; the numbers are the same. Recorded as it ran
+    progress_thread: bool = _field(  # how MPI progresses during backward; the numbers are the same. Recorded as resolved
+        # (asked for and overlapping); whether it ran is the provenance's transport_progress_thread
         False, "--overlap on MPI: a thread runs MPI's progress engine every --progress-interval ms while backward computes, so the "
         "transfers started from the hooks keep moving between them (needs MPI_THREAD_MULTIPLE; it sleeps between polls; for ranks with a "
         "spare core). Default --no-progress-thread: only the hooks' MPI_Test calls progress them",

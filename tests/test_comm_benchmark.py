@@ -91,4 +91,13 @@ def test_node_aware_rows_and_each_ranks_inter_node_bytes(tmp_path):
     ((0, 0, 0, 1, 1, 1), 1000, (2, 1), 4 * 2000),
 ])
 def test_the_tree_all_reduces_inter_node_bytes_by_hand(nodes, numel, order, want):
-    assert bench.tree_inter_node_bytes(list(nodes), numel, order) == want
+    assert bench.tree_inter_node_bytes(list(nodes), [numel], order) == want
+
+
+def test_pieces_inter_node_bytes_are_the_busiest_ranks_sum():
+    # (0, 0, 0, 1, 1, 1), order (2, 1), pieces of 7 and 4. Rank 1: the fold with rank 5 (7, then 4) and
+    # d = 2 with rank 3 (its whole segment: 7, then 4) = 22. Rank 3: d = 2 (7, 4) and d = 1 with rank 2
+    # (its upper half: 4, then 2) = 17. Ranks 0, 4, 5: the fold, 11. Rank 2: 6.
+    assert bench.tree_inter_node_bytes([0, 0, 0, 1, 1, 1], [7, 4], (2, 1)) == 4 * 22
+    assert bench.tree_inter_node_bytes([0, 0, 0, 1, 1, 1], [7, 4], (2, 1)) == sum(
+        bench.tree_inter_node_bytes([0, 0, 0, 1, 1, 1], [size], (2, 1)) for size in (7, 4))  # rank 1 is the busiest for both

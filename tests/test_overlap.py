@@ -238,6 +238,7 @@ def test_a_run_file_records_the_resolved_settings(tmp_path):
     (["--backend", "batched", "--workers", "2", "--overlap"], "--overlap cannot apply: the batched engine has no wire"),
     (["--backend", "local", "--workers", "2", "--bucket-size", "1"], "--bucket-size cannot apply"),
     (["--backend", "local", "--workers", "2", "--device", "cuda", "--overlap"], "--overlap cannot apply: it hung on a GPU"),
+    (["--backend", "local", "--workers", "2", "--device", "cuda:0", "--overlap"], "--overlap cannot apply: it hung on a GPU"),
     (["--backend", "local", "--workers", "2", "--overlap", "--bucket-size", "0"], "--bucket-size must be > 0"),
     (["--backend", "local", "--workers", "2", "--overlap", "--progress-thread"], "--progress-thread cannot apply: it runs MPI's progress engine"),
     (["--no-overlap", "--progress-thread"], "--progress-thread cannot apply: it progresses transfers started during backward"),
@@ -276,7 +277,7 @@ def _model_steps(comm, algo: str, topology: str, mode: str, overlap: bool, threa
     algorithm = make_algorithm(algo, comm, build(topology, comm.world_size), optimizer, x, AlgorithmOptions(relay_mode=mode, relay_chunk=7))
     buckets = GradientBuckets(grad, list(model.parameters()), 1e-4, comm.progress) if overlap else None
     if thread:
-        assert comm.start_progress_thread(1e-4) == (comm.backend == "mpi")
+        assert comm.start_progress_thread(1e-4) == (comm.backend == "mpi" and comm.thread_level() == "multiple")
     inputs = torch.randn(6, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(comm.rank))
     for t in range(6):
         lr = 0.05 + 0.01 * t
@@ -334,9 +335,11 @@ def test_the_in_process_transport_starts_no_progress_thread():
 def test_the_progress_thread_moves_a_transfer_while_the_rank_computes(spmd, request):
     if not request.config.getoption("--with-mpi", default=False):
         pytest.skip("MPI ranks only: the in-process transport has no progress engine (start_progress_thread is False there)")
+    if spmd(lambda comm: comm.thread_level())[0] != "multiple":
+        pytest.skip("this MPI does not provide MPI_THREAD_MULTIPLE: no progress thread")
     (moved, polls, completed), = spmd(_moved_while_computing)
     assert completed
-    assert polls > 100  # polled every ~0.2 ms for 0.4 s
+    assert polls > 10  # asked to poll every 0.2 ms for 0.4 s (~700 polls on an idle machine; fewer when ranks share cores)
     assert moved
 
 

@@ -123,9 +123,10 @@ _SUM_STAGES = 64
 def stage_order(nodes: Sequence[int]) -> tuple[int, ...]:
     """The partner bits d of _tree_sum's halving stages, in stage order: the bits that pair ranks on
     the same node first (fewest pairs r, r ^ d across nodes), so the halves that cross between nodes
-    are the smallest (nodes of 2^k consecutive ranks: each rank sends 2 * (1/2^k) of the buffer to
-    other nodes instead of its whole buffer). Ties keep d = p/2, ..., 1: on one node (every bit ties)
-    the order, and so every sum's bits, are those of the tree before node-awareness."""
+    are the smallest (m nodes of 2^k consecutive ranks: each rank sends 2 (1 - 1/m) / 2^k of its
+    buffer's size to other nodes, against 2 (1 - 1/m) in the order p/2, ..., 1). Ties keep that
+    order: on one node (every bit ties) it, and so every sum's bits, are those of the tree before
+    node-awareness."""
     n = len(nodes)
     p = 1 << (n.bit_length() - 1)
     bits = [1 << i for i in range(p.bit_length() - 1)]
@@ -259,9 +260,10 @@ class ProgressThread:
     def resume(self) -> None:
         self._resumed.set()
 
-    def pause(self) -> None:
+    def pause(self, check: bool = True) -> None:
+        """Stop polling; ``check``: raise what the thread failed with, if anything."""
         self._resumed.clear()
-        if self._error is not None:
+        if check and self._error is not None:
             raise RuntimeError(f"the MPI progress thread failed: {self._error}") from self._error
 
     def close(self) -> None:
@@ -277,7 +279,6 @@ class MPICommunicator(Communicator):
     """A Communicator over a duplicate of MPI.COMM_WORLD (library traffic never matches users')."""
 
     def __init__(self, comm: Any = None, drops: DropPolicy | None = None, cuda_aware: bool | None = None, nodes: Sequence[int] | None = None):
-        self._comm_world = comm
         self.comm = (comm or MPI.COMM_WORLD).Dup()
         # nodes: each rank's node as given (emulated, e.g. --ranks-per-node); None: as MPI places the ranks
         super().__init__(self.comm.Get_rank(), self.comm.Get_size(), drops, self._discover_nodes() if nodes is None else nodes)
@@ -296,6 +297,9 @@ class MPICommunicator(Communicator):
         self._sums: list[_TreeSumRequest] = []
         self._sum_order = stage_order(self.nodes)  # node-aware: the halves crossing between nodes are the smallest
         self._failure_req = self._failures.Irecv(self._failure_buf, source=MPI.ANY_SOURCE, tag=_FAILURE_TAG) if self.rank == 0 else None
+        # the progress thread's own communicator, made here with every rank (a Dup later, when one rank
+        # failed its set-up and waits in another collective, would leave the others waiting)
+        self._progress_comm = (comm or MPI.COMM_WORLD).Dup()
         self._progress_thread: ProgressThread | None = None
         atexit.register(self.close)
 
@@ -309,8 +313,7 @@ class MPICommunicator(Communicator):
         if self._progress_thread is None:
             if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
                 return False
-            # Dup is collective: every rank starts its thread at the same point (the engine's set-up)
-            self._progress_thread = ProgressThread((self._comm_world or MPI.COMM_WORLD).Dup(), interval)
+            self._progress_thread = ProgressThread(self._progress_comm, interval)
         return True
 
     @property
@@ -326,8 +329,10 @@ class MPICommunicator(Communicator):
         thread.resume()
         try:
             yield
-        finally:
-            thread.pause()
+        except BaseException:
+            thread.pause(check=False)  # the block's own error is the one to see
+            raise
+        thread.pause()
 
     def _discover_nodes(self) -> tuple[int, ...]:
         """Every rank's node (collective): ranks that share memory (MPI_COMM_TYPE_SHARED) are one node,

@@ -45,8 +45,9 @@ class Checkpoints:
         self.cfg, self.out, self.rank, self.world_size = cfg, out, rank, world_size
         self.barrier = barrier or (lambda: None)
         self.engine = engine
-        # placed by node, the trees follow the nodes: a resume must find the ranks on the same nodes
-        self.nodes = [int(node) for node in nodes] if cfg.placement == "nodes" else None
+        # placed by node, the trees follow the nodes, and so does the all-reduce's tree (its stage order):
+        # a resume must find the ranks on the same nodes
+        self.nodes = [int(node) for node in nodes] if cfg.placement == "nodes" or cfg.algo == "allreduce" else None
         self.directory = cfg.checkpoint_dir
         self.owner: dict[str, Any] = {}  # rank 0: the run file this run writes (see claim())
 
@@ -157,7 +158,7 @@ class Checkpoints:
         if meta.get("world_size") != n:
             differences.append(f"world size {meta.get('world_size')} vs {n}")
         elif meta.get("nodes") is not None and self.nodes is not None and meta["nodes"] != self.nodes:
-            differences.append(f"each rank's node {meta['nodes']} vs {self.nodes} (--placement nodes builds the trees from them)")
+            differences.append(f"each rank's node {meta['nodes']} vs {self.nodes} (--placement nodes builds the trees from them, --algo allreduce the order of its sum)")
         differences += [f"{k} {saved.get(k)!r} vs {current.get(k)!r}" for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
         if differences:
             raise ConfigError(
