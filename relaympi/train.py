@@ -129,7 +129,7 @@ def _one_process_plan(cfg: RunConfig) -> tuple[Plan, Path]:
     """The plan of a run whose workers all live in this process, and its run file's path."""
     plan = resolve(cfg, cfg.workers)
     engine_for(cfg.backend).check(plan)
-    plan.warn_untuned_lr()
+    plan.warn()
     out = Path(cfg.out) if cfg.out else default_out(plan.cfg, plan.world_size)
     out.parent.mkdir(parents=True, exist_ok=True)
     check_out(out, cfg.overwrite)
@@ -171,7 +171,7 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
         out = Path(cfg.out) if cfg.out else default_out(plan.cfg, size)
         plan = plan.with_out(out)
         if comm.rank == 0:
-            plan.warn_untuned_lr()
+            plan.warn()
             out.parent.mkdir(parents=True, exist_ok=True)
             check_out(out, cfg.overwrite)
             _save_problem(plan)

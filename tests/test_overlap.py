@@ -220,6 +220,23 @@ def test_overlap_and_the_progress_thread_resolve_per_run(flags, nodes, want):
     assert (plan.cfg.overlap, plan.cfg.progress_thread) == want
 
 
+@pytest.mark.parametrize("flags, nodes, notice", [
+    (["--progress-thread"], (0, 0, 0, 0), "--progress-thread does nothing: --overlap is off in this run"),
+    (["--progress-thread", "--bucket-size", "8", "--progress-interval", "1"], (0, 0, 0, 0),
+     "--progress-thread, --bucket-size, --progress-interval do nothing"),
+    (["--progress-thread", "--device", "cuda"], (0, 0, 1, 1), "--progress-thread does nothing"),
+    (["--progress-thread"], (0, 0, 1, 1), None),  # overlapping by default across nodes: the thread runs
+    (["--overlap", "--bucket-size", "8"], (0, 0, 0, 0), None),
+    ([], (0, 0, 0, 0), None),
+])
+def test_overlap_flags_a_run_resolves_away_are_named(flags, nodes, notice):
+    from relaympi.config import parse_args
+    from relaympi.training.plan import resolve
+
+    notices = resolve(parse_args(["--task", "digits", *flags]), 4, nodes).notices
+    assert (notices[0].startswith(notice) if notice else notices == ()), notices
+
+
 def test_the_summary_says_when_a_run_overlapped(tmp_path, capsys):
     _train(tmp_path, "on", "--algo", "relay", "--overlap")
     assert capsys.readouterr().out.rstrip().endswith("| placement ranks | overlap")

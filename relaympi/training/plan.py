@@ -76,12 +76,16 @@ class Plan:
     task_options: TaskOptions  # what the run tells its task; the device is --device's (an engine sets each worker's)
     problem: Any = None  # the run-level problem the task settled on (quadratics), else None
     lr_warning: str | None = None  # a default lr used at a worker count it was not tuned for
+    notices: tuple[str, ...] = ()  # flags given that this run resolved away (e.g. --progress-thread where --overlap is off)
     # each rank's node (0, 1, ... by each node's lowest rank): as MPI placed the ranks, or emulated (--ranks-per-node)
     nodes: tuple[int, ...] = ()
 
-    def warn_untuned_lr(self) -> None:
+    def warn(self) -> None:
+        """Log what the run does other than asked or tuned for (rank 0 calls it)."""
         if self.lr_warning:
             log.warning("warning: %s", self.lr_warning)
+        for notice in self.notices:
+            log.warning("warning: %s", notice)
 
     def schedule(self, steps_per_epoch: int) -> Schedule:
         """The step schedule for a training set that gives ``steps_per_epoch`` steps per epoch."""
@@ -147,6 +151,17 @@ def resolve_overlap(cfg: RunConfig, nodes: Sequence[int]) -> dict[str, bool]:
     return {"overlap": bool(overlap), "progress_thread": bool(cfg.progress_thread and overlap and cfg.backend == "mpi")}
 
 
+def overlap_notices(asked: RunConfig, resolved: RunConfig) -> tuple[str, ...]:
+    """Flags of --overlap given for a run where it resolved off (by default on one node): they do nothing."""
+    if resolved.overlap or asked.overlap is not None:  # overlapping, or --no-overlap given (the flags are refused then)
+        return ()
+    why = "--overlap is off in this run (its default on one node, on --backend local and with --device cuda; pass --overlap to overlap)"
+    given = [flag for flag, on in (("--progress-thread", asked.progress_thread),
+                                   ("--bucket-size", asked.bucket_size != RunConfig.bucket_size),
+                                   ("--progress-interval", asked.progress_interval != RunConfig.progress_interval)) if on]
+    return (f"{', '.join(given)} do{'es' if len(given) == 1 else ''} nothing: {why}",) if given else ()
+
+
 def placed_topology(name: str, world_size: int, placement: str, nodes: Sequence[int]) -> tuple[str, Topology]:
     """(the placement used, the topology): --placement resolved over ``nodes``. An "auto" that would
     place by node a topology that cannot be (an edge list, the social network) keeps rank order;
@@ -183,7 +198,9 @@ def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None)
         hint = "; one worker is the centralized baseline: --algo allreduce" if world_size == 1 else ""
         where = " and --placement nodes" if cfg.placement == "nodes" else ""
         raise ConfigError(f"topology {topo_name!r} with {world_size} workers{where}: {exc}{hint}") from exc
+    asked = cfg
     cfg = replace(cfg, placement=placement, **resolve_overlap(cfg, nodes))
+    notices = overlap_notices(asked, cfg)
     lr_warning = None
     tuned = defaults.lr_tuned_workers
     if cfg.lr is None and tuned and world_size != tuned:
@@ -221,7 +238,7 @@ def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None)
         raise ConfigError(str(exc)) from exc
     lr = float(cfg.lr) * (lr_correction(topology) if cfg.relay_lr_correction else 1.0)  # validate() refused it for other algorithms
     return Plan(cfg=cfg, world_size=world_size, topology=topology, task=task, optimizer=optimizer, algorithm_options=options,
-                lr=lr, drops=DropPolicy(cfg.drop_prob, cfg.seed), task_options=task_options(cfg), problem=problem, lr_warning=lr_warning,
+                lr=lr, drops=DropPolicy(cfg.drop_prob, cfg.seed), task_options=task_options(cfg), problem=problem, lr_warning=lr_warning, notices=notices,
                 nodes=nodes)
 
 
