@@ -74,12 +74,15 @@ def main(argv: list[str] | None = None) -> int:
 
     thread = ProgressThread(comm.Dup(), args.interval * 1e-3) if MPI.Query_thread() == MPI.THREAD_MULTIPLE else None
 
-    def with_thread(fn) -> None:
-        thread.resume()
-        try:
-            fn()
-        finally:
-            thread.pause()
+    def threaded() -> None:  # the transfer posted, then the passes with the thread polling (no MPI call from the rank)
+        requests = post()
+        with thread.running():
+            passes()
+        MPI.Request.Waitall(requests)
+
+    def passes_with_thread() -> None:
+        with thread.running():
+            passes()
 
     figures = {
         "transfer": timed(lambda: MPI.Request.Waitall(post())),
@@ -90,19 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         "iprobed": timed(lambda: overlapped(args.pieces, poke=False, iprobe=True)),
     }
     if thread is not None:
-        figures["threaded"] = timed(lambda: _threaded(post, passes, with_thread, MPI))
-        figures["passes+thread"] = timed(lambda: with_thread(passes))
+        figures["threaded"] = timed(threaded)
+        figures["passes+thread"] = timed(passes_with_thread)
         thread.close()
     if comm.rank == 0:
         print(f"ranks {comm.size}: " + "  ".join(f"{name} {ms:.1f} ms" for name, ms in figures.items()))
     return 0
-
-
-def _threaded(post, passes, with_thread, MPI) -> None:
-    """The transfer posted, then the passes with the progress thread polling (no MPI call from the rank)."""
-    requests = post()
-    with_thread(passes)
-    MPI.Request.Waitall(requests)
 
 
 if __name__ == "__main__":

@@ -225,8 +225,8 @@ class Communicator(ABC):
 
     def start_progress_thread(self, interval: float = PROGRESS_INTERVAL_S) -> bool:
         """Start a thread that lets the transport move data every ``interval`` seconds inside
-        ``progressing()`` blocks; whether one runs. Collective (every rank calls it at the same point).
-        The base transport moves data in its own calls (in-process copies): no thread."""
+        ``progressing()`` blocks; whether one runs (a second call keeps the first thread). The base
+        transport moves data in its own calls (in-process copies): no thread."""
         return False
 
     def progressing(self) -> AbstractContextManager[None]:

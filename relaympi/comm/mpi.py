@@ -6,7 +6,7 @@ import atexit
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -224,21 +224,23 @@ THREAD_LEVELS = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled", M
 
 
 class ProgressThread:
-    """A thread that runs MPI's progress engine every ``interval`` seconds while resumed (backward, under
-    --overlap), so transfers posted from the hooks keep moving between them; asleep while paused.
+    """A thread that runs MPI's progress engine every ``interval`` seconds inside ``running()`` blocks
+    (backward, under --overlap), so transfers posted from the hooks keep moving between them; asleep
+    outside them.
 
     It tests a receive of its own, posted on its own communicator and never matched (MPI_Test runs
     the progress engine for every request in flight): it never touches the requests of the main
     thread, which MPI forbids two threads to complete at once. Needs MPI_THREAD_MULTIPLE. Between
     polls it sleeps, holding neither a core nor the GIL (a spinning thread, like MPICH's
     MPIR_CVAR_ASYNC_PROGRESS, takes a core from the ranks where there is none to spare).
+    ``comm`` is the thread's own (nobody else sends on it); close() frees it.
     """
 
     def __init__(self, comm: Any, interval: float):
         self._comm = comm
-        self._request = comm.Irecv(bytearray(1), source=comm.Get_rank(), tag=0)  # nobody sends on this communicator
+        self._request = comm.Irecv(bytearray(1), source=comm.Get_rank(), tag=0)  # never matched
         self.interval = interval
-        self.polls = 0  # progress-engine calls made (tests, provenance of a measurement)
+        self.polls = 0  # progress-engine calls made (the tests check the thread ran)
         self._resumed = threading.Event()
         self._closing = False
         self._error: BaseException | None = None
@@ -254,16 +256,19 @@ class ProgressThread:
                 self._request.Test()
                 self.polls += 1
                 time.sleep(self.interval)
-        except BaseException as exc:  # raised in the main thread at the next pause()
+        except BaseException as exc:  # raised in the main thread when its running() block ends
             self._error = exc
 
-    def resume(self) -> None:
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Poll within the block; after it, raise what the thread failed with (unless the block raised:
+        its own error is the one to see)."""
         self._resumed.set()
-
-    def pause(self, check: bool = True) -> None:
-        """Stop polling; ``check``: raise what the thread failed with, if anything."""
-        self._resumed.clear()
-        if check and self._error is not None:
+        try:
+            yield
+        finally:
+            self._resumed.clear()
+        if self._error is not None:
             raise RuntimeError(f"the MPI progress thread failed: {self._error}") from self._error
 
     def close(self) -> None:
@@ -320,19 +325,8 @@ class MPICommunicator(Communicator):
     def progress_polls(self) -> int:
         return self._progress_thread.polls if self._progress_thread is not None else 0
 
-    @contextmanager
-    def progressing(self) -> Iterator[None]:
-        thread = self._progress_thread
-        if thread is None:
-            yield
-            return
-        thread.resume()
-        try:
-            yield
-        except BaseException:
-            thread.pause(check=False)  # the block's own error is the one to see
-            raise
-        thread.pause()
+    def progressing(self) -> AbstractContextManager[None]:
+        return nullcontext() if self._progress_thread is None else self._progress_thread.running()
 
     def _discover_nodes(self) -> tuple[int, ...]:
         """Every rank's node (collective): ranks that share memory (MPI_COMM_TYPE_SHARED) are one node,
