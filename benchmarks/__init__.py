@@ -1,1 +1,2 @@
-"""Benchmark programs and the report (`python -m benchmarks.report`)."""
+"""Benchmark programs: communication, overlap, memory bandwidth, engines, topology scale (`python -m
+benchmarks.NAME` from the repository root). The report is relaympi.report."""

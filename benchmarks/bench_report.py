@@ -1,4 +1,4 @@
-"""Time `python -m benchmarks.report` over N hand-made run files (default 1,000).
+"""Time `python -m relaympi.report` over N hand-made run files (default 1,000).
 
     python -m benchmarks.bench_report [--runs 1000] [--evals 200] [--workers 16] [--keep DIR]
 
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         start = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.report", str(directory)],
+            [sys.executable, "-m", "relaympi.report", str(directory)],
             capture_output=True,
             text=True,
             env=env,

@@ -134,14 +134,14 @@ PLANTS = (
     ),
     Plant(
         "report-min-mean-swapped",  # worst-worker tasks get the mean over workers and vice versa
-        "benchmarks/report_summary.py",
+        "relaympi/report/summary.py",
         'return float(np.nanmin(means) if metric == "worst" else np.nanmean(means))',
         'return float(np.nanmean(means) if metric == "worst" else np.nanmin(means))',
         (("tests/test_report.py",),),
     ),
     Plant(
         "report-worst-per-evaluation",  # worst worker at each evaluation, then the window mean
-        "benchmarks/report_summary.py",
+        "relaympi/report/summary.py",
         "    means = worker_means(epoch, accuracy, last_epochs)\n",
         "    reduce = np.nanmin if metric == \"worst\" else np.nanmean\n"
         "    means = worker_means(epoch, reduce(accuracy.reshape(len(accuracy), -1), axis=1), last_epochs)\n",
@@ -149,7 +149,7 @@ PLANTS = (
     ),
     Plant(
         "report-window-by-evaluations",  # the last 5 evaluations instead of the last 5 epochs
-        "benchmarks/report_summary.py",
+        "relaympi/report/summary.py",
         "window = (epoch > final - last_epochs) & (epoch > 0)",
         "window = np.arange(len(epoch)) >= len(epoch) - int(last_epochs)",
         (("tests/test_report.py",),),

@@ -24,7 +24,7 @@ def _run_into_closed_pipe(cmd: list[str], env: dict[str, str] | None = None) -> 
 @pytest.mark.parametrize("cmd", [
     [sys.executable, "-m", "relaympi.topology", "social-network", "-n", "32"],
     [sys.executable, "-m", "relaympi.train", "--help"],
-    [sys.executable, "-m", "benchmarks.report", "--help"],
+    [sys.executable, "-m", "relaympi.report", "--help"],
     [sys.executable, "-m", "jobs.grid", "sweeps"],
     [sys.executable, "-m", "relaympi.data", "check"],
 ], ids=["topology", "train-help", "report-help", "grid", "data-check"])

@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import report
-from relaympi import provenance, results
+from relaympi import provenance, report, results
 from tests import run_factories as rf
 
 # Seed 0 of a 2-worker run evaluated at steps 0, 100, 200, 300 (epochs 0..3, batch 32 per worker).

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_report, engines, report
-from relaympi import train
+from benchmarks import bench_report, engines
+from relaympi import report, train
 from relaympi.config import parse_args
 from tests.conftest import ROOT
 

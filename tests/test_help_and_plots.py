@@ -41,7 +41,7 @@ def _style(line) -> tuple:
 
 
 def _many_series_table(count: int):
-    from benchmarks.report_tables import Table
+    from relaympi.report.tables import Table
 
     series = {
         f"algorithm {i} on ring": {0.0: (0.5 + 0.01 * i, 0.49, 0.52 + 0.01 * i), 0.1: (0.4 + 0.01 * i, 0.39, 0.41 + 0.01 * i)}
@@ -52,7 +52,7 @@ def _many_series_table(count: int):
 
 
 def _curves(count: int) -> dict:
-    from benchmarks.report_summary import Curve
+    from relaympi.report.summary import Curve
 
     epoch = np.arange(1.0, EVALS + 1)
     return {
@@ -63,7 +63,7 @@ def _curves(count: int) -> dict:
 
 @pytest.mark.parametrize("count", [14, 45])
 def test_every_series_of_a_plot_has_its_own_colour_line_style_and_marker(count: int) -> None:
-    from benchmarks.report_plots import curves_figure, series_figure
+    from relaympi.report.plots import curves_figure, series_figure
 
     series = series_figure(_many_series_table(count), "drop probability", "test accuracy (%)", logx=False)
     curves = curves_figure("Test accuracy", _curves(count))
@@ -78,7 +78,7 @@ def test_every_series_of_a_plot_has_its_own_colour_line_style_and_marker(count: 
 
 @pytest.mark.parametrize("count", [3, 14])
 def test_the_legend_is_outside_the_axes_and_inside_the_figure(count: int) -> None:
-    from benchmarks.report_plots import curves_figure, series_figure
+    from relaympi.report.plots import curves_figure, series_figure
 
     series = series_figure(_many_series_table(count), "drop probability", "test accuracy (%)", logx=False)
     curves = curves_figure("Test accuracy", _curves(count))
@@ -112,10 +112,10 @@ def _write_runs(directory: Path) -> dict[int, np.ndarray]:
 
 def test_each_plot_says_what_its_lines_bands_and_bars_are(tmp_path: Path) -> None:
     """The caption names the reduction over workers and seeds; the drawn numbers are that reduction."""
-    from benchmarks import report
-    from benchmarks.report_plots import curves_figure, series_figure
-    from benchmarks.report_summary import ReportSettings
-    from benchmarks.report_tables import all_tables
+    from relaympi import report
+    from relaympi.report.plots import curves_figure, series_figure
+    from relaympi.report.summary import ReportSettings
+    from relaympi.report.tables import all_tables
 
     accuracies = _write_runs(tmp_path)
     settings = ReportSettings()
@@ -154,7 +154,7 @@ def test_each_plot_says_what_its_lines_bands_and_bars_are(tmp_path: Path) -> Non
 
 
 def test_the_report_writes_the_plots(tmp_path: Path) -> None:
-    from benchmarks import report
+    from relaympi import report
 
     _write_runs(tmp_path / "runs")
     out = tmp_path / "out"
@@ -397,7 +397,8 @@ def _entry_points() -> list[str]:
 
 def test_every_entry_point_calls_itself_python_m_module() -> None:
     modules = _entry_points()
-    assert {"relaympi.train", "relaympi.data", "benchmarks.report", "benchmarks.comm", "benchmarks.engines"} <= set(modules)
+    assert {"relaympi.train", "relaympi.data", "relaympi.report", "benchmarks.report", "benchmarks.comm",
+            "benchmarks.engines"} <= set(modules)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     procs = {  # all at once: each mostly waits for its imports
         m: subprocess.Popen([sys.executable, "-m", m, "--help"], cwd=ROOT, env=env, text=True,

@@ -43,6 +43,8 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     # command lines
     ("commands", 8, ("relaympi.train", "relaympi.topology.cli", "relaympi.topology.__main__", "relaympi.data.cli",
                      "relaympi.data.__main__")),
+    # what reads the run files of many runs and may use everything below: the paper's tables
+    ("report", 9, ("relaympi.report",)),
 )
 
 

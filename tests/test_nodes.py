@@ -250,7 +250,7 @@ def test_report_says_which_placement_and_tells_rows_apart(tmp_path):
     for name, extra in (("a", []), ("b", ["--ranks-per-node", "2"])):
         assert _main([*LOCAL4, "--task", "digits", "--steps", "2", "--algo", "dpsgd", "--topology", "chain", *extra,
                       "--out", tmp_path / f"{name}.h5"]) == 0
-    proc = subprocess.run([PY, "-m", "benchmarks.report", str(tmp_path)], cwd=ROOT, env=env_for_subprocess(),
+    proc = subprocess.run([PY, "-m", "relaympi.report", str(tmp_path)], cwd=ROOT, env=env_for_subprocess(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "placement: nodes (1 run), ranks (1 run)" in proc.stdout.splitlines()[0]

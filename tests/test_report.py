@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import report
-from benchmarks.report_summary import ReportSettings, worker_means
-from benchmarks.report_tables import all_tables
+from relaympi import report
+from relaympi.report.summary import ReportSettings, worker_means
+from relaympi.report.tables import all_tables
 from tests import run_factories as rf
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -335,10 +335,12 @@ def test_out_writes_tables_and_plots(
     assert len(rows) == 5 and {"mean", "min", "max", "n_seeds", "n_diverged", "lr"} <= set(rows[0])
 
 
-def test_module_entry_point(sweep_dir: Path) -> None:
+@pytest.mark.parametrize("module", ["relaympi.report", "benchmarks.report"])
+def test_module_entry_point(sweep_dir: Path, module: str) -> None:
+    """`python -m relaympi.report`, and `python -m benchmarks.report`, the name it had before."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.report", str(sweep_dir)],
+        [sys.executable, "-m", module, str(sweep_dir)],
         capture_output=True,
         text=True,
         env=env,

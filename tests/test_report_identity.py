@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import report
-from benchmarks.report_summary import ReportSettings as Settings
-from benchmarks.report_tables import all_tables
+from relaympi import report
 from relaympi.config import NON_SEMANTIC_KEYS, RunConfig, experiment_settings
+from relaympi.report.summary import ReportSettings as Settings
+from relaympi.report.tables import all_tables
 from tests import run_factories as rf
 
 EVALS = 10
@@ -102,7 +102,7 @@ def _figures(monkeypatch, tables, out_dir):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from benchmarks.report_plots import write_plots
+    from relaympi.report.plots import write_plots
 
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)

@@ -308,7 +308,7 @@ def cluster() -> None:
 
 def report_csv(results: Path, *args: str) -> dict[str, list[dict[str, str]]]:
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.report", str(results), "--format", "csv", *args],
+        [sys.executable, "-m", "relaympi.report", str(results), "--format", "csv", *args],
         capture_output=True,
         text=True,
         env=clean_env(),

@@ -96,7 +96,7 @@ def test_mpi_and_local_backends_agree(tmp_path, args):
         accuracy = local.data["test_accuracy"]
         assert accuracy.shape == (len(local.data["step"]), 4)
         window = (local.data["epoch"] > local.data["epoch"].max() - 5) & (local.data["epoch"] > 0)
-        proc = subprocess.run([PY, "-m", "benchmarks.report", str(tmp_path)], cwd=ROOT, env=env_for_subprocess(),
+        proc = subprocess.run([PY, "-m", "relaympi.report", str(tmp_path)], cwd=ROOT, env=env_for_subprocess(),
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         label = "D-PSGD + momentum ring" if "dpsgd" in args else "RelaySGD double-binary-trees"

@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import report
-from relaympi import results
+from relaympi import report, results
 from relaympi.results import UNSTABLE_FACTOR, unstable_loss
 from relaympi.training.run_file import print_summary
 from tests import run_factories as rf

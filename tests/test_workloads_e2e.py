@@ -44,7 +44,7 @@ def agnews_dirs(tmp_path_factory):
 
 
 def _report(results):
-    proc = subprocess.run([PY, "-m", "benchmarks.report", str(results)], cwd=ROOT, env=env_for_subprocess(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([PY, "-m", "relaympi.report", str(results)], cwd=ROOT, env=env_for_subprocess(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 

@@ -45,7 +45,7 @@ class DigitsTask(ClassificationTask):
     # all-reduce over 16 x 8 samples: 0.1 reaches ~92% test accuracy, 0.3 ~97%).
     # Learning rates: the best of lr in {0.05, 0.1, ..., 3.2} (x2 grid) for 16 workers, alpha = 0.01,
     # 20 epochs, seed 0, plain SGD (qgm: momentum 0.9), by the paper's worst-worker metric
-    # (`python -m benchmarks.report`): allreduce 96.5%, relay-grad 97.2%, qgm 96.0%, relay 94.1%,
+    # (`python -m relaympi.report`): allreduce 96.5%, relay-grad 97.2%, qgm 96.0%, relay 94.1%,
     # gt 92.4%, d2 91.9%, sgp 85.6%, dpsgd 73.5%. The grid loop is in README "Learning-rate defaults".
     defaults = TaskDefaults(
         epochs=20,

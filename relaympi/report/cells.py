@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.report_summary import ALGO_NAMES, RunSummary
+from relaympi.report.summary import ALGO_NAMES, RunSummary
 
 
 @dataclass

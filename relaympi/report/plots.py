@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.report_summary import Curve
-from benchmarks.report_tables import Table
+from relaympi.report.summary import Curve
+from relaympi.report.tables import Table
 
 
 def _pyplot():

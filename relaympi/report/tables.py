@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.report_cells import (
+from relaympi.report.cells import (
     LrChoice,
     cell_record,
     format_accuracy,
@@ -20,7 +20,7 @@ from benchmarks.report_cells import (
     pivot,
     row_labels,
 )
-from benchmarks.report_summary import METRIC_TEXT, Curve, ReportSettings, RunSummary
+from relaympi.report.summary import METRIC_TEXT, Curve, ReportSettings, RunSummary
 from relaympi.results import CHANCE_FACTOR, unstable_text
 
 

@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.report_tables import Table
+from relaympi.report.tables import Table
 
 FORMATS = ("text", "markdown", "csv", "latex")
 Problem = tuple[Path, str]

@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.report_cells import row_labels
-from benchmarks.report_summary import ReportSettings, RunSummary
-from benchmarks.report_tables import (
+from relaympi.costs import TIMERS, hardware_label, median, time_to_accuracy
+from relaympi.report.cells import row_labels
+from relaympi.report.summary import ReportSettings, RunSummary
+from relaympi.report.tables import (
     ACCURACY,
     Family,
     Table,
@@ -24,7 +25,6 @@ from benchmarks.report_tables import (
     _slug,
     spec_families,
 )
-from relaympi.costs import TIMERS, hardware_label, median, time_to_accuracy
 
 COST_SPEC = dataclasses.replace(ACCURACY, kind="cost", title="Cost")
 TARGET_FRACTION = 0.95  # the default target: this fraction of the family's reference accuracy

@@ -1,0 +1,249 @@
+"""The report's command line: find the run files, summarize them, print the tables (and write
+them with --out). Usage in the package docstring (relaympi/report/__init__.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from relaympi.config import run_file_config_keys
+from relaympi.report.cost import TARGET_FRACTION, cost_tables
+from relaympi.report.format import (
+    FORMATS,
+    Problem,
+    latex_table,
+    render,
+    render_problems,
+    table_csv,
+)
+from relaympi.report.summary import DATASETS, ReportSettings, RunSummary, summarize
+from relaympi.report.tables import Table, all_tables, untabulated
+from relaympi.results import RunFileError, read_run
+
+PROG = "python -m relaympi.report"
+
+
+def find_run_files(paths: Iterable[Path]) -> list[Path]:
+    files: set[Path] = set()
+    for path in paths:
+        if path.is_file():
+            files.add(path)
+        else:
+            files.update(p for p in path.rglob("*.h5") if p.is_file())
+    return sorted(files)
+
+
+def _unfinished_reason(run) -> str:
+    steps = run.data.get("step")
+    epochs = run.data.get("epoch")
+    where = ""
+    if steps is not None and len(steps):
+        where = f", last evaluation at step {int(steps[-1])}"
+        if epochs is not None and len(epochs) and np.isfinite(epochs[-1]):
+            where += f" (epoch {epochs[-1]:.3g})"
+    reason = f"status {run.status}{where}"
+    if run.status == "failed" and run.attrs.get("error"):
+        reason += f": {str(run.attrs['error']).strip().splitlines()[-1][:200]}"
+    return reason
+
+
+def load_runs(files: Sequence[Path], settings: ReportSettings) -> tuple[list[RunSummary], list[Problem]]:
+    """Summaries of finished runs, and (path, reason) for every file left out."""
+    runs, _, problems = load_all(files, settings)
+    return runs, problems
+
+
+def load_all(
+    files: Sequence[Path], settings: ReportSettings
+) -> tuple[list[RunSummary], list[RunSummary], list[Problem]]:
+    """(runs for the accuracy tables, runs for the cost tables, problems). A duplicate (same
+    configuration and seed) made on other hardware or launch shape stays out of the accuracy
+    tables but goes into the cost table of its hardware: its times are a result of their own."""
+    runs: list[RunSummary] = []
+    cost_runs: list[RunSummary] = []
+    problems: list[Problem] = []
+    seen: dict[tuple, Path] = {}
+    seen_on: set[tuple] = set()
+    for path in files:
+        try:
+            run = read_run(path, datasets=DATASETS)
+        except RunFileError as error:
+            problems.append((path, error.reason))
+            continue
+        if run.status not in ("completed", "diverged"):
+            problems.append((path, _unfinished_reason(run)))
+            continue
+        try:
+            summary = summarize(run, settings)
+        except (ValueError, TypeError, KeyError) as error:
+            problems.append((path, f"cannot summarize: {error}"))
+            continue
+        other_hardware = (summary.identity, summary.hardware) not in seen_on
+        if other_hardware:
+            seen_on.add((summary.identity, summary.hardware))
+            cost_runs.append(summary)
+        if summary.identity in seen:
+            ignored = "ignored in the accuracy tables, in the cost table of its hardware" if other_hardware else "ignored"
+            problems.append(
+                (
+                    path,
+                    f"duplicate of {seen[summary.identity]} (same configuration and seed); {ignored}"
+                    + ("; this run is unstable, so the two may differ beyond rounding" if summary.unstable else ""),
+                )
+            )
+            continue
+        seen[summary.identity] = path
+        runs.append(summary)
+    return runs, cost_runs, problems
+
+
+def write_outputs(
+    tables: Sequence[Table], problems: Sequence[Problem], out_dir: Path, plots: bool
+) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for table in tables:
+        for suffix, text in ((".csv", table_csv(table)), (".tex", latex_table(table) + "\n")):
+            path = out_dir / f"{table.name}{suffix}"
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
+    if problems:
+        path = out_dir / "problems.txt"
+        path.write_text(render_problems(problems, "text") + "\n", encoding="utf-8")
+        written.append(path)
+    if plots:
+        from relaympi.report.plots import write_plots
+
+        written += write_plots(tables, out_dir)
+    return written
+
+
+def placement_summary(runs: Sequence[RunSummary]) -> str:
+    """'; placement: nodes (2 runs), ranks (1 run)': where the runs' topologies put the ranks (rows of runs
+    that differ in it are told apart as placement=...)."""
+    counts = Counter(run.placement for run in runs)
+    if not counts:
+        return ""
+    return "; placement: " + ", ".join(f"{name} ({count} run{'s' if count != 1 else ''})" for name, count in sorted(counts.items()))
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Print the paper's tables from relaympi run files (*.h5, searched recursively).",
+    )
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        type=Path,
+        metavar="DIR",
+        help="directories (searched recursively) or run files; default: results",
+    )
+    parser.add_argument(
+        "--format", choices=FORMATS, default="text", help="output format (default: text)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="OUTDIR",
+        help="also write every table as CSV and LaTeX, and PNG plots, into OUTDIR",
+    )
+    parser.add_argument("--no-plots", action="store_true", help="with --out: skip the PNG plots")
+    parser.add_argument(
+        "--target",
+        type=float,
+        default=1e-6,
+        help="quadratics: suboptimality to reach (default: 1e-6)",
+    )
+    parser.add_argument(
+        "--target-accuracy",
+        type=float,
+        metavar="ACC",
+        help="cost tables: the test accuracy (in (0, 1]) whose wall time to reach they show; default: "
+        f"{100 * TARGET_FRACTION:g}%% of all-reduce's accuracy in each table family (of the best experiment's without all-reduce)",
+    )
+    parser.add_argument(
+        "--last-epochs",
+        type=float,
+        default=5.0,
+        help="accuracy is averaged over the evaluations of the last this many epochs (default: 5)",
+    )
+    parser.add_argument(
+        "--metric",
+        choices=("auto", "worst", "mean"),
+        default="auto",
+        help="worst worker or mean of workers; auto: by task as in the paper (default)",
+    )
+    parser.add_argument(
+        "--split-by",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="a further config key whose values get separate tables (repeatable)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """The report over ``argv`` (default sys.argv[1:]); ``prog`` names the command in its usage."""
+    parser = _parser(prog)
+    args = parser.parse_args(argv)
+    paths = args.paths or [Path("results")]
+    missing = [p for p in paths if not p.exists()]
+    if missing:
+        parser.error(f"no such file or directory: {', '.join(map(str, missing))}")
+    if not args.target > 0:
+        parser.error(f"--target must be positive, got {args.target}")
+    if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
+        parser.error(f"--target-accuracy must be in (0, 1], got {args.target_accuracy:g}")
+    if not args.last_epochs > 0:
+        parser.error(f"--last-epochs must be positive, got {args.last_epochs}")
+    keys = run_file_config_keys()
+    unknown = [key for key in args.split_by if key not in keys]
+    if unknown:
+        parser.error(f"--split-by {unknown[0]!r} is not a config key of a run file; choose from {', '.join(sorted(keys))}")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} is a file; --out takes a directory for the CSV, LaTeX and PNG files")
+    settings = ReportSettings(
+        last_epochs=args.last_epochs,
+        metric=args.metric,
+        target=args.target,
+        split_by=tuple(args.split_by),
+        target_accuracy=args.target_accuracy,
+    )
+
+    files = find_run_files(paths)
+    if not files:
+        print(f"error: no run files (*.h5) under {', '.join(map(str, paths))}", file=sys.stderr)
+        return 1
+    runs, cost_runs, problems = load_all(files, settings)
+    diverged = sum(r.status == "diverged" for r in runs)
+    tables = all_tables(runs, settings)
+    left_out = untabulated(runs, tables)
+    tables += cost_tables(cost_runs, settings)
+    summary = (
+        f"{len(files)} run file(s): {len(runs) - diverged} completed, {diverged} diverged, "
+        f"{len(problems)} with problems"
+        + (f", {len(left_out)} finished but in no table" if left_out else "")
+        + placement_summary(runs)
+    )
+    problems += left_out
+    sys.stdout.write(render(tables, problems, args.format, summary))
+    if args.out is not None:
+        try:
+            written = write_outputs(tables, problems, args.out, plots=not args.no_plots)
+        except OSError as error:
+            parser.error(f"--out {args.out}: cannot write there ({error})")
+        print(f"wrote {len(written)} file(s) to {args.out}", file=sys.stderr)
+    if not runs:
+        print(
+            f"error: none of the {len(files)} run file(s) holds a finished (completed or diverged) run",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
