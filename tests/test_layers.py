@@ -45,6 +45,8 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
                      "relaympi.data.__main__")),
     # what reads the run files of many runs and may use everything below: the paper's tables
     ("report", 9, ("relaympi.report",)),
+    # the paper's studies outside the training loop (random quadratics on the matrix engine)
+    ("studies", 9, ("relaympi.studies",)),
 )
 
 

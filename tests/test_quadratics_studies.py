@@ -12,9 +12,6 @@ import pytest
 import torch
 from threadpoolctl import threadpool_limits
 
-from benchmarks._tuning import Method, SearchConfig, d2_method, run_batch, suboptimality_batch, tune
-from benchmarks.quadratics.lr_correction import measure_lr_correction
-from benchmarks.quadratics.studies import STUDIES
 from relaympi.algorithms import lr_correction, make_algorithm
 from relaympi.algorithms.dme import RelaySumMeanEstimator
 from relaympi.algorithms.dme_estimates import (
@@ -26,6 +23,16 @@ from relaympi.algorithms.dme_estimates import (
 from relaympi.algorithms.matrix import effective_delays, make_matrix_algorithm
 from relaympi.comm import run_local
 from relaympi.optim import OptimizerConfig, make_optimizer
+from relaympi.studies.quadratics.lr_correction import measure_lr_correction
+from relaympi.studies.quadratics.studies import STUDIES
+from relaympi.studies.quadratics.tuning import (
+    Method,
+    SearchConfig,
+    d2_method,
+    run_batch,
+    suboptimality_batch,
+    tune,
+)
 from relaympi.tasks.quadratics import QuadraticsSpec, generate, load
 from relaympi.topology import build
 
@@ -347,7 +354,7 @@ def test_relaysum_dme_reaches_the_ideal_variance_and_beats_gossip():
 def test_all_studies_run_quickly_from_the_command_line(tmp_path):
     out = tmp_path / "tmp"
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.quadratics", "all", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "relaympi.studies.quadratics", "all", "--quick", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from benchmarks.quadratics.findings import Finding, StudyResult
-from benchmarks.quadratics.tables import find, grid
 from relaympi.algorithms import lr_correction
 from relaympi.algorithms.matrix import effective_delays, make_matrix_algorithm
 from relaympi.optim import OptimizerConfig
+from relaympi.studies.quadratics.findings import Finding, StudyResult
+from relaympi.studies.quadratics.tables import find, grid
 from relaympi.topology import Topology, build
 
 

@@ -8,13 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks._tuning import SearchConfig
-from benchmarks.quadratics.dme import DmeSettings, study_dme
-from benchmarks.quadratics.fig2 import Fig2Settings, study_fig2
-from benchmarks.quadratics.findings import StudyResult
-from benchmarks.quadratics.heterogeneity import HeterogeneitySettings, study_heterogeneity
-from benchmarks.quadratics.lr_correction import LrCorrectionSettings, study_lr_correction
-from benchmarks.quadratics.social import SocialSettings, study_social
+from relaympi.studies.quadratics.dme import DmeSettings, study_dme
+from relaympi.studies.quadratics.fig2 import Fig2Settings, study_fig2
+from relaympi.studies.quadratics.findings import StudyResult
+from relaympi.studies.quadratics.heterogeneity import HeterogeneitySettings, study_heterogeneity
+from relaympi.studies.quadratics.lr_correction import LrCorrectionSettings, study_lr_correction
+from relaympi.studies.quadratics.social import SocialSettings, study_social
+from relaympi.studies.quadratics.tuning import SearchConfig
 
 QUICK_SEARCH = {"grid_points": 10, "rounds": 1, "round_points": 5, "max_steps": 2000}
 

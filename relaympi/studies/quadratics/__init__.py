@@ -1,17 +1,19 @@
 """Random-quadratics studies of the paper: tuned steps to a target suboptimality, spanning trees, mean estimation.
 
-    python -m benchmarks.quadratics fig2                  # Figure 2: steps to 1e-6 vs n (ring, trees, exponential)
-    python -m benchmarks.quadratics heterogeneity         # appendix "Independence of heterogeneity" (n=32 ring/chain)
-    python -m benchmarks.quadratics star                  # appendix "Star topology" (n=32)
-    python -m benchmarks.quadratics social                # Figure 3: spanning trees of the social network
-    python -m benchmarks.quadratics dme                   # appendix "RelaySum for distributed mean estimation"
-    python -m benchmarks.quadratics lr-correction         # appendix "Learning-rate correction", measured
-    python -m benchmarks.quadratics all --quick --out /tmp/q   # every study, reduced (< 1 minute)
+    python -m relaympi.studies.quadratics STUDY [--quick] [--out DIR] [--seed S] [--max-steps N]
+
+    fig2           Figure 2: steps to 1e-6 vs n (ring, trees, exponential)
+    heterogeneity  appendix "Independence of heterogeneity" (n=32 ring/chain)
+    star           appendix "Star topology" (n=32)
+    social         Figure 3: spanning trees of the social network
+    dme            appendix "RelaySum for distributed mean estimation"
+    lr-correction  appendix "Learning-rate correction", measured
+    all            every study; `all --quick --out /tmp/q` runs them reduced (< 1 minute)
 
 Every optimization study runs the matrix engine (relaympi.algorithms.matrix) with plain local
 SGD from x(0) = 0 and tunes a constant learning rate per (method, setting): the one that
 reaches the target suboptimality f(x_bar) - f* in the fewest steps, searched on a log scale
-(benchmarks._tuning.SearchConfig), with at most --max-steps gradient steps (default 20,000).
+(tuning.SearchConfig), with at most --max-steps gradient steps (default 20,000).
 A method that does not reach the target within the cap is reported as "n.r." with the lowest
 suboptimality it reached (its plateau). With gradient noise, "reached" means the suboptimality
 averaged over several noise streams (common to all learning rates) is below the target.
@@ -25,8 +27,9 @@ tuned learning rate and `trials/<i>` every learning rate its search tried [lr, s
 or -1, lowest suboptimality]; group `data` holds study-specific arrays (DME: MSE per checkpoint).
 
 Modules: one per study (fig2, heterogeneity for "heterogeneity" and "star", social, dme,
-lr_correction), each with its settings, run and findings; tuned (the problems, and the tune /
-log / row / table step the optimization studies share); tables (plain-text tables, row
+lr_correction), each with its settings, run and findings; tuning (batched matrix-engine runs
+and the log-scale learning-rate search); tuned (the problems, and the tune / log / row / table
+step the optimization studies share); tables (plain-text tables, row
 look-ups); findings (StudyResult, its HDF5 file and printed form); studies (the table of
 studies and their --quick settings); __main__ (the command line). The DME estimators live in
 relaympi.algorithms.dme_estimates.

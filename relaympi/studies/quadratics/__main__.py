@@ -1,4 +1,4 @@
-"""The command line of benchmarks.quadratics (usage in the package docstring)."""
+"""The command line of relaympi.studies.quadratics (usage in the package docstring)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,19 @@ from pathlib import Path
 
 from threadpoolctl import threadpool_limits
 
-import benchmarks.quadratics
-from benchmarks.quadratics.findings import report, write_result
-from benchmarks.quadratics.studies import STUDIES, run_study
+import relaympi.studies.quadratics
 from relaympi.entrypoint import run
 from relaympi.provenance import collect
+from relaympi.studies.quadratics.findings import report, write_result
+from relaympi.studies.quadratics.studies import STUDIES, run_study
 
 DEFAULT_OUT = Path("bench-results/quadratics")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.quadratics", description=benchmarks.quadratics.__doc__.splitlines()[0]
+        prog="python -m relaympi.studies.quadratics",
+        description=relaympi.studies.quadratics.__doc__.splitlines()[0],
     )
     parser.add_argument("study", choices=(*STUDIES, "all"))
     parser.add_argument(

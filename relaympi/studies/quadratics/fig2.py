@@ -6,16 +6,16 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks._tuning import Method, SearchConfig, d2_method
-from benchmarks.quadratics.findings import Finding, StudyResult
-from benchmarks.quadratics.tables import fmt, log_log_slope, ratio_within, steps_of
-from benchmarks.quadratics.tuned import (
+from relaympi.studies.quadratics.findings import Finding, StudyResult
+from relaympi.studies.quadratics.tables import fmt, log_log_slope, ratio_within, steps_of
+from relaympi.studies.quadratics.tuned import (
     EXACT_DIFFUSION_MARK,
     ProblemSettings,
     add_tuned,
     make_problem,
     tuned_tables,
 )
+from relaympi.studies.quadratics.tuning import Method, SearchConfig, d2_method
 from relaympi.topology import build
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from benchmarks._tuning import Tuned
+from relaympi.studies.quadratics.tuning import Tuned
 
 SCHEMA_VERSION = 1
 
@@ -55,7 +55,7 @@ def _json_default(value: Any) -> Any:
 
 
 def write_result(result: StudyResult, out_dir: Path, provenance: dict[str, Any]) -> Path:
-    """Write one study's HDF5 file (layout in the benchmarks.quadratics docstring); returns its path."""
+    """Write one study's HDF5 file (layout in the package docstring); returns its path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{result.study}.h5"
     strings = h5py.string_dtype("utf-8")

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks._tuning import Method, SearchConfig
-from benchmarks.quadratics.findings import Finding, StudyResult
-from benchmarks.quadratics.tables import find, fmt, grid
-from benchmarks.quadratics.tuned import ProblemSettings, add_tuned, make_problem, steps_cell
+from relaympi.studies.quadratics.findings import Finding, StudyResult
+from relaympi.studies.quadratics.tables import find, fmt, grid
+from relaympi.studies.quadratics.tuned import ProblemSettings, add_tuned, make_problem, steps_cell
+from relaympi.studies.quadratics.tuning import Method, SearchConfig
 from relaympi.topology import build, spanning_tree
 
 

@@ -1,8 +1,8 @@
 """What the optimization studies share: their problems, one tuned run per (method, setting), its row and tables.
 
-Each study tunes a constant learning rate per (method, setting) with benchmarks._tuning.tune,
-logs it, stores it as a row (tuned_row), and prints two tables over its settings: steps to the
-target and the tuned learning rate (tuned_tables).
+Each study tunes a constant learning rate per (method, setting) with tuning.tune, logs it,
+stores it as a row (tuned_row), and prints two tables over its settings: steps to the target
+and the tuned learning rate (tuned_tables).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks._tuning import Method, SearchConfig, Tuned, tune
-from benchmarks.quadratics.findings import StudyResult
-from benchmarks.quadratics.tables import Row, find, fmt, grid
+from relaympi.studies.quadratics.findings import StudyResult
+from relaympi.studies.quadratics.tables import Row, find, fmt, grid
+from relaympi.studies.quadratics.tuning import Method, SearchConfig, Tuned, tune
 from relaympi.tasks.quadratics import Quadratics, QuadraticsSpec, generate
 
-log = logging.getLogger("benchmarks.quadratics")
+log = logging.getLogger("relaympi.studies.quadratics")
 
 EXACT_DIFFUSION_MARK = "+"  # table marker: D² ran with (W + I) / 2 because W's smallest eigenvalue is < -1/3
 

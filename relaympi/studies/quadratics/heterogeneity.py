@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks._tuning import Method, SearchConfig, d2_method
-from benchmarks.quadratics.findings import Finding, StudyResult
-from benchmarks.quadratics.tables import fmt, ratio_within, steps_of
-from benchmarks.quadratics.tuned import ProblemSettings, add_tuned, make_problem, tuned_tables
+from relaympi.studies.quadratics.findings import Finding, StudyResult
+from relaympi.studies.quadratics.tables import fmt, ratio_within, steps_of
+from relaympi.studies.quadratics.tuned import ProblemSettings, add_tuned, make_problem, tuned_tables
+from relaympi.studies.quadratics.tuning import Method, SearchConfig, d2_method
 from relaympi.topology import build
 
 

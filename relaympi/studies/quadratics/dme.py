@@ -8,8 +8,6 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.quadratics.findings import Finding, StudyResult
-from benchmarks.quadratics.tables import find, grid
 from relaympi.algorithms.dme_estimates import (
     gossip_dme_estimates,
     gossip_dme_expected_mse,
@@ -17,6 +15,8 @@ from relaympi.algorithms.dme_estimates import (
     relaysum_dme_expected_mse,
 )
 from relaympi.algorithms.matrix import effective_delays
+from relaympi.studies.quadratics.findings import Finding, StudyResult
+from relaympi.studies.quadratics.tables import find, grid
 from relaympi.topology import build
 
 
