@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # python -m benchmarks.comm on an emulated cluster on this machine: N nodes x K ranks, every node's
-# link shaped to RATE (jobs/local_cluster.sh start --nodes N --link RATE), ranks started in the
+# link shaped to RATE (cluster/local_cluster.sh start --nodes N --link RATE), ranks started in the
 # nodes' namespaces with mpiexec's rsh launcher; the cluster is stopped (namespaces, links,
-# daemons) when the run ends. Root, Linux, SLURM installed (jobs/local_cluster.sh install).
+# daemons) when the run ends. Root, Linux, SLURM installed (cluster/local_cluster.sh install).
 #
 #   sudo bash benchmarks/cluster.sh --nodes 4 --ranks-per-node 1 --link 1gbit
 #   sudo bash benchmarks/cluster.sh --nodes 2 --ranks-per-node 2 --link 1gbit -- --sizes 2300000 --reps 5
@@ -38,8 +38,8 @@ MPIEXEC="$(dirname "$PY")/mpiexec"
 [[ -x "$MPIEXEC" ]] || MPIEXEC="$(command -v mpiexec)" || { echo "cluster.sh: no mpiexec next to $PY or on PATH" >&2; exit 2; }
 [[ -n "$DIR" ]] || DIR="$(mktemp -d /tmp/relaympi-bench-cluster.XXXXXX)/cluster"
 
-exports="$(bash jobs/local_cluster.sh start --nodes "$NODES" --link "$LINK" --cpus-per-node "$PER_NODE" --dir "$DIR")"
-trap 'bash jobs/local_cluster.sh stop --dir "$DIR" || true; rmdir "$(dirname "$DIR")" 2>/dev/null || true' EXIT
+exports="$(bash cluster/local_cluster.sh start --nodes "$NODES" --link "$LINK" --cpus-per-node "$PER_NODE" --dir "$DIR")"
+trap 'bash cluster/local_cluster.sh stop --dir "$DIR" || true; rmdir "$(dirname "$DIR")" 2>/dev/null || true' EXIT
 eval "$exports"
 # shellcheck disable=SC1091
 source "$DIR/nodes.env"

@@ -17,7 +17,7 @@ first (warm-up), the median of the slowest rank's
   --overlap: what is left after backward, the exposed communication),
 - step: wall time per step, evaluations left out;
 and "vs off": step over the off variant's step. The rows and the provenance go to ``--out`` (HDF5).
-With --nodes the emulated cluster (jobs/local_cluster.sh start --nodes N --link RATE) is started
+With --nodes the emulated cluster (cluster/local_cluster.sh start --nodes N --link RATE) is started
 once, its links reshaped for every rate, and always stopped at the end; ranks start in the nodes'
 namespaces (mpiexec's rsh launcher), so every byte between nodes crosses the shaped links.
 """
@@ -41,7 +41,7 @@ import numpy as np
 from relaympi.results import read_run
 
 ROOT = Path(__file__).resolve().parent.parent
-CLUSTER = ROOT / "jobs" / "local_cluster.sh"
+CLUSTER = ROOT / "cluster" / "local_cluster.sh"
 VARIANTS = {"off": ["--no-overlap"], "hooks": ["--overlap", "--no-progress-thread"], "thread": ["--overlap", "--progress-thread"]}
 
 
@@ -125,7 +125,7 @@ def parse_exports(text: str) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.overlap", description=__doc__.splitlines()[0])
     p.add_argument("--algos", default="relay,allreduce", help="comma-separated algorithms: relay, allreduce, dpsgd, relay-grad (default relay,allreduce)")
-    p.add_argument("--nodes", type=int, default=1, help="emulated nodes (>= 2 starts jobs/local_cluster.sh; root); 1: this machine, mpirun (default 1)")
+    p.add_argument("--nodes", type=int, default=1, help="emulated nodes (>= 2 starts cluster/local_cluster.sh; root); 1: this machine, mpirun (default 1)")
     p.add_argument("--ranks-per-node", type=int, default=2, help="ranks on each node (default 2)")
     p.add_argument("--links", default="none", help="comma-separated link rates for the emulated cluster, tc rates such as 500mbit, 1gbit (default none: unshaped)")
     p.add_argument("--device", default="cpu", help="cpu, or cuda: each rank's node-local GPU; MPI without CUDA support stages every message through host memory (default cpu)")

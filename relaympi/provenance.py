@@ -19,7 +19,7 @@ import relaympi
 from relaympi.costs import launch_shape
 from relaympi.threads import allowed_cpus
 
-# set by the emulated-cluster tool (jobs/local_cluster.sh): the shaped link rate its nodes run over
+# set by the emulated-cluster tool (cluster/local_cluster.sh): the shaped link rate its nodes run over
 EMULATED_LINK_ENV = "RELAYMPI_EMULATED_LINK"
 _SLURM_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NAME", "SLURM_JOB_PARTITION", "SLURM_NNODES", "SLURM_NTASKS")
 

@@ -22,7 +22,7 @@ print(f"test: CPU {cpu}; torch {torch.__version__}, CPU capability {torch.backen
 PY
 slurm_started=0
 if [ "${RELAYMPI_TEST_SLURM:-1}" = "1" ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-  if bash jobs/local_cluster.sh install && exports="$(bash jobs/local_cluster.sh start)"; then
+  if bash cluster/local_cluster.sh install && exports="$(bash cluster/local_cluster.sh start)"; then
     slurm_started=1
     eval "$exports"
   else
@@ -33,8 +33,8 @@ fi
 # removes its namespaces, links and daemons too should pytest die before the tests' teardown
 export RELAYMPI_TEST_NODES_DIR="${TMPDIR:-/tmp}/relaympi-test-nodes-$$"
 cleanup() {
-  if [ "$slurm_started" = 1 ]; then bash jobs/local_cluster.sh stop || true; fi
-  if [ -e "$RELAYMPI_TEST_NODES_DIR/nodes.env" ]; then bash jobs/local_cluster.sh stop --dir "$RELAYMPI_TEST_NODES_DIR" || true; fi
+  if [ "$slurm_started" = 1 ]; then bash cluster/local_cluster.sh stop || true; fi
+  if [ -e "$RELAYMPI_TEST_NODES_DIR/nodes.env" ]; then bash cluster/local_cluster.sh stop --dir "$RELAYMPI_TEST_NODES_DIR" || true; fi
 }
 trap cleanup EXIT
 python -m pytest -q tests

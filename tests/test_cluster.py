@@ -1,4 +1,4 @@
-"""Emulated multi-node clusters: ``jobs/local_cluster.sh start --nodes N`` (marker slurm; root).
+"""Emulated multi-node clusters: ``cluster/local_cluster.sh start --nodes N`` (marker slurm; root).
 
 One 2-node cluster (a network namespace and a hostname per node, tbf-shaped links) serves the
 module: started by the ``nodes`` fixture in a folder of its own, on ports and a subnet it picks
@@ -23,9 +23,11 @@ import numpy as np
 import pytest
 
 from relaympi.results import read_run, run_status
-from tests.test_slurm import JOBS, ROOT, bash, clean_env
+from tests.test_slurm import ROOT, bash, clean_env
 
 pytestmark = pytest.mark.slurm
+
+CLUSTER_TOOL = ROOT / "cluster" / "local_cluster.sh"
 
 # one configuration for every run here: ~3 s of training, a checkpoint every 50 steps
 TRAIN = ["--task", "digits", "--algo", "relay", "--alpha", "0.01", "--steps", "300", "--eval-every", "50", "--log-every", "50"]
@@ -38,7 +40,7 @@ def _skip_reason() -> str | None:
         return "emulated nodes need root (network namespaces, tc)"
     for tool in ("slurmctld", "slurmd", "sbatch", "munged", "ip", "tc", "nsenter", "unshare"):
         if shutil.which(tool) is None:
-            return f"emulated nodes need {tool} (bash jobs/local_cluster.sh install; iproute2)"
+            return f"emulated nodes need {tool} (bash cluster/local_cluster.sh install; iproute2)"
     if subprocess.run(["unshare", "--net", "--uts", "true"], capture_output=True).returncode != 0:
         return "this machine refuses network namespaces"
     if shutil.which("mpirun") is None:
@@ -81,7 +83,7 @@ class Nodes:
         return tuple(int(re.search(r"Sent (\d+) bytes", text).group(1)) for text in (into, out))
 
     def cluster(self, *args: str) -> subprocess.CompletedProcess:
-        return bash("local_cluster.sh", *args, "--dir", str(self.folder))
+        return bash("cluster/local_cluster.sh", *args, "--dir", str(self.folder))
 
 
 def leftovers(tag: str, folder: Path) -> list[str]:
@@ -103,7 +105,7 @@ def nodes(tmp_path_factory: pytest.TempPathFactory):
     # scripts/test.sh names the folder, and stops the cluster in its trap should pytest die before this teardown
     given = os.environ.get("RELAYMPI_TEST_NODES_DIR")
     folder = Path(given) if given else tmp_path_factory.mktemp("nodes") / "cluster"
-    proc = bash("local_cluster.sh", "start", "--nodes", "2", "--link", "1gbit", "--dir", str(folder))
+    proc = bash("cluster/local_cluster.sh", "start", "--nodes", "2", "--link", "1gbit", "--dir", str(folder))
     tag = None
     try:
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -111,7 +113,7 @@ def nodes(tmp_path_factory: pytest.TempPathFactory):
         tag = cluster.tag
         yield cluster
     finally:
-        stop = bash("local_cluster.sh", "stop", "--dir", str(folder))
+        stop = bash("cluster/local_cluster.sh", "stop", "--dir", str(folder))
         assert stop.returncode == 0, stop.stderr
         if tag is not None:
             assert leftovers(tag, folder) == []
@@ -265,18 +267,18 @@ def test_links_change_rate_without_a_restart(nodes: Nodes) -> None:
     (["link"], "link needs a RATE"),
 ])
 def test_bad_node_options_exit_2_with_the_usage(args: list[str], message: str, tmp_path: Path) -> None:
-    proc = bash("local_cluster.sh", *args, "--dir", str(tmp_path / "c"))
+    proc = bash("cluster/local_cluster.sh", *args, "--dir", str(tmp_path / "c"))
     assert proc.returncode == 2 and message in proc.stderr and "usage:" in proc.stderr, proc.stderr
     assert not (tmp_path / "c").exists()
 
 
 def test_without_root_nodes_exit_2_with_one_line(tmp_path: Path) -> None:
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        cmd = ["bash", str(JOBS / "local_cluster.sh"), "start", "--nodes", "2", "--dir", str(tmp_path / "c")]
+        cmd = ["bash", str(CLUSTER_TOOL), "start", "--nodes", "2", "--dir", str(tmp_path / "c")]
         if os.geteuid() == 0:
             pytest.skip("needs setpriv to drop root")
     else:
-        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", str(JOBS / "local_cluster.sh"),
+        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", str(CLUSTER_TOOL),
                "start", "--nodes", "2", "--dir", str(tmp_path / "c")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=clean_env(), cwd="/")
     assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc.stderr
@@ -306,7 +308,7 @@ def test_stop_after_a_crash_removes_everything_and_may_run_again(tmp_path: Path)
     if reason:
         pytest.skip(reason)
     folder = tmp_path / "crashed"
-    proc = bash("local_cluster.sh", "start", "--nodes", "1", "--dir", str(folder))
+    proc = bash("cluster/local_cluster.sh", "start", "--nodes", "1", "--dir", str(folder))
     assert proc.returncode == 0, proc.stderr
     tag = Nodes(folder, parse_exports(proc.stdout)).tag
     try:
@@ -319,6 +321,6 @@ def test_stop_after_a_crash_removes_everything_and_may_run_again(tmp_path: Path)
             pid_file.unlink()
     finally:
         for _ in range(2):  # idempotent
-            stop = bash("local_cluster.sh", "stop", "--dir", str(folder))
+            stop = bash("cluster/local_cluster.sh", "stop", "--dir", str(folder))
             assert stop.returncode == 0, stop.stderr
             assert leftovers(tag, folder) == []

@@ -1,4 +1,4 @@
-"""Two jobs/local_cluster.sh clusters side by side: a second one beside the suite's (marker slurm).
+"""Two cluster/local_cluster.sh clusters side by side: a second one beside the suite's (marker slurm).
 
 Needs the suite's cluster (as tests/test_slurm.py) and root to start the second one.
 """
@@ -44,9 +44,9 @@ def daemons_running(folder: Path) -> list[str]:
 def second(cluster: None, tmp_path: Path):  # noqa: F811 - the imported fixture
     """A second cluster in its own folder, on ports it picks; stopped afterwards."""
     if os.geteuid() != 0 or shutil.which("slurmctld") is None:
-        pytest.skip("a second local cluster needs root and slurmctld (bash jobs/local_cluster.sh install)")
+        pytest.skip("a second local cluster needs root and slurmctld (bash cluster/local_cluster.sh install)")
     folder = tmp_path / "second cluster"
-    proc = bash("local_cluster.sh", "start", "--dir", str(folder))
+    proc = bash("cluster/local_cluster.sh", "start", "--dir", str(folder))
     try:
         assert proc.returncode == 0, proc.stdout + proc.stderr
         # one line that scripts eval (scripts/test.sh does), right for a folder with a space in its name
@@ -55,7 +55,7 @@ def second(cluster: None, tmp_path: Path):  # noqa: F811 - the imported fixture
         assert evaluated.stdout == str(folder / "slurm.conf")
         yield folder
     finally:
-        stop = bash("local_cluster.sh", "stop", "--dir", str(folder))
+        stop = bash("cluster/local_cluster.sh", "stop", "--dir", str(folder))
         assert stop.returncode == 0, stop.stderr
         assert not daemons_running(folder)
 
@@ -82,7 +82,7 @@ def test_a_second_cluster_runs_beside_the_suites_and_stops_alone(second: Path) -
     finally:
         slurm(second_conf, "scancel", proc.stdout.strip().split(";")[0])
     assert sorted(daemons_running(second)) == ["slurmctld", "slurmd"]
-    stop = bash("local_cluster.sh", "stop", "--dir", str(second))
+    stop = bash("cluster/local_cluster.sh", "stop", "--dir", str(second))
     assert stop.returncode == 0, stop.stderr
     assert not daemons_running(second)
     # the suite's cluster (and the munged it shares) still runs
@@ -98,5 +98,18 @@ def test_bad_options_exit_2_with_the_usage(tmp_path: Path) -> None:
         (["status", "--dir"], "--dir needs a value"),
         (["restart"], "unknown command 'restart'"),
     ]:
-        proc = bash("local_cluster.sh", *args)
+        proc = bash("cluster/local_cluster.sh", *args)
         assert proc.returncode == 2 and message in proc.stderr and "usage:" in proc.stderr, (args, proc.stderr)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-h"], ["help"], ["start", "--nodes", "2", "--help"], ["link", "-h"]])
+def test_help_prints_the_usage_and_exits_0(args: list[str]) -> None:
+    proc = bash("cluster/local_cluster.sh", *args)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.startswith("usage: ") and "--nodes N" in proc.stdout and "--dir DIR" in proc.stdout
+
+
+@pytest.mark.parametrize("part", ["slurm.sh", "nodes.sh"])
+def test_the_two_parts_are_not_run_on_their_own(part: str) -> None:
+    proc = bash(f"cluster/{part}", "start")
+    assert proc.returncode == 2 and "run that" in proc.stderr and proc.stdout == "", proc.stderr

@@ -1,7 +1,7 @@
 """SLURM sweeps: the grid and dry runs (anywhere), then real submissions to a local cluster (marker slurm).
 
-The slurm tests need a reachable cluster: `bash jobs/local_cluster.sh install && bash
-jobs/local_cluster.sh start` and the printed `export SLURM_CONF=...`.
+The slurm tests need a reachable cluster: `bash cluster/local_cluster.sh install && bash
+cluster/local_cluster.sh start` and the printed `export SLURM_CONF=...`.
 """
 
 from __future__ import annotations
@@ -58,8 +58,9 @@ def grid(*args: str, **settings: str) -> subprocess.CompletedProcess:
 
 
 def bash(script: str, *args: str, cwd: Path = ROOT, **settings: str) -> subprocess.CompletedProcess:
+    """Run a script of jobs/ by its name, or any script by its path from the repository root."""
     return subprocess.run(
-        ["bash", str(JOBS / script), *args],
+        ["bash", str(ROOT / script if "/" in script else JOBS / script), *args],
         capture_output=True,
         text=True,
         env=clean_env(**settings),
@@ -277,11 +278,11 @@ def test_batched_backend_runs_each_configuration_as_one_process(tmp_path: Path) 
 @functools.cache
 def _cluster_reason() -> str | None:
     if shutil.which("sbatch") is None:
-        return "sbatch is not on PATH (bash jobs/local_cluster.sh install && start)"
+        return "sbatch is not on PATH (bash cluster/local_cluster.sh install && start)"
     conf = os.environ.get("SLURM_CONF")
     if conf and not Path(conf).is_file():
         return (
-            f"SLURM_CONF={conf} does not exist (jobs/local_cluster.sh start prints the right one)"
+            f"SLURM_CONF={conf} does not exist (cluster/local_cluster.sh start prints the right one)"
         )
     try:
         proc = subprocess.run(
