@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from relaympi.data import cli, sets
+from relaympi.commands import data as cli
+from relaympi.data import sets
 from relaympi.data.manifest import MANIFEST, read
 from relaympi.data.sets import AgNews, Cifar10, DistilBert, RemoteFile
 from tests.conftest import ROOT, env_for_subprocess

@@ -185,7 +185,7 @@ def cifar_source(tmp_path, monkeypatch):
 
 def _follow(advice: str) -> None:
     """Run advice of the form `mv A B && python -m relaympi.data ARGS` as a user would (in-process)."""
-    from relaympi.data import cli
+    from relaympi.commands import data as cli
 
     for command in advice.split(" && "):
         words = shlex.split(command)
@@ -198,7 +198,7 @@ def _follow(advice: str) -> None:
 
 
 def _check(root: Path, capsys) -> tuple[int, str]:
-    from relaympi.data import cli
+    from relaympi.commands import data as cli
 
     status = cli.main(["check", "cifar10", "--root", str(root)])
     return status, capsys.readouterr().out
@@ -241,7 +241,7 @@ def test_following_the_jobs_data_advice_and_the_trainers_hint_verifies_it(tmp_pa
 
 
 def test_fetch_refusing_a_folder_gives_the_command_that_works(tmp_path, cifar_source, capsys):
-    from relaympi.data import cli
+    from relaympi.commands import data as cli
     from tests.data_factories import write_cifar10_binary
 
     write_cifar10_binary(tmp_path / "cifar10", n_per_batch=2)
@@ -252,7 +252,7 @@ def test_fetch_refusing_a_folder_gives_the_command_that_works(tmp_path, cifar_so
 
 
 def test_fetch_lists_only_what_it_can_fetch(capsys):
-    from relaympi.data import cli
+    from relaympi.commands import data as cli
     from relaympi.data.sets import FETCHABLE
 
     for name in ("nonsense", "imagenet"):
@@ -267,7 +267,7 @@ def test_fetch_lists_only_what_it_can_fetch(capsys):
 
 
 def cli_error(argv: list[str], capsys) -> str:
-    from relaympi.data import cli
+    from relaympi.commands import data as cli
 
     with pytest.raises(SystemExit):
         cli.main(argv)

@@ -1,5 +1,5 @@
-"""Layers only look down (DESIGN.md "Seams that matter"): every import inside relaympi/ points to a
-module of the same layer or of a layer below it, and no imports close a circle.
+"""Layers only look down: every import inside relaympi/ points to a module of the same layer or of
+a layer below it, and no imports close a circle.
 
 The graph comes from the source (ast), not from running it: every ``import`` counts, at the top of a
 module, inside a function (a lazy import is an arrow a reader follows the same way) and under
@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
                        "relaympi.batched.mixer", "relaympi.batched.optim", "relaympi.batched.relay")),
     ("tasks", 3, ("relaympi.tasks",)),
     # the files a task reads, laid out and fetched (they name the tasks' formats)
+    # exception: relaympi.data spans two layers, a store tasks use and a catalogue that asks tasks
     ("data sets", 4, ("relaympi.data.layouts", "relaympi.data.sets", "relaympi.data.imagenet")),
     # the run's configuration: its flags are checked against the registries below (topology, algorithm,
     # optimizer and task names) and its --help shows their defaults, so it sits above them; nothing
@@ -40,8 +41,9 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("training", 6, ("relaympi.training", "relaympi.workloads")),
     # what runs a plan: message passing over a Communicator (mpi, local) and the batched engine
     ("engines", 7, ("relaympi.engines", "relaympi.batched.run", "relaympi.batched.models", "relaympi.batched.data")),
-    # command lines
-    ("commands", 8, ("relaympi.train", "relaympi.topology.cli", "relaympi.topology.__main__", "relaympi.data.cli",
+    # command lines; a package's __main__ is its command's entry, in this layer, while the package
+    # itself stays in its own
+    ("commands", 8, ("relaympi.train", "relaympi.commands", "relaympi.topology.__main__",
                      "relaympi.data.__main__")),
     # what reads the run files of many runs and may use everything below: the paper's tables
     ("report", 9, ("relaympi.report",)),

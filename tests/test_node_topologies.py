@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from relaympi.algorithms.relay_lr import simulated_lr_correction
+from relaympi.commands.topology import DEFAULT_MODEL_SIZE, main
 from relaympi.topology import PLACEMENTS, TopologyError, build, coordinate_blocks, nodes_of
-from relaympi.topology.cli import DEFAULT_MODEL_SIZE, main
 from tests.node_layouts import layout
 
 TREES = ("chain", "binary-tree", "double-binary-trees")

@@ -15,6 +15,14 @@ import numpy as np
 import pytest
 
 from relaympi.algorithms.relay_lr import lr_correction, simulated_lr_correction
+from relaympi.commands.topology import (
+    MAX_DESCRIBED_EDGES,
+    _edges_to_build,
+    _json_chunks,
+    _wrap,
+    describe,
+    main,
+)
 from relaympi.topology import (
     Topology,
     TopologyError,
@@ -23,14 +31,6 @@ from relaympi.topology import (
     min_eigenvalue,
     spanning_tree,
     spectral_gap,
-)
-from relaympi.topology.cli import (
-    MAX_DESCRIBED_EDGES,
-    _edges_to_build,
-    _json_chunks,
-    _wrap,
-    describe,
-    main,
 )
 from relaympi.topology.core import GENERAL_DIAMETER_MAX_WORK
 from relaympi.topology.spectra import (

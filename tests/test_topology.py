@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from relaympi.algorithms import lr_correction
+from relaympi.commands.topology import describe, main
 from relaympi.topology import (
     TOPOLOGY_NAMES,
     ExponentialSchedule,
@@ -29,7 +30,6 @@ from relaympi.topology import (
     spanning_tree,
     spectral_gap,
 )
-from relaympi.topology.cli import describe, main
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = range(2, 65)

@@ -1,6 +1,6 @@
-"""`python -m relaympi.data`: see relaympi/data/cli.py."""
+"""`python -m relaympi.data`: see relaympi/commands/data.py."""
 
-from relaympi.data.cli import main
+from relaympi.commands.data import main
 from relaympi.entrypoint import run
 
 run(main)

@@ -1,7 +1,6 @@
-"""Entry point of `python -m relaympi.topology`."""
+"""Entry point of `python -m relaympi.topology` (the command line: relaympi/commands/topology.py)."""
 
+from relaympi.commands.topology import main
 from relaympi.entrypoint import run
-
-from .cli import main
 
 run(main)

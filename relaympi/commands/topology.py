@@ -16,12 +16,11 @@ import numpy as np
 from relaympi.algorithms import lr_correction
 from relaympi.algorithms.d2_rule import D2_MIN_EIGENVALUE, d2_allows
 from relaympi.entrypoint import UsageParser
-
-from .core import Topology, coordinate_blocks
-from .errors import TopologyError
-from .placement import PLACEMENTS, nodes_of
-from .registry import EDGE_LIST, SPANNING_TREE_PREFIX, TOPOLOGY_NAMES, build
-from .schedule import ExponentialSchedule
+from relaympi.topology.core import Topology, coordinate_blocks
+from relaympi.topology.errors import TopologyError
+from relaympi.topology.placement import PLACEMENTS, nodes_of
+from relaympi.topology.registry import EDGE_LIST, SPANNING_TREE_PREFIX, TOPOLOGY_NAMES, build
+from relaympi.topology.schedule import ExponentialSchedule
 
 __all__ = ["DEFAULT_MODEL_SIZE", "MAX_DESCRIBED_EDGES", "describe", "main"]
 
