@@ -45,10 +45,10 @@ def _timed(fn, sync, warmup: int, steps: int, every: int = 1) -> float:
 def bench(data_dir: Path, device: str, workers: int, batch_size: int, autocast: str | None, warmup: int, steps: int) -> list[dict]:
     from relaympi.algorithms import AlgorithmOptions
     from relaympi.batched import BatchedOptimizer, make_batched_algorithm
-    from relaympi.batched.data import BatchedData
-    from relaympi.batched.models import BatchedModel
-    from relaympi.batched.run import AUTOCAST, DEFERRED_STEPS
     from relaympi.comm import DropPolicy
+    from relaympi.engines.batched.data import BatchedData
+    from relaympi.engines.batched.models import BatchedModel
+    from relaympi.engines.batched.run import AUTOCAST, DEFERRED_STEPS
     from relaympi.optim import OptimizerConfig
     from relaympi.tasks import TaskOptions, get_task_class
     from relaympi.tasks.partition import dirichlet_partition

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from relaympi import train
-from relaympi.batched.models import BatchedModel
 from relaympi.config import ConfigError, parse_args
+from relaympi.engines.batched.models import BatchedModel
 from relaympi.results import read_run
 from relaympi.tasks import TaskOptions, get_task_class
 

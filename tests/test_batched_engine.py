@@ -24,10 +24,10 @@ import pytest
 import torch
 
 from relaympi import train
-from relaympi.batched.data import BatchedData
-from relaympi.batched.models import BatchedModel, unsupported_reason
-from relaympi.batched.run import run_batched
 from relaympi.config import ConfigError, parse_args
+from relaympi.engines.batched.data import BatchedData
+from relaympi.engines.batched.models import BatchedModel, unsupported_reason
+from relaympi.engines.batched.run import run_batched
 from relaympi.flat import flatten_module
 from relaympi.results import read_run
 from relaympi.tasks import TaskOptions, get_task_class

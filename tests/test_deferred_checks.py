@@ -1,7 +1,7 @@
 """The batched engine's deferred checks: reading losses and timers every K steps, not every step,
 records the same run (rows, status, the diverged step) as reading them every step.
 
-On a GPU (batched/run.py's check_lag) the host reads every DEFERRED_STEPS steps so that the device
+On a GPU (engines/batched/run.py's check_lag) the host reads every DEFERRED_STEPS steps so that the device
 runs ahead; here the same bookkeeping runs on CPU tensors with the lag forced.
 """
 
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from relaympi.batched import run as batched_run
 from relaympi.batched.algorithms import make_batched_algorithm
 from relaympi.batched.optim import BatchedOptimizer
 from relaympi.config import parse_args
+from relaympi.engines.batched import run as batched_run
 from relaympi.results import read_run
 from relaympi.training.plan import resolve
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from relaympi import config, engines
-from relaympi.batched.run import BatchedRun
 from relaympi.config import ConfigError, parse_args
+from relaympi.engines.batched.run import BatchedRun
 from relaympi.engines.message_passing import MessagePassingRank
 from relaympi.training.loop import TrainingLoop
 from relaympi.training.plan import resolve
@@ -36,8 +36,8 @@ def test_jobs_take_the_backends_from_the_table() -> None:
 
 @pytest.mark.parametrize("backend", ["mpi", "local", "batched"], ids=["ranks", "threads", "stacked"])
 def test_resolving_and_checking_load_no_engine_but_the_checked_one(backend: str) -> None:
-    """The plan imports no engine (before, it loaded relaympi.batched.models and torch.func on every
-    plan); a message-passing check loads nothing, a batched one its model check alone."""
+    """The plan imports no engine (before, it loaded the batched engine's models and torch.func on
+    every plan); a message-passing check loads nothing, a batched one its model check alone."""
     workers = "" if backend == "mpi" else ", '--workers', '4'"
     code = (
         "import sys\n"
@@ -54,8 +54,8 @@ def test_resolving_and_checking_load_no_engine_but_the_checked_one(backend: str)
     after_resolve, after_check = proc.stdout.splitlines()
     assert after_resolve == "[]"
     loaded = ast.literal_eval(after_check)
-    assert ("relaympi.batched.models" in loaded) == (backend == "batched")
-    assert "relaympi.batched.run" not in loaded and "relaympi.engines.message_passing" not in loaded
+    assert ("relaympi.engines.batched.models" in loaded) == (backend == "batched")
+    assert "relaympi.engines.batched.run" not in loaded and "relaympi.engines.message_passing" not in loaded
 
 
 def test_the_batched_check_refuses_a_task_the_engine_cannot_run(tmp_path) -> None:

@@ -102,7 +102,7 @@ def test_crop_flip_on_the_gpu_with_device_indices_matches_the_cpu():
 
 @needs_cuda
 def test_batched_image_batches_on_the_gpu_match_the_cpu(tmp_path):
-    from relaympi.batched.data import BatchedData
+    from relaympi.engines.batched.data import BatchedData
     from relaympi.tasks import TaskOptions, get_task_class
     from relaympi.tasks.partition import dirichlet_partition
     from tests.data_factories import write_cifar10_binary

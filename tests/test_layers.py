@@ -27,8 +27,7 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("topology, comm, flat layout", 1, ("relaympi.topology", "relaympi.comm", "relaympi.flat")),
     ("optim", 2, ("relaympi.optim",)),
     # each algorithm as message passing, its matrix form, and its vectorized (batched) form
-    ("algorithms", 3, ("relaympi.algorithms", "relaympi.batched", "relaympi.batched.algorithms", "relaympi.batched.base",
-                       "relaympi.batched.mixer", "relaympi.batched.optim", "relaympi.batched.relay")),
+    ("algorithms", 3, ("relaympi.algorithms", "relaympi.batched")),
     ("tasks", 3, ("relaympi.tasks",)),
     # the files a task reads, laid out and fetched (they name the tasks' formats)
     # exception: relaympi.data spans two layers, a store tasks use and a catalogue that asks tasks
@@ -40,7 +39,7 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     # the resolved plan, the one training loop, a worker's workload, evaluation, checkpoints, run file
     ("training", 6, ("relaympi.training", "relaympi.workloads")),
     # what runs a plan: message passing over a Communicator (mpi, local) and the batched engine
-    ("engines", 7, ("relaympi.engines", "relaympi.batched.run", "relaympi.batched.models", "relaympi.batched.data")),
+    ("engines", 7, ("relaympi.engines",)),
     # command lines; a package's __main__ is its command's entry, in this layer, while the package
     # itself stays in its own
     ("commands", 8, ("relaympi.train", "relaympi.commands", "relaympi.topology.__main__",

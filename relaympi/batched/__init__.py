@@ -1,4 +1,5 @@
-"""The batched engine: all workers of a run as one computation on one device (``--backend batched``)."""
+"""The vectorized forms of the optimizers and algorithms: every worker's step at once, on stacked
+[N, d] tensors. The batched engine (relaympi.engines.batched, ``--backend batched``) runs them."""
 
 from relaympi.batched.algorithms import BATCHED_ALGORITHMS, make_batched_algorithm
 from relaympi.batched.base import BatchedAlgorithm

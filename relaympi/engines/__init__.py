@@ -34,13 +34,13 @@ def _message_passing_run(plan: Plan, out: Path, command: str, comm: Any = None) 
 
 
 def _batched_check(plan: Plan) -> None:
-    from relaympi.batched.models import refuse_unsupported
+    from relaympi.engines.batched.models import refuse_unsupported
 
     refuse_unsupported(plan.task)  # what the task's class tells (its model is checked once built)
 
 
 def _batched_run(plan: Plan, out: Path, command: str, comm: Any = None) -> str:
-    from relaympi.batched.run import run
+    from relaympi.engines.batched.run import run
 
     return run(plan, out, command, comm)
 

@@ -27,10 +27,10 @@ import numpy as np
 import torch
 
 from relaympi.batched.algorithms import make_batched_algorithm
-from relaympi.batched.data import BatchedData
-from relaympi.batched.models import BatchedModel, refuse_unsupported
 from relaympi.batched.optim import BatchedOptimizer
 from relaympi.config import ConfigError
+from relaympi.engines.batched.data import BatchedData
+from relaympi.engines.batched.models import BatchedModel, refuse_unsupported
 from relaympi.tasks.quadratics import QuadraticsTask
 from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.evaluation import device_memory, row_header
