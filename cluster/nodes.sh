@@ -2,7 +2,10 @@
 # and one hostname (UTS namespace) each, a veth pair to a bridge, tc tbf per link, a slurmd each.
 # Sourced by cluster/local_cluster.sh after cluster/slurm.sh, whose ports, slurm.conf lines,
 # munged and pid-file helpers it uses; not run on its own.
-[[ "${BASH_SOURCE[0]}" != "$0" ]] || { echo "nodes.sh: sourced by cluster/local_cluster.sh; run that (--help)" >&2; exit 2; }
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+    echo "nodes.sh: sourced by cluster/local_cluster.sh; run that (--help)" >&2
+    exit 2
+fi
 
 link_rate_bits() {  # RATE: its bits per second (tc's units), or fail; 'none' is 0 (unshaped)
     local rate="${1,,}" number unit

@@ -2,7 +2,10 @@
 # (cluster/nodes.sh) share with it: ports, the slurm.conf lines common to both, munged, pid files.
 # Sourced by cluster/local_cluster.sh, which parses the options into SLURM_DIR, CONF, CTLD_PORT,
 # SLURMD_PORT and PARTITION and defines die and usage; not run on its own.
-[[ "${BASH_SOURCE[0]}" != "$0" ]] || { echo "slurm.sh: sourced by cluster/local_cluster.sh; run that (--help)" >&2; exit 2; }
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+    echo "slurm.sh: sourced by cluster/local_cluster.sh; run that (--help)" >&2
+    exit 2
+fi
 
 MUNGE_KEY=/etc/munge/munge.key
 MUNGE_RUN=/run/munge

@@ -102,11 +102,13 @@ def test_bad_options_exit_2_with_the_usage(tmp_path: Path) -> None:
         assert proc.returncode == 2 and message in proc.stderr and "usage:" in proc.stderr, (args, proc.stderr)
 
 
-@pytest.mark.parametrize("args", [["--help"], ["-h"], ["help"], ["start", "--nodes", "2", "--help"], ["link", "-h"]])
+@pytest.mark.parametrize("args", [["--help"], ["-h"], ["help"], ["start", "--nodes", "2", "--help"],
+                                  ["link", "-h"]])
 def test_help_prints_the_usage_and_exits_0(args: list[str]) -> None:
     proc = bash("cluster/local_cluster.sh", *args)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-    assert proc.stdout.startswith("usage: ") and "--nodes N" in proc.stdout and "--dir DIR" in proc.stdout
+    assert proc.stdout.startswith("usage: ")
+    assert "--nodes N" in proc.stdout and "--dir DIR" in proc.stdout
 
 
 @pytest.mark.parametrize("part", ["slurm.sh", "nodes.sh"])

@@ -1,4 +1,4 @@
-"""Entry point of `python -m relaympi.topology` (the command line: relaympi/commands/topology.py)."""
+"""Entry point of `python -m relaympi.topology`: see relaympi/commands/topology.py."""
 
 from relaympi.commands.topology import main
 from relaympi.entrypoint import run
