@@ -1,5 +1,5 @@
-"""Layers only look down (DESIGN.md "Seams that matter"): every import inside relaympi/ points to a
-module of the same layer or of a layer below it, and no imports close a circle.
+"""Layers only look down: every import inside relaympi/ points to a module of the same layer or of a
+layer below it, and no imports close a circle.
 
 The graph comes from the source (ast), not from running it: every ``import`` counts, at the top of a
 module, inside a function (a lazy import is an arrow a reader follows the same way) and under
@@ -18,9 +18,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "relaympi"
 # itself or a package above it). An arrow may point to a lower rank, or within its own layer; two
 # layers of one rank sit side by side and never import each other (algorithms and tasks).
 LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
-    # what everything may use: the run file's schema (results) and checkpoint format, the launcher's
-    # environment, the package version, where data sets live, the CLI's exit-status conventions
-    ("foundation", 0, ("relaympi", "relaympi.entrypoint", "relaympi.launcher", "relaympi.threads", "relaympi.checkpoint_files",
+    # what everything may use: the run file's schema (results), the launcher's environment, the
+    # package version, where data sets live, the CLI's exit-status conventions
+    ("foundation", 0, ("relaympi", "relaympi.entrypoint", "relaympi.launcher", "relaympi.threads",
                        "relaympi.provenance", "relaympi.results", "relaympi.costs", "relaympi.data", "relaympi.data.download",
                        "relaympi.data.manifest", "relaympi.data.paths")),
     # pure graphs and schedules; the Communicator and its backends; the model's flat memory layout (flat)
@@ -36,7 +36,8 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     # optimizer and task names) and its --help shows their defaults, so it sits above them; nothing
     # below imports it (a task takes its own options, an algorithm its AlgorithmOptions)
     ("config", 5, ("relaympi.config",)),
-    # the resolved plan, the one training loop, a worker's workload, evaluation, checkpoints, run file
+    # the resolved plan, the one training loop, a worker's workload, evaluation, checkpoints (their
+    # file format too), run file; relaympi.workloads: the old path of training.workloads, re-exported
     ("training", 6, ("relaympi.training", "relaympi.workloads")),
     # what runs a plan: message passing over a Communicator (mpi, local) and the batched engine
     ("engines", 7, ("relaympi.engines", "relaympi.batched.run", "relaympi.batched.models", "relaympi.batched.data")),
