@@ -189,9 +189,9 @@ def _cases(comm, numel: int, device: torch.device, chunk: int) -> dict:
 
 def tree_inter_node_bytes(nodes: list[int], sizes: list[int], order: tuple[int, ...], itemsize: int = 4) -> float:
     """The most bytes any rank sends to other nodes in tree all-reduces of buffers of ``sizes``
-    elements (relaympi.comm.tree_allreduce.tree_sum with the stage ``order``), summed per rank: the fold of ranks
-    beyond the largest power of two, each halving stage's given half, and the same again in the
-    allgather."""
+    elements (relaympi.comm.tree_allreduce.tree_sum with the stage ``order``), summed per rank: the
+    fold of ranks beyond the largest power of two, each halving stage's given half, and the same
+    again in the allgather."""
     n = len(nodes)
     p = 1 << (n.bit_length() - 1)
     sent = [0] * n
