@@ -179,7 +179,7 @@ def _cases(comm, numel: int, device: torch.device, chunk: int) -> dict:
     cases["iallreduce fixed tree 8 pieces"] = tree_allreduce_pieces
     tree_allreduce.bytes_per_call = tree_allreduce_pieces.bytes_per_call = 4 * numel
     if comm.backend == "mpi":  # its messages are not counted by the communicator: the busiest rank's, from the tree
-        from relaympi.comm.mpi import stage_order
+        from relaympi.comm.tree_allreduce import stage_order
 
         order = stage_order(comm.nodes)
         tree_allreduce.inter_node_bytes = tree_inter_node_bytes(comm.nodes, [numel], order)
@@ -189,9 +189,9 @@ def _cases(comm, numel: int, device: torch.device, chunk: int) -> dict:
 
 def tree_inter_node_bytes(nodes: list[int], sizes: list[int], order: tuple[int, ...], itemsize: int = 4) -> float:
     """The most bytes any rank sends to other nodes in tree all-reduces of buffers of ``sizes``
-    elements (relaympi.comm.mpi._tree_sum with the stage ``order``), summed per rank: the fold of ranks
-    beyond the largest power of two, each halving stage's given half, and the same again in the
-    allgather."""
+    elements (relaympi.comm.tree_allreduce.tree_sum with the stage ``order``), summed per rank: the
+    fold of ranks beyond the largest power of two, each halving stage's given half, and the same
+    again in the allgather."""
     n = len(nodes)
     p = 1 << (n.bit_length() - 1)
     sent = [0] * n

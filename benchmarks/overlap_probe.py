@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from mpi4py import MPI
 
-    from relaympi.comm.mpi import ProgressThread
+    from relaympi.comm.progress import ProgressThread
 
     comm = MPI.COMM_WORLD
     if comm.size < 2 or comm.size % 2:

@@ -34,7 +34,7 @@ from relaympi.tasks import TaskOptions, get_task_class
 from relaympi.tasks.partition import dirichlet_partition
 from relaympi.training.loop import FAULT_ENV, STOP
 from relaympi.training.plan import resolve
-from relaympi.workloads import ModelWorkload
+from relaympi.training.workloads import ModelWorkload
 from tests.data_factories import write_cifar10_binary
 
 # float32 against float64 (test_batched_float32_gradients_...): the batched error may exceed the

@@ -3,8 +3,9 @@
     python -m pytest tests/test_gpu_paths.py -rs                                            # one process
     mpirun -n 2 python -m pytest tests/test_gpu_paths.py --with-mpi -m "gpu and spmd" -rs   # MPI ranks
 
-- host staging on a side stream (MPICommunicator._side_copy): the copy to the host waits for the
-  kernels that wrote the send buffer, and kernels reading a receive buffer wait for its copy;
+- host staging on a side stream (DeviceStaging.side_copy in relaympi.comm.staging): the copy to
+  the host waits for the kernels that wrote the send buffer, and kernels reading a receive buffer
+  wait for its copy;
 - the cached array kinds (buffers.array_kind) for device tensors;
 - device augmentation (cifar10.crop_flip) with indices on the images' device, and the batched
   engine's batches on a GPU;

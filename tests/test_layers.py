@@ -18,9 +18,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "relaympi"
 # itself or a package above it). An arrow may point to a lower rank, or within its own layer; two
 # layers of one rank sit side by side and never import each other (algorithms and tasks).
 LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
-    # what everything may use: the run file's schema (results) and checkpoint format, the launcher's
-    # environment, the package version, where data sets live, the CLI's exit-status conventions
-    ("foundation", 0, ("relaympi", "relaympi.entrypoint", "relaympi.launcher", "relaympi.threads", "relaympi.checkpoint_files",
+    # what everything may use: the run file's schema (results), the launcher's environment, the
+    # package version, where data sets live, the CLI's exit-status conventions
+    ("foundation", 0, ("relaympi", "relaympi.entrypoint", "relaympi.launcher", "relaympi.threads",
                        "relaympi.provenance", "relaympi.results", "relaympi.costs", "relaympi.data", "relaympi.data.download",
                        "relaympi.data.manifest", "relaympi.data.paths")),
     # pure graphs and schedules; the Communicator and its backends; the model's flat memory layout (flat)
@@ -36,8 +36,9 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     # optimizer and task names) and its --help shows their defaults, so it sits above them; nothing
     # below imports it (a task takes its own options, an algorithm its AlgorithmOptions)
     ("config", 5, ("relaympi.config",)),
-    # the resolved plan, the one training loop, a worker's workload, evaluation, checkpoints, run file
-    ("training", 6, ("relaympi.training", "relaympi.workloads")),
+    # the resolved plan, the one training loop, a worker's workload, evaluation, checkpoints (their
+    # file format too), run file
+    ("training", 6, ("relaympi.training",)),
     # what runs a plan: message passing over a Communicator (mpi, local) and the batched engine
     ("engines", 7, ("relaympi.engines",)),
     # command lines; a package's __main__ is its command's entry, in this layer, while the package

@@ -1,5 +1,5 @@
-"""One job per module, and names that say what they are (issue 20, item 5): each renamed or moved
-name is found at its new home, does what it did, and the old name is gone."""
+"""One job per module, and names that say what they are: each renamed or moved name is found at its
+new home, does what it did, and the old name is gone."""
 
 from __future__ import annotations
 
@@ -38,10 +38,12 @@ def test_one_ranks_message_passing_run_is_a_message_passing_rank() -> None:
 
 
 def test_the_checkpoint_file_format_is_checkpoint_files() -> None:
-    from relaympi import checkpoint_files
+    from relaympi.training import checkpoint_files
 
     assert all(callable(getattr(checkpoint_files, f)) for f in ("save", "load", "prune", "read_meta", "write_meta", "forget"))
     assert not (Path(checkpoint_files.__file__).parent / "checkpoint.py").exists()
+    # it moved into training, its only user: the top-level module is gone
+    assert not (Path(checkpoint_files.__file__).parent.parent / "checkpoint_files.py").exists()
 
 
 def test_a_matrix_form_names_the_matrix_algorithm_it_steps() -> None:

@@ -199,7 +199,7 @@ def test_resume_refuses_ranks_found_on_other_nodes(tmp_path):
     ranks = RunConfig(task="quadratics", steps=4, placement="ranks", checkpoint_dir=tmp_path / "ranks")
     Checkpoints(ranks, tmp_path / "r.h5", 0, 4, nodes=(0, 0, 1, 1)).save(2, {"x": torch.zeros(1)})
     assert Checkpoints(ranks, tmp_path / "r.h5", 0, 4, nodes=(0, 1, 2, 3)).load()[0] == 2  # rank order: nodes change nothing
-    # all-reduce's tree sums in an order set by the nodes (relaympi.comm.mpi.stage_order): the same nodes, or refused
+    # all-reduce's tree sums in an order set by the nodes (relaympi.comm.tree_allreduce.stage_order): the same nodes, or refused
     summed = RunConfig(task="quadratics", steps=4, algo="allreduce", placement="ranks", checkpoint_dir=tmp_path / "allreduce")
     Checkpoints(summed, tmp_path / "r.h5", 0, 4, nodes=(0, 0, 1, 1)).save(2, {"x": torch.zeros(1)})
     assert Checkpoints(summed, tmp_path / "r.h5", 0, 4, nodes=(0, 0, 1, 1)).load()[0] == 2

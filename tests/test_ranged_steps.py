@@ -1,4 +1,4 @@
-"""The ranged step (issue 24, item 2) of all-reduce, D-PSGD, QGM, D², gradient tracking and SGP.
+"""The ranged step of all-reduce, D-PSGD, QGM, D², gradient tracking and SGP.
 
 begin_step, then ready(lo, hi) as backward finishes each range (high indices first), then
 finish_step, gives x(t+1) bit for bit as step() does, for any cut; ready() already runs the range's
@@ -230,7 +230,7 @@ def _iallreduce_pieces(comm, numel: int, dtype: str):
     ((0, 1), (1,)),
 ])
 def test_the_tree_sums_pairs_on_one_node_first(nodes, order) -> None:
-    from relaympi.comm.mpi import stage_order
+    from relaympi.comm.tree_allreduce import stage_order
 
     assert stage_order(nodes) == order
 

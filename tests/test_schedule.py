@@ -18,12 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from relaympi import checkpoint_files, train
+from relaympi import train
 from relaympi.config import parse_args
 from relaympi.results import read_run
 from relaympi.tasks.partition import steps_per_epoch
+from relaympi.training import checkpoint_files
 from relaympi.training.plan import Schedule, resolve
-from relaympi.workloads import build_workload
+from relaympi.training.workloads import build_workload
 from tests.conftest import ROOT, env_for_subprocess, mpirun_path, requires_mpirun
 
 PY = sys.executable

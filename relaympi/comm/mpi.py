@@ -1,12 +1,16 @@
-"""MPI backend (mpi4py): the only module that imports mpi4py."""
+"""MPI backend (mpi4py): the only module that imports mpi4py.
+
+The communicator over MPI (MPICommunicator), its requests, its failure channel and the collectives.
+Its parts that need no MPI call of their own live beside it: device staging (staging.py), the
+fixed-tree sum's schedule (tree_allreduce.py) and the progress thread (progress.py).
+"""
 
 from __future__ import annotations
 
 import atexit
-import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -21,6 +25,9 @@ from relaympi.comm.base import (
     Request,
     number_nodes,
 )
+from relaympi.comm.progress import ProgressThread
+from relaympi.comm.staging import DeviceStaging, StagedSend
+from relaympi.comm.tree_allreduce import SUM_STAGES, stage_order, tree_sum
 
 _FAILURE_TAG = 0x7E
 _FAILURE_BYTES = 1 << 16
@@ -45,38 +52,6 @@ def node_allgather(obj: Any) -> list[Any]:
 
 def library_version() -> str:
     return MPI.Get_library_version().strip().splitlines()[0]
-
-
-class _Staging:
-    """Pinned host buffers for device arrays when MPI is not CUDA-aware, reused across steps."""
-
-    def __init__(self) -> None:
-        self._pool: dict[tuple, Any] = {}
-
-    def host_buffer(self, x: Any, slot: tuple) -> np.ndarray:
-        key = (slot, tuple(x.shape), buffers.dtype_name(x))
-        buf = self._pool.get(key)
-        if buf is None:
-            kind = buffers.array_kind(x)
-            if kind == "torch":
-                import torch
-
-                buf = torch.empty(tuple(x.shape), dtype=x.dtype, pin_memory=True)
-            else:
-                import cupyx
-
-                buf = cupyx.empty_pinned(x.shape, dtype=x.dtype)
-            self._pool[key] = buf
-        return buf
-
-
-class _StagedSend:
-    """A send of device memory through pinned host memory: the copy runs on a side stream and the
-    Isend is posted once it is done, so copies overlap the transfers of earlier chunks."""
-
-    def __init__(self, host: Any, copied: Any, peer: int, tag: int):
-        self.host, self.copied, self.peer, self.tag = host, copied, peer, tag
-        self.request = None  # the MPI request once posted
 
 
 class _MPIRequest(Request):
@@ -115,67 +90,8 @@ class _MPIRequest(Request):
         return requests is not None and MPI.Request.Testall(requests)
 
 
-# tags per nonblocking all-reduce on its own communicator: one per stage (a fold, log2 n halvings,
-# log2 n doublings, an unfold), so stages and all-reduces in flight can never match each other's messages
-_SUM_STAGES = 64
-
-
-def stage_order(nodes: Sequence[int]) -> tuple[int, ...]:
-    """The partner bits d of _tree_sum's halving stages, in stage order: the bits that pair ranks on
-    the same node first (fewest pairs r, r ^ d across nodes), so the halves that cross between nodes
-    are the smallest (m nodes of 2^k consecutive ranks: each rank sends 2 (1 - 1/m) / 2^k of its
-    buffer's size to other nodes, against 2 (1 - 1/m) in the order p/2, ..., 1). Ties keep that
-    order: on one node (every bit ties) it, and so every sum's bits, are those of the tree before
-    node-awareness."""
-    n = len(nodes)
-    p = 1 << (n.bit_length() - 1)
-    bits = [1 << i for i in range(p.bit_length() - 1)]
-    return tuple(sorted(bits, key=lambda d: (sum(nodes[r] != nodes[r ^ d] for r in range(p)), -d)))
-
-
-def _tree_sum(comm: Any, data: np.ndarray, tag: int, order: Sequence[int]) -> Any:
-    """buf <- the sum over ranks, as a generator that yields each stage's MPI requests.
-
-    A reduce-scatter by recursive halving, then an allgather by recursive doubling, over
-    point-to-point messages (Rabenseifner's all-reduce): with p the largest power of two <= n,
-    rank p + q first adds its data to rank q's; at the stage of each bit d of ``order``
-    (stage_order: p/2, p/4, ..., 1 on one node) rank r keeps half of its segment, sends the other
-    half to r ^ d and adds what r ^ d sends back; the allgather undoes the stages in reverse. Every
-    element is thus summed in one fixed tree, x_q + x_(q+p) at the leaves then pairs r, r ^ d in
-    ``order``, whatever the buffer's length and whichever rank holds the element: pieces of a buffer
-    reduced separately give the whole reduction's bits, which MPI_Allreduce does not promise (MPICH's
-    ring and Open MPI's segmented ring sum an element in an order set by the message's length)."""
-    rank, n = comm.Get_rank(), comm.Get_size()
-    p = 1 << (n.bit_length() - 1)
-    extra = n - p
-    if rank >= p:  # folded into rank - p, which sends the sum back at the end
-        yield [comm.Isend(data, dest=rank - p, tag=tag)]
-        yield [comm.Irecv(data, source=rank - p, tag=tag + _SUM_STAGES - 1)]
-        return
-    scratch = np.empty(len(data) if rank < extra else (len(data) + 1) // 2, dtype=data.dtype)
-    if rank < extra:
-        yield [comm.Irecv(scratch, source=rank + p, tag=tag)]
-        data += scratch
-    lo, hi, stage, splits = 0, len(data), 1, []
-    for d in order:
-        partner, mid = rank ^ d, lo + (hi - lo) // 2
-        (keep_lo, keep_hi), (give_lo, give_hi) = ((mid, hi), (lo, mid)) if rank & d else ((lo, mid), (mid, hi))
-        received = scratch[: keep_hi - keep_lo]
-        yield [comm.Irecv(received, source=partner, tag=tag + stage), comm.Isend(data[give_lo:give_hi], dest=partner, tag=tag + stage)]
-        data[keep_lo:keep_hi] += received
-        splits.append((lo, hi))
-        lo, hi, stage = keep_lo, keep_hi, stage + 1
-    for d in reversed(order):  # allgather: the partner holds the other part of the segment split at this stage
-        partner, (seg_lo, seg_hi) = rank ^ d, splits.pop()
-        other = data[seg_lo:lo] if lo > seg_lo else data[hi:seg_hi]
-        yield [comm.Irecv(other, source=partner, tag=tag + stage), comm.Isend(data[lo:hi], dest=partner, tag=tag + stage)]
-        lo, hi, stage = seg_lo, seg_hi, stage + 1
-    if rank < extra:
-        yield [comm.Isend(data, dest=rank + p, tag=tag + _SUM_STAGES - 1)]
-
-
 class _TreeSumRequest(Request):
-    """A nonblocking _tree_sum: each test() or wait() (of any of the communicator's sums) posts the
+    """A nonblocking tree_sum: each test() or wait() (of any of the communicator's sums) posts the
     stages whose predecessors completed; ``on_complete`` runs once the sum is in place."""
 
     def __init__(self, comm: MPICommunicator, stages: Any, on_complete: list):
@@ -223,63 +139,6 @@ THREAD_LEVELS = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled", M
                  MPI.THREAD_MULTIPLE: "multiple"}
 
 
-class ProgressThread:
-    """A thread that runs MPI's progress engine every ``interval`` seconds inside ``running()`` blocks
-    (backward, under --overlap), so transfers posted from the hooks keep moving between them; asleep
-    outside them.
-
-    It tests a receive of its own, posted on its own communicator and never matched (MPI_Test runs
-    the progress engine for every request in flight): it never touches the requests of the main
-    thread, which MPI forbids two threads to complete at once. Needs MPI_THREAD_MULTIPLE. Between
-    polls it sleeps, holding neither a core nor the GIL (a spinning thread, like MPICH's
-    MPIR_CVAR_ASYNC_PROGRESS, takes a core from the ranks where there is none to spare).
-    ``comm`` is the thread's own (nobody else sends on it); close() frees it.
-    """
-
-    def __init__(self, comm: Any, interval: float):
-        self._comm = comm
-        self._request = comm.Irecv(bytearray(1), source=comm.Get_rank(), tag=0)  # never matched
-        self.interval = interval
-        self.polls = 0  # progress-engine calls made (the tests check the thread ran)
-        self._resumed = threading.Event()
-        self._closing = False
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="relaympi-mpi-progress", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while True:
-                self._resumed.wait()
-                if self._closing:
-                    return
-                self._request.Test()
-                self.polls += 1
-                time.sleep(self.interval)
-        except BaseException as exc:  # raised in the main thread when its running() block ends
-            self._error = exc
-
-    @contextmanager
-    def running(self) -> Iterator[None]:
-        """Poll within the block; after it, raise what the thread failed with (unless the block raised:
-        its own error is the one to see)."""
-        self._resumed.set()
-        try:
-            yield
-        finally:
-            self._resumed.clear()
-        if self._error is not None:
-            raise RuntimeError(f"the MPI progress thread failed: {self._error}") from self._error
-
-    def close(self) -> None:
-        self._closing = True
-        self._resumed.set()
-        self._thread.join()
-        self._request.Cancel()
-        self._request.Wait()
-        self._comm.Free()
-
-
 class MPICommunicator(Communicator):
     """A Communicator over a duplicate of MPI.COMM_WORLD (library traffic never matches users')."""
 
@@ -288,16 +147,14 @@ class MPICommunicator(Communicator):
         # nodes: each rank's node as given (emulated, e.g. --ranks-per-node); None: as MPI places the ranks
         super().__init__(self.comm.Get_rank(), self.comm.Get_size(), drops, self._discover_nodes() if nodes is None else nodes)
         self.cuda_aware = buffers.query_cuda_aware_mpi() if cuda_aware is None else cuda_aware
-        self._staging = _Staging()
-        self._side_streams: dict[Any, Any] = {}  # device -> CUDA stream for staging copies
-        self._staged_sends: list[_StagedSend] = []  # copies not yet posted, in posting order
-        self._copies_from: dict[int, Any] = {}  # pinned host buffer -> event of its last host-to-device copy
+        self._staging = DeviceStaging()  # device memory through pinned host memory (not CUDA-aware)
+        self._staged_sends: list[StagedSend] = []  # copies not yet posted, in posting order
         # failure channel: any rank may tell rank 0 it failed; rank 0 checks it while it waits
         self._failures = (comm or MPI.COMM_WORLD).Dup()
         self._failure_buf = bytearray(_FAILURE_BYTES)
         # nonblocking all-reduces (iallreduce_sum): their own communicator, a tag range each, in flight
         self._sum_comm = (comm or MPI.COMM_WORLD).Dup()
-        self._sum_tags = max(1, (int(self._sum_comm.Get_attr(MPI.TAG_UB)) + 1) // _SUM_STAGES)
+        self._sum_tags = max(1, (int(self._sum_comm.Get_attr(MPI.TAG_UB)) + 1) // SUM_STAGES)
         self._sums_started = 0
         self._sums: list[_TreeSumRequest] = []
         self._sum_order = stage_order(self.nodes)  # node-aware: the halves crossing between nodes are the smallest
@@ -412,33 +269,7 @@ class MPICommunicator(Communicator):
         """Stage through the host on a side stream (torch CUDA tensors without CUDA-aware MPI)."""
         return not self.cuda_aware and buffers.array_kind(buf) == "torch" and buf.device.type == "cuda"
 
-    def _side_stream(self, device: Any) -> Any:
-        import torch
-
-        if device not in self._side_streams:
-            self._side_streams[device] = torch.cuda.Stream(device)
-        return self._side_streams[device]
-
-    def _side_copy(self, dst: Any, src: Any, device: Any) -> Any:
-        """dst <- src on the side stream, after the work queued so far on the current stream (the
-        copy sees what kernels wrote, and kernels still reading dst go first); returns its event."""
-        import torch
-
-        stream = self._side_stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            dst.copy_(src, non_blocking=True)
-        (src if src.is_cuda else dst).record_stream(stream)  # the allocator keeps the device tensor for the copy
-        copied = torch.cuda.Event()
-        copied.record(stream)
-        return copied
-
-    def _stage_send(self, buf: Any, slot: tuple, peer: int, tag: int) -> _StagedSend:
-        """Queue buf's device-to-host copy on the side stream, after the work already queued on buf."""
-        host = self._staging.host_buffer(buf, slot)
-        return _StagedSend(host, self._side_copy(host, buf, buf.device), peer, tag)
-
-    def _post_staged(self, until: _StagedSend | None = None) -> None:
+    def _post_staged(self, until: StagedSend | None = None) -> None:
         """Post queued staged sends in order (MPI keeps their order per peer and tag): those whose
         copy is done, and with ``until`` every one up to it, waiting for their copies."""
         if until is not None and until.request is not None:
@@ -454,31 +285,13 @@ class MPICommunicator(Communicator):
             if send is until:
                 return
 
-    def _stage_recv(self, buf: Any, slot: tuple, on_complete: list) -> Any:
-        """A pinned host buffer to receive into; on completion its host-to-device copy runs on the
-        side stream and buf's stream waits for it (the CPU does not)."""
-        import torch
-
-        host = self._staging.host_buffer(buf, slot)
-        previous = self._copies_from.get(id(host))
-        if previous is not None:  # the last copy out of this host buffer must finish before MPI writes it
-            previous.synchronize()
-
-        def finish() -> None:
-            copied = self._side_copy(buf, host, buf.device)
-            torch.cuda.current_stream(buf.device).wait_event(copied)
-            self._copies_from[id(host)] = copied
-
-        on_complete.append(finish)
-        return buffers.host_view(host)
-
     def _post(self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int, chunk: int = 0) -> Request:
         # chunks of one message share the tag: they match in posting order (non-overtaking), which both sides share
         requests, on_complete, staged = [], [], []
         for peer in sorted(recvs):
             slot = ("recv", peer, tag, chunk)
             if self._async_staging(recvs[peer]):
-                spec = self._stage_recv(recvs[peer], slot, on_complete)
+                spec = self._staging.stage_recv(recvs[peer], slot, on_complete)
             else:
                 spec = self._recv_spec(recvs[peer], slot, on_complete)
             requests.append(self.comm.Irecv(spec, source=peer, tag=tag))
@@ -486,7 +299,7 @@ class MPICommunicator(Communicator):
             slot = ("send", peer, tag, chunk)
             if self._async_staging(sends[peer]):
                 buffers.check_transferable(sends[peer], "send buffer")
-                send = self._stage_send(sends[peer], slot, peer, tag)
+                send = self._staging.stage_send(sends[peer], slot, peer, tag)
                 self._staged_sends.append(send)
                 staged.append(send)
                 continue
@@ -543,7 +356,7 @@ class MPICommunicator(Communicator):
             self._wait([self.comm.Iallreduce(MPI.IN_PLACE, buffers.host_view(buf), op=MPI.SUM)])
 
     def iallreduce_sum(self, buf: Any) -> Request:
-        """Nonblocking, and the same bits for any cut (_tree_sum, not MPI_Iallreduce); device memory
+        """Nonblocking, and the same bits for any cut (tree_sum, not MPI_Iallreduce); device memory
         and bfloat16/float16 are summed on the host in float32, as allreduce_sum stages them."""
         buffers.check_transferable(buf, "allreduce buffer")
         on_complete: list = []
@@ -556,8 +369,8 @@ class MPICommunicator(Communicator):
         else:
             host = buffers.host_view(buf)
         seq, self._sums_started = self._sums_started, self._sums_started + 1
-        tag = (seq % self._sum_tags) * _SUM_STAGES
-        request = _TreeSumRequest(self, _tree_sum(self._sum_comm, host.reshape(-1), tag, self._sum_order), on_complete)
+        tag = (seq % self._sum_tags) * SUM_STAGES
+        request = _TreeSumRequest(self, tree_sum(self._sum_comm, host.reshape(-1), tag, self._sum_order), on_complete)
         self._sums.append(request)
         return request
 

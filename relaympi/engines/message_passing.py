@@ -26,7 +26,7 @@ from relaympi.training.evaluation import Evaluator
 from relaympi.training.loop import STOP, USAGE_ERRORS, TrainingLoop, WriterFactory, device_for
 from relaympi.training.plan import Plan
 from relaympi.training.run_file import writer_factory
-from relaympi.workloads import build_workload
+from relaympi.training.workloads import build_workload
 
 log = logging.getLogger("relaympi.train")
 

@@ -80,7 +80,7 @@ class Task(ABC):
 
     The class is cheap (defaults and run-level settings, used to validate a configuration
     without touching data). A task sees its own options and the world size, never the run:
-    training (relaympi.workloads) builds one worker's state (model or local objective, data
+    training (relaympi.training.workloads) builds one worker's state (model or local objective, data
     shard, gradients) from the task and the resolved plan.
     """
 

@@ -17,6 +17,7 @@ import networkx as nx
 import numpy as np
 from scipy.sparse import csgraph, csr_matrix
 
+from .edges import bfs_hops, canonical_edges
 from .errors import TopologyError
 from .mixing import dense_metropolis_hastings
 from .spectra import (
@@ -73,75 +74,6 @@ def node_labels(nodes: Sequence[Any], world_size: int) -> np.ndarray:
     except TypeError:
         raise TopologyError("nodes must be hashable node ids (host names or integers)") from None
     return np.array(labels, dtype=np.int64).reshape(world_size)
-
-
-
-def _canonical_edges(layer: Any, world_size: int, name: str, index: int) -> tuple[np.ndarray, csr_matrix]:
-    """The edges of a layer (a networkx graph or an [m, 2] integer array) as a sorted, read-only
-    [m, 2] int64 array with i < j in every row, and its adjacency (_csr); checks ranks,
-    self-loops and connectivity."""
-    where = f"layer {index} of topology {name!r}"
-    n = world_size
-    if isinstance(layer, np.ndarray):
-        if layer.dtype.kind not in "iu" or layer.ndim != 2 or layer.shape[1] != 2:
-            raise TopologyError(
-                f"{where} must be an [m, 2] integer array of edges, got {layer.dtype} {layer.shape}"
-            )
-        edges = layer.astype(np.int64, copy=False)
-        outside = (edges < 0) | (edges >= n)
-        if outside.any():
-            bad = tuple(int(r) for r in edges[outside.any(axis=1)][0])
-            raise TopologyError(f"{where} has edge {bad} outside ranks 0..{n - 1}")
-    elif isinstance(layer, nx.Graph) and not layer.is_directed() and not layer.is_multigraph():
-        if set(layer.nodes) != set(range(n)):
-            extra = sorted((set(layer.nodes) - set(range(n))), key=repr)[:5]
-            missing = sorted(set(range(n)) - set(layer.nodes))[:5]
-            raise TopologyError(
-                f"{where} must have nodes exactly 0..{n - 1}; "
-                f"unexpected nodes {extra}, missing ranks {missing}"
-            )
-        edges = np.array(list(layer.edges()), dtype=np.int64).reshape(-1, 2)
-    else:
-        raise TopologyError(
-            f"{where} must be an undirected simple networkx.Graph, got {type(layer).__name__}"
-        )
-    loops = np.unique(edges[edges[:, 0] == edges[:, 1], 0])
-    if loops.size:
-        raise TopologyError(
-            f"{where} has self-loops at ranks {loops[:5].tolist()}; self-loops are not allowed"
-        )
-    keys = np.minimum(edges[:, 0], edges[:, 1]) * n + np.maximum(edges[:, 0], edges[:, 1])
-    keys.sort()  # np.unique's hashing is ~100x slower than sorting the (usually sorted) keys
-    keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])] if keys.size else keys
-    edges = np.stack([keys // n, keys % n], axis=1)
-    adjacency = _csr(n, edges)
-    if n > 1:
-        # symmetric: strong components are the components, without scipy adding the transpose
-        count, labels = csgraph.connected_components(adjacency, directed=True, connection="strong")
-        if count > 1:
-            _, first_rank = np.unique(labels, return_index=True)  # lowest rank of each component
-            second = int(np.sort(first_rank)[1])
-            raise TopologyError(
-                f"{where} is disconnected ({count} components); "
-                f"e.g. rank {second} cannot reach rank 0"
-            )
-    edges.flags.writeable = False
-    return edges, adjacency
-
-
-def _csr(world_size: int, edges: np.ndarray) -> csr_matrix:
-    """Symmetric 0/1 adjacency of the edges (row r's columns: r's neighbours, ascending)."""
-    rows = np.concatenate([edges[:, 0], edges[:, 1]])
-    cols = np.concatenate([edges[:, 1], edges[:, 0]])
-    adjacency = csr_matrix((np.ones(rows.size, dtype=np.int8), (rows, cols)), shape=(world_size, world_size))
-    adjacency.sort_indices()
-    return adjacency
-
-
-def _hops_from(adjacency: csr_matrix, sources: np.ndarray | int) -> np.ndarray:
-    """BFS hop counts from each source (rows) to every rank; O(n + m) per source, in C."""
-    # directed=True: the adjacency is symmetric already, and scipy would otherwise add its transpose
-    return csgraph.shortest_path(adjacency, unweighted=True, directed=True, indices=sources)
 
 
 @dataclass(frozen=True)
@@ -202,7 +134,7 @@ class Topology:
         layers = tuple(layers)
         if not layers:
             raise TopologyError(f"topology {name!r} needs at least one layer, got none")
-        canonical = [_canonical_edges(g, world_size, name, k) for k, g in enumerate(layers)]
+        canonical = [canonical_edges(g, world_size, name, k) for k, g in enumerate(layers)]
         edges = tuple(e for e, _ in canonical)
         facts = tuple(facts) if facts is not None else (None,) * len(edges)
         if len(facts) != len(edges):
@@ -308,7 +240,7 @@ class Topology:
     def hops_from(self, rank: int, layer: int = 0) -> np.ndarray:
         """Hop distance from rank to every rank in the given layer (one BFS), shape [n], int64."""
         rank, layer = self._rank(rank), self._layer(layer)
-        return _hops_from(self._adjacency(layer), rank).astype(np.int64)
+        return bfs_hops(self._adjacency(layer), rank).astype(np.int64)
 
     @property
     def is_tree(self) -> bool:
@@ -323,7 +255,7 @@ class Topology:
         layer = self._layer(layer)
 
         def compute() -> np.ndarray:
-            return _hops_from(self._adjacency(layer), np.arange(self.world_size)).astype(np.int64)
+            return bfs_hops(self._adjacency(layer), np.arange(self.world_size)).astype(np.int64)
 
         return self._cached(("delays", layer), compute).copy()
 
@@ -356,13 +288,13 @@ class Topology:
             adjacency = self._adjacency(layer)
             method = self._diameter_method(layer)
             if method in ("tree", "transitive"):
-                hops = _hops_from(adjacency, 0)
+                hops = bfs_hops(adjacency, 0)
                 if method == "tree":
-                    hops = _hops_from(adjacency, int(np.argmax(hops)))
+                    hops = bfs_hops(adjacency, int(np.argmax(hops)))
                 return int(hops.max())
             chunk = max(1, 2**22 // n)
             return max(
-                int(_hops_from(adjacency, np.arange(lo, min(lo + chunk, n))).max())
+                int(bfs_hops(adjacency, np.arange(lo, min(lo + chunk, n))).max())
                 for lo in range(0, n, chunk)
             )
 
@@ -457,12 +389,12 @@ class Topology:
         middle of a longest path: height ceil(diameter / 2), the least any root gives). Node-aware
         trees are rooted away from rank 0 in one of their layers."""
         adjacency = self._adjacency(layer)
-        hops = _hops_from(adjacency, 0)
+        hops = bfs_hops(adjacency, 0)
         if hops.max() <= TREE_INERTIA_MAX_HEIGHT:
             return 0
         end = int(np.argmax(hops))
         _, parent = csgraph.breadth_first_order(adjacency, end, directed=True, return_predecessors=True)
-        from_end = _hops_from(adjacency, end)
+        from_end = bfs_hops(adjacency, end)
         rank = int(np.argmax(from_end))  # the far end of a longest path
         for _ in range(int(from_end[rank]) // 2):  # walk half of it back
             rank = int(parent[rank])

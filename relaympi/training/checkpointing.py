@@ -9,7 +9,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from relaympi import checkpoint_files
 from relaympi.config import RESUME_FREE_KEYS, ConfigError, RunConfig
 from relaympi.results import (
     FINISHED_STATUSES,
@@ -18,6 +17,7 @@ from relaympi.results import (
     read_run,
     run_status,
 )
+from relaympi.training import checkpoint_files
 
 log = logging.getLogger("relaympi.train")
 

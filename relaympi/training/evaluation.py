@@ -14,7 +14,7 @@ import torch
 
 from relaympi.comm import Communicator
 from relaympi.training.plan import Plan, Schedule
-from relaympi.workloads import Workload
+from relaympi.training.workloads import Workload
 
 log = logging.getLogger("relaympi.train")
 

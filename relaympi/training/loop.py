@@ -20,10 +20,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from relaympi.checkpoint_files import CheckpointError
 from relaympi.config import ConfigError, RunConfig
 from relaympi.launcher import launch
 from relaympi.tasks import TaskError
+from relaympi.training.checkpoint_files import CheckpointError
 from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.clocks import EventClock, HostClock, Pending
 from relaympi.training.evaluation import Timers, log_line

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from relaympi import provenance
-from relaympi.checkpoint_files import CheckpointWriteError
 from relaympi.config import ConfigError
 from relaympi.results import (
     CHANCE_FACTOR,
@@ -27,6 +26,7 @@ from relaympi.results import (
     unstable_text,
     workers_at_chance,
 )
+from relaympi.training.checkpoint_files import CheckpointWriteError
 from relaympi.training.plan import Plan
 
 log = logging.getLogger("relaympi.train")

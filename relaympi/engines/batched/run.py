@@ -37,7 +37,7 @@ from relaympi.training.evaluation import device_memory, row_header
 from relaympi.training.loop import STOP, TrainingLoop, device_for
 from relaympi.training.plan import Plan
 from relaympi.training.run_file import writer_factory
-from relaympi.workloads import run_partition
+from relaympi.training.workloads import run_partition
 
 log = logging.getLogger("relaympi.train")
 

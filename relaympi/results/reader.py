@@ -1,0 +1,217 @@
+"""Reading a run file: its kind, its status, and the whole run (config, provenance, rows)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from relaympi.results.errors import RunFileError
+from relaympi.results.schema import (
+    HDF5_SIGNATURE,
+    SCHEMA_VERSION,
+    STATUSES,
+    TOPOLOGY_GROUP,
+    RunTopology,
+    complete_rows,
+    decode_attr,
+    row_datasets,
+)
+
+
+def file_kind(path: str | os.PathLike) -> str:
+    """What is at ``path``: "missing", "run" (a relaympi run file, of any schema version), "damaged"
+    (empty, or HDF5 that cannot be opened: possibly a run file cut short) or "other" (any other file).
+
+    A writer replaces "run" files (finished ones only when asked) and "damaged" ones only when asked;
+    never "other" files (a problem file, a checkpoint, a text file, ...).
+    """
+    path = Path(path)
+    if not path.exists():
+        return "missing"
+    if not path.is_file():
+        return "other"
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+    except OSError:
+        return "other"
+    if not head:
+        return "damaged"
+    if head != HDF5_SIGNATURE and not h5py.is_hdf5(path):
+        return "other"
+    try:
+        with h5py.File(path, "r", locking=False) as file:
+            return "run" if "schema_version" in file.attrs and "config" in file.attrs else "other"
+    except OSError:
+        return "damaged"
+
+
+@dataclass
+class Run:
+    """One run file, read: config, provenance, status, other root attributes and datasets."""
+
+    path: Path
+    schema_version: int
+    status: str
+    config: dict[str, Any]
+    provenance: dict[str, Any]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, np.ndarray] = field(default_factory=dict)
+    topology: RunTopology | None = None  # None: a file from before the topology was recorded
+
+    def metric(self, name: str) -> np.ndarray:
+        try:
+            return self.data[name]
+        except KeyError:
+            raise KeyError(
+                f"{self.path} has no dataset {name!r}; it has {sorted(self.data)}"
+            ) from None
+
+    @property
+    def world_size(self) -> int:
+        return int(self.attrs["world_size"])
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.data["step"]) if "step" in self.data else 0
+
+
+def _precheck(path: Path) -> None:
+    """Give the common failures a clear reason before HDF5 gives an obscure one."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+    except FileNotFoundError:
+        raise RunFileError(path, "no such file") from None
+    except IsADirectoryError:
+        raise RunFileError(path, "is a directory") from None
+    except OSError as error:
+        raise RunFileError(path, f"cannot read: {error.strerror or error}") from None
+    if size == 0:
+        raise RunFileError(path, "empty file (0 bytes)")
+    if head != HDF5_SIGNATURE and not h5py.is_hdf5(path):
+        raise RunFileError(path, f"not an HDF5 file ({size} bytes, no HDF5 signature)")
+
+
+def _open_for_reading(path: Path) -> h5py.File:
+    _precheck(path)
+    try:
+        try:
+            # locking=False: a live writer holds a lock, and readers must still see its flushed rows.
+            return h5py.File(path, "r", locking=False)
+        except OSError as error:
+            if "locking flag" not in str(error):
+                raise
+            # This very process has the file open for writing: HDF5 shares that handle.
+            return h5py.File(path, "r", locking="best-effort")
+    except OSError as error:
+        message = str(error)
+        if "truncated" in message:
+            raise RunFileError(path, f"truncated HDF5 file ({message})") from None
+        raise RunFileError(path, f"unreadable HDF5 file ({message})") from None
+
+
+def _read_header(path: Path, file: h5py.File) -> tuple[int, str, dict[str, Any]]:
+    attrs = {name: decode_attr(file.attrs[name]) for name in file.attrs}
+    if "schema_version" not in attrs:
+        raise RunFileError(path, "not a relaympi run file: no 'schema_version' attribute")
+    version = attrs.pop("schema_version")
+    if not isinstance(version, int) or version != SCHEMA_VERSION:
+        raise RunFileError(
+            path,
+            f"unknown schema_version {version!r} (this relaympi reads version {SCHEMA_VERSION})",
+        )
+    for name in ("status", "config", "provenance", "world_size"):
+        if name not in attrs:
+            raise RunFileError(path, f"missing attribute {name!r}")
+    status = attrs.pop("status")
+    if status not in STATUSES:
+        raise RunFileError(path, f"unknown status {status!r}")
+    return version, status, attrs
+
+
+def _parse_json(path: Path, attrs: dict[str, Any], name: str) -> dict[str, Any]:
+    raw = attrs.pop(name)
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError) as error:
+        raise RunFileError(path, f"attribute {name!r} is not valid JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise RunFileError(path, f"attribute {name!r} is not a JSON object")
+    return value
+
+
+def _read_topology(file: h5py.File) -> RunTopology | None:
+    if TOPOLOGY_GROUP not in file:
+        return None  # a run file from before the topology was recorded
+    group = file[TOPOLOGY_GROUP]
+    attrs = {name: decode_attr(group.attrs[name]) for name in group.attrs}
+    layers = sorted((int(k.split("_", 1)[1]), k) for k in group if k.startswith("edges_"))
+    inter = attrs.get("inter_node_edges", ())
+    return RunTopology(
+        name=str(attrs.get("name", "")),
+        placement=str(attrs.get("placement", "")),
+        rank_node=np.asarray(group["rank_node"][...], dtype=np.int64),
+        nodes_emulated=bool(attrs.get("nodes_emulated", False)),
+        edges=tuple(np.asarray(group[k][...], dtype=np.int64) for _, k in layers),
+        inter_node_edges=tuple(int(v) for v in np.atleast_1d(inter)),
+    )
+
+
+def read_run(path: str | os.PathLike, *, datasets: Iterable[str] | None = None) -> Run:
+    """Read a run file; ``datasets`` limits which datasets are loaded (default: all).
+
+    Raises RunFileError, with the reason, for a missing, empty, non-HDF5, truncated or
+    corrupt file, missing attributes or an unknown schema_version.
+    """
+    path = Path(path)
+    file = _open_for_reading(path)
+    try:
+        version, status, attrs = _read_header(path, file)
+        config = _parse_json(path, attrs, "config")
+        provenance = _parse_json(path, attrs, "provenance")
+        available = row_datasets(file)
+        if available and "step" not in available:
+            raise RunFileError(path, f"datasets {sorted(available)} without a 'step' dataset")
+        n = complete_rows(available)
+        wanted = (
+            available if datasets is None else {k: available[k] for k in datasets if k in available}
+        )
+        data = {name: ds[:n] for name, ds in wanted.items()}
+        topology = _read_topology(file)
+    except RunFileError:
+        raise
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError) as error:
+        raise RunFileError(path, f"corrupt run file ({type(error).__name__}: {error})") from None
+    finally:
+        file.close()
+    return Run(path, version, status, config, provenance, attrs, data, topology)
+
+
+def run_status(path: str | os.PathLike) -> str:
+    """ "missing", "corrupt" (unreadable, or not a version-1 run file) or the run's status; reads attrs only."""
+    path = Path(path)
+    if not path.exists():
+        return "missing"
+    try:
+        file = _open_for_reading(path)
+    except RunFileError:
+        return "corrupt"
+    try:
+        version = decode_attr(file.attrs.get("schema_version"))
+        status = decode_attr(file.attrs.get("status"))
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError):
+        return "corrupt"
+    finally:
+        file.close()
+    if version != SCHEMA_VERSION or status not in STATUSES:
+        return "corrupt"
+    return status
