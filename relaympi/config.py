@@ -338,7 +338,8 @@ class RunConfig:
         resume_free=True, readme_cell="`--device {cpu,cuda,cuda:K}`", readme="`cuda` picks the GPU of the node-local rank")
     threads: int | None = _field(  # torch intra-op threads per worker
         None, "torch intra-op threads per worker (default: this process's share of the CPUs it may run on, "
-        "divided among the workers or node-local ranks sharing them, capped by OMP_NUM_THREADS / SLURM_CPUS_PER_TASK, at least 1)", type=int,
+        "divided among the workers or node-local ranks sharing them, capped by OMP_NUM_THREADS / SLURM_CPUS_PER_TASK, at least 1; "
+        "--backend batched on a CPU keeps the faster of that and 1, timed on the first step)", type=int,
         numbers=False, resume_free=True, readme_arg="N",
         readme="torch threads per worker (batched: of the one process; default its share of the CPUs the process may run on — `taskset`, SLURM "
         "cpusets, cgroups — divided among the in-process workers or the node-local MPI ranks that share them (bound ranks keep their own), capped "
