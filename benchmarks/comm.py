@@ -11,8 +11,17 @@ over repetitions of the slowest rank's time. "raw" sends exactly the messages of
 exchange (same sizes, same peers, counters included) with bare Isend/Irecv and no arithmetic:
 the transport's limit. "relaysgd step" is the whole RelaySGD step (local SGD update, exchange,
 normalization) on double binary trees; its ratio is to the raw exchange; "gossip ring" is
-compared with "raw isend/irecv ring" (the whole model to both ring neighbours). Every ratio to
-MPI_Allreduce is to the allreduce of the same buffer.
+compared with "raw isend/irecv ring" (the whole model to both ring neighbours). "sgp round" is
+one round of SGP's exponential schedule, the mean over whole periods: each timed call runs all
+log2(n) rounds (offsets 1, 2, 4, ...), whose peers may sit on other nodes or on this one. Every
+ratio to MPI_Allreduce is to the allreduce of the same buffer.
+
+Where ranks run is the launcher's choice, not this program's: mpirun/mpiexec places them (MPICH's
+Hydra with a hosts file and no -ppn, as the rsh launcher of an emulated cluster, deals them out
+round-robin: rank r on host r mod N; -ppn K gives each host K consecutive ranks; srun follows
+SLURM's distribution). The program reads each rank's node from MPI (ranks that share memory are
+one node) and prints it in the table's header; --ranks-per-node K instead emulates nodes of K
+consecutive ranks (rank // K) whatever the launcher did.
 
 When the ranks span several nodes (as MPI placed them, or emulated with --ranks-per-node K),
 every placed operation also gets a row named as the default one plus " node-aware": the same
@@ -154,11 +163,17 @@ def _cases(comm, numel: int, device: torch.device, chunk: int) -> dict:
         schedule = ExponentialSchedule(n)
         received, z = torch.zeros_like(x), x.clone()
 
-        def sgp_round(i: int) -> None:
-            comm.exchange({schedule.send_peer(i, rank): z}, {schedule.recv_peer(i, rank): received}, round=i).wait()
-            z.add_(received).mul_(0.5)
+        def sgp_period(i: int) -> None:
+            # call i: the schedule's whole period i, every offset once. One round per call made the
+            # median depend on which offsets the timed calls landed on (--warmup's parity), and
+            # offsets differ: with ranks round-robin over nodes, 1 crosses nodes where 2 does not
+            for k in range(i * schedule.period, (i + 1) * schedule.period):
+                peers = schedule.send_peer(k, rank), schedule.recv_peer(k, rank)
+                comm.exchange({peers[0]: z}, {peers[1]: received}, round=k).wait()
+                z.add_(received).mul_(0.5)
 
-        cases["sgp round"] = sgp_round
+        sgp_period.rounds_per_call = schedule.period  # the row reports one round: the period's mean
+        cases["sgp round"] = sgp_period
     w = x.clone()
     def allreduce(_i: int) -> None:
         comm.allreduce_sum(w)
@@ -213,14 +228,17 @@ def tree_inter_node_bytes(nodes: list[int], sizes: list[int], order: tuple[int, 
 def bench(comm, sizes: list[int], warmup: int, reps: int, device: torch.device, chunk: int = DEFAULT_CHUNK) -> list[dict]:
     """One row per operation and size; bytes_per_rank is rank 0's bytes sent per call,
     inter_node_bytes the most any rank sends per call to ranks on other nodes (nan where the
-    operation's messages are MPI's own: the allreduce)."""
+    operation's messages are MPI's own: the allreduce). An operation whose call runs several
+    rounds (``fn.rounds_per_call``: SGP's whole period) is reported per round: the call's median
+    time and bytes over its rounds."""
     rows = []
     other_node = np.array([node != comm.nodes[comm.rank] for node in comm.nodes])
     for numel in sizes:
         for name, fn in _cases(comm, numel, device, chunk).items():
             before = comm.bytes_sent.copy()
-            seconds = _time(comm, fn, warmup, reps, device)
-            delta = (comm.bytes_sent - before) / (warmup + reps)
+            rounds = getattr(fn, "rounds_per_call", 1)  # a call of several rounds: one, their mean
+            seconds = _time(comm, fn, warmup, reps, device) / rounds
+            delta = (comm.bytes_sent - before) / ((warmup + reps) * rounds)
             sent = getattr(fn, "bytes_per_call", float(delta.sum()))
             inter = getattr(fn, "inter_node_bytes", float(delta[other_node].sum()) if delta.any() else float("nan"))
             inter = float(comm.allreduce_flags(np.array([inter]))[0])  # the busiest rank's
@@ -244,8 +262,11 @@ def _add_ratios(rows: list[dict]) -> None:
         r["vs_allreduce"] = r["median_s"] / allreduce if allreduce and r["op"] != "allreduce" else float("nan")
 
 
-def _print(rows: list[dict], n: int, nodes: int, chunk: int) -> None:
+def _print(rows: list[dict], n: int, nodes: int, chunk: int,
+           placement: tuple[int, ...] | None = None) -> None:
     print(f"# world size {n} on {nodes} node{'s' if nodes > 1 else ''}; chunk {chunk} elements; cache block {relaysum.CACHE_BLOCK}; median over repetitions of the slowest rank's time")
+    if placement is not None and nodes > 1:
+        print(f"# node of each rank, 0..{n - 1}: {' '.join(map(str, placement))}")
     print(f"{'operation':47s} {'float32s':>10s} {'median ms':>11s} {'GB/s/rank':>10s} {'inter-node MB':>14s} {'vs raw':>7s} {'vs allreduce':>13s}")
     for r in rows:
         gbps = r["bytes_per_rank"] / r["median_s"] / 1e9 if r["bytes_per_rank"] else float("nan")
@@ -287,13 +308,17 @@ def build_parser() -> UsageParser:
     p.add_argument("--sizes", help="comma-separated float32 counts (default 1e3,1e5,1e6 and VGG-11's 9,225,610)")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help=f"RelaySum chunk in elements (default {DEFAULT_CHUNK})")
     p.add_argument("--cache-block", type=int, default=relaysum.CACHE_BLOCK, help=f"RelaySum cache block in elements (default {relaysum.CACHE_BLOCK})")
-    p.add_argument("--warmup", type=int, default=2, help="untimed calls per operation before timing (>= 0; default 2)")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="untimed calls per operation before timing (>= 0; default 2; "
+                        "SGP: whole periods of its schedule)")
     p.add_argument("--reps", type=int, default=5, help="timed calls per operation, >= 1; the table shows their median (default 5)")
     p.add_argument("--backend", choices=("mpi", "local"), default="mpi",
                    help="mpi (one rank per process, under mpirun) or local (--workers ranks in this process; no transport cost); default mpi")
     p.add_argument("--workers", type=int, default=4, help="in-process ranks for --backend local, >= 2 (default 4)")
     p.add_argument("--ranks-per-node", type=int,
-                   help="emulate nodes of K ranks (rank // K) instead of the nodes MPI placed the ranks on; "
+                   help="emulate nodes of K consecutive ranks (rank // K) instead of the nodes the "
+                        "launcher placed the ranks on (Hydra with a hosts file and no -ppn: "
+                        "round-robin, rank r on host r mod N; the header prints each rank's node); "
                         "with several nodes every placed operation gets a node-aware row too")
     p.add_argument("--device", default="cpu", help="cpu, or cuda (the GPU of the node-local rank); default cpu")
     p.add_argument("--out", type=Path, help="HDF5 file for the figures (default bench-results/comm-n<N>.h5)")
@@ -326,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         device = _device(args.device, comm.rank)
         rows = bench(comm, sizes, args.warmup, args.reps, device, args.chunk)
         if comm.rank == 0:
-            _print(rows, comm.world_size, len(set(comm.nodes)), args.chunk)
+            _print(rows, comm.world_size, len(set(comm.nodes)), args.chunk, tuple(comm.nodes))
             _write(args.out or Path("bench-results") / f"comm-n{comm.world_size}.h5", rows, comm, device, args.chunk)
         return rows
 

@@ -270,12 +270,16 @@ class RunConfig:
     overlap: bool | None = _field(  # per-bucket steps started from backward's hooks; the numbers are the same. Recorded as resolved
         None, "--backend mpi/local: start each gradient bucket's update and communication while backward computes the rest "
         "(--no-overlap: after backward; same numbers either way). Default: on when the MPI ranks span more than one node "
-        "(as MPI or --ranks-per-node places them) on the CPU, else off; the run file records the one used",
+        "(as MPI or --ranks-per-node places them) on the CPU and the model is larger than "
+        "one --bucket-size bucket, else off: it helps where backward is long enough to hide "
+        "the step's transfers (a large model across a slow link), and a model of one bucket "
+        "has nothing to start early; the run file records the one used",
         negatable=True, numbers=False, resume_free=True,
         readme_cell="`--overlap`, `--no-overlap`",
         readme="message passing only: each gradient bucket's update and communication start from backward's hooks as soon as its gradient is "
-        "final, while backward computes the rest; same numbers either way. Default: on for MPI ranks on more than one node on the CPU, "
-        "else off (see \"Overlap\"); the run file records the one used",
+        "final, while backward computes the rest; same numbers either way. Default: on for MPI "
+        "ranks on more than one node on the CPU with a model larger than one `--bucket-size` "
+        "bucket, else off (see \"Overlap\"); the run file records the one used",
         applies=(Applies(lambda c: c.get("backend") != "batched" or not c.get("overlap"),
                          lambda c: "the batched engine has no wire to overlap (its workers' communication is tensor arithmetic on one device)"),
                  # on an H100 (2026-11-26) `mpirun -n 4 ... --device cuda --overlap` hung after its first step,
@@ -338,7 +342,8 @@ class RunConfig:
         resume_free=True, readme_cell="`--device {cpu,cuda,cuda:K}`", readme="`cuda` picks the GPU of the node-local rank")
     threads: int | None = _field(  # torch intra-op threads per worker
         None, "torch intra-op threads per worker (default: this process's share of the CPUs it may run on, "
-        "divided among the workers or node-local ranks sharing them, capped by OMP_NUM_THREADS / SLURM_CPUS_PER_TASK, at least 1)", type=int,
+        "divided among the workers or node-local ranks sharing them, capped by OMP_NUM_THREADS / SLURM_CPUS_PER_TASK, at least 1; "
+        "--backend batched on a CPU keeps the faster of that and 1, timed on the first step)", type=int,
         numbers=False, resume_free=True, readme_arg="N",
         readme="torch threads per worker (batched: of the one process; default its share of the CPUs the process may run on — `taskset`, SLURM "
         "cpusets, cgroups — divided among the in-process workers or the node-local MPI ranks that share them (bound ranks keep their own), capped "

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -34,11 +36,47 @@ def launcher_rank() -> int:
 
 
 class UsageParser(argparse.ArgumentParser):
-    """argparse for relaympi's commands: misuse prints the usage and a one-line reason to stderr
-    and exits 2; under mpirun only rank 0 prints (every rank parses the same flags)."""
+    """argparse for relaympi's commands: misuse prints one line to stderr and exits 2: the reason,
+    a "did you mean" where a mistyped flag, choice or subcommand is close to a real one, and the
+    command that shows the usage (not the usage itself: dozens of lines that bury the reason).
+    Under mpirun only rank 0 prints (every rank parses the same flags)."""
 
     def error(self, message: str) -> NoReturn:
         if launcher_rank() != 0:
             self.exit(EXIT_USAGE)
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"error: {message}\n")
+        guess = self._close_name(message)
+        hint = f"; did you mean {guess}?" if guess else ""
+        help_hint = f" (see `{self.prog} --help`)" if self.add_help else ""
+        self.exit(EXIT_USAGE, f"error: {message}{hint}{help_hint}\n")
+
+    def _close_name(self, message: str) -> str | None:
+        """The real name closest to the mistyped one ``message`` reports, or None."""
+        choice = _INVALID_CHOICE.search(message)
+        if choice:
+            value, choices = choice.group("value"), choice.group("choices")
+            names = [name.strip().strip("'\"") for name in choices.split(",")]
+            match = difflib.get_close_matches(value.strip("'\""), names, n=1)
+            return f"'{match[0]}'" if match else None
+        unknown = _UNRECOGNIZED.match(message)
+        if unknown:
+            flags = sorted(self._option_strings())
+            for word in unknown.group("words").split():
+                if word.startswith("--"):
+                    match = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1)
+                    if match:
+                        return match[0]
+        return None
+
+    def _option_strings(self) -> set[str]:
+        """Every long option of this parser and of its subcommands' parsers."""
+        names = {name for name in self._option_string_actions if name.startswith("--")}
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for parser in action.choices.values():
+                    names |= parser._option_strings() if isinstance(parser, UsageParser) else set()
+        return names
+
+
+# argparse's messages (Python 3.10 to 3.13): choices are quoted before 3.12.8, bare since
+_INVALID_CHOICE = re.compile(r"invalid choice: (?P<value>.+?) \(choose from (?P<choices>.+)\)$")
+_UNRECOGNIZED = re.compile(r"unrecognized arguments: (?P<words>.+)$")

@@ -15,12 +15,20 @@ The rule (the trainer's default for ``--threads``; ``benchmarks.engines`` leaves
 4. At least 1.
 
 An explicit ``--threads N`` wins over the rule (with a warning when N exceeds the share).
+
+The batched engine, on a CPU, also times its first step with the rule's count and with 1 thread
+(``time_thread_counts``) and keeps the faster: threads that meet at every operation wait for a core
+each time when other processes hold the cores, which can make a small model's step many times
+slower than one thread's. Where the counts give different numbers it keeps the rule's.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterable, Mapping
+import statistics
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 # environment variables that cap threads per process, in the order they are reported
 CAP_VARIABLES = ("OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK")
@@ -68,3 +76,67 @@ def default_threads(cpus: Collection[int], sharing: int = 1, env: Mapping[str, s
     threads = share(cpus, sharing)
     cap = env_cap(env)
     return min(threads, cap[0]) if cap else threads
+
+
+# -- a busy machine ---------------------------------------------------------------------------
+def busy_machine(load: float | None = None, cpus: int | None = None) -> str | None:
+    """A one-line warning when the machine runs more tasks than it has CPUs, else None.
+
+    ``load`` is the 1-minute load average (``os.getloadavg``; where the platform has none, no
+    warning) and ``cpus`` the CPUs it counts over: the machine's, since the load average counts
+    every runnable task of the machine (on a node shared through cpusets, other jobs' load on
+    their own cores would otherwise read as contention on ours). On a machine this busy, threads
+    that meet at every operation wait for a core each time, and timings vary from run to run.
+    """
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):  # Windows: no load average
+            return None
+    cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+    if load <= cpus:
+        return None
+    return (f"this machine is busy: load average {load:.1f} on its {cpus} CPU(s), so other "
+            "processes hold the cores; steps will be slower and timings noisier than on an idle "
+            "machine")
+
+
+# -- timing thread counts -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class ThreadTiming:
+    """What ``time_thread_counts`` measured: the median seconds of a trial per count, and the
+    count that took the least (the first candidate on ties)."""
+
+    seconds: dict[int, float]
+
+    @property
+    def fastest(self) -> int:
+        order = list(self.seconds)
+        return min(order, key=lambda count: (self.seconds[count], order.index(count)))
+
+    def describe(self) -> str:
+        return ", ".join(f"{1e3 * seconds:.1f} ms with {count} thread{'s' if count > 1 else ''}"
+                         for count, seconds in self.seconds.items())
+
+
+def time_thread_counts(candidates: Sequence[int], trial: Callable[[int], float], rounds: int = 3,
+                       budget_s: float = 5.0,
+                       clock: Callable[[], float] = time.perf_counter) -> ThreadTiming:
+    """Time ``trial(count)`` (which returns its own seconds) for each candidate count, in rounds.
+
+    A first round warms every count up (first calls allocate, spawn threads) and is not counted.
+    Each later round runs every candidate once, in the opposite order to the round before, so that
+    a machine whose load drifts favours none. A round is not begun once ``budget_s`` seconds went
+    by (a slow trial needs fewer rounds to tell a difference; at least one counted round runs).
+    """
+    candidates = list(dict.fromkeys(candidates))
+    samples: dict[int, list[float]] = {count: [] for count in candidates}
+    start = clock()
+    for count in candidates:
+        trial(count)
+    for index in range(rounds):
+        if index and clock() - start > budget_s:
+            break
+        for count in (candidates if index % 2 == 0 else candidates[::-1]):
+            samples[count].append(trial(count))
+    return ThreadTiming({count: statistics.median(times) for count, times in samples.items()})

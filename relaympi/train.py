@@ -107,6 +107,8 @@ def _configure(cfg: RunConfig, rank: int, cpus: frozenset[int], sharing: int) ->
     """Logging, signals and torch's threads: `sharing` processes (or in-process workers) compute on `cpus`."""
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", handlers=[BarSafeHandler(sys.stderr)])
     torch.set_num_threads(_threads(cfg, rank, cpus, sharing))
+    if rank == 0 and (busy := threads.busy_machine()) is not None:
+        log.warning("warning: %s", busy)
     signal.signal(signal.SIGTERM, _request_stop)
     signal.signal(signal.SIGUSR1, _request_stop)
     signal.signal(signal.SIGINT, _request_stop)  # Ctrl-C stops like SIGTERM: checkpoint, record, exit 4

@@ -101,3 +101,52 @@ def test_pieces_inter_node_bytes_are_the_busiest_ranks_sum():
     assert bench.tree_inter_node_bytes([0, 0, 0, 1, 1, 1], [7, 4], (2, 1)) == 4 * 22
     assert bench.tree_inter_node_bytes([0, 0, 0, 1, 1, 1], [7, 4], (2, 1)) == sum(
         bench.tree_inter_node_bytes([0, 0, 0, 1, 1, 1], [size], (2, 1)) for size in (7, 4))  # rank 1 is the busiest for both
+
+
+def test_sgp_is_timed_in_whole_periods_of_its_schedule():
+    """Each timed call of "sgp round" runs every round of the exponential schedule once (offsets
+    1, 2, 4 on 8 ranks), whichever call it is: the figure cannot depend on which rounds --warmup
+    leaves to be timed (with ranks round-robin over nodes, the offsets alternate between peers on
+    other nodes and on this one)."""
+    import torch
+
+    from relaympi.comm import run_local
+
+    def body(comm):
+        sgp = bench._cases(comm, 64, torch.device("cpu"), 1024)["sgp round"]
+        rounds, exchange = [], comm.exchange
+
+        def spy(sends, recvs, *args, round, **kwargs):
+            rounds.append((round, *sends))
+            return exchange(sends, recvs, *args, round=round, **kwargs)
+
+        comm.exchange = spy
+        for call in (0, 1, 4):  # any call, odd or even
+            sgp(call)
+        return sgp.rounds_per_call, rounds
+
+    for rank, (per_call, rounds) in enumerate(run_local(8, body)):
+        assert per_call == 3
+        assert [r for r, _ in rounds] == [0, 1, 2, 3, 4, 5, 12, 13, 14]
+        # rank i sends to i - offset
+        assert [(rank - peer) % 8 for _, peer in rounds] == [1, 2, 4] * 3
+
+
+def test_sgp_row_is_one_round_the_mean_of_a_period(tmp_path, monkeypatch):
+    from relaympi.flat import padded_zeros
+
+    def three_ms_a_round(comm, fn, warmup, reps, device):
+        for call in range(warmup + reps):
+            fn(call)
+        return 0.003 * getattr(fn, "rounds_per_call", 1)
+
+    monkeypatch.setattr(bench, "_time", three_ms_a_round)
+    out = tmp_path / "comm.h5"
+    args = ["--backend", "local", "--workers", "8", "--sizes", "1000", "--reps", "1"]
+    args += ["--warmup", "1"]
+    assert bench.main([*args, "--out", str(out)]) == 0
+    with h5py.File(out) as f:
+        ops = [op.decode() if isinstance(op, bytes) else op for op in f["op"][()]]
+        row = ops.index("sgp round")
+        assert f["median_s"][row] == pytest.approx(0.003)
+        assert f["bytes_per_rank"][row] == 4 * padded_zeros(1000).numel()  # one model per round

@@ -154,4 +154,5 @@ def test_engines_benchmark_runs_with_the_trainers_default_threads(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     header, row = proc.stdout.splitlines()[:2]
     recorded = dict(zip(header.split(), row.split(), strict=False))["threads"]
-    assert int(recorded) == threads.default_threads(threads.allowed_cpus(), 1, env=NO_CAPS)  # one process: all its CPUs
+    # one process: all its CPUs, or one thread where the batched engine timed that faster
+    assert int(recorded) in {threads.default_threads(threads.allowed_cpus(), 1, env=NO_CAPS), 1}

@@ -260,7 +260,8 @@ def test_fetch_lists_only_what_it_can_fetch(capsys):
             cli.main(["fetch", name])
         assert exit_info.value.code == 2
         err = capsys.readouterr().err
-        assert err.startswith("usage: python -m relaympi.data fetch") and len(err.split("error:")) == 2
+        assert err.startswith("error: ") and err.count("\n") == 1  # one line, no usage block
+        assert err.endswith("(see `python -m relaympi.data fetch --help`)\n")
         assert "imagenet'" not in err and "'imagenet" not in err
     assert f"choose from {', '.join(FETCHABLE)})" in cli_error(["fetch", "nonsense"], capsys)
     assert "prepare-imagenet" in cli_error(["fetch", "cifar10", "imagenet"], capsys)

@@ -197,8 +197,8 @@ def test_quadratics_overlap_in_float64(tmp_path):
 
 
 # --overlap and --progress-thread as they run (relaympi.training.plan.resolve): --overlap by default on
-# for MPI ranks on more than one node on the CPU (measured faster there), else off; the thread only
-# where given and MPI overlaps
+# for MPI ranks on more than one node on the CPU (measured faster there) with a model of several
+# buckets (VGG-11 here), else off; the thread only where given and MPI overlaps
 @pytest.mark.parametrize("flags, nodes, want", [
     ([], (0, 0, 1, 1), (True, False)),  # MPI across two nodes
     ([], (0, 0, 0, 0), (False, False)),  # one node: the transfers are the ranks' own copies
@@ -216,7 +216,7 @@ def test_overlap_and_the_progress_thread_resolve_per_run(flags, nodes, want):
     from relaympi.config import parse_args
     from relaympi.training.plan import resolve
 
-    plan = resolve(parse_args(["--task", "digits", *flags]), 4, nodes)
+    plan = resolve(parse_args(["--task", "cifar10", *flags]), 4, nodes)
     assert (plan.cfg.overlap, plan.cfg.progress_thread) == want
 
 
@@ -233,8 +233,67 @@ def test_overlap_flags_a_run_resolves_away_are_named(flags, nodes, notice):
     from relaympi.config import parse_args
     from relaympi.training.plan import resolve
 
-    notices = resolve(parse_args(["--task", "digits", *flags]), 4, nodes).notices
+    notices = resolve(parse_args(["--task", "cifar10", *flags]), 4, nodes).notices
     assert (notices[0].startswith(notice) if notice else notices == ()), notices
+
+
+# Across nodes, a model within one --bucket-size bucket has nothing to overlap: its one bucket is
+# complete when backward ends. Off by default there; several buckets (or --overlap) turn it on.
+@pytest.mark.parametrize("task, flags, want", [
+    ("digits", [], False),  # 4,810 float32: 19 KiB, one 4 MiB bucket
+    ("digits", ["--bucket-size", "0.004"], True),  # 19 KiB in 4 KiB buckets
+    ("digits", ["--overlap"], True),  # asked for
+    ("cifar10", [], True),  # VGG-11: 35 MiB, 5 buckets
+    ("cifar10", ["--bucket-size", "64"], False),  # all in one bucket
+    ("quadratics", ["--steps", "2"], False),  # dim float64s
+])
+def test_overlap_is_on_by_default_only_for_a_model_of_several_buckets(task, flags, want):
+    from relaympi.config import parse_args
+    from relaympi.training.plan import resolve
+
+    plan = resolve(parse_args(["--task", task, *flags]), 4, (0, 0, 1, 1))
+    assert plan.cfg.overlap is want
+
+
+def test_a_model_of_one_bucket_names_the_flags_that_do_nothing():
+    from relaympi.config import parse_args
+    from relaympi.training.plan import resolve
+
+    notices = resolve(parse_args(["--task", "digits", "--progress-thread"]), 4, (0, 0, 1, 1)).notices
+    assert notices == ("--progress-thread does nothing: --overlap is off in this run (its default on one "
+                       "node, for a model within one --bucket-size bucket, on --backend local and with "
+                       "--device cuda; pass --overlap to overlap)",)
+
+
+@pytest.mark.parametrize("model_bytes, bucket_mb, pays", [
+    (None, 4.0, True),  # not known before the data loads: as before, on
+    (4 * 2**20, 4.0, False),  # exactly one bucket
+    (4 * 2**20 + 4, 4.0, True),
+    (4 * 4810, 4.0, False),
+    (4 * 4810, 0.004, True),
+])
+def test_overlap_pays_above_one_bucket(model_bytes, bucket_mb, pays):
+    from relaympi.training.plan import overlap_pays
+
+    assert overlap_pays(model_bytes, bucket_mb) is pays
+
+
+def test_tasks_model_bytes_are_their_models():
+    import torch
+
+    from relaympi.tasks import TaskOptions, get_task_class
+    from relaympi.tasks.models import VGG11_NUM_PARAMETERS
+
+    digits, cifar10, quadratics = (get_task_class(name) for name in ("digits", "cifar10", "quadratics"))
+    model = digits(TaskOptions()).build_model(0)
+    spec = {"problem_file": None, "seed": 0, "dim": 7, "mu": None, "L": None, "zeta2": None, "r0": None,
+            "sigma2": None}
+    settled, problem = quadratics.settle(spec, 4)
+    rng = torch.get_rng_state()
+    assert digits.model_bytes({}, None) == 4 * sum(p.numel() for p in model.parameters()) == 4 * 4810
+    assert cifar10.model_bytes({}, None) == 4 * VGG11_NUM_PARAMETERS  # VGG-11's float32
+    assert quadratics.model_bytes(settled, problem) == 8 * 7  # x in float64
+    assert torch.equal(torch.get_rng_state(), rng)  # built on the meta device: nothing drawn
 
 
 def test_the_summary_says_when_a_run_overlapped(tmp_path, capsys):
@@ -368,8 +427,10 @@ def test_mpi_ranks_on_two_nodes_overlap_by_default_and_say_whether_the_thread_ra
     without it, and the run file and the summary say so."""
     out = tmp_path / "r.h5"
     env = {**env_for_subprocess(), "MPI4PY_RC_THREAD_LEVEL": thread_level}
+    # buckets of 4 KiB: digits' 19 KiB model spans several, so --overlap's default is on across nodes
     proc = subprocess.run([mpirun_path(), "-n", "2", sys.executable, "-m", "relaympi.train", "--task", "digits", "--algo", "relay",
-                           "--steps", "4", "--ranks-per-node", "1", "--progress-thread", "--out", str(out)],
+                           "--steps", "4", "--ranks-per-node", "1", "--progress-thread", "--bucket-size", "0.004",
+                           "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     with h5py.File(out, "r") as file:

@@ -98,6 +98,12 @@ class Task(ABC):
         loads itself). A bad option is a ValueError."""
         return options, None
 
+    @classmethod
+    def model_bytes(cls, settled: dict[str, Any], problem: Any) -> int | None:
+        """Bytes of one worker's flat model where the class tells them before any data loads
+        (``settle``'s options and problem), else None. --overlap's default weighs them."""
+        return None
+
 
 class ClassificationTask(Task):
     """One classification workload.

@@ -14,7 +14,7 @@ import torch
 
 from relaympi.data.paths import fetch_hint
 from relaympi.tasks.base import ClassificationTask, TaskDefaults, TaskError, TaskOptions, lr_column
-from relaympi.tasks.models import VGG11, seeded
+from relaympi.tasks.models import VGG11, parameter_bytes, seeded
 
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
 NUM_CLASSES = 10
@@ -112,6 +112,10 @@ class Cifar10Task(ClassificationTask):
 
     def build_model(self, seed: int) -> torch.nn.Module:
         return seeded(seed, lambda: VGG11(NUM_CLASSES)).to(self.options.device)
+
+    @classmethod
+    def model_bytes(cls, settled: dict[str, Any], problem: Any) -> int:
+        return parameter_bytes(lambda: VGG11(NUM_CLASSES))
 
     def train_batch(
         self, indices: np.ndarray, rng: np.random.Generator

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from relaympi.tasks.base import ClassificationTask, TaskDefaults, TaskOptions
-from relaympi.tasks.models import digits_mlp, seeded
+from relaympi.tasks.models import digits_mlp, parameter_bytes, seeded
 
 # The train/test split is part of the task, not of a run: a constant seed gives every
 # run (any --seed, any world size) the same 1438 training and 359 test images.
@@ -88,6 +88,10 @@ class DigitsTask(ClassificationTask):
 
     def build_model(self, seed: int) -> torch.nn.Module:
         return seeded(seed, digits_mlp).to(self.options.device)
+
+    @classmethod
+    def model_bytes(cls, settled: dict, problem: object) -> int:
+        return parameter_bytes(digits_mlp)
 
     def train_batch(
         self, indices: np.ndarray, rng: np.random.Generator

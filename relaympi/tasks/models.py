@@ -21,6 +21,14 @@ def seeded(seed: int, build: Callable[[], nn.Module]) -> nn.Module:
         return build()
 
 
+def parameter_bytes(build: Callable[[], nn.Module]) -> int:
+    """Bytes of the trainable parameters of the module ``build()`` makes, built on the meta device:
+    shapes only, no memory, no draw from torch's random generators."""
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        module = build()
+    return sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+
+
 def digits_mlp(hidden: int = 64, num_classes: int = 10) -> nn.Module:
     """64 -> hidden -> num_classes MLP with ReLU for flattened 8x8 digit images."""
     return nn.Sequential(

@@ -209,6 +209,10 @@ class QuadraticsTask(Task):
                 raise ValueError(f"--{name} {given} conflicts with --problem-file {problem_file}, which has {name} {value:g}; drop --{name}")
         return {**options, "dim": problem.dim, "sigma2": problem.sigma2}, problem
 
+    @classmethod
+    def model_bytes(cls, settled: dict[str, Any], problem: Quadratics) -> int:
+        return 8 * problem.dim  # x in float64
+
     @staticmethod
     def holds(path: str | Path, problem: Quadratics) -> bool:
         """Whether the problem file at ``path`` holds exactly ``problem``."""

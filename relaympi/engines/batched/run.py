@@ -10,6 +10,10 @@ The run file has the schema of the other backends (one row per evaluation, one c
 worker); every worker's gradient comes from one batched forward and backward (``time_compute_s``,
 data included) and the algorithm's step over all workers is ``time_comm_s``; one process runs
 them all, so each worker's column holds the process's times. Exit statuses as relaympi.train.
+
+On a CPU, without ``--threads``, the run first times its first step with its share of the CPUs
+and with one thread and keeps the faster (relaympi.batched.threads; the numbers are the same
+either way); ``provenance.torch_threads`` records the count it ran with.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 
 from relaympi.batched.algorithms import make_batched_algorithm
 from relaympi.batched.optim import BatchedOptimizer
+from relaympi.batched.threads import choose_threads, times_threads
 from relaympi.config import ConfigError
 from relaympi.engines.batched.data import BatchedData
 from relaympi.engines.batched.models import BatchedModel, refuse_unsupported
@@ -175,6 +180,14 @@ class BatchedRun(TrainingLoop):
 
     def transport(self) -> dict[str, Any]:
         return {"backend": BACKEND, "device": str(self.device)}
+
+    def start(self) -> None:
+        # before the run file opens: its provenance records the thread count the run uses
+        if times_threads(self.engine.X, self.plan.cfg.threads):
+            _, why = choose_threads(self.engine, self.algorithm, self.schedule.lr_at(0))
+            if why is not None:
+                log.info(why)
+        super().start()
 
     # -- the steps ---------------------------------------------------------------------------
     def gradient(self, step: int) -> np.ndarray | torch.Tensor:
