@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from relaympi import threads
-from relaympi.batched import threads as batched_threads
-from relaympi.batched.run import run_batched
+from relaympi.engines.batched import threads as batched_threads
+from relaympi.engines.batched.run import run_batched
 from relaympi.config import parse_args
 from relaympi.results import read_run
 from relaympi.threads import ThreadTiming, time_thread_counts

@@ -12,7 +12,7 @@ data included) and the algorithm's step over all workers is ``time_comm_s``; one
 them all, so each worker's column holds the process's times. Exit statuses as relaympi.train.
 
 On a CPU, without ``--threads``, the run first times its first step with its share of the CPUs
-and with one thread and keeps the faster (relaympi.batched.threads; the numbers are the same
+and with one thread and keeps the faster (relaympi.engines.batched.threads; the numbers are the same
 either way); ``provenance.torch_threads`` records the count it ran with.
 """
 
@@ -32,7 +32,7 @@ import torch
 
 from relaympi.batched.algorithms import make_batched_algorithm
 from relaympi.batched.optim import BatchedOptimizer
-from relaympi.batched.threads import choose_threads, times_threads
+from relaympi.engines.batched.threads import choose_threads, times_threads
 from relaympi.config import ConfigError
 from relaympi.engines.batched.data import BatchedData
 from relaympi.engines.batched.models import BatchedModel, refuse_unsupported
