@@ -409,6 +409,53 @@ def _steps_with_backward_elsewhere(comm, algo: str, topology: str, any_thread: b
     return x, calls.threads == {threading.get_ident()}
 
 
+class _CopyStillRunning:
+    """A staging copy's event that reports "not done" until waited for (on a busy GPU, the copies
+    of the sends queued in backward's hooks are still behind backward's kernels when they return)."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+
+def _wait_with_sends_held_back(comm, blocking: str) -> bool:
+    """Each rank queues a staged send whose copy is still running, then blocks in ``blocking``
+    (a receive's wait, or a collective) before waiting for the send: the blocking call must post
+    the rank's queued sends first, or every rank waits there for the others' (the hang of
+    --device cuda --overlap after its first step)."""
+    from relaympi.comm.mpi import _StagedSend
+
+    left, right = (comm.rank - 1) % comm.world_size, (comm.rank + 1) % comm.world_size
+    send, recv = torch.full((5,), float(comm.rank)), torch.full((5,), -1.0)
+    comm._async_staging = lambda buf: buf is send  # the send goes through the staging queue
+    comm._stage_send = lambda buf, slot, peer, tag: _StagedSend(buf.clone(), _CopyStillRunning(), peer, tag)
+    try:
+        received = comm.exchange({}, {left: recv}, tag=7)
+        sent = comm.exchange({right: send}, {}, tag=7)
+        assert sent._staged and sent._staged[0].request is None  # held back: its copy is not done
+        if blocking == "barrier":
+            comm.barrier()
+        received.wait()
+        sent.wait()
+    finally:
+        del comm._async_staging, comm._stage_send
+    return bool((recv == float(left)).all())
+
+
+@pytest.mark.spmd
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("blocking", ["receive", "barrier"])
+def test_a_blocking_wait_posts_the_ranks_held_back_sends_first(spmd, request, blocking):
+    if not request.config.getoption("with_mpi", default=False):
+        pytest.skip("the staging queue is the MPI backend's: mpirun ... pytest --with-mpi")
+    assert all(spmd(_wait_with_sends_held_back, blocking))
+
+
 @pytest.mark.spmd
 @pytest.mark.parametrize("algo, topology", [("relay", "double-binary-trees"), ("allreduce", "fully-connected")])
 def test_with_backward_on_another_thread_every_call_into_the_transport_stays_on_the_ranks_thread(spmd, algo, topology):

@@ -12,9 +12,10 @@ fixed order only (a bucket once it and every bucket before it are final), so eve
 Autograd runs the hooks of CUDA parameters on its own thread for the device, not on the thread that
 called backward. Such a hook only marks its bucket final: the thread that entered ``delivering``
 delivers it, in order, when backward returns, so every call into the algorithm (and every MPI call
-it makes) stays on that thread. ``any_thread`` delivers from whichever thread runs the hook instead:
-the path with which ``--device cuda --overlap`` hung on a GPU, kept to reproduce it
-(RELAYMPI_ALLOW_CUDA_OVERLAP=hooks, see ``cuda_overlap_mode``).
+it makes) stays on that thread. ``any_thread`` delivers from whichever thread runs the hook instead,
+as the overlapped step did when ``--device cuda --overlap`` hung on a GPU: the overlap with
+backward that a GPU run would want, for diagnosis (RELAYMPI_ALLOW_CUDA_OVERLAP=hooks, see
+``cuda_overlap_mode``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def cuda_overlap_mode() -> str | None:
     """The diagnostic switch that lifts the refusal of ``--device cuda --overlap`` (a run with it
     hung on a GPU): None (unset, empty or 0: refused), "owner" (1: the hooks on autograd's CUDA
     thread leave the delivery to the thread running the step) or "hooks" (they deliver themselves,
-    the path that hung). Read here only."""
+    as when the run hung). Read here only."""
     value = os.environ.get(ALLOW_CUDA_OVERLAP_ENV, "").strip().lower()
     modes = {"": None, "0": None, "1": "owner", "hooks": "hooks"}
     if value not in modes:
