@@ -6,10 +6,15 @@
     mpirun -n 4 python -m benchmarks.gpu_report train -- --task cifar10 --data-dir D --algo relay \\
         --device cuda --steps 300 --out run.h5            # relaympi.train, plus per-rank GPU memory
     python -m benchmarks.gpu_report summary --runs run.h5 --comm comm-n4.json
+    mpirun -n 2 python -m benchmarks.gpu_report sendrecv --device cuda   # device buffers through mpi4py
+    python -m benchmarks.gpu_report same a.h5 b.h5                      # the same numbers, bit for bit?
 
-``comm`` times RelaySum (chain, double binary trees) and allreduce on buffers in host memory
-("host"), and on GPU buffers moved through pinned host memory ("staged") or handed to a
-CUDA-aware MPI ("cuda-aware", only where the library says it is). ``train`` runs
+``comm`` times RelaySum (chain, double binary trees) and allreduce (``--ops``: also one RelaySGD
+step of a flat model of that size) on buffers in host memory ("host"), and on GPU buffers moved
+through pinned host memory ("staged") or handed to a CUDA-aware MPI ("cuda-aware", only where the
+library says it is, or RELAYMPI_CUDA_AWARE=1). ``sendrecv`` hands torch (and cupy) buffers to
+mpi4py directly, step by step, and checks the bytes: whether this MPI moves device memory at all.
+``same`` compares two run files' datasets bit for bit, the timers left out. ``train`` runs
 ``python -m relaympi.train`` unchanged and then writes ``<run>.mem-rank<R>.json`` beside the
 run file with torch.cuda.max_memory_allocated of that rank (the training loop does not
 record it). ``summary`` prints samples/s, time per step split into compute and communication
@@ -143,12 +148,19 @@ def _modes(comm, device: str) -> list[str]:
     return ["host", "staged", "cuda-aware"] if aware else ["host", "staged"]
 
 
-def bench_comm(comm, sizes: list[int], device: str, warmup: int, reps: int) -> list[dict[str, Any]]:
-    """RelaySum and allreduce of float32 buffers of each size, per buffer placement ("mode")."""
+COMM_OPS = ("relaysum", "allreduce", "relaysgd")
+
+
+def bench_comm(comm, sizes: list[int], device: str, warmup: int, reps: int,
+               ops: tuple[str, ...] = ("relaysum", "allreduce")) -> list[dict[str, Any]]:
+    """RelaySum and allreduce of float32 buffers of each size, per buffer placement ("mode");
+    ``ops`` may add "relaysgd" (one RelaySGD step on double binary trees) or leave either out."""
     import torch
 
+    from relaympi.algorithms import AlgorithmOptions, make_algorithm
     from relaympi.algorithms.relaysum import RelaySum
     from relaympi.flat import padded_zeros
+    from relaympi.optim import OptimizerConfig, make_optimizer
     from relaympi.topology import build
 
     rows = []
@@ -168,11 +180,17 @@ def bench_comm(comm, sizes: list[int], device: str, warmup: int, reps: int) -> l
             x = padded_zeros(numel, device=where)  # a flat model's layout: zero-copy leaf messages
             x.copy_(host)
             cases = {}
-            for name, topology in trees.items():
+            for name, topology in trees.items() if "relaysum" in ops else ():
                 relay = RelaySum(comm, topology, numel, x)
                 cases[f"relaysum {name}"] = lambda i, relay=relay, x=x: relay.exchange(x, i)
-            summed = x.clone()
-            cases["allreduce"] = lambda i, summed=summed: comm.allreduce_sum(summed)
+            if "allreduce" in ops:
+                summed = x.clone()
+                cases["allreduce"] = lambda i, summed=summed: comm.allreduce_sum(summed)
+            if "relaysgd" in ops:  # the update, the exchange and the combination of one step
+                model, grad = x.clone(), torch.full_like(x, 1e-3)
+                sgd = make_algorithm("relay", comm, trees["double-binary-trees"],
+                                     make_optimizer(OptimizerConfig(momentum=0.9), model), model, AlgorithmOptions())
+                cases["relaysgd step double-binary-trees"] = lambda i, sgd=sgd, model=model, grad=grad: sgd.step(model, grad, 0.01, i)
             for op, fn in cases.items():
                 before = int(comm.bytes_sent.sum())
                 seconds = _timed(comm, fn, sync, warmup, reps)
@@ -232,8 +250,13 @@ def comm_main(args: argparse.Namespace) -> int:
         return 2
     torch.set_num_threads(1)
 
+    ops = tuple(o for o in args.ops.split(",") if o)
+    if not ops or any(o not in COMM_OPS for o in ops):
+        print(f"error: --ops must be comma-separated of {', '.join(COMM_OPS)}, got {args.ops!r}", file=sys.stderr)
+        return 2
+
     def body(comm):
-        rows = bench_comm(comm, sizes, args.device, args.warmup, args.reps)
+        rows = bench_comm(comm, sizes, args.device, args.warmup, args.reps, ops)
         if comm.rank == 0:
             backend = "mpi" if hasattr(comm, "cuda_aware") else "local"
             print(format_comm(rows, comm.world_size, backend), flush=True)
@@ -438,6 +461,142 @@ def summary_main(args: argparse.Namespace) -> int:
     return status
 
 
+# -- device buffers through mpi4py ----------------------------------------------------------
+
+
+def sendrecv_main(args: argparse.Namespace) -> int:
+    """Each rank prints a numbered line before each step, so a log that stops shows where: rank
+    0 sends to rank 1 (Send/Recv) and every rank swaps with its ring neighbours (Isend/Irecv), for
+    torch buffers on ``--device`` and cupy arrays (on a GPU, where cupy imports), each checked."""
+    import faulthandler
+
+    from mpi4py import MPI
+
+    faulthandler.enable()  # a crash inside MPI prints where the Python side was
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    counter = [0]
+
+    def say(text: str) -> None:
+        counter[0] += 1
+        print(f"rank {rank} step {counter[0]}: {text}", flush=True)
+
+    if size < 2:
+        print("error: run under mpirun -n 2 (or more)", file=sys.stderr)
+        return 2
+    say(f"{' '.join(MPI.Get_library_version().split()[:4])}, thread level {MPI.Query_thread()}, "
+        f"{buffers_env()}, library {loaded_libmpi()}")
+    device = _rank_device(comm_like(rank, size), args.device)
+    kinds = ["torch"]
+    if device.type == "cuda":
+        try:
+            import cupy
+
+            cupy.cuda.Device(device.index).use()
+            kinds.append("cupy")
+        except Exception as exc:  # noqa: BLE001 - cupy is optional
+            say(f"no cupy ({type(exc).__name__}: {exc})")
+    for numel in (int(float(n)) for n in args.sizes.split(",") if n):
+        for kind in kinds:
+            _sendrecv_case(comm, kind, numel, device, args.allreduce, say)
+    if rank == 0:
+        print(f"result: {', '.join(kinds)} buffers on {device.type} moved through MPI and arrived intact", flush=True)
+    return 0
+
+
+def _sendrecv_case(comm: Any, kind: str, numel: int, device: Any, allreduce: bool, say: Any) -> None:
+    import torch
+    from mpi4py import MPI
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    where = f"{numel} float32 {kind} on {device}"
+
+    def make(value: float) -> Any:
+        if kind == "cupy":
+            import cupy
+
+            return cupy.full(numel, value, dtype=cupy.float32)
+        return torch.full((numel,), value, dtype=torch.float32, device=device)
+
+    def check(buf: Any, want: float, what: str) -> None:
+        got = buf.get() if kind == "cupy" else buf.cpu().numpy()
+        wrong = np.flatnonzero(got != want)
+        if len(wrong):
+            raise AssertionError(f"{what}: {len(wrong)} of {got.size} float32s wrong (first {got[wrong[0]]}, want {want})")
+
+    def synchronize() -> None:  # MPI reads device memory outside the streams' order
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    send, recv = make(rank + 1.0), make(-1.0)
+    synchronize()
+    say(f"Send/Recv 0 -> 1 of {where}")
+    if rank == 0:
+        comm.Send(send, dest=1, tag=1)
+    elif rank == 1:
+        comm.Recv(recv, source=0, tag=1)
+        check(recv, 1.0, f"Recv of {where}")
+    say(f"Isend/Irecv with both ring neighbours, {where}")
+    left, right = (rank - 1) % size, (rank + 1) % size
+    from_left, from_right = make(-1.0), make(-1.0)
+    synchronize()
+    requests = [comm.Irecv(from_left, source=left, tag=2), comm.Irecv(from_right, source=right, tag=3),
+                comm.Isend(send, dest=right, tag=2), comm.Isend(send, dest=left, tag=3)]
+    MPI.Request.Waitall(requests)
+    check(from_left, left + 1.0, f"Irecv from {left} of {where}")
+    check(from_right, right + 1.0, f"Irecv from {right} of {where}")
+    if allreduce:
+        say(f"Allreduce SUM in place on {where}")
+        comm.Allreduce(MPI.IN_PLACE, send, op=MPI.SUM)
+        check(send, size * (size + 1) / 2, f"Allreduce of {where}")
+    comm.Barrier()
+    say(f"ok: {where}")
+
+
+def buffers_env() -> str:
+    from relaympi.comm import buffers
+
+    return f"{buffers.CUDA_AWARE_ENV}={os.environ.get(buffers.CUDA_AWARE_ENV, '')!r}"
+
+
+def comm_like(rank: int, size: int) -> Any:
+    """What _rank_device reads of a communicator: its rank."""
+    return argparse.Namespace(rank=rank, world_size=size)
+
+
+# -- the same numbers -------------------------------------------------------------------------
+
+
+def same_main(a: Path, b: Path) -> int:
+    """Whether two run files hold the same numbers: every dataset but the timers (time_*), bit for
+    bit (NaN where the other has NaN); exit 1 where any differs."""
+    import h5py
+
+    def numbers(path: Path) -> dict[str, np.ndarray]:
+        with h5py.File(path, "r") as f:
+            return {k: f[k][()] for k in f if isinstance(f[k], h5py.Dataset) and not k.startswith("time")}
+
+    first, second = numbers(a), numbers(b)
+    differ = []
+    for name in sorted(set(first) | set(second)):
+        if name not in first or name not in second:
+            differ.append(f"{name} (only in {a.name if name in first else b.name})")
+            continue
+        x, y = np.asarray(first[name]), np.asarray(second[name])
+        if x.shape != y.shape:
+            differ.append(f"{name} (shape {x.shape} vs {y.shape})")
+        elif x.dtype.kind == "f" and not np.array_equal(x.view(f"u{x.itemsize}"), y.view(f"u{y.itemsize}")):
+            count = int(np.count_nonzero(x.view(f"u{x.itemsize}") != y.view(f"u{y.itemsize}")))
+            differ.append(f"{name} ({count} of {x.size} values, max |diff| {float(np.nanmax(np.abs(x - y))):.3g})")
+        elif x.dtype.kind != "f" and not np.array_equal(x, y):
+            differ.append(f"{name} ({int(np.count_nonzero(x != y))} of {x.size} values)")
+    if differ:
+        print(f"result: {a.name} and {b.name} differ in {'; '.join(differ)}")
+        return 1
+    print(f"result: {a.name} and {b.name}: {len(first)} datasets bit-identical ({', '.join(sorted(first))}; timers left out)")
+    return 0
+
+
 # -- command line ---------------------------------------------------------------------------
 
 
@@ -463,6 +622,16 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--backend", choices=("mpi", "local"), default="mpi")
     c.add_argument("--workers", type=int, default=4, help="ranks for --backend local")
     c.add_argument("--out", type=Path, help="JSON file for the rows")
+    c.add_argument("--ops", default="relaysum,allreduce",
+                   help=f"comma-separated of {', '.join(COMM_OPS)} (default relaysum,allreduce; relaysgd: one "
+                   "RelaySGD step, update and exchange, on double binary trees)")
+    r = sub.add_parser("sendrecv", help="torch/cupy buffers through mpi4py on 2+ ranks, step by step")
+    r.add_argument("--device", default="cuda", help="cuda (local rank modulo GPU count), cuda:N or cpu")
+    r.add_argument("--sizes", default="1000,9225610", help="float32 counts (default 1000,9225610: eager and rendezvous)")
+    r.add_argument("--allreduce", action="store_true", help="also MPI_Allreduce on the buffer (an MPI without CUDA "
+                   "support in its reductions may crash here)")
+    m = sub.add_parser("same", help="whether two run files hold the same numbers (timers left out)")
+    m.add_argument("runs", type=Path, nargs=2, help="two HDF5 run files")
     sub.add_parser(
         "train",
         help="python -m relaympi.train with the flags after `--`, recording peak memory per rank",
@@ -478,6 +647,10 @@ def main(argv: list[str] | None = None) -> int:
         return probe()
     if args.command == "comm":
         return comm_main(args)
+    if args.command == "sendrecv":
+        return sendrecv_main(args)
+    if args.command == "same":
+        return same_main(*args.runs)
     return summary_main(args)
 
 

@@ -141,6 +141,12 @@ def _relay_modes() -> Sequence[str]:
     return RELAY_MODES
 
 
+def _cuda_overlap_allowed() -> bool:
+    from relaympi.training.buckets import cuda_overlap_mode  # the diagnostic switch, read there
+
+    return cuda_overlap_mode() is not None
+
+
 class ConfigError(ValueError):
     """A bad flag value or combination; the CLI exits with status 2."""
 
@@ -283,8 +289,9 @@ class RunConfig:
         applies=(Applies(lambda c: c.get("backend") != "batched" or not c.get("overlap"),
                          lambda c: "the batched engine has no wire to overlap (its workers' communication is tensor arithmetic on one device)"),
                  # on an H100 (2026-11-26) `mpirun -n 4 ... --device cuda --overlap` hung after its first step,
-                 # undiagnosed: refused until the GPU path is found and tested (README "Overlap")
-                 Applies(lambda c: not str(c.get("device")).startswith("cuda") or not c.get("overlap"),
+                 # undiagnosed: refused until the GPU path is found and tested (README "Overlap");
+                 # RELAYMPI_ALLOW_CUDA_OVERLAP lifts it for diagnosis (relaympi.training.buckets)
+                 Applies(lambda c: not str(c.get("device")).startswith("cuda") or not c.get("overlap") or _cuda_overlap_allowed(),
                          lambda c: "it hung on a GPU in its only check (--device cuda, host-staged MPI; undiagnosed): use --no-overlap with --device cuda"),))
     progress_thread: bool = _field(  # how MPI progresses during backward; the numbers are the same. Recorded as resolved
         # (asked for and overlapping); whether it ran is the provenance's transport_progress_thread

@@ -9,9 +9,11 @@ a checkpoint resumed with the other setting, and on MPI ranks (the spmd test und
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,10 +24,16 @@ import torch
 
 from relaympi import train
 from relaympi.algorithms import AlgorithmOptions, make_algorithm
+from relaympi.comm import Request
 from relaympi.flat import flatten_module
 from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.topology import build
-from relaympi.training.buckets import GradientBuckets, cut_buckets
+from relaympi.training.buckets import (
+    ALLOW_CUDA_OVERLAP_ENV,
+    GradientBuckets,
+    cuda_overlap_mode,
+    cut_buckets,
+)
 from tests.conftest import ROOT, env_for_subprocess, mpirun_path, requires_mpirun
 
 # ------------------------------------------------------------------------------------ buckets
@@ -112,6 +120,41 @@ def test_two_backwards_in_one_step_are_refused():
     with pytest.raises(RuntimeError, match="accumulated twice"), buckets.delivering(lambda lo, hi: None):
         for _ in range(2):
             model(torch.ones(1, 3)).sum().backward()
+
+
+def _on_another_thread(work) -> None:
+    """Run ``work`` on a new thread and wait for it (backward there runs its hooks there, as autograd
+    runs CUDA parameters' hooks on its own device thread); its exception is raised here."""
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            work()
+        except BaseException as exc:  # re-raised on the calling thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+
+
+@pytest.mark.parametrize("any_thread", [False, True])
+def test_hooks_on_another_thread_leave_the_delivery_to_the_stepping_thread(any_thread):
+    model = _Tied()
+    _, grad = flatten_module(model)
+    batch = torch.randint(0, 11, (4, 5), generator=torch.Generator().manual_seed(0))
+    here = _deliveries(model, grad, GradientBuckets(grad, list(model.parameters()), 1e-5), batch)
+    buckets = GradientBuckets(grad, list(model.parameters()), 1e-5, any_thread=any_thread)
+    got, threads = [], set()
+    grad.zero_()
+    with buckets.delivering(lambda lo, hi: (got.append((lo, hi, grad[lo:hi].clone())), threads.add(threading.get_ident()))):
+        _on_another_thread(lambda: torch.nn.functional.cross_entropy(model(batch).reshape(-1, 11), batch.reshape(-1)).backward())
+    assert [(lo, hi) for lo, hi, _ in got] == [(lo, hi) for lo, hi, _, _ in here]  # the same buckets in the same order
+    for (_, _, at_delivery), (_, _, want, _) in zip(got, here, strict=True):
+        assert torch.equal(at_delivery, want)
+    assert (threads != {threading.get_ident()}) == any_thread  # any_thread: the hooks' thread delivers too (the path that hung)
 
 
 # ---------------------------------------------------------------- the same numbers, run files
@@ -329,6 +372,23 @@ def test_misuse_exits_2_naming_the_flag(tmp_path, capsys, flags, refused):
     assert not (tmp_path / "r.h5").exists()
 
 
+@pytest.mark.parametrize("value, refused", [("", True), ("0", True), ("1", False), ("hooks", False)])
+def test_the_diagnostic_switch_lifts_the_refusal_of_overlap_on_cuda(monkeypatch, value, refused):
+    from relaympi.config import not_applicable, parse_args
+
+    monkeypatch.setenv(ALLOW_CUDA_OVERLAP_ENV, value)
+    cfg = parse_args(["--task", "digits", "--no-overlap", "--device", "cuda", "--out", "r.h5"])
+    on = dataclasses.replace(cfg, overlap=True)
+    assert any(flag == "--overlap" for flag, _ in not_applicable(on)) == refused
+    assert cuda_overlap_mode() == {"": None, "0": None, "1": "owner", "hooks": "hooks"}[value]
+
+
+def test_the_diagnostic_switch_refuses_other_values(monkeypatch):
+    monkeypatch.setenv(ALLOW_CUDA_OVERLAP_ENV, "yes")
+    with pytest.raises(ValueError, match="expected 1, hooks or 0"):
+        cuda_overlap_mode()
+
+
 def test_batched_accepts_no_overlap(tmp_path):
     assert train.main(["--task", "digits", "--steps", "2", "--backend", "batched", "--workers", "2", "--no-overlap",
                        "--out", str(tmp_path / "r.h5")]) == 0
@@ -340,9 +400,11 @@ ALGOS = [("relay", "double-binary-trees", "counts"), ("relay", "chain", "previou
          ("allreduce", "fully-connected", "counts"), ("dpsgd", "chain", "counts"), ("gt", "chain", "counts")]  # chain: any world size >= 2
 
 
-def _model_steps(comm, algo: str, topology: str, mode: str, overlap: bool, thread: bool = False) -> np.ndarray:
+def _model_steps(comm, algo: str, topology: str, mode: str, overlap: bool, thread: bool = False,
+                 backward=lambda work: work(), any_thread: bool = False) -> np.ndarray:
     """Six steps of a small MLP per rank (its own data) with the algorithm: bucketed (overlap) or whole
-    steps; ``thread``: with a progress thread polling every 0.1 ms during backward (MPI only)."""
+    steps; ``thread``: with a progress thread polling every 0.1 ms during backward (MPI only);
+    ``backward(work)`` runs each backward; ``any_thread``: GradientBuckets' option."""
     model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).double()
     init = torch.Generator().manual_seed(0)  # the same x(0) everywhere (not the global RNG: in-process ranks are threads)
     with torch.no_grad():
@@ -351,7 +413,7 @@ def _model_steps(comm, algo: str, topology: str, mode: str, overlap: bool, threa
     x, grad = flatten_module(model)
     optimizer = make_optimizer(OptimizerConfig(momentum=0.9), x)
     algorithm = make_algorithm(algo, comm, build(topology, comm.world_size), optimizer, x, AlgorithmOptions(relay_mode=mode, relay_chunk=7))
-    buckets = GradientBuckets(grad, list(model.parameters()), 1e-4, comm.progress) if overlap else None
+    buckets = GradientBuckets(grad, list(model.parameters()), 1e-4, comm.progress, any_thread=any_thread) if overlap else None
     if thread:
         assert comm.start_progress_thread(1e-4) == (comm.backend == "mpi" and comm.thread_level() == "multiple")
     inputs = torch.randn(6, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(comm.rank))
@@ -364,9 +426,104 @@ def _model_steps(comm, algo: str, topology: str, mode: str, overlap: bool, threa
         else:
             algorithm.begin_step(x, grad, lr, t)
             with comm.progressing(), buckets.delivering(algorithm.ready):
-                model(inputs).square().mean().backward()
+                backward(lambda: model(inputs).square().mean().backward())
             algorithm.finish_step()
     return x.detach().numpy().copy()
+
+
+class _CallThreads:
+    """The threads that call into ``comm`` (its calls that reach the transport, and its requests'
+    test and wait) until ``close()``."""
+
+    NAMES = ("exchange", "exchange_replace", "allreduce_sum", "iallreduce_sum", "allreduce_flags", "progress", "barrier")
+
+    def __init__(self, comm) -> None:
+        self.comm, self.threads = comm, set()
+        for name in self.NAMES:
+            setattr(comm, name, self._logged(getattr(comm, name)))
+
+    def _logged(self, method):
+        def call(*args, **kwargs):
+            self.threads.add(threading.get_ident())
+            result = method(*args, **kwargs)
+            if isinstance(result, Request):
+                result.test, result.wait = self._logged(result.test), self._logged(result.wait)
+            return result
+
+        return call
+
+    def close(self) -> None:
+        for name in self.NAMES:
+            delattr(self.comm, name)
+
+
+def _steps_with_backward_elsewhere(comm, algo: str, topology: str, any_thread: bool) -> tuple[np.ndarray, bool]:
+    """_model_steps' overlapped steps with each backward on another thread: x, and whether every call
+    into the communicator came from this rank's thread."""
+    calls = _CallThreads(comm)
+    try:
+        x = _model_steps(comm, algo, topology, "counts", True, backward=_on_another_thread, any_thread=any_thread)
+    finally:
+        calls.close()
+    return x, calls.threads == {threading.get_ident()}
+
+
+class _CopyStillRunning:
+    """A staging copy's event that reports "not done" until waited for (on a busy GPU, the copies
+    of the sends queued in backward's hooks are still behind backward's kernels when they return)."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+
+def _wait_with_sends_held_back(comm, blocking: str) -> bool:
+    """Each rank queues a staged send whose copy is still running, then blocks in ``blocking``
+    (a receive's wait, or a collective) before waiting for the send: the blocking call must post
+    the rank's queued sends first, or every rank waits there for the others' (the hang of
+    --device cuda --overlap after its first step)."""
+    from relaympi.comm.mpi import _StagedSend
+
+    left, right = (comm.rank - 1) % comm.world_size, (comm.rank + 1) % comm.world_size
+    send, recv = torch.full((5,), float(comm.rank)), torch.full((5,), -1.0)
+    comm._async_staging = lambda buf: buf is send  # the send goes through the staging queue
+    comm._stage_send = lambda buf, slot, peer, tag: _StagedSend(buf.clone(), _CopyStillRunning(), peer, tag)
+    try:
+        received = comm.exchange({}, {left: recv}, tag=7)
+        sent = comm.exchange({right: send}, {}, tag=7)
+        assert sent._staged and sent._staged[0].request is None  # held back: its copy is not done
+        if blocking == "barrier":
+            comm.barrier()
+        received.wait()
+        sent.wait()
+    finally:
+        del comm._async_staging, comm._stage_send
+    return bool((recv == float(left)).all())
+
+
+@pytest.mark.spmd
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("blocking", ["receive", "barrier"])
+def test_a_blocking_wait_posts_the_ranks_held_back_sends_first(spmd, request, blocking):
+    if not request.config.getoption("with_mpi", default=False):
+        pytest.skip("the staging queue is the MPI backend's: mpirun ... pytest --with-mpi")
+    assert all(spmd(_wait_with_sends_held_back, blocking))
+
+
+@pytest.mark.spmd
+@pytest.mark.parametrize("algo, topology", [("relay", "double-binary-trees"), ("allreduce", "fully-connected")])
+def test_with_backward_on_another_thread_every_call_into_the_transport_stays_on_the_ranks_thread(spmd, algo, topology):
+    plain = spmd(_model_steps, algo, topology, "counts", False)
+    for any_thread in (False, True):
+        results = spmd(_steps_with_backward_elsewhere, algo, topology, any_thread)
+        for (got, on_rank_thread), want in zip(results, plain, strict=True):
+            np.testing.assert_array_equal(got, want)
+            assert on_rank_thread != any_thread  # any_thread: the hooks' thread called the transport
 
 
 @pytest.mark.spmd

@@ -123,6 +123,8 @@ class _TreeSumRequest(Request):
         return self._done
 
     def wait(self) -> frozenset[int]:
+        if self._comm._staged_sends:  # as _wait: no blocking with this rank's sends held back
+            self._comm._post_staged(until=self._comm._staged_sends[-1])
         polls = 0
         while not self.test():
             if self._comm._failure_req is None and self._pending is not None:
@@ -215,7 +217,12 @@ class MPICommunicator(Communicator):
                 raise RemoteFailure(f"rank {status.Get_source()} failed: {text}")
 
     def _wait(self, requests: list) -> None:
-        """Waitall that rank 0 interrupts when another rank reports a failure (no rank waits forever)."""
+        """Waitall that rank 0 interrupts when another rank reports a failure (no rank waits forever).
+        Staged sends still queued are posted first (their copies waited for): a peer may be blocked
+        waiting for them, as this rank may be for its sends (overlapped steps on a GPU queue them
+        while the copies are still behind backward's kernels)."""
+        if self._staged_sends:
+            self._post_staged(until=self._staged_sends[-1])
         if self._failure_req is None:
             MPI.Request.Waitall(requests)
             return

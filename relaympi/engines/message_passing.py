@@ -20,7 +20,7 @@ from relaympi.algorithms import make_algorithm
 from relaympi.comm import Communicator, run_local
 from relaympi.config import ConfigError
 from relaympi.optim import make_optimizer
-from relaympi.training.buckets import GradientBuckets
+from relaympi.training.buckets import GradientBuckets, cuda_overlap_mode
 from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.evaluation import Evaluator
 from relaympi.training.loop import STOP, USAGE_ERRORS, TrainingLoop, WriterFactory, device_for
@@ -75,7 +75,8 @@ class MessagePassingRank(TrainingLoop):
         self.evaluator = Evaluator(comm, plan, self.schedule, self.workload)
         # --overlap: each bucket's step starts from backward's hooks; the step's timers then split into
         # backward with the work started inside it (compute) and the exposed rest (comm: finish_step)
-        self.buckets = GradientBuckets(self.workload.grad, _trainable(self.workload), cfg.bucket_size, comm.progress) if cfg.overlap else None
+        self.buckets = GradientBuckets(self.workload.grad, _trainable(self.workload), cfg.bucket_size, comm.progress,
+                                       any_thread=cuda_overlap_mode() == "hooks") if cfg.overlap else None
         # and a thread that runs MPI's progress engine during backward, between the hooks (README "Overlap")
         if self.buckets is not None and cfg.progress_thread and not comm.start_progress_thread(cfg.progress_interval * 1e-3) and self.is_root:
             log.warning("no progress thread: this MPI does not provide MPI_THREAD_MULTIPLE (the run file's transport records "

@@ -8,10 +8,20 @@ flat grad view); a bucket is final when all its parameters are. Buckets are deli
 fixed order only (a bucket once it and every bucket before it are final), so every rank calls
 ``ready`` with the same ranges in the same order whatever the timing; what backward never reaches
 (unused parameters, a workload without autograd) is delivered, in order, when the gradient is done.
+
+Autograd runs the hooks of CUDA parameters on its own thread for the device, not on the thread that
+called backward. Such a hook only marks its bucket final: the thread that entered ``delivering``
+delivers it, in order, when backward returns, so every call into the algorithm (and every MPI call
+it makes) stays on that thread. ``any_thread`` delivers from whichever thread runs the hook instead,
+as the overlapped step did when ``--device cuda --overlap`` hung on a GPU: the overlap with
+backward that a GPU run would want, for diagnosis (RELAYMPI_ALLOW_CUDA_OVERLAP=hooks, see
+``cuda_overlap_mode``).
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -19,6 +29,20 @@ from typing import Any
 import torch
 
 Deliver = Callable[[int, int], None]
+
+ALLOW_CUDA_OVERLAP_ENV = "RELAYMPI_ALLOW_CUDA_OVERLAP"
+
+
+def cuda_overlap_mode() -> str | None:
+    """The diagnostic switch that lifts the refusal of ``--device cuda --overlap`` (a run with it
+    hung on a GPU): None (unset, empty or 0: refused), "owner" (1: the hooks on autograd's CUDA
+    thread leave the delivery to the thread running the step) or "hooks" (they deliver themselves,
+    as when the run hung). Read here only."""
+    value = os.environ.get(ALLOW_CUDA_OVERLAP_ENV, "").strip().lower()
+    modes = {"": None, "0": None, "1": "owner", "hooks": "hooks"}
+    if value not in modes:
+        raise ValueError(f"{ALLOW_CUDA_OVERLAP_ENV}={value!r}: expected 1, hooks or 0")
+    return modes[value]
 
 
 def cut_buckets(ranges: list[tuple[int, int]], bucket_elements: int) -> list[tuple[int, int]]:
@@ -43,11 +67,12 @@ class GradientBuckets:
     ``params``: the model's trainable parameters whose ``.grad`` are views of ``grad`` (flatten_module),
     or none (a workload without autograd: one bucket, delivered when the gradient is done).
     ``progress``: called from every hook (e.g. the communicator's progress, so transfers started for
-    earlier buckets move while backward computes).
+    earlier buckets move while backward computes). ``any_thread``: hooks on another thread than the
+    one in ``delivering`` deliver and progress too (default: they only mark their bucket final).
     """
 
     def __init__(self, grad: torch.Tensor, params: list[torch.nn.Parameter], bucket_mb: float,
-                 progress: Callable[[], None] | None = None):
+                 progress: Callable[[], None] | None = None, any_thread: bool = False):
         if not bucket_mb > 0:
             raise ValueError(f"bucket size must be > 0 MiB, got {bucket_mb}")
         self.numel = grad.numel()
@@ -67,6 +92,8 @@ class GradientBuckets:
         self._final = [False] * len(self.buckets)
         self._done: set[int] = set()
         self._next = 0
+        self.any_thread = any_thread
+        self._owner: int | None = None  # the thread in delivering()
         self._handles = [p.register_post_accumulate_grad_hook(self._hook) for _, p in owners]
 
     def __len__(self) -> int:
@@ -76,7 +103,7 @@ class GradientBuckets:
     def delivering(self, deliver: Deliver) -> Iterator[None]:
         """Within the block, each bucket goes to ``deliver(lo, hi)`` once its gradient is final; on leaving
         it, every bucket not delivered yet (unused parameters, no autograd) goes, in order."""
-        self._deliver, self._next = deliver, 0
+        self._deliver, self._next, self._owner = deliver, 0, threading.get_ident()
         self._final = [False] * len(self.buckets)
         self._waiting = [len(m) for m in self._members]
         self._done = set()
@@ -95,11 +122,13 @@ class GradientBuckets:
         self._done.add(key)
         index = self._bucket_of[key]
         self._waiting[index] -= 1
+        here = self.any_thread or threading.get_ident() == self._owner  # else delivered when backward returns
         if self._waiting[index] == 0:
             self._final[index] = True
-            while self._next < len(self.buckets) and self._final[self._next]:
+            while here and self._next < len(self.buckets) and self._final[self._next]:
                 self._flush(self._next + 1)
-        self.progress()
+        if here:
+            self.progress()
 
     def _flush(self, until: int) -> None:
         while self._next < until:
