@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     # environment, the package version, where data sets live, the CLI's exit-status conventions
     ("foundation", 0, ("relaympi", "relaympi.entrypoint", "relaympi.launcher", "relaympi.threads", "relaympi.checkpoint_files",
                        "relaympi.provenance", "relaympi.results", "relaympi.costs", "relaympi.data", "relaympi.data.download",
-                       "relaympi.data.manifest", "relaympi.data.paths")),
+                       "relaympi.data.manifest", "relaympi.data.paths", "relaympi.registry")),
     # pure graphs and schedules; the Communicator and its backends; the model's flat memory layout (flat)
     ("topology, comm, flat layout", 1, ("relaympi.topology", "relaympi.comm", "relaympi.flat")),
     ("optim", 2, ("relaympi.optim",)),
