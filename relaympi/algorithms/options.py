@@ -18,7 +18,8 @@ OptionsT = TypeVar("OptionsT", bound="Options")
 
 
 class AlgorithmError(ValueError):
-    """An invalid algorithm/topology/optimizer combination; the message names the allowed choices."""
+    """An invalid algorithm/topology/optimizer combination; the message names the allowed
+    choices."""
 
 
 def option(default: Any, purpose: str = "") -> Any:
@@ -77,7 +78,8 @@ class RelaySumOptions(Options):
 
     def __post_init__(self) -> None:
         if self.relay_chunk is not None and self.relay_chunk < 1:
-            raise ValueError(f"relay_chunk must be a positive number of elements, got {self.relay_chunk}")
+            raise ValueError(
+                f"relay_chunk must be a positive number of elements, got {self.relay_chunk}")
         super().__post_init__()
 
 
@@ -91,7 +93,8 @@ class RelaySGDOptions(RelaySumOptions):
 
     def __post_init__(self) -> None:
         if self.relay_mode not in RELAY_MODES:
-            raise ValueError(f"unknown relay_mode {self.relay_mode!r}; choose one of {', '.join(RELAY_MODES)}")
+            raise ValueError(
+                f"unknown relay_mode {self.relay_mode!r}; choose one of {', '.join(RELAY_MODES)}")
         super().__post_init__()
 
 
@@ -99,5 +102,7 @@ class RelaySGDOptions(RelaySumOptions):
 class D2Options(Options):
     """D²'s choice of gossip matrix."""
 
-    d2_force: bool = option(False)  # run D² even if the gossip matrix's smallest eigenvalue is < -1/3
-    d2_exact_diffusion: bool = option(False)  # D² with (W + I) / 2 (the paper's choice on the social network)
+    # run D² even if the gossip matrix's smallest eigenvalue is < -1/3
+    d2_force: bool = option(False)
+    # D² with (W + I) / 2 (the paper's choice on the social network)
+    d2_exact_diffusion: bool = option(False)

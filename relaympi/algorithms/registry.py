@@ -1,4 +1,4 @@
-"""The algorithms by name: look-up, their options, the combination check, construction for one worker.
+"""The algorithms by name: look-up, their options, the combination check, building one worker's.
 
 Torch-free until an algorithm is used: the table names each class as "module:Class" (imported on
 first look-up) beside its options (relaympi.algorithms.options), which the run's configuration
@@ -53,10 +53,12 @@ ALGORITHM_NAMES = ALGORITHMS.names
 
 def _every_option() -> type[Options]:
     kinds = list(dict.fromkeys(ALGORITHM_OPTIONS.values()))
-    leaves = tuple(k for k in kinds if fields(k) and not any(o is not k and issubclass(o, k) for o in kinds))
+    leaves = tuple(k for k in kinds
+                   if fields(k) and not any(o is not k and issubclass(o, k) for o in kinds))
     return make_dataclass("AlgorithmOptions", [], bases=leaves, frozen=True, namespace={
-        "__doc__": "Every algorithm's options in one (their classes' fields together), for a caller "
-        "that builds algorithms chosen by name (tests, benchmarks): each algorithm takes its own.",
+        "__doc__": "Every algorithm's options in one (their classes' fields together), for a "
+        "caller that builds algorithms chosen by name (tests, benchmarks): each algorithm takes "
+        "its own.",
         "__module__": __name__,
     })
 
@@ -90,7 +92,8 @@ def check_combination(algo: str, topology: Topology, optimizer: OptimizerConfig,
 def check_topology_fits_world(topology: Topology, world_size: int) -> None:
     """Raise AlgorithmError unless ``topology`` is for ``world_size`` workers."""
     if topology.world_size != world_size:
-        raise AlgorithmError(f"topology {topology.name!r} is for {topology.world_size} workers, the world has {world_size}")
+        raise AlgorithmError(f"topology {topology.name!r} is for {topology.world_size} workers, "
+                             f"the world has {world_size}")
 
 
 def make_algorithm(
