@@ -6,7 +6,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from jobs.settings import JobsError, JobSettings
-from relaympi.algorithms import ALGORITHM_NAMES, default_topology, get_algorithm_class
+from relaympi.algorithms import (
+    ALGORITHM_NAMES,
+    ALGORITHM_OPTIONS,
+    default_topology,
+    get_algorithm_class,
+)
+from relaympi.algorithms.options import option_names
 from relaympi.config import RunConfig
 from relaympi.tasks import TaskError, get_task_class
 
@@ -185,6 +191,11 @@ def _topology_overrides(settings: JobSettings) -> dict[str, str]:
     return overrides
 
 
+def takes_relay_mode(algo: str) -> bool:
+    """Whether ``algo``'s options have --relay-mode (RELAYMPI_RELAY_MODE goes to it alone)."""
+    return algo in ALGORITHM_OPTIONS and "relay_mode" in option_names(ALGORITHM_OPTIONS[algo])
+
+
 def _lrs(
     sweep_name: str, settings: JobSettings, task: str, algo: str, momentum: float | None, alpha: float
 ) -> list[float | None]:
@@ -264,8 +275,8 @@ def configurations(sweep_name: str, settings: JobSettings) -> list[GridPoint]:
                                     optimizer=optimizer,
                                     seed=seed,
                                     drop_prob=drop,
-                                    # RelaySGD only (relay-grad has no normalization)
-                                    relay_mode=relay_mode if algo == "relay" else None,
+                                    # the algorithms whose options have it (RelaySGD's)
+                                    relay_mode=relay_mode if takes_relay_mode(algo) else None,
                                     **shared,
                                 )
                                 result.append((config, world_size))
