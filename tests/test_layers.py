@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("data sets", 4, ("relaympi.data.layouts", "relaympi.data.sets", "relaympi.data.imagenet")),
     # the run's configuration: its flags are checked against the registries below (topology, algorithm,
     # optimizer and task names) and its --help shows their defaults, so it sits above them; nothing
-    # below imports it (a task takes its own options, an algorithm its AlgorithmOptions)
+    # below imports it (a task takes its own options, an algorithm its own options class)
     ("config", 5, ("relaympi.config",)),
     # the resolved plan, the one training loop, a worker's workload, evaluation, checkpoints, run file
     ("training", 6, ("relaympi.training", "relaympi.workloads")),

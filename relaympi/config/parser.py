@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
             "  5 stopped by such a signal without a checkpoint (no --checkpoint-dir: a rerun starts over)",
         ]),
     )
-    p.add_argument("--config", type=CONFIG.type, metavar=CONFIG.metavar,
+    p.add_argument("--config", type=Path, metavar=CONFIG.metavar,
                    help=plain(text("config", CONFIG)))
     groups: dict[str, Any] = {}
     for f, flag in run_config.FLAGS:  # read at each call: a test may add a flag
