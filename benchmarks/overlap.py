@@ -52,7 +52,6 @@ def variant_flags(variant: str, args: argparse.Namespace) -> list[str]:
     if variant == "thread" and args.progress_interval is not None:
         flags += ["--progress-interval", str(args.progress_interval)]
     return flags
-TOPOLOGY = {"relay": "double-binary-trees", "allreduce": "fully-connected", "dpsgd": "ring", "relay-grad": "double-binary-trees"}
 
 
 @dataclass(frozen=True)
@@ -102,8 +101,9 @@ def launch_prefix(ranks: int, per_node: int, env: dict[str, str]) -> list[str]:
 
 
 def train(prefix: list[str], algo: str, args: argparse.Namespace, data: Path, out: Path, variant: str, env: dict[str, str]) -> Timing:
+    # each algorithm on its default topology (the trainer's)
     command = [*prefix, sys.executable, "-m", "relaympi.train", "--task", "cifar10", "--data-dir", str(data), "--algo", algo,
-               "--topology", TOPOLOGY.get(algo, "ring"), "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+               "--batch-size", str(args.batch_size), "--steps", str(args.steps),
                "--eval-every", str(args.interval), "--eval-batch-size", "64", "--threads", "1", "--lr", "0.01",
                "--device", args.device, *variant_flags(variant, args),
                "--out", str(out), "--overwrite"]

@@ -5,6 +5,7 @@
     python -m jobs.grid plan SWEEP [--all]    # sbatch array groups for jobs/submit.sh
     python -m jobs.grid run SWEEP [--index I] # run configuration I (default: $SLURM_ARRAY_TASK_ID)
     python -m jobs.grid config SWEEP --index I  # the --config JSON configuration I runs with
+    python -m jobs.grid scripts [--check]     # write jobs/sweep_*.sh from the grids (--check: compare)
 
 From the checkout (or with it on PYTHONPATH, as jobs/lib.sh sets it). Settings come from
 RELAYMPI_* environment variables, then from the KEY=VALUE file named by RELAYMPI_JOBS_CONFIG;
@@ -19,6 +20,7 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from jobs.commands import (
     Job,
@@ -34,7 +36,7 @@ from jobs.commands import (
 )
 from jobs.runner import cmd_run
 from jobs.settings import JobsError, JobSettings
-from jobs.sweeps import SWEEPS, configurations, listed_fields, sweep
+from jobs.sweeps import SWEEPS, configurations, listed_fields, sweep, sweep_script
 from relaympi.entrypoint import run
 from relaympi.results import FINISHED_STATUSES, run_status
 
@@ -157,6 +159,24 @@ def cmd_config(sweep_name: str, settings: JobSettings, index: int) -> int:
     return 0
 
 
+def cmd_scripts(check: bool) -> int:
+    """Write each sweep's jobs/NAME.sh from its grid (its #SBATCH defaults); with ``check``, only
+    name those that differ (exit 1)."""
+    jobs_dir = Path(__file__).resolve().parent
+    stale = []
+    for name in SWEEPS:
+        path, text = jobs_dir / f"{name}.sh", sweep_script(name)
+        if path.exists() and path.read_text(encoding="utf-8") == text:
+            continue
+        stale.append(path.relative_to(jobs_dir.parent))
+        if not check:
+            path.write_text(text, encoding="utf-8")
+            path.chmod(0o755)
+    for path in stale:
+        print(f"{path}: {'differs from its grid' if check else 'written'}", file=sys.stderr if check else sys.stdout)
+    return 1 if check and stale else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jobs/grid.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -172,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == "config":
             p.add_argument("--index", type=int, required=True, help="the configuration")
     sub.add_parser("sweeps")
+    scripts = sub.add_parser("scripts", help="write jobs/sweep_*.sh from the grids")
+    scripts.add_argument("--check", action="store_true", help="write nothing; exit 1 naming the scripts that differ")
     sub.add_parser("show-config", help="print the effective RELAYMPI_* settings as JSON")
     args = parser.parse_args(argv)
     try:
@@ -180,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             for name, defaults in SWEEPS.items():
                 print(f"{name}\t{len(configurations(name, JobSettings({})))}\t{defaults.description}")
             return 0
+        if args.command == "scripts":
+            return cmd_scripts(args.check)
         if args.command == "show-config":
             print(json.dumps(settings.values, indent=2, sort_keys=True))
             return 0

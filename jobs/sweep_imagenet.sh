@@ -6,15 +6,21 @@
 #SBATCH --requeue
 #SBATCH --signal=B:USR1@180
 #SBATCH --open-mode=append
-#SBATCH --output=slurm-%x-%A_%a.out
-# The paper's ImageNet table: alpha 0.1, 16 workers, one seed; needs RELAYMPI_DATA_DIR.
-# Configurations: DRY_RUN=1 bash jobs/sweep_imagenet.sh. Submit: bash jobs/submit.sh sweep_imagenet (sizes the array
-# from the grid and applies site settings), or plain sbatch jobs/sweep_imagenet.sh for the default grid.
-# The grid lives in jobs/sweeps.py; every setting is a RELAYMPI_* variable (jobs/README.md).
-# Under sbatch this file runs from a spool copy: find the checkout (RELAYMPI_ROOT, this file's
-# folder, the submit folder, or where SLURM says the script came from) and hand over to jobs/lib.sh.
-for root in "${RELAYMPI_ROOT-}" "$(dirname "${BASH_SOURCE[0]}")/.." "${SLURM_SUBMIT_DIR-}" "${SLURM_SUBMIT_DIR:+$SLURM_SUBMIT_DIR/..}" ask; do
-    [[ "$root" == ask && -n "${SLURM_JOB_ID-}" ]] && root="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's|^ *Command=\(.*\)/jobs/[^/]*$|\1|p' | head -n 1)"  # an array's last task lists them all
-    [[ -n "$root" && -f "$root/jobs/lib.sh" ]] && source "$root/jobs/lib.sh" && relaympi_sweep sweep_imagenet "$@"
+#SBATCH --output=results/logs/%x-%A_%a.out
+# ImageNet / ResNet-20-EvoNorm at alpha 0.1, 16 workers, one seed (paper Table 'imagenet').
+# Its data set: python -m relaympi.data fetch
+# Written by `python -m jobs.grid scripts` from jobs/sweeps.py, where the grid lives: edit it there.
+# Configurations: DRY_RUN=1 bash jobs/sweep_imagenet.sh. Submit: bash jobs/submit.sh sweep_imagenet
+# (sizes the array from the grid, applies site settings, logs to RESULTS_DIR/logs/), or plain
+# sbatch jobs/sweep_imagenet.sh from the checkout for the default grid (logs to results/logs/).
+# Every setting is a RELAYMPI_* variable (jobs/README.md).
+for root in "${RELAYMPI_ROOT-}" "$(dirname "${BASH_SOURCE[0]}")/.." "${SLURM_SUBMIT_DIR-}" \
+    "${SLURM_SUBMIT_DIR:+$SLURM_SUBMIT_DIR/..}" ask; do
+    # ask: where SLURM says the script came from (an array's last task lists them all)
+    [[ "$root" == ask && -n "${SLURM_JOB_ID-}" ]] &&
+        root="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null |
+            sed -n 's|^ *Command=\(.*\)/jobs/[^/]*$|\1|p' | head -n 1)"
+    [[ -n "$root" && -f "$root/jobs/lib.sh" ]] && source "$root/jobs/lib.sh" &&
+        relaympi_sweep sweep_imagenet "$@"
 done
 echo "cannot find jobs/lib.sh: set RELAYMPI_ROOT to the relaympi checkout" >&2; exit 2

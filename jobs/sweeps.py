@@ -6,7 +6,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from jobs.settings import JobsError, JobSettings
-from relaympi.algorithms import ALGORITHM_NAMES, default_topology, get_algorithm_class
+from relaympi.algorithms import (
+    ALGORITHM_NAMES,
+    ALGORITHM_OPTIONS,
+    default_topology,
+    get_algorithm_class,
+)
+from relaympi.algorithms.options import option_names
 from relaympi.config import RunConfig
 from relaympi.tasks import TaskError, get_task_class
 
@@ -36,6 +42,7 @@ class Sweep:
     lr_exponents: tuple[int, ...] = ()  # sweep_lr: lr = centre * 2**k
     needs_data: bool = False
     needs_model: bool = False
+    time: str = "24:00:00"  # its script's #SBATCH --time (a site's RELAYMPI_TIME wins in submit.sh)
 
 
 _ALPHA = Sweep(
@@ -82,6 +89,7 @@ SWEEPS = {
         momenta=(0.9,),
         seeds=(0,),
         needs_data=True,
+        time="72:00:00",
     ),
     "sweep_agnews": Sweep(
         "AG News / DistilBERT fine-tuning with Adam at alpha 0.1 (paper Table 'bert')",
@@ -94,6 +102,7 @@ SWEEPS = {
         optimizer="adam",
         needs_data=True,
         needs_model=True,
+        time="12:00:00",
     ),
 }
 
@@ -182,6 +191,11 @@ def _topology_overrides(settings: JobSettings) -> dict[str, str]:
     return overrides
 
 
+def takes_relay_mode(algo: str) -> bool:
+    """Whether ``algo``'s options have --relay-mode (RELAYMPI_RELAY_MODE goes to it alone)."""
+    return algo in ALGORITHM_OPTIONS and "relay_mode" in option_names(ALGORITHM_OPTIONS[algo])
+
+
 def _lrs(
     sweep_name: str, settings: JobSettings, task: str, algo: str, momentum: float | None, alpha: float
 ) -> list[float | None]:
@@ -261,9 +275,56 @@ def configurations(sweep_name: str, settings: JobSettings) -> list[GridPoint]:
                                     optimizer=optimizer,
                                     seed=seed,
                                     drop_prob=drop,
-                                    # RelaySGD only (relay-grad has no normalization)
-                                    relay_mode=relay_mode if algo == "relay" else None,
+                                    # the algorithms whose options have it (RelaySGD's)
+                                    relay_mode=relay_mode if takes_relay_mode(algo) else None,
                                     **shared,
                                 )
                                 result.append((config, world_size))
     return result
+
+
+# jobs/sweep_*.sh, each the same but for its #SBATCH defaults: written from SWEEPS by
+# `python -m jobs.grid scripts` (a test keeps the files equal to it). Under sbatch the script runs
+# from a spool copy: it finds the checkout (RELAYMPI_ROOT, its own folder, the submit folder, or
+# where SLURM says the script came from) and hands over to jobs/lib.sh.
+_SCRIPT = """#!/bin/bash
+#SBATCH --job-name=relaympi-{short}
+#SBATCH --array=0-{last}
+#SBATCH --ntasks={ntasks}
+#SBATCH --time={time}
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@180
+#SBATCH --open-mode=append
+#SBATCH --output={logs}/%x-%A_%a.out
+# {description}.{needs}
+# Written by `python -m jobs.grid scripts` from jobs/sweeps.py, where the grid lives: edit it there.
+# Configurations: DRY_RUN=1 bash jobs/{name}.sh. Submit: bash jobs/submit.sh {name}
+# (sizes the array from the grid, applies site settings, logs to RESULTS_DIR/logs/), or plain
+# sbatch jobs/{name}.sh from the checkout for the default grid (logs to {logs}/).
+# Every setting is a RELAYMPI_* variable (jobs/README.md).
+for root in "${{RELAYMPI_ROOT-}}" "$(dirname "${{BASH_SOURCE[0]}}")/.." "${{SLURM_SUBMIT_DIR-}}" \\
+    "${{SLURM_SUBMIT_DIR:+$SLURM_SUBMIT_DIR/..}}" ask; do
+    # ask: where SLURM says the script came from (an array's last task lists them all)
+    [[ "$root" == ask && -n "${{SLURM_JOB_ID-}}" ]] &&
+        root="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null |
+            sed -n 's|^ *Command=\\(.*\\)/jobs/[^/]*$|\\1|p' | head -n 1)"
+    [[ -n "$root" && -f "$root/jobs/lib.sh" ]] && source "$root/jobs/lib.sh" &&
+        relaympi_sweep {name} "$@"
+done
+echo "cannot find jobs/lib.sh: set RELAYMPI_ROOT to the relaympi checkout" >&2; exit 2
+"""
+# where a plain `sbatch jobs/sweep_X.sh` (from the checkout) writes its logs: relative to the submit
+# folder, and the checkout keeps the folder (SLURM does not create it)
+SBATCH_LOGS = "results/logs"
+
+
+def sweep_script(name: str) -> str:
+    """jobs/NAME.sh: the sweep's #SBATCH defaults (its default grid's array, its largest world
+    size's --ntasks, its time) and the hand-over to jobs/lib.sh."""
+    defaults = sweep(name)
+    count = len(configurations(name, JobSettings({})))
+    needs = " and pretrained model" if defaults.needs_model else ""
+    needs = f"\n# Its data set{needs}: python -m relaympi.data fetch" if defaults.needs_data else ""
+    return _SCRIPT.format(name=name, short=name.removeprefix("sweep_"), last=count - 1,
+                          ntasks=max(defaults.workers), time=defaults.time, logs=SBATCH_LOGS,
+                          description=defaults.description, needs=needs)

@@ -61,3 +61,19 @@ def launch(env: Mapping[str, str] | None = None) -> Launch:
         local_size=_number(env, LOCAL_SIZE_VARIABLES, above=0),
         node=node,
     )
+
+
+# a diagnostic switch of the overlapped step on GPUs, read here only
+ALLOW_CUDA_OVERLAP_ENV = "RELAYMPI_ALLOW_CUDA_OVERLAP"
+
+
+def cuda_overlap_mode() -> str | None:
+    """The diagnostic switch that lifts the refusal of ``--device cuda --overlap`` (a run with it
+    hung on a GPU): None (unset, empty or 0: refused), "owner" (1: the hooks on autograd's CUDA
+    thread leave the delivery to the thread running the step) or "hooks" (they deliver themselves,
+    as when the run hung). Read here only."""
+    value = os.environ.get(ALLOW_CUDA_OVERLAP_ENV, "").strip().lower()
+    modes = {"": None, "0": None, "1": "owner", "hooks": "hooks"}
+    if value not in modes:
+        raise ValueError(f"{ALLOW_CUDA_OVERLAP_ENV}={value!r}: expected 1, hooks or 0")
+    return modes[value]

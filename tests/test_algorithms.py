@@ -406,3 +406,37 @@ def test_d2_exact_diffusion_mixes_with_half_w_plus_identity(topo, n):
         return x.numpy()
 
     np.testing.assert_allclose(np.array(run_local(n, body)), expected, rtol=0, atol=1e-15)
+
+
+# ------------------------------------------------------------------- each algorithm's declaration
+
+
+def test_every_algorithm_is_registered_by_its_name_with_the_options_it_reads() -> None:
+    """The registry's name and options class of each algorithm are its class's (name and the
+    type of its ``options``); every option is a RunConfig field, so a flag."""
+    import dataclasses
+    import typing
+
+    from relaympi.algorithms import ALGORITHM_OPTIONS, ALGORITHMS, Algorithm, Options
+    from relaympi.algorithms.options import NoOptions
+    from relaympi.config import RunConfig
+
+    run_fields = {f.name for f in dataclasses.fields(RunConfig)}
+    for name, cls in ALGORITHMS.items():
+        assert issubclass(cls, Algorithm) and cls.name == name
+        declared, kind = typing.get_type_hints(cls)["options"], ALGORITHM_OPTIONS[name]
+        assert declared is kind or (declared is Options and kind is NoOptions), name
+        assert {f.name for f in dataclasses.fields(kind)} <= run_fields, name
+    built_by = {k for cls in ALGORITHMS.values() for k in cls.__mro__ if "__init__" in vars(k) and issubclass(k, Algorithm)}
+    assert built_by == {Algorithm}  # one constructor; a subclass's own state in _setup
+
+
+def test_an_algorithm_takes_its_own_options_from_any() -> None:
+    from relaympi.algorithms import algorithm_options
+    from relaympi.algorithms.options import D2Options, NoOptions, RelaySGDOptions
+
+    every = AlgorithmOptions(relay_mode="previous", relay_chunk=8, d2_force=True)
+    assert algorithm_options("relay", every) == RelaySGDOptions(relay_mode="previous", relay_chunk=8)
+    assert algorithm_options("d2", every) == D2Options(d2_force=True)
+    assert algorithm_options("sgp", every) == NoOptions() == algorithm_options("sgp")
+    assert algorithm_options("relay", {"relay_mode": None, "seed": 3}) == RelaySGDOptions()

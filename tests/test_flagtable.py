@@ -61,19 +61,39 @@ def test_resume_free_keys_are_metadata_and_cannot_change_the_numbers() -> None:
     assert "threads" not in key and key["relay_chunk"] == 64  # chunks are checkpointed state: they must match
 
 
-def test_a_new_field_with_its_flag_gets_parser_refusal_identity_and_readme(monkeypatch) -> None:
-    """Adding one field (here: a made-up relay-only option) is all a flag needs."""
-    extra = config._field(None, "--algo relay only: a made-up option (default none)", type=int, readme="made up",
-                          applies=(config._RELAY,), numbers=True)
+def test_a_new_field_with_its_flag_gets_parser_refusal_identity_and_table(monkeypatch) -> None:
+    """Adding one field (here: a made-up option of RelaySGD's) is all a flag needs; being a field
+    of RelaySGD's options is all it takes to apply to --algo relay only."""
+    from relaympi.algorithms.options import RelaySGDOptions, option
+    from relaympi.config import flags, run_config
+    from relaympi.registry import Registry
+
+    extra = config.flag_field(None, "a made-up option (default none)", type=int, numbers=True)
     Made = dataclasses.make_dataclass("Made", [("made_up", int | None, extra)], bases=(RunConfig,), frozen=True)
-    made_flags = tuple((f, f.metadata["flag"]) for f in dataclasses.fields(Made) if "flag" in f.metadata)
-    monkeypatch.setattr(config, "FLAGS", made_flags)
-    assert "--made-up" in config.build_parser().format_help()
-    assert "| `--made-up` | made up |" in config.flag_table()
+    MadeOptions = dataclasses.make_dataclass("MadeOptions", [("made_up", int | None, option(None))],
+                                             bases=(RelaySGDOptions,), frozen=True)
+    monkeypatch.setattr(run_config, "FLAGS", config.flags_of(Made))
+    options = {**flags.ALGORITHM_OPTIONS, "relay": MadeOptions}
+    monkeypatch.setattr(flags, "ALGORITHM_OPTIONS", Registry("algorithm", options))
+    shown = " ".join(config.build_parser().format_help().split())
+    assert "--made-up MADE_UP --algo relay only: a made-up option (default none)" in shown
+    assert "| `--made-up MADE_UP` | `--algo relay` only: a made-up option (default none) |" in config.flag_table()
     assert config.not_applicable(Made(algo="dpsgd", made_up=3)) == [("--made-up", "it applies to --algo relay only, not dpsgd")]
     assert config.not_applicable(Made(algo="relay", made_up=3)) == []
     assert "made_up" not in config.experiment_settings({"algo": "dpsgd", "made_up": 3})
     assert config.experiment_settings({"algo": "relay", "made_up": 3})["made_up"] == 3
+
+
+def test_an_algorithms_options_are_refused_for_the_others_naming_what_they_do() -> None:
+    """Where an algorithm's option applies comes from the algorithms' options classes."""
+    from relaympi.config.flags import algorithms_taking
+
+    assert algorithms_taking("relay_chunk") == ("relay", "relay-grad") and algorithms_taking("d2_force") == ("d2",)
+    assert algorithms_taking("seed") == ()
+    why = dict(config.not_applicable(RunConfig(algo="sgp", relay_chunk=8, relay_mode="previous", d2_force=True)))
+    assert why == {"--relay-mode": "it is RelaySGD's normalization (--algo relay), not used by sgp",
+                   "--relay-chunk": "it sizes RelaySum's message chunks (relay, relay-grad), not used by sgp",
+                   "--d2-force": "it applies to --algo d2 only, not sgp"}
 
 
 # --------------------------------------------------------------- value checks in domain classes
@@ -150,9 +170,9 @@ def test_the_plan_carries_drops_task_options_and_algorithm_options() -> None:
 
 
 def test_engines_build_no_drop_policy_or_task_options_of_their_own() -> None:
-    # config.py builds a DropPolicy to check --drop-prob; the MPI communicator exists before the plan
+    # config's validation builds a DropPolicy to check --drop-prob; the MPI communicator exists before the plan
     # (the ranks agree on resolve's errors through it), so train.py's MPI path still builds its own
-    allowed = {"plan.py": 3, "config.py": 1, "train.py": 1}
+    allowed = {"plan.py": 3, "validation.py": 1, "train.py": 1}
     for path in sorted((ROOT / "relaympi").rglob("*.py")):
         text = path.read_text(encoding="utf-8")
         made = text.count("DropPolicy(cfg.") + text.count("task_options(cfg")

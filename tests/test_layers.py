@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     # package version, where data sets live, the CLI's exit-status conventions
     ("foundation", 0, ("relaympi", "relaympi.entrypoint", "relaympi.launcher", "relaympi.threads",
                        "relaympi.provenance", "relaympi.results", "relaympi.costs", "relaympi.data", "relaympi.data.download",
-                       "relaympi.data.manifest", "relaympi.data.paths")),
+                       "relaympi.data.manifest", "relaympi.data.paths", "relaympi.registry")),
     # pure graphs and schedules; the Communicator and its backends; the model's flat memory layout (flat)
     ("topology, comm, flat layout", 1, ("relaympi.topology", "relaympi.comm", "relaympi.flat")),
     ("optim", 2, ("relaympi.optim",)),
@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("data sets", 4, ("relaympi.data.layouts", "relaympi.data.sets", "relaympi.data.imagenet")),
     # the run's configuration: its flags are checked against the registries below (topology, algorithm,
     # optimizer and task names) and its --help shows their defaults, so it sits above them; nothing
-    # below imports it (a task takes its own options, an algorithm its AlgorithmOptions)
+    # below imports it (a task takes its own options, an algorithm its own options class)
     ("config", 5, ("relaympi.config",)),
     # the resolved plan, the one training loop, a worker's workload, evaluation, checkpoints (their
     # file format too), run file

@@ -26,14 +26,10 @@ from relaympi import train
 from relaympi.algorithms import AlgorithmOptions, make_algorithm
 from relaympi.comm import Request
 from relaympi.flat import flatten_module
+from relaympi.launcher import ALLOW_CUDA_OVERLAP_ENV, cuda_overlap_mode
 from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.topology import build
-from relaympi.training.buckets import (
-    ALLOW_CUDA_OVERLAP_ENV,
-    GradientBuckets,
-    cuda_overlap_mode,
-    cut_buckets,
-)
+from relaympi.training.buckets import GradientBuckets, cut_buckets
 from tests.conftest import ROOT, env_for_subprocess, mpirun_path, requires_mpirun
 
 # ------------------------------------------------------------------------------------ buckets

@@ -95,6 +95,17 @@ def test_header_array_matches_default_grid(sweep: str) -> None:
     assert "#SBATCH --requeue" in header and "#SBATCH --signal=B:USR1@" in header
 
 
+def test_sweep_scripts_are_written_from_the_grids() -> None:
+    """jobs/sweep_*.sh are `python -m jobs.grid scripts`' (the grid and its #SBATCH defaults in
+    jobs/sweeps.py); a plain sbatch from the checkout logs into results/logs/, which the checkout
+    keeps (SLURM does not create it) and git ignores."""
+    check = grid("scripts", "--check")
+    assert check.returncode == 0, check.stderr
+    for sweep in SWEEPS:
+        assert "\n#SBATCH --output=results/logs/%x-%A_%a.out\n" in (JOBS / f"{sweep}.sh").read_text()
+    assert (ROOT / "results" / "logs" / ".gitignore").read_text().splitlines()[1:] == ["*", "!.gitignore"]
+
+
 def test_paper_grids() -> None:
     out = grid("list", "sweep_alpha").stdout
     assert "90 configurations" in out

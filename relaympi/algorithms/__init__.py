@@ -1,7 +1,8 @@
 """Decentralized optimizers over a Communicator: RelaySGD, RelaySGD/Grad and the paper's baselines.
 
 Names load on first use (PEP 562): the torch-free parts (RelaySGD's lr correction, D²'s
-eigenvalue rule) serve `python -m relaympi.topology` without importing torch.
+eigenvalue rule) serve `python -m relaympi.topology` without importing torch, and the registry
+with each algorithm's options (registry, options) serves the run's configuration without it.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ _HOME = {
     "default_topology": "registry",
     "get_algorithm_class": "registry",
     "make_algorithm": "registry",
-    "RELAY_MODES": "base",
+    "ALGORITHM_OPTIONS": "registry",
+    "AlgorithmOptions": "registry",
+    "algorithm_options": "registry",
+    "RELAY_MODES": "options",
+    "AlgorithmError": "options",
+    "Options": "options",
     "Algorithm": "base",
-    "AlgorithmError": "base",
-    "AlgorithmOptions": "base",
     "round_id": "base",
     "lr_correction": "relay_lr",
 }
@@ -39,10 +43,13 @@ def __dir__() -> list[str]:
 __all__ = [
     "ALGORITHMS",
     "ALGORITHM_NAMES",
+    "ALGORITHM_OPTIONS",
     "RELAY_MODES",
     "Algorithm",
     "AlgorithmError",
     "AlgorithmOptions",
+    "Options",
+    "algorithm_options",
     "check_combination",
     "check_topology_fits_world",
     "default_topology",

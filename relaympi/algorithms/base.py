@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from relaympi.algorithms.gossip import CommMixers, Mixers
+from relaympi.algorithms.options import AlgorithmError, Options
 from relaympi.comm import Communicator
 from relaympi.optim import LocalOptimizer, OptimizerConfig
 from relaympi.topology import Topology
@@ -22,38 +21,6 @@ ROUNDS_PER_STEP = 4
 def round_id(step: int, sub: int = 0) -> int:
     """The communication-round number of sub-round ``sub`` of gradient step ``step`` (for drops)."""
     return step * ROUNDS_PER_STEP + sub
-
-
-class AlgorithmError(ValueError):
-    """An invalid algorithm/topology/optimizer combination; the message names the allowed choices."""
-
-
-# RelaySGD's normalization under dropped messages (paper, "Robust RelaySum"): Algorithm 1's counts,
-# the robust rule (a missing model replaced by the worker's previous state), or by x(0)
-RELAY_MODES = ("counts", "previous", "initial")
-
-
-@dataclass(frozen=True)
-class AlgorithmOptions:
-    """What the run tells an algorithm beyond its topology and optimizer; each field is the RunConfig
-    field of the same name (``of`` builds it from a run's config)."""
-
-    relay_mode: str = "counts"  # relay: counts | previous | initial
-    relay_in_place: bool = False  # RelaySum: assemble and swap messages in the receive buffers (least memory)
-    relay_chunk: int | None = None  # RelaySum: elements per message chunk (None: relaysum.DEFAULT_CHUNK)
-    d2_force: bool = False  # run D² even if the gossip matrix's smallest eigenvalue is < -1/3
-    d2_exact_diffusion: bool = False  # D² with (W + I) / 2 (the paper's choice on the social network)
-
-    def __post_init__(self) -> None:
-        if self.relay_mode not in RELAY_MODES:
-            raise ValueError(f"unknown relay_mode {self.relay_mode!r}; choose one of {', '.join(RELAY_MODES)}")
-        if self.relay_chunk is not None and self.relay_chunk < 1:
-            raise ValueError(f"relay_chunk must be a positive number of elements, got {self.relay_chunk}")
-
-    @classmethod
-    def of(cls, config: Mapping[str, Any]) -> AlgorithmOptions:
-        """The options from a run's config (RunConfig.to_dict()); a missing or None value takes the default."""
-        return cls(**{f.name: config[f.name] for f in fields(cls) if config.get(f.name) is not None})
 
 
 # The topology kinds an algorithm accepts (Algorithm.topology_kind), each with its check.
@@ -112,7 +79,10 @@ class Algorithm(ABC):
     the algorithm decides what is communicated and how models are combined.
 
     A class declares what it accepts (``default_topology``, ``topology_kind``, ``needs_momentum``)
-    and ``check`` refuses anything else; ``matrix_form`` is its vectorized form.
+    and ``check`` refuses anything else; ``matrix_form`` is its vectorized form. Its options are a
+    class of relaympi.algorithms.options, named beside it in relaympi.algorithms.registry (and as
+    the type of its ``options``). Every algorithm is built by this constructor; a subclass builds
+    its own state in ``_setup``.
 
     Every algorithm communicates only through ``mixers`` (gossip.Mixers: gossip mixers, all-reduce,
     and RelaySum as relays.Relays): by default CommMixers over ``comm``; the batched engine passes
@@ -126,17 +96,22 @@ class Algorithm(ABC):
     needs_momentum: ClassVar[bool] = False  # only SGD with momentum > 0 as the local optimizer
     matrix_form: ClassVar[type[MatrixForm]]
 
+    options: Options  # a subclass with options names their class here: ``options: D2Options``
+
     @classmethod
-    def check(cls, topology: Topology, optimizer: OptimizerConfig, options: AlgorithmOptions) -> None:
+    def check(cls, topology: Topology, optimizer: OptimizerConfig, options: Options) -> None:
         """Raise AlgorithmError unless this algorithm runs on ``topology`` with this optimizer and options."""
         TOPOLOGY_CHECKS[cls.topology_kind](cls.name, topology)
         if cls.needs_momentum and (optimizer.name != "sgd" or not optimizer.momentum):
             raise AlgorithmError(f"{cls.name} needs --optimizer sgd with --momentum > 0 (got {optimizer.name}, momentum {optimizer.momentum})")
 
     def __init__(
-        self, comm: Communicator | None, topology: Topology, optimizer: LocalOptimizer, x0: torch.Tensor, options: AlgorithmOptions,
-        mixers: Mixers | None = None,
-    ):
+        self, comm: Communicator | None, topology: Topology, optimizer: LocalOptimizer, x0: torch.Tensor,
+        options: Options, mixers: Mixers | None = None,
+    ) -> None:
+        """One worker's algorithm over ``comm`` (None: ``mixers`` communicate, as the batched
+        engine's for every worker at once, x0 then [N, numel]), from the model x0; refuses what
+        ``check`` refuses."""
         self.check(topology, optimizer.config, options)
         self.comm = comm
         self.mixers = mixers if mixers is not None else CommMixers(comm)
@@ -144,6 +119,11 @@ class Algorithm(ABC):
         self.optimizer = optimizer
         self.options = options
         self.numel = x0.numel()
+        self._setup(x0)
+
+    def _setup(self, x0: torch.Tensor) -> None:  # noqa: B027 - stateless algorithms keep the default
+        """This algorithm's own state (buffers, mixers, relays like x0), built once the constructor
+        has set comm, mixers, topology, optimizer and options."""
 
     @abstractmethod
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:

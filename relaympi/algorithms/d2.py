@@ -7,14 +7,13 @@ import torch
 
 from relaympi.algorithms.base import (
     ONE_GRAPH,
-    AlgorithmError,
-    AlgorithmOptions,
     MatrixForm,
     RangedAlgorithm,
     round_id,
 )
 from relaympi.algorithms.d2_rule import D2_MIN_EIGENVALUE, d2_allows
 from relaympi.algorithms.gossip import mixing_matrix_for
+from relaympi.algorithms.options import AlgorithmError, D2Options
 from relaympi.optim import OptimizerConfig
 from relaympi.topology import Topology
 
@@ -64,15 +63,16 @@ class D2(RangedAlgorithm):
     default_topology = "ring"
     topology_kind = ONE_GRAPH
     matrix_form = D2Matrix
+    options: D2Options
 
     @classmethod
-    def check(cls, topology: Topology, optimizer: OptimizerConfig, options: AlgorithmOptions) -> None:
+    def check(cls, topology: Topology, optimizer: OptimizerConfig, options: D2Options) -> None:  # type: ignore[override]
         super().check(topology, optimizer, options)
         d2_mixing_matrix(topology, options.d2_exact_diffusion, options.d2_force)
 
-    def __init__(self, comm, topology, optimizer, x0, options, mixers=None):
-        super().__init__(comm, topology, optimizer, x0, options, mixers)
-        self.mixer = self.mixers.gossip(d2_mixing_matrix(topology, options.d2_exact_diffusion, options.d2_force), x0)
+    def _setup(self, x0: torch.Tensor) -> None:
+        options = self.options
+        self.mixer = self.mixers.gossip(d2_mixing_matrix(self.topology, options.d2_exact_diffusion, options.d2_force), x0)
         self.correction = torch.zeros_like(x0)
         self._half = torch.zeros_like(x0)
 

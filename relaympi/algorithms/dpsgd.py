@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from relaympi.algorithms.base import ONE_GRAPH, MatrixForm, RangedAlgorithm, round_id
 from relaympi.algorithms.gossip import mixing_matrix_for
@@ -28,9 +29,8 @@ class DPSGD(RangedAlgorithm):
     topology_kind = ONE_GRAPH
     matrix_form = DPSGDMatrix
 
-    def __init__(self, comm, topology, optimizer, x0, options, mixers=None):
-        super().__init__(comm, topology, optimizer, x0, options, mixers)
-        self.mixer = self.mixers.gossip(mixing_matrix_for(topology), x0)
+    def _setup(self, x0: torch.Tensor) -> None:
+        self.mixer = self.mixers.gossip(mixing_matrix_for(self.topology), x0)
 
     def _start(self, lo: int, hi: int, index: int):
         x, grad, lr, step = self._ranged

@@ -42,12 +42,11 @@ class GradientTracking(RangedAlgorithm):
     topology_kind = ONE_GRAPH
     matrix_form = GradientTrackingMatrix
 
-    def __init__(self, comm, topology, optimizer, x0, options, mixers=None):
-        super().__init__(comm, topology, optimizer, x0, options, mixers)
+    def _setup(self, x0: torch.Tensor) -> None:
         n = x0.shape[-1]  # [x+u+c, c+u] side by side in the last dimension (batched: every row)
         self.packed = torch.zeros((*x0.shape[:-1], 2 * n), dtype=x0.dtype, device=x0.device)
         self.correction = torch.zeros_like(x0)
-        self.mixer = self.mixers.gossip(mixing_matrix_for(topology), self.packed)
+        self.mixer = self.mixers.gossip(mixing_matrix_for(self.topology), self.packed)
 
     def _start(self, lo: int, hi: int, index: int):
         x, grad, lr, step = self._ranged

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from relaympi.algorithms.base import AlgorithmOptions, MatrixForm
-from relaympi.algorithms.registry import get_algorithm_class
+from relaympi.algorithms.base import MatrixForm
+from relaympi.algorithms.options import Options
+from relaympi.algorithms.registry import algorithm_options, get_algorithm_class
 from relaympi.algorithms.relay import effective_delays
 from relaympi.optim import OptimizerConfig
 from relaympi.topology import Topology
@@ -54,13 +55,14 @@ class MatrixAlgorithm:
     topology: Topology
     optimizer: MatrixOptimizer
     x0: np.ndarray  # [d]
-    options: AlgorithmOptions = AlgorithmOptions()  # the same options as the message passing's
+    options: Options | None = None  # the same options as the message passing's (None: its defaults)
     # relay: columns are width // period copies of one period-vector, each split into the
     # layers' coordinate blocks (None: the whole width is one vector)
     coordinate_period: int | None = None
 
     def __post_init__(self) -> None:
         self.n, self.d = self.optimizer.m.shape
+        self.options = algorithm_options(self.algo, self.options)
         self.form: MatrixForm = get_algorithm_class(self.algo).matrix_form(self)
 
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
@@ -70,12 +72,12 @@ class MatrixAlgorithm:
 def make_matrix_algorithm(
     algo: str, topology: Topology, n: int, x0: np.ndarray, optimizer: OptimizerConfig, relay_mode: str = "counts",
     d2_exact_diffusion: bool = False, d2_force: bool = False, coordinate_period: int | None = None,
-    options: AlgorithmOptions | None = None,
+    options: Options | None = None,
 ) -> MatrixAlgorithm:
-    """The matrix form of ``algo`` with ``options`` (or these keywords of AlgorithmOptions);
+    """The matrix form of ``algo`` with ``options`` (or these keywords, those of its options);
     D² refuses the matrices the message-passing D² refuses (d2_mixing_matrix)."""
     if options is None:
-        options = AlgorithmOptions(relay_mode=relay_mode, d2_exact_diffusion=d2_exact_diffusion, d2_force=d2_force)
+        options = algorithm_options(algo, {"relay_mode": relay_mode, "d2_exact_diffusion": d2_exact_diffusion, "d2_force": d2_force})
     return MatrixAlgorithm(
         algo, topology, MatrixOptimizer(optimizer, (n, x0.shape[0])), np.asarray(x0, dtype=np.float64), options, coordinate_period,
     )

@@ -44,10 +44,9 @@ class QuasiGlobalMomentum(RangedAlgorithm):
     needs_momentum = True  # quasi-global *momentum*: meaningless without it
     matrix_form = QuasiGlobalMomentumMatrix
 
-    def __init__(self, comm, topology, optimizer, x0, options, mixers=None):
-        super().__init__(comm, topology, optimizer, x0, options, mixers)
-        self.beta = optimizer.config.momentum
-        self.mixer = self.mixers.gossip(mixing_matrix_for(topology), x0)
+    def _setup(self, x0: torch.Tensor) -> None:
+        self.beta = self.optimizer.config.momentum
+        self.mixer = self.mixers.gossip(mixing_matrix_for(self.topology), x0)
         self.momentum_buffer = torch.zeros_like(x0)
         self._x_before = torch.zeros_like(x0)
         self._direction = torch.zeros_like(x0)

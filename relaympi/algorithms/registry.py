@@ -1,25 +1,78 @@
-"""The algorithms by name: look-up, the combination check, construction for one worker."""
+"""The algorithms by name: look-up, their options, the combination check, building one worker's.
+
+Torch-free until an algorithm is used: the table names each class as "module:Class" (imported on
+first look-up) beside its options (relaympi.algorithms.options), which the run's configuration
+reads without torch. A new algorithm is its module and one line here.
+"""
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Mapping
+from dataclasses import fields, make_dataclass
+from typing import TYPE_CHECKING, Any
 
-from relaympi.algorithms.allreduce import AllReduce
-from relaympi.algorithms.base import Algorithm, AlgorithmError, AlgorithmOptions
-from relaympi.algorithms.d2 import D2
-from relaympi.algorithms.dpsgd import DPSGD
-from relaympi.algorithms.gt import GradientTracking
-from relaympi.algorithms.qgm import QuasiGlobalMomentum
-from relaympi.algorithms.relay import RelaySGD, RelaySGDGrad
-from relaympi.algorithms.sgp import SGP
-from relaympi.comm import Communicator
-from relaympi.optim import LocalOptimizer, OptimizerConfig
-from relaympi.topology import Topology
+from relaympi.algorithms.options import (
+    AlgorithmError,
+    D2Options,
+    NoOptions,
+    Options,
+    RelaySGDOptions,
+    RelaySumOptions,
+)
+from relaympi.registry import Registry
 
-ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (AllReduce, DPSGD, QuasiGlobalMomentum, D2, GradientTracking, SGP, RelaySGD, RelaySGDGrad)
+if TYPE_CHECKING:
+    import torch
+
+    from relaympi.algorithms.base import Algorithm
+    from relaympi.comm import Communicator
+    from relaympi.optim import LocalOptimizer, OptimizerConfig
+    from relaympi.topology import Topology
+
+# name -> (the class, its options), in the command line's order
+_DECLARED: dict[str, tuple[str, type[Options]]] = {
+    "allreduce": ("relaympi.algorithms.allreduce:AllReduce", NoOptions),
+    "dpsgd": ("relaympi.algorithms.dpsgd:DPSGD", NoOptions),
+    "qgm": ("relaympi.algorithms.qgm:QuasiGlobalMomentum", NoOptions),
+    "d2": ("relaympi.algorithms.d2:D2", D2Options),
+    "gt": ("relaympi.algorithms.gt:GradientTracking", NoOptions),
+    "sgp": ("relaympi.algorithms.sgp:SGP", NoOptions),
+    "relay": ("relaympi.algorithms.relay:RelaySGD", RelaySGDOptions),
+    "relay-grad": ("relaympi.algorithms.relay:RelaySGDGrad", RelaySumOptions),
 }
-ALGORITHM_NAMES = tuple(ALGORITHMS)
+
+ALGORITHMS: Registry[type[Algorithm]] = Registry(
+    "algorithm", {name: cls for name, (cls, _) in _DECLARED.items()}, error=AlgorithmError
+)
+# each algorithm's options class (torch-free)
+ALGORITHM_OPTIONS: Registry[type[Options]] = Registry(
+    "algorithm", {name: options for name, (_, options) in _DECLARED.items()}, error=AlgorithmError
+)
+ALGORITHM_NAMES = ALGORITHMS.names
+
+
+def _every_option() -> type[Options]:
+    kinds = list(dict.fromkeys(ALGORITHM_OPTIONS.values()))
+    leaves = tuple(k for k in kinds
+                   if fields(k) and not any(o is not k and issubclass(o, k) for o in kinds))
+    return make_dataclass("AlgorithmOptions", [], bases=leaves, frozen=True, namespace={
+        "__doc__": "Every algorithm's options in one (their classes' fields together), for a "
+        "caller that builds algorithms chosen by name (tests, benchmarks): each algorithm takes "
+        "its own.",
+        "__module__": __name__,
+    })
+
+
+AlgorithmOptions: Any = _every_option()
+
+
+def algorithm_options(algo: str, options: Options | Mapping[str, Any] | None = None) -> Options:
+    """``algo``'s own options from ``options`` (any options object, or a run's settings: the fields
+    of its options' names; None: its defaults)."""
+    kind = ALGORITHM_OPTIONS[algo]
+    if type(options) is kind:
+        return options  # type: ignore[return-value]
+    return kind.of(options if options is not None else {})
 
 
 def default_topology(algo: str) -> str:
@@ -27,26 +80,27 @@ def default_topology(algo: str) -> str:
 
 
 def get_algorithm_class(algo: str) -> type[Algorithm]:
-    if algo not in ALGORITHMS:
-        raise AlgorithmError(f"unknown algorithm {algo!r}; choose one of {', '.join(ALGORITHM_NAMES)}")
     return ALGORITHMS[algo]
 
 
-def check_combination(algo: str, topology: Topology, optimizer: OptimizerConfig, options: AlgorithmOptions) -> None:
+def check_combination(algo: str, topology: Topology, optimizer: OptimizerConfig,
+                      options: Options | Mapping[str, Any] | None = None) -> None:
     """Raise AlgorithmError unless ``algo`` runs on ``topology`` with this optimizer and options."""
-    get_algorithm_class(algo).check(topology, optimizer, options)
+    get_algorithm_class(algo).check(topology, optimizer, algorithm_options(algo, options))
 
 
 def check_topology_fits_world(topology: Topology, world_size: int) -> None:
     """Raise AlgorithmError unless ``topology`` is for ``world_size`` workers."""
     if topology.world_size != world_size:
-        raise AlgorithmError(f"topology {topology.name!r} is for {topology.world_size} workers, the world has {world_size}")
+        raise AlgorithmError(f"topology {topology.name!r} is for {topology.world_size} workers, "
+                             f"the world has {world_size}")
 
 
 def make_algorithm(
-    algo: str, comm: Communicator, topology: Topology, optimizer: LocalOptimizer, x0: torch.Tensor, options: AlgorithmOptions | None = None
+    algo: str, comm: Communicator, topology: Topology, optimizer: LocalOptimizer, x0: torch.Tensor,
+    options: Options | Mapping[str, Any] | None = None,
 ) -> Algorithm:
     """Build algorithm ``algo`` for this worker; refuses invalid combinations with a clear error."""
     cls = get_algorithm_class(algo)
     check_topology_fits_world(topology, comm.world_size)
-    return cls(comm, topology, optimizer, x0, options or AlgorithmOptions())
+    return cls(comm, topology, optimizer, x0, algorithm_options(algo, options))

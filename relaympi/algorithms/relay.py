@@ -14,6 +14,7 @@ from relaympi.algorithms.base import (
     MatrixForm,
     round_id,
 )
+from relaympi.algorithms.options import RelaySGDOptions, RelaySumOptions
 from relaympi.algorithms.relays import RangedRelays
 from relaympi.topology import Topology
 
@@ -26,7 +27,7 @@ def effective_delays(topology: Topology, layer: int) -> np.ndarray:
     return np.maximum(topology.delays(layer) - 1, 0)
 
 
-def _relays(algorithm: Algorithm, like: torch.Tensor) -> Relays:
+def _relays(algorithm: _RelayedSteps, like: torch.Tensor) -> Relays:
     options = algorithm.options
     return algorithm.mixers.relays(algorithm.topology, like, in_place=options.relay_in_place, chunk=options.relay_chunk)
 
@@ -106,9 +107,9 @@ class _RelayedSteps(Algorithm):
     say what is relayed (``_parcel``) and whether the update is applied to x (``applies_update``)."""
 
     applies_update: ClassVar[bool]
+    options: RelaySumOptions
 
-    def __init__(self, comm, topology, optimizer, x0, options, mixers=None):
-        super().__init__(comm, topology, optimizer, x0, options, mixers)
+    def _setup(self, x0: torch.Tensor) -> None:
         self.relay = _relays(self, x0)
         self._pipelined = isinstance(self.relay, RangedRelays)
 
@@ -165,10 +166,11 @@ class RelaySGD(_RelayedSteps):
     default_topology = "double-binary-trees"
     topology_kind = TREES
     matrix_form = RelaySGDMatrix
+    options: RelaySGDOptions
 
-    def __init__(self, comm, topology, optimizer, x0, options, mixers=None):
-        super().__init__(comm, topology, optimizer, x0, options, mixers)
-        self.mode = options.relay_mode
+    def _setup(self, x0: torch.Tensor) -> None:
+        super()._setup(x0)
+        self.mode = self.options.relay_mode
         self.x_initial = x0.detach().clone() if self.mode == "initial" else None
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
@@ -238,8 +240,8 @@ class RelaySGDGrad(_RelayedSteps):
     topology_kind = TREES
     matrix_form = RelaySGDGradMatrix
 
-    def __init__(self, comm, topology, optimizer, x0, options, mixers=None):
-        super().__init__(comm, topology, optimizer, x0, options, mixers)
+    def _setup(self, x0: torch.Tensor) -> None:
+        super()._setup(x0)
         self._total = torch.zeros_like(x0)
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from relaympi.algorithms.base import (
     EXPONENTIAL,
-    AlgorithmError,
     MatrixForm,
     RangedAlgorithm,
     round_id,
 )
+from relaympi.algorithms.options import AlgorithmError
 from relaympi.topology import ExponentialSchedule, TopologyError
 
 ROUNDS = 2  # two communication rounds per gradient step equalize bandwidth with RelaySGD
@@ -47,10 +48,9 @@ class SGP(RangedAlgorithm):
     topology_kind = EXPONENTIAL
     matrix_form = SGPMatrix
 
-    def __init__(self, comm, topology, optimizer, x0, options, mixers=None):
-        super().__init__(comm, topology, optimizer, x0, options, mixers)
+    def _setup(self, x0: torch.Tensor) -> None:
         try:
-            self.schedule = ExponentialSchedule(topology.world_size)
+            self.schedule = ExponentialSchedule(self.topology.world_size)
         except TopologyError as exc:
             raise AlgorithmError(f"sgp: {exc}") from exc
         # one gossip mixer per hop length: W(t') sends to i - o and mixes in i + o with weights 1/2

@@ -10,7 +10,8 @@ import torch
 from relaympi.algorithms import (
     ALGORITHMS,
     Algorithm,
-    AlgorithmOptions,
+    Options,
+    algorithm_options,
     check_combination,
     check_topology_fits_world,
 )
@@ -26,7 +27,7 @@ class StackedAlgorithm(BatchedAlgorithm):
 
     algorithm: ClassVar[type[Algorithm]]
 
-    def __init__(self, topology: Any, optimizer: BatchedOptimizer, X0: torch.Tensor, options: AlgorithmOptions, drops: DropPolicy):
+    def __init__(self, topology: Any, optimizer: BatchedOptimizer, X0: torch.Tensor, options: Options, drops: DropPolicy):
         super().__init__(topology, optimizer, X0, options, drops)
         self.stacked = self.algorithm(None, topology, optimizer, X0, options, BatchedMixers(drops, self.bytes_sent))
 
@@ -48,11 +49,11 @@ BATCHED_ALGORITHMS: dict[str, type[BatchedAlgorithm]] = {name: _stacked(cls) for
 
 
 def make_batched_algorithm(
-    algo: str, topology: Any, optimizer: BatchedOptimizer, X0: torch.Tensor, options: AlgorithmOptions | None = None,
+    algo: str, topology: Any, optimizer: BatchedOptimizer, X0: torch.Tensor, options: Options | None = None,
     drops: DropPolicy | None = None,
 ) -> BatchedAlgorithm:
     """The batched form of ``algo`` for the workers of X0 [N, numel]; refuses what make_algorithm refuses."""
-    options = options or AlgorithmOptions()
+    options = algorithm_options(algo, options)  # its own (make_algorithm's)
     check_topology_fits_world(topology, X0.shape[0])
     check_combination(algo, topology, optimizer.config, options)  # make_algorithm's refusals, with its messages
     return BATCHED_ALGORITHMS[algo](topology, optimizer, X0, options, drops or DropPolicy())

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from relaympi.algorithms import AlgorithmOptions
+from relaympi.algorithms import Options
 from relaympi.batched.optim import BatchedOptimizer
 from relaympi.comm import DropPolicy
 
@@ -47,7 +47,7 @@ class BatchedAlgorithm:
 
     name: ClassVar[str]
 
-    def __init__(self, topology: Any, optimizer: BatchedOptimizer, X0: torch.Tensor, options: AlgorithmOptions, drops: DropPolicy):
+    def __init__(self, topology: Any, optimizer: BatchedOptimizer, X0: torch.Tensor, options: Options, drops: DropPolicy):
         if X0.dim() != 2:
             raise ValueError(f"X0 must be [workers, numel], got shape {tuple(X0.shape)}")
         self.topology = topology

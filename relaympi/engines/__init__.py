@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from relaympi.registry import Registry
+
 if TYPE_CHECKING:
     from relaympi.training.plan import Plan
 
@@ -56,10 +58,10 @@ class Engine:
     run: Callable[..., str]
 
 
-ENGINES: dict[str, Engine] = {
+ENGINES: Registry[Engine] = Registry("engine", {
     "message-passing": Engine("message-passing", _message_passing_check, _message_passing_run),
     "batched": Engine("batched", _batched_check, _batched_run),
-}
+})
 
 
 @dataclass(frozen=True)
@@ -71,17 +73,15 @@ class Backend:
     threads_per_worker: bool  # in process: the workers compute at once, sharing its CPUs (False: as one computation)
 
 
-BACKENDS: dict[str, Backend] = {
+BACKENDS: Registry[Backend] = Registry("backend", {
     "mpi": Backend("message-passing", in_process=False, threads_per_worker=False),
     "local": Backend("message-passing", in_process=True, threads_per_worker=True),
     "batched": Backend("batched", in_process=True, threads_per_worker=False),
-}
+})
 
 
 def engine_for(backend: str) -> Engine:
-    """The engine that --backend ``backend`` runs."""
-    if backend not in BACKENDS:
-        raise KeyError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    """The engine that --backend ``backend`` runs (KeyError naming the backends for another)."""
     return ENGINES[BACKENDS[backend].engine]
 
 

@@ -19,8 +19,9 @@ import torch
 from relaympi.algorithms import make_algorithm
 from relaympi.comm import Communicator, run_local
 from relaympi.config import ConfigError
+from relaympi.launcher import cuda_overlap_mode
 from relaympi.optim import make_optimizer
-from relaympi.training.buckets import GradientBuckets, cuda_overlap_mode
+from relaympi.training.buckets import GradientBuckets
 from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.evaluation import Evaluator
 from relaympi.training.loop import STOP, USAGE_ERRORS, TrainingLoop, WriterFactory, device_for

@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from relaympi.registry import Registry
+
 from .core import Topology
 from .errors import TopologyError
 from .graphs import (
@@ -25,20 +27,8 @@ from .graphs import (
 from .placement import PLACEMENTS, check_placement, node_labels, place
 from .trees import spanning_tree
 
-__all__ = ["TOPOLOGY_NAMES", "SPANNING_TREE_PREFIX", "EDGE_LIST", "build"]
+__all__ = ["TOPOLOGIES", "TOPOLOGY_NAMES", "SPANNING_TREE_PREFIX", "EDGE_LIST", "build"]
 
-TOPOLOGY_NAMES = (
-    "ring",
-    "chain",
-    "star",
-    "binary-tree",
-    "double-binary-trees",
-    "fully-connected",
-    "hypercube",
-    "social-network",
-    "social-network-tree",
-    "exponential",
-)
 SPANNING_TREE_PREFIX = "spanning-tree:"
 EDGE_LIST = "edge-list"
 
@@ -57,7 +47,8 @@ def _social_network_tree(world_size: int, root: int | None) -> Topology:
     return Topology("social-network-tree", tree.world_size, tree.layers)
 
 
-_GENERATORS: dict[str, Callable[[int], Topology]] = {
+# name -> the topology over world_size ranks; TOPOLOGY_NAMES in this order (the command lines' lists)
+TOPOLOGIES: Registry[Callable[[int], Topology]] = Registry("topology", {
     "ring": ring,
     "chain": chain,
     "star": star,
@@ -66,8 +57,10 @@ _GENERATORS: dict[str, Callable[[int], Topology]] = {
     "fully-connected": fully_connected,
     "hypercube": hypercube,
     "social-network": _social_network,
+    "social-network-tree": lambda world_size: _social_network_tree(world_size, None),  # build(): root
     "exponential": exponential,
-}
+}, error=TopologyError)
+TOPOLOGY_NAMES = TOPOLOGIES.names
 
 
 def _allowed() -> str:
@@ -140,11 +133,11 @@ def build(
             )
         return from_edge_list(edge_list, world_size)
     _no_edge_list(name, edge_list)
-    if name not in _GENERATORS:
+    if name not in TOPOLOGIES:
         close = difflib.get_close_matches(name.replace("_", "-"), TOPOLOGY_NAMES, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise TopologyError(f"unknown topology {name!r}{hint}; allowed: {_allowed()}")
-    return _GENERATORS[name](world_size)
+    return TOPOLOGIES[name](world_size)
 
 
 def _no_edge_list(name: str, edge_list: str | Path | None) -> None:

@@ -15,12 +15,11 @@ delivers it, in order, when backward returns, so every call into the algorithm (
 it makes) stays on that thread. ``any_thread`` delivers from whichever thread runs the hook instead,
 as the overlapped step did when ``--device cuda --overlap`` hung on a GPU: the overlap with
 backward that a GPU run would want, for diagnosis (RELAYMPI_ALLOW_CUDA_OVERLAP=hooks, see
-``cuda_overlap_mode``).
+``relaympi.launcher.cuda_overlap_mode``).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,21 +28,6 @@ from typing import Any
 import torch
 
 Deliver = Callable[[int, int], None]
-
-ALLOW_CUDA_OVERLAP_ENV = "RELAYMPI_ALLOW_CUDA_OVERLAP"
-
-
-def cuda_overlap_mode() -> str | None:
-    """The diagnostic switch that lifts the refusal of ``--device cuda --overlap`` (a run with it
-    hung on a GPU): None (unset, empty or 0: refused), "owner" (1: the hooks on autograd's CUDA
-    thread leave the delivery to the thread running the step) or "hooks" (they deliver themselves,
-    as when the run hung). Read here only."""
-    value = os.environ.get(ALLOW_CUDA_OVERLAP_ENV, "").strip().lower()
-    modes = {"": None, "0": None, "1": "owner", "hooks": "hooks"}
-    if value not in modes:
-        raise ValueError(f"{ALLOW_CUDA_OVERLAP_ENV}={value!r}: expected 1, hooks or 0")
-    return modes[value]
-
 
 def cut_buckets(ranges: list[tuple[int, int]], bucket_elements: int) -> list[tuple[int, int]]:
     """Contiguous buckets from parameters' flat ranges (ascending, adjacent, covering [0, numel)),

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from relaympi.algorithms import (
+    ALGORITHM_OPTIONS,
     AlgorithmError,
-    AlgorithmOptions,
+    Options,
     check_combination,
     default_topology,
     get_algorithm_class,
@@ -70,7 +71,7 @@ class Plan:
     topology: Topology
     task: type[Task]
     optimizer: OptimizerConfig
-    algorithm_options: AlgorithmOptions
+    algorithm_options: Options  # the algorithm's own
     lr: float  # the base learning rate, RelaySGD's lr correction applied
     drops: DropPolicy  # the simulated message loss every engine applies (--drop-prob, --seed)
     task_options: TaskOptions  # what the run tells its task; the device is --device's (an engine sets each worker's)
@@ -244,8 +245,8 @@ def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None)
         optimizer = OptimizerConfig(name=cfg.optimizer, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    if cfg.algo == "relay" and cfg.relay_mode is None:  # recorded in the run file: the mode that ran
-        cfg = replace(cfg, relay_mode=AlgorithmOptions.relay_mode)
+    # the algorithm's options as they run, recorded in the run file (relay: the relay_mode that ran)
+    cfg = replace(cfg, **{k: v for k, v in vars(algorithm_options(cfg)).items() if getattr(cfg, k) is None})
     try:
         settled, problem = task.settle({name: getattr(cfg, name) for name in task.option_names}, world_size)
     except ValueError as exc:
@@ -277,9 +278,9 @@ def _with_data_dirs(cfg: RunConfig) -> RunConfig:
     )
 
 
-def algorithm_options(cfg: RunConfig) -> AlgorithmOptions:
-    """The algorithm's options from the run's config (the RunConfig fields of AlgorithmOptions' names)."""
-    return AlgorithmOptions.of(cfg.to_dict())
+def algorithm_options(cfg: RunConfig) -> Options:
+    """The run's algorithm's own options from its config (the RunConfig fields of their names)."""
+    return ALGORITHM_OPTIONS[cfg.algo].of(cfg.to_dict())
 
 
 def task_options(cfg: RunConfig) -> TaskOptions:

@@ -1,0 +1,130 @@
+"""The command line of `python -m relaympi.train` and its flag table, both from RunConfig's
+Flags."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from relaympi.config import run_config
+from relaympi.config.applies import not_applicable
+from relaympi.config.flags import ConfigError, Flag, plain, text
+from relaympi.config.run_config import RUN_FILE_ONLY_KEYS, RunConfig
+from relaympi.config.validation import validate
+from relaympi.entrypoint import UsageParser
+from relaympi.topology import TOPOLOGY_NAMES
+
+# --config: not a RunConfig field (a file of them)
+CONFIG = Flag("JSON file of saved flags (as written in a run file's `config`); flags given on the "
+              "command line win", type=Path, metavar="FILE")
+
+
+def _title(group: str) -> str:
+    return group.replace("`", "")
+
+
+def flag_table() -> str:
+    """The table of the flags of `python -m relaympi.train` (Markdown), from the Flags: one row per
+    flag, its text as --help shows it (with its code marked), a group's title before its flags."""
+    rows = [_row("config", CONFIG)]
+    group = None
+    for f, flag in run_config.FLAGS:  # read at each call: a test may add a flag
+        if flag.group is not None and flag.group != group:
+            rows.append(f"| {_cell(flag.group)} | |")
+        group = flag.group
+        rows.append(_row(f.name, flag))
+    return "\n".join(["| flag | meaning (default) |", "| --- | --- |", *rows]) + "\n"
+
+
+def _row(name: str, flag: Flag) -> str:
+    option = flag.option_string(name)
+    if flag.negatable:
+        usage = f"`{option}`, `--no-{option[2:]}`"
+    elif flag.switch:
+        usage = f"`{option}`"
+    elif flag.choices:
+        usage = f"`{option} {{{','.join(flag.choices())}}}`"
+    else:
+        usage = f"`{option} {flag.metavar_of(name)}`"
+    return f"| {usage} | {_cell(text(name, flag))} |"
+
+
+def _cell(markdown: str) -> str:
+    return markdown.replace("|", "\\|")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `python -m relaympi.train`, generated from RunConfig's Flags (and --config)."""
+    p = UsageParser(
+        prog="python -m relaympi.train",
+        description="Train with a decentralized algorithm: one worker per MPI rank (mpirun/srun), "
+        "--backend local --workers N (threads of one process), or --backend batched --workers N "
+        "(one batched computation on one device). Writes one HDF5 run file.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join([
+            "topologies (--topology):",
+            *textwrap.wrap(", ".join(TOPOLOGY_NAMES) + ",", 96, initial_indent="  ", subsequent_indent="  "),
+            "  spanning-tree:<name> (the Spanning Tree Protocol tree of a graph), edge-list:<file> ('i j' per line)",
+            "",
+            "default learning rates: tuned for 16 workers on each algorithm's default topology (the paper's",
+            "  tables for cifar10 and agnews, the centralized recipe for imagenet, a sweep for digits); a run",
+            "  with another worker count warns, and the end summary flags workers at chance accuracy: pass --lr.",
+            "",
+            "one worker (--workers 1, or mpirun -n 1) with --algo allreduce is the centralized baseline.",
+            "",
+            "exit status: 0 completed, 1 failed, 2 usage error (nothing written), 3 diverged (recorded),",
+            "  4 preempted by SIGTERM, SIGUSR1 or Ctrl-C (checkpoint saved; run the same command again to resume),",
+            "  5 stopped by such a signal without a checkpoint (no --checkpoint-dir: a rerun starts over)",
+        ]),
+    )
+    p.add_argument("--config", type=Path, metavar=CONFIG.metavar,
+                   help=plain(text("config", CONFIG)))
+    groups: dict[str, Any] = {}
+    for f, flag in run_config.FLAGS:  # read at each call: a test may add a flag
+        target: Any = p
+        if flag.group is not None:
+            if flag.group not in groups:
+                groups[flag.group] = p.add_argument_group(_title(flag.group))
+            target = groups[flag.group]
+        option, words = flag.option_string(f.name), plain(text(f.name, flag))
+        if flag.negatable:  # --name / --no-name (None: not given)
+            target.add_argument(option, dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=None, help=words)
+        elif flag.switch:  # given, it stores the opposite of the field's default (None: not given)
+            target.add_argument(option, dest=f.name, default=None, help=words,
+                                action="store_false" if f.default else "store_true")
+        else:
+            target.add_argument(option, type=flag.type, metavar=flag.metavar, help=words,
+                                choices=flag.choices() if flag.choices else None)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> RunConfig:
+    """RunConfig from the command line (raises ConfigError for bad values; argparse misuse exits
+    2)."""
+    args = build_parser().parse_args(argv)
+    given = {k: v for k, v in vars(args).items() if v is not None and k != "config"}
+    base: dict[str, Any] = {}
+    if args.config is not None:
+        try:
+            base = json.loads(Path(args.config).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"--config {args.config}: cannot read a JSON object: {exc}") from exc
+        if not isinstance(base, dict):
+            raise ConfigError(f"--config {args.config} must hold a JSON object of flags")
+    for key in RUN_FILE_ONLY_KEYS:  # a run file's config records these derived values too
+        base.pop(key, None)
+    if "steps" in given or "epochs" in given:  # a length on the command line replaces the file's
+        base.pop("steps", None)
+        base.pop("epochs", None)
+    cfg = RunConfig.from_dict({**base, **given})
+    # a run file's config records every key; those that cannot apply to this run's task or
+    # algorithm are dropped from the file's (only flags given on the command line are refused)
+    stale = {f.lstrip("-").replace("-", "_") for f, _ in not_applicable(cfg)} - set(given)
+    if stale:
+        cfg = RunConfig.from_dict({**{k: v for k, v in base.items() if k not in stale}, **given})
+    validate(cfg)
+    return cfg
