@@ -85,19 +85,37 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--runs", type=int, default=1000, help="number of run files to write and report on (default 1000)")
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=1000,
+        help="number of run files to write and report on (default 1000)",
+    )
     parser.add_argument(
         "--evals", type=int, default=200, help="evaluations per run, one per epoch (default 200)"
     )
-    parser.add_argument("--workers", type=int, default=16, help="workers per run: the width of its per-worker arrays (default 16)")
-    parser.add_argument("--keep", type=Path, help="write the runs here and keep them (default: a temporary directory, removed)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=16,
+        help="workers per run: the width of its per-worker arrays (default 16)",
+    )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="write the runs here and keep them (default: a temporary directory, removed)",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    for flag, value in (("--runs", args.runs), ("--evals", args.evals), ("--workers", args.workers)):
+    for flag, value in (
+        ("--runs", args.runs),
+        ("--evals", args.evals),
+        ("--workers", args.workers),
+    ):
         if value < 1:
             parser.error(f"{flag} must be >= 1, got {value}")
     with tempfile.TemporaryDirectory(prefix="relaympi-bench-") as tmp:

@@ -1,10 +1,13 @@
-"""Communication micro-benchmark: RelaySum, the RelaySGD step, gossip, SGP and allreduce against raw Isend/Irecv.
+"""Communication micro-benchmark: RelaySum, the RelaySGD step, gossip, SGP and allreduce against raw
+Isend/Irecv.
 
     mpirun -n 2 python -m benchmarks.comm --sizes 9225610        # VGG-11's float32 parameters
     mpirun -n 4 python -m benchmarks.comm                        # sizes up to VGG-11's
     mpirun -n 16 python -m benchmarks.comm --sizes 1e3,1e6 --reps 10 --chunk 262144
-    python -m benchmarks.comm --backend local --workers 8        # in-process ranks (no transport cost)
-    sudo bash benchmarks/cluster.sh --nodes 2 --ranks-per-node 2 -- --sizes 9225610   # an emulated cluster
+    python -m benchmarks.comm --backend local --workers 8        # in-process ranks (no transport
+    cost)
+    sudo bash benchmarks/cluster.sh --nodes 2 --ranks-per-node 2 -- --sizes 9225610   # an emulated
+    cluster
 
 Each operation is warmed up, repeated, and timed between barriers; the table shows the median
 over repetitions of the slowest rank's time. "raw" sends exactly the messages of the RelaySum
@@ -55,7 +58,8 @@ def default_sizes() -> list[int]:
 
 def vgg11_params() -> int:
     """VGG-11's trainable parameter count, from the model itself (CIFAR-10's network)."""
-    # imports below this line are where one path needs them: the model, HDF5 output, the backend chosen
+    # imports below this line are where one path needs them: the model, HDF5 output, the backend
+    # chosen
     from relaympi.tasks.models import VGG11
 
     return sum(p.numel() for p in VGG11().parameters() if p.requires_grad)
@@ -83,7 +87,11 @@ def _time(comm, fn, warmup: int, reps: int, device: torch.device) -> float:
 
 def _relay_messages(relay: RelaySum) -> list[tuple[int, int, int]]:
     """RelaySum's messages of one exchange as (peer, float32s with the counter, tag)."""
-    return [(peer, size + 1, k) for k, (size, peers) in enumerate(zip(relay.sizes, relay.neighbors, strict=True)) for peer in peers]
+    return [
+        (peer, size + 1, k)
+        for k, (size, peers) in enumerate(zip(relay.sizes, relay.neighbors, strict=True))
+        for peer in peers
+    ]
 
 
 def _raw_exchange(comm, messages: list[tuple[int, int, int]], device: torch.device):
@@ -109,8 +117,12 @@ def _raw_exchange(comm, messages: list[tuple[int, int, int]], device: torch.devi
                 comm._post({peer: send}, {peer: recv}, tag).wait()
             return
         if on_device:
-            torch.cuda.current_stream().synchronize()  # MPI reads device memory outside the stream's order
-        requests = [mpi.Irecv(spec(host), source=peer, tag=tag) for (peer, _), tag, host in zip(shapes, tags, recv_host, strict=True)]
+            # MPI reads device memory outside the stream's order
+            torch.cuda.current_stream().synchronize()
+        requests = [
+            mpi.Irecv(spec(host), source=peer, tag=tag)
+            for (peer, _), tag, host in zip(shapes, tags, recv_host, strict=True)
+        ]
         for (peer, _), tag, send, host in zip(shapes, tags, sends, send_host, strict=True):
             if host is not send:
                 host.copy_(send)
@@ -130,7 +142,9 @@ def _raw_exchange(comm, messages: list[tuple[int, int, int]], device: torch.devi
 def _cases(comm, numel: int, device: torch.device, chunk: int) -> dict:
     """The timed operations for one message size (closures over this size's buffers)."""
     n, rank = comm.world_size, comm.rank
-    x = padded_zeros(numel, device=device)  # a flat model: RelaySum's counters fit in its spare slots
+    x = padded_zeros(
+        numel, device=device
+    )  # a flat model: RelaySum's counters fit in its spare slots
     x.copy_(torch.randn(numel, generator=torch.Generator().manual_seed(rank)))
     cases = {}
     # on several nodes, each placed operation twice: the paper's rank order, and node-aware
@@ -140,22 +154,39 @@ def _cases(comm, numel: int, device: torch.device, chunk: int) -> dict:
     for suffix, placed in placements:
         for topo_name in ("chain", "double-binary-trees"):
             relay = RelaySum(comm, build(topo_name, n, **placed), numel, x, chunk=chunk)
-            cases[f"raw isend/irecv {topo_name}{suffix}"] = _raw_exchange(comm, _relay_messages(relay), device)
+            cases[f"raw isend/irecv {topo_name}{suffix}"] = _raw_exchange(
+                comm, _relay_messages(relay), device
+            )
             cases[f"relaysum {topo_name}{suffix}"] = lambda i, relay=relay: relay.exchange(x, i)
-            lean = RelaySum(comm, build(topo_name, n, **placed), numel, x, in_place=True, chunk=chunk)
-            cases[f"relaysum in-place {topo_name}{suffix}"] = lambda i, lean=lean: lean.exchange(x, i)
+            lean = RelaySum(
+                comm, build(topo_name, n, **placed), numel, x, in_place=True, chunk=chunk
+            )
+            cases[f"relaysum in-place {topo_name}{suffix}"] = lambda i, lean=lean: lean.exchange(
+                x, i
+            )
     model = padded_zeros(numel, device=device)
     model.copy_(x)
     grad = torch.randn(numel, generator=torch.Generator().manual_seed(n + rank)).to(device)
     for suffix, placed in placements:
         sgd = make_optimizer(OptimizerConfig(), model)
-        relay_sgd = make_algorithm("relay", comm, build("double-binary-trees", n, **placed), sgd, model, AlgorithmOptions(relay_chunk=chunk))
-        cases[f"relaysgd step double-binary-trees{suffix}"] = lambda i, relay_sgd=relay_sgd: relay_sgd.step(model, grad, 1e-3, i)
+        relay_sgd = make_algorithm(
+            "relay",
+            comm,
+            build("double-binary-trees", n, **placed),
+            sgd,
+            model,
+            AlgorithmOptions(relay_chunk=chunk),
+        )
+        cases[f"relaysgd step double-binary-trees{suffix}"] = lambda i, relay_sgd=relay_sgd: (
+            relay_sgd.step(model, grad, 1e-3, i)
+        )
     if n >= 3:
         for suffix, placed in placements:
             ring = build("ring", n, **placed)
             neighbors = ring.neighbors(rank)
-            cases[f"raw isend/irecv ring{suffix}"] = _raw_exchange(comm, [(peer, numel, 0) for peer in neighbors], device)
+            cases[f"raw isend/irecv ring{suffix}"] = _raw_exchange(
+                comm, [(peer, numel, 0) for peer in neighbors], device
+            )
             mixer = GossipMixer(comm, ring.mixing_matrix(0), neighbors, numel, x)
             y = x.clone()
             cases[f"gossip ring{suffix}"] = lambda i, mixer=mixer, y=y: mixer.mix(y, i)
@@ -175,6 +206,7 @@ def _cases(comm, numel: int, device: torch.device, chunk: int) -> dict:
         sgp_period.rounds_per_call = schedule.period  # the row reports one round: the period's mean
         cases["sgp round"] = sgp_period
     w = x.clone()
+
     def allreduce(_i: int) -> None:
         comm.allreduce_sum(w)
 
@@ -186,23 +218,31 @@ def _cases(comm, numel: int, device: torch.device, chunk: int) -> dict:
     def tree_allreduce(_i: int) -> None:  # Communicator.iallreduce_sum: the same bits for any cut
         comm.iallreduce_sum(v).wait()
 
-    def tree_allreduce_pieces(_i: int) -> None:  # as a ranged step: 8 pieces in flight at once, last first
+    def tree_allreduce_pieces(
+        _i: int,
+    ) -> None:  # as a ranged step: 8 pieces in flight at once, last first
         for request in [comm.iallreduce_sum(v[lo:hi]) for lo, hi in reversed(pieces)]:
             request.wait()
 
     cases["iallreduce fixed tree"] = tree_allreduce
     cases["iallreduce fixed tree 8 pieces"] = tree_allreduce_pieces
     tree_allreduce.bytes_per_call = tree_allreduce_pieces.bytes_per_call = 4 * numel
-    if comm.backend == "mpi":  # its messages are not counted by the communicator: the busiest rank's, from the tree
+    if (
+        comm.backend == "mpi"
+    ):  # its messages are not counted by the communicator: the busiest rank's, from the tree
         from relaympi.comm.tree_allreduce import stage_order
 
         order = stage_order(comm.nodes)
         tree_allreduce.inter_node_bytes = tree_inter_node_bytes(comm.nodes, [numel], order)
-        tree_allreduce_pieces.inter_node_bytes = tree_inter_node_bytes(comm.nodes, [hi - lo for lo, hi in pieces], order)
+        tree_allreduce_pieces.inter_node_bytes = tree_inter_node_bytes(
+            comm.nodes, [hi - lo for lo, hi in pieces], order
+        )
     return cases
 
 
-def tree_inter_node_bytes(nodes: list[int], sizes: list[int], order: tuple[int, ...], itemsize: int = 4) -> float:
+def tree_inter_node_bytes(
+    nodes: list[int], sizes: list[int], order: tuple[int, ...], itemsize: int = 4
+) -> float:
     """The most bytes any rank sends to other nodes in tree all-reduces of buffers of ``sizes``
     elements (relaympi.comm.tree_allreduce.tree_sum with the stage ``order``), summed per rank: the
     fold of ranks beyond the largest power of two, each halving stage's given half, and the same
@@ -218,14 +258,18 @@ def tree_inter_node_bytes(nodes: list[int], sizes: list[int], order: tuple[int, 
         for r in range(p):
             lo, hi = 0, numel
             for d in order:
-                if nodes[r] != nodes[r ^ d]:  # the half it gives in the reduce-scatter, the half it kept in the allgather
+                if (
+                    nodes[r] != nodes[r ^ d]
+                ):  # the half it gives in the reduce-scatter, the half it kept in the allgather
                     sent[r] += hi - lo
                 mid = lo + (hi - lo) // 2
                 lo, hi = (mid, hi) if r & d else (lo, mid)
     return float(itemsize * max(sent))
 
 
-def bench(comm, sizes: list[int], warmup: int, reps: int, device: torch.device, chunk: int = DEFAULT_CHUNK) -> list[dict]:
+def bench(
+    comm, sizes: list[int], warmup: int, reps: int, device: torch.device, chunk: int = DEFAULT_CHUNK
+) -> list[dict]:
     """One row per operation and size; bytes_per_rank is rank 0's bytes sent per call,
     inter_node_bytes the most any rank sends per call to ranks on other nodes (nan where the
     operation's messages are MPI's own: the allreduce). An operation whose call runs several
@@ -240,9 +284,21 @@ def bench(comm, sizes: list[int], warmup: int, reps: int, device: torch.device, 
             seconds = _time(comm, fn, warmup, reps, device) / rounds
             delta = (comm.bytes_sent - before) / ((warmup + reps) * rounds)
             sent = getattr(fn, "bytes_per_call", float(delta.sum()))
-            inter = getattr(fn, "inter_node_bytes", float(delta[other_node].sum()) if delta.any() else float("nan"))
+            inter = getattr(
+                fn,
+                "inter_node_bytes",
+                float(delta[other_node].sum()) if delta.any() else float("nan"),
+            )
             inter = float(comm.allreduce_flags(np.array([inter]))[0])  # the busiest rank's
-            rows.append({"op": name, "numel": numel, "median_s": seconds, "bytes_per_rank": sent, "inter_node_bytes": inter})
+            rows.append(
+                {
+                    "op": name,
+                    "numel": numel,
+                    "median_s": seconds,
+                    "bytes_per_rank": sent,
+                    "inter_node_bytes": inter,
+                }
+            )
     _add_ratios(rows)
     return rows
 
@@ -259,20 +315,37 @@ def _add_ratios(rows: list[dict]) -> None:
         related = r["op"].startswith(("relaysum", "relaysgd", "gossip"))
         r["vs_raw"] = r["median_s"] / raw if related and raw else float("nan")
         allreduce = times.get(("allreduce", r["numel"]))
-        r["vs_allreduce"] = r["median_s"] / allreduce if allreduce and r["op"] != "allreduce" else float("nan")
+        r["vs_allreduce"] = (
+            r["median_s"] / allreduce if allreduce and r["op"] != "allreduce" else float("nan")
+        )
 
 
-def _print(rows: list[dict], n: int, nodes: int, chunk: int,
-           placement: tuple[int, ...] | None = None) -> None:
-    print(f"# world size {n} on {nodes} node{'s' if nodes > 1 else ''}; chunk {chunk} elements; cache block {relaysum.CACHE_BLOCK}; median over repetitions of the slowest rank's time")
+def _print(
+    rows: list[dict], n: int, nodes: int, chunk: int, placement: tuple[int, ...] | None = None
+) -> None:
+    print(
+        f"# world size {n} on {nodes} node{'s' if nodes > 1 else ''}; chunk {chunk} "
+        f"elements; cache block {relaysum.CACHE_BLOCK}; median over repetitions of the "
+        "slowest rank's time"
+    )
     if placement is not None and nodes > 1:
         print(f"# node of each rank, 0..{n - 1}: {' '.join(map(str, placement))}")
-    print(f"{'operation':47s} {'float32s':>10s} {'median ms':>11s} {'GB/s/rank':>10s} {'inter-node MB':>14s} {'vs raw':>7s} {'vs allreduce':>13s}")
+    print(
+        f"{'operation':47s} {'float32s':>10s} {'median ms':>11s} {'GB/s/rank':>10s} "
+        f"{'inter-node MB':>14s} {'vs raw':>7s} {'vs allreduce':>13s}"
+    )
     for r in rows:
         gbps = r["bytes_per_rank"] / r["median_s"] / 1e9 if r["bytes_per_rank"] else float("nan")
         ratio = lambda v: "" if v != v else f"{v:.2f}x"  # noqa: E731 - blank for nan
-        inter = "" if r["inter_node_bytes"] != r["inter_node_bytes"] else f"{r['inter_node_bytes'] / 1e6:.3f}"
-        print(f"{r['op']:47s} {r['numel']:>10d} {1e3 * r['median_s']:>11.3f} {gbps:>10.3f} {inter:>14s} {ratio(r['vs_raw']):>7s} {ratio(r['vs_allreduce']):>13s}")
+        inter = (
+            ""
+            if r["inter_node_bytes"] != r["inter_node_bytes"]
+            else f"{r['inter_node_bytes'] / 1e6:.3f}"
+        )
+        print(
+            f"{r['op']:47s} {r['numel']:>10d} {1e3 * r['median_s']:>11.3f} {gbps:>10.3f} "
+            f"{inter:>14s} {ratio(r['vs_raw']):>7s} {ratio(r['vs_allreduce']):>13s}"
+        )
 
 
 def _write(path: Path, rows: list[dict], comm, device: torch.device, chunk: int) -> None:
@@ -290,7 +363,14 @@ def _write(path: Path, rows: list[dict], comm, device: torch.device, chunk: int)
         f.attrs["provenance"] = __import__("json").dumps(provenance.collect(comm.describe()))
         f.create_dataset("op", data=np.array([r["op"] for r in rows], dtype=h5py.string_dtype()))
         f.attrs["nodes"] = np.asarray(comm.nodes)
-        for key in ("numel", "median_s", "bytes_per_rank", "inter_node_bytes", "vs_raw", "vs_allreduce"):
+        for key in (
+            "numel",
+            "median_s",
+            "bytes_per_rank",
+            "inter_node_bytes",
+            "vs_raw",
+            "vs_allreduce",
+        ):
             f.create_dataset(key, data=np.array([r[key] for r in rows]))
 
 
@@ -305,23 +385,62 @@ def _device(name: str, rank: int) -> torch.device:
 
 def build_parser() -> UsageParser:
     p = UsageParser(prog="python -m benchmarks.comm", description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", help="comma-separated float32 counts (default 1e3,1e5,1e6 and VGG-11's 9,225,610)")
-    p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help=f"RelaySum chunk in elements (default {DEFAULT_CHUNK})")
-    p.add_argument("--cache-block", type=int, default=relaysum.CACHE_BLOCK, help=f"RelaySum cache block in elements (default {relaysum.CACHE_BLOCK})")
-    p.add_argument("--warmup", type=int, default=2,
-                   help="untimed calls per operation before timing (>= 0; default 2; "
-                        "SGP: whole periods of its schedule)")
-    p.add_argument("--reps", type=int, default=5, help="timed calls per operation, >= 1; the table shows their median (default 5)")
-    p.add_argument("--backend", choices=("mpi", "local"), default="mpi",
-                   help="mpi (one rank per process, under mpirun) or local (--workers ranks in this process; no transport cost); default mpi")
-    p.add_argument("--workers", type=int, default=4, help="in-process ranks for --backend local, >= 2 (default 4)")
-    p.add_argument("--ranks-per-node", type=int,
-                   help="emulate nodes of K consecutive ranks (rank // K) instead of the nodes the "
-                        "launcher placed the ranks on (Hydra with a hosts file and no -ppn: "
-                        "round-robin, rank r on host r mod N; the header prints each rank's node); "
-                        "with several nodes every placed operation gets a node-aware row too")
-    p.add_argument("--device", default="cpu", help="cpu, or cuda (the GPU of the node-local rank); default cpu")
-    p.add_argument("--out", type=Path, help="HDF5 file for the figures (default bench-results/comm-n<N>.h5)")
+    p.add_argument(
+        "--sizes",
+        help="comma-separated float32 counts (default 1e3,1e5,1e6 and VGG-11's 9,225,610)",
+    )
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=DEFAULT_CHUNK,
+        help=f"RelaySum chunk in elements (default {DEFAULT_CHUNK})",
+    )
+    p.add_argument(
+        "--cache-block",
+        type=int,
+        default=relaysum.CACHE_BLOCK,
+        help=f"RelaySum cache block in elements (default {relaysum.CACHE_BLOCK})",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        help="untimed calls per operation before timing (>= 0; default 2; "
+        "SGP: whole periods of its schedule)",
+    )
+    p.add_argument(
+        "--reps",
+        type=int,
+        default=5,
+        help="timed calls per operation, >= 1; the table shows their median (default 5)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("mpi", "local"),
+        default="mpi",
+        help="mpi (one rank per process, under mpirun) or local (--workers ranks in this "
+        "process; no transport cost); default mpi",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=4,
+        help="in-process ranks for --backend local, >= 2 (default 4)",
+    )
+    p.add_argument(
+        "--ranks-per-node",
+        type=int,
+        help="emulate nodes of K consecutive ranks (rank // K) instead of the nodes the "
+        "launcher placed the ranks on (Hydra with a hosts file and no -ppn: "
+        "round-robin, rank r on host r mod N; the header prints each rank's node); "
+        "with several nodes every placed operation gets a node-aware row too",
+    )
+    p.add_argument(
+        "--device", default="cpu", help="cpu, or cuda (the GPU of the node-local rank); default cpu"
+    )
+    p.add_argument(
+        "--out", type=Path, help="HDF5 file for the figures (default bench-results/comm-n<N>.h5)"
+    )
     return p
 
 
@@ -329,7 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     try:
-        sizes = [int(float(s)) for s in args.sizes.split(",") if s] if args.sizes else default_sizes()
+        sizes = (
+            [int(float(s)) for s in args.sizes.split(",") if s] if args.sizes else default_sizes()
+        )
     except ValueError:
         p.error(f"--sizes must be comma-separated numbers, got {args.sizes!r}")
     if not sizes or min(sizes) < 1:
@@ -339,9 +460,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.warmup < 0:
         p.error(f"--warmup must be >= 0, got {args.warmup}")
     if args.backend == "local" and args.workers < 2:
-        p.error(f"--workers must be >= 2 (the operations exchange messages between ranks), got {args.workers}")
+        p.error(
+            "--workers must be >= 2 (the operations exchange messages between ranks), "
+            f"got {args.workers}"
+        )
     if args.chunk < 1 or args.cache_block < 1:
-        p.error(f"--chunk and --cache-block must be positive numbers of elements, got {args.chunk} and {args.cache_block}")
+        p.error(
+            "--chunk and --cache-block must be positive numbers of elements, got "
+            f"{args.chunk} and {args.cache_block}"
+        )
     if args.ranks_per_node is not None and args.ranks_per_node < 1:
         p.error(f"--ranks-per-node must be >= 1, got {args.ranks_per_node}")
     relaysum.CACHE_BLOCK = args.cache_block
@@ -352,7 +479,13 @@ def main(argv: list[str] | None = None) -> int:
         rows = bench(comm, sizes, args.warmup, args.reps, device, args.chunk)
         if comm.rank == 0:
             _print(rows, comm.world_size, len(set(comm.nodes)), args.chunk, tuple(comm.nodes))
-            _write(args.out or Path("bench-results") / f"comm-n{comm.world_size}.h5", rows, comm, device, args.chunk)
+            _write(
+                args.out or Path("bench-results") / f"comm-n{comm.world_size}.h5",
+                rows,
+                comm,
+                device,
+                args.chunk,
+            )
         return rows
 
     if args.backend == "local":
@@ -364,7 +497,11 @@ def main(argv: list[str] | None = None) -> int:
     from relaympi.comm.mpi import world_size
 
     if world_size() < 2:
-        print("error: run under mpirun, e.g. `mpirun -n 4 python -m benchmarks.comm`, or use --backend local --workers N", file=sys.stderr)
+        print(
+            "error: run under mpirun, e.g. `mpirun -n 4 python -m benchmarks.comm`, or "
+            "use --backend local --workers N",
+            file=sys.stderr,
+        )
         return 2
     body(mpi_communicator(nodes=_emulated(world_size(), args.ranks_per_node)))
     return 0

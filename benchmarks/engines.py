@@ -1,8 +1,11 @@
-"""Samples/s and time per step of the training engines: --backend local, --backend batched and mpirun.
+"""Samples/s and time per step of the training engines: --backend local, --backend batched and
+mpirun.
 
-    python -m benchmarks.engines                                   # digits (the default run) and a small VGG-11 CPU run
+    python -m benchmarks.engines                                   # digits (the default run) and a
+    small VGG-11 CPU run
     python -m benchmarks.engines --workloads digits --engines local,batched
-    python -m benchmarks.engines --steps 24                        # every workload cut to 24 steps (a quick look)
+    python -m benchmarks.engines --steps 24                        # every workload cut to 24 steps
+    (a quick look)
 
 Each (workload, engine) trains once through ``python -m relaympi.train`` in a subprocess and is
 timed from its run file: training time is the run's wall time less its evaluation time, so
@@ -39,9 +42,27 @@ class EngineCase:
 
 
 WORKLOADS = {
-    "digits": EngineCase(("--task", "digits", "--algo", "relay", "--alpha", "0.01"), workers=16, batch_size=8),
-    "vgg11": EngineCase(("--task", "cifar10", "--algo", "relay", "--alpha", "0.1", "--steps", "6", "--eval-every", "1000000",
-                       "--eval-batch-size", "64"), workers=4, batch_size=8),
+    "digits": EngineCase(
+        ("--task", "digits", "--algo", "relay", "--alpha", "0.01"), workers=16, batch_size=8
+    ),
+    "vgg11": EngineCase(
+        (
+            "--task",
+            "cifar10",
+            "--algo",
+            "relay",
+            "--alpha",
+            "0.1",
+            "--steps",
+            "6",
+            "--eval-every",
+            "1000000",
+            "--eval-batch-size",
+            "64",
+        ),
+        workers=4,
+        batch_size=8,
+    ),
 }
 
 
@@ -63,7 +84,18 @@ class Timing:
 
 
 def command(engine: str, workload: EngineCase, extra: list[str], out: Path) -> list[str]:
-    train = [sys.executable, "-m", "relaympi.train", *workload.args, "--batch-size", str(workload.batch_size), *extra, "--out", str(out), "--overwrite"]
+    train = [
+        sys.executable,
+        "-m",
+        "relaympi.train",
+        *workload.args,
+        "--batch-size",
+        str(workload.batch_size),
+        *extra,
+        "--out",
+        str(out),
+        "--overwrite",
+    ]
     if engine == "mpirun":
         return [_mpirun(), "-n", str(workload.workers), *train]
     return [*train, "--backend", engine, "--workers", str(workload.workers)]
@@ -73,7 +105,10 @@ def _mpirun() -> str:
     beside = Path(sys.executable).parent / "mpirun"  # the virtual environment's MPI, if it has one
     found = str(beside) if beside.exists() else shutil.which("mpirun")
     if found is None:
-        raise SystemExit("error: no mpirun beside the Python interpreter or on PATH; leave mpirun out with --engines local,batched")
+        raise SystemExit(
+            "error: no mpirun beside the Python interpreter or on PATH; leave mpirun out "
+            "with --engines local,batched"
+        )
     return found
 
 
@@ -88,9 +123,16 @@ def measure(engine: str, workload: EngineCase, extra: list[str], folder: Path) -
     run = read_run(out)
     data = run.data
     steps = int(data["step"][-1])
-    train_s = float(data["time_s"][-1] - data["time_eval_s"][-1][0])  # worker 0's clock, as the log line's
-    return Timing(steps=steps, train_s=train_s, wall_s=wall, samples=steps * workload.workers * workload.batch_size,
-                  threads=int(run.provenance["torch_threads"]))
+    train_s = float(
+        data["time_s"][-1] - data["time_eval_s"][-1][0]
+    )  # worker 0's clock, as the log line's
+    return Timing(
+        steps=steps,
+        train_s=train_s,
+        wall_s=wall,
+        samples=steps * workload.workers * workload.batch_size,
+        threads=int(run.provenance["torch_threads"]),
+    )
 
 
 def _cifar_dir(folder: Path) -> Path:
@@ -103,12 +145,26 @@ def _cifar_dir(folder: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.engines", description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated: {', '.join(WORKLOADS)}")
-    parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated: {', '.join(ENGINES)}")
-    parser.add_argument("--steps", type=int, help="train every workload for this many steps instead of its own length")
-    parser.add_argument("--threads", type=int, help="torch threads per worker, every engine (default: the trainer's, "
-                        "each process's share of the CPUs it may run on; see relaympi.threads)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.engines", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--workloads", default=",".join(WORKLOADS), help=f"comma-separated: {', '.join(WORKLOADS)}"
+    )
+    parser.add_argument(
+        "--engines", default=",".join(ENGINES), help=f"comma-separated: {', '.join(ENGINES)}"
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        help="train every workload for this many steps instead of its own length",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads per worker, every engine (default: the trainer's, "
+        "each process's share of the CPUs it may run on; see relaympi.threads)",
+    )
     args = parser.parse_args(argv)
     for flag, value in (("--steps", args.steps), ("--threads", args.threads)):
         if value is not None and value < 1:
@@ -117,12 +173,18 @@ def main(argv: list[str] | None = None) -> int:
     for name, allowed in [(w, WORKLOADS) for w in workloads] + [(e, ENGINES) for e in engines]:
         if name not in allowed:
             parser.error(f"unknown {name!r}; choose from {', '.join(allowed)}")
-    print(f"{'workload':8} {'engine':8} {'workers':>7} {'threads':>7} {'steps':>6} {'ms/step':>9} {'samples/s':>10} {'wall s':>7} {'vs local':>8}")
+    print(
+        f"{'workload':8} {'engine':8} {'workers':>7} {'threads':>7} {'steps':>6} "
+        f"{'ms/step':>9} {'samples/s':>10} {'wall s':>7} {'vs local':>8}"
+    )
     failed = False
     with tempfile.TemporaryDirectory(prefix="engines-") as tmp:
         for name in workloads:
             workload = WORKLOADS[name]
-            extra = [*(["--threads", str(args.threads)] if args.threads is not None else []), *(["--steps", str(args.steps)] if args.steps is not None else [])]
+            extra = [
+                *(["--threads", str(args.threads)] if args.threads is not None else []),
+                *(["--steps", str(args.steps)] if args.steps is not None else []),
+            ]
             if name == "vgg11":
                 extra += ["--data-dir", str(_cifar_dir(Path(tmp) / "cifar10"))]
             baseline = None
@@ -136,9 +198,17 @@ def main(argv: list[str] | None = None) -> int:
                     failed = True
                     continue
                 baseline = timing if engine == "local" else baseline
-                ratio = f"{baseline.train_s / timing.train_s:7.1f}x" if baseline is not None else f"{'-':>8}"
-                print(f"{name:8} {engine:8} {workload.workers:7d} {timing.threads:7d} {timing.steps:6d} {timing.ms_per_step:9.2f} "
-                      f"{timing.samples_per_s:10.0f} {timing.wall_s:7.1f} {ratio}", flush=True)
+                ratio = (
+                    f"{baseline.train_s / timing.train_s:7.1f}x"
+                    if baseline is not None
+                    else f"{'-':>8}"
+                )
+                print(
+                    f"{name:8} {engine:8} {workload.workers:7d} {timing.threads:7d} "
+                    f"{timing.steps:6d} {timing.ms_per_step:9.2f} "
+                    f"{timing.samples_per_s:10.0f} {timing.wall_s:7.1f} {ratio}",
+                    flush=True,
+                )
     return 1 if failed else 0
 
 

@@ -1,13 +1,17 @@
-"""GPU checks: MPI CUDA-awareness, a device-buffer communication benchmark, training memory, a summary.
+"""GPU checks: MPI CUDA-awareness, a device-buffer communication benchmark, training memory, a
+summary.
 
-    python -m benchmarks.gpu_report probe                      # versions, GPUs, MPI library, CUDA-awareness
+    python -m benchmarks.gpu_report probe                      # versions, GPUs, MPI library,
+    CUDA-awareness
     mpirun -n 4 python -m benchmarks.gpu_report comm --device cuda --out comm-n4.json
     python -m benchmarks.gpu_report comm --backend local --workers 4 --device cuda
     mpirun -n 4 python -m benchmarks.gpu_report train -- --task cifar10 --data-dir D --algo relay \\
         --device cuda --steps 300 --out run.h5            # relaympi.train, plus per-rank GPU memory
     python -m benchmarks.gpu_report summary --runs run.h5 --comm comm-n4.json
-    mpirun -n 2 python -m benchmarks.gpu_report sendrecv --device cuda   # device buffers through mpi4py
-    python -m benchmarks.gpu_report same a.h5 b.h5                      # the same numbers, bit for bit?
+    mpirun -n 2 python -m benchmarks.gpu_report sendrecv --device cuda   # device buffers through
+    mpi4py
+    python -m benchmarks.gpu_report same a.h5 b.h5                      # the same numbers, bit for
+    bit?
 
 ``comm`` times RelaySum (chain, double binary trees) and allreduce (``--ops``: also one RelaySGD
 step of a flat model of that size) on buffers in host memory ("host"), and on GPU buffers moved
@@ -60,7 +64,8 @@ def mpi_cuda_support() -> tuple[bool, str]:
         state = "" if aware else "not "
         return (
             aware,
-            f"{buffers.CUDA_AWARE_ENV}={forced} says the MPI library ({version}) is {state}CUDA-aware",
+            f"{buffers.CUDA_AWARE_ENV}={forced} says the MPI library ({version}) is "
+            f"{state}CUDA-aware",
         )
     path = loaded_libmpi()
     force = f"set {buffers.CUDA_AWARE_ENV}=1 to force"
@@ -69,12 +74,14 @@ def mpi_cuda_support() -> tuple[bool, str]:
     if not hasattr(ctypes.CDLL(path), "MPIX_Query_cuda_support"):
         return (
             False,
-            f"{path} ({version}) has no MPIX_Query_cuda_support, so it cannot say it is CUDA-aware; {force}",
+            f"{path} ({version}) has no MPIX_Query_cuda_support, so it cannot say it is "
+            f"CUDA-aware; {force}",
         )
     if not buffers.query_cuda_aware_mpi(path):
         return (
             False,
-            f"MPI library {path} ({version}) is not CUDA-aware: MPIX_Query_cuda_support() returned 0",
+            f"MPI library {path} ({version}) is not CUDA-aware: MPIX_Query_cuda_support() "
+            "returned 0",
         )
     return True, f"MPI library {path} ({version}) is CUDA-aware"
 
@@ -88,13 +95,15 @@ def probe() -> int:
 
     print(f"python {sys.version.split()[0]} at {sys.executable}")
     print(
-        f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}, cuDNN {torch.backends.cudnn.version()}"
+        f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}, cuDNN "
+        f"{torch.backends.cudnn.version()}"
     )
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
             print(
-                f"cuda:{i} {p.name}, {p.total_memory / 2**30:.1f} GiB, {p.multi_processor_count} SMs, capability {p.major}.{p.minor}"
+                f"cuda:{i} {p.name}, {p.total_memory / 2**30:.1f} GiB, "
+                f"{p.multi_processor_count} SMs, capability {p.major}.{p.minor}"
             )
     else:
         print("torch sees no CUDA device")
@@ -151,8 +160,14 @@ def _modes(comm, device: str) -> list[str]:
 COMM_OPS = ("relaysum", "allreduce", "relaysgd")
 
 
-def bench_comm(comm, sizes: list[int], device: str, warmup: int, reps: int,
-               ops: tuple[str, ...] = ("relaysum", "allreduce")) -> list[dict[str, Any]]:
+def bench_comm(
+    comm,
+    sizes: list[int],
+    device: str,
+    warmup: int,
+    reps: int,
+    ops: tuple[str, ...] = ("relaysum", "allreduce"),
+) -> list[dict[str, Any]]:
     """RelaySum and allreduce of float32 buffers of each size, per buffer placement ("mode");
     ``ops`` may add "relaysgd" (one RelaySGD step on double binary trees) or leave either out."""
     import torch
@@ -188,9 +203,17 @@ def bench_comm(comm, sizes: list[int], device: str, warmup: int, reps: int,
                 cases["allreduce"] = lambda i, summed=summed: comm.allreduce_sum(summed)
             if "relaysgd" in ops:  # the update, the exchange and the combination of one step
                 model, grad = x.clone(), torch.full_like(x, 1e-3)
-                sgd = make_algorithm("relay", comm, trees["double-binary-trees"],
-                                     make_optimizer(OptimizerConfig(momentum=0.9), model), model, AlgorithmOptions())
-                cases["relaysgd step double-binary-trees"] = lambda i, sgd=sgd, model=model, grad=grad: sgd.step(model, grad, 0.01, i)
+                sgd = make_algorithm(
+                    "relay",
+                    comm,
+                    trees["double-binary-trees"],
+                    make_optimizer(OptimizerConfig(momentum=0.9), model),
+                    model,
+                    AlgorithmOptions(),
+                )
+                cases["relaysgd step double-binary-trees"] = (
+                    lambda i, sgd=sgd, model=model, grad=grad: sgd.step(model, grad, 0.01, i)
+                )
             for op, fn in cases.items():
                 before = int(comm.bytes_sent.sum())
                 seconds = _timed(comm, fn, sync, warmup, reps)
@@ -223,12 +246,14 @@ def format_comm(rows: list[dict[str, Any]], world_size: int, backend: str) -> st
     lines = [
         f"# {backend}, {world_size} ranks; median over repetitions of the slowest rank; "
         "model GB/s = 4 bytes x float32s / time",
-        f"{'operation':28s} {'mode':>10s} {'float32s':>10s} {'median ms':>10s} {'model GB/s':>10s} {'MB sent r0':>12s}",
+        f"{'operation':28s} {'mode':>10s} {'float32s':>10s} {'median ms':>10s} "
+        f"{'model GB/s':>10s} {'MB sent r0':>12s}",
     ]
     for r in rows:
         gbps = 4 * r["numel"] / r["median_s"] / 1e9 if r["median_s"] > 0 else float("nan")
         lines.append(
-            f"{r['op']:28s} {r['mode']:>10s} {r['numel']:>10d} {1e3 * r['median_s']:>10.3f} {gbps:>10.2f} {r['bytes_sent_per_rank'] / 1e6:>12.2f}"
+            f"{r['op']:28s} {r['mode']:>10s} {r['numel']:>10d} "
+            f"{1e3 * r['median_s']:>10.3f} {gbps:>10.2f} {r['bytes_sent_per_rank'] / 1e6:>12.2f}"
         )
     return "\n".join(lines)
 
@@ -239,7 +264,9 @@ def comm_main(args: argparse.Namespace) -> int:
     from benchmarks.comm import default_sizes
 
     try:
-        sizes = [int(float(s)) for s in args.sizes.split(",") if s] if args.sizes else default_sizes()
+        sizes = (
+            [int(float(s)) for s in args.sizes.split(",") if s] if args.sizes else default_sizes()
+        )
     except ValueError:
         print(
             f"error: --sizes must be comma-separated numbers, got {args.sizes!r}", file=sys.stderr
@@ -252,7 +279,10 @@ def comm_main(args: argparse.Namespace) -> int:
 
     ops = tuple(o for o in args.ops.split(",") if o)
     if not ops or any(o not in COMM_OPS for o in ops):
-        print(f"error: --ops must be comma-separated of {', '.join(COMM_OPS)}, got {args.ops!r}", file=sys.stderr)
+        print(
+            f"error: --ops must be comma-separated of {', '.join(COMM_OPS)}, got {args.ops!r}",
+            file=sys.stderr,
+        )
         return 2
 
     def body(comm):
@@ -283,7 +313,8 @@ def comm_main(args: argparse.Namespace) -> int:
 
     if world_size() < 2:
         print(
-            "error: run under mpirun (mpirun -n 4 python -m benchmarks.gpu_report comm), or use --backend local",
+            "error: run under mpirun (mpirun -n 4 python -m benchmarks.gpu_report comm), "
+            "or use --backend local",
             file=sys.stderr,
         )
         return 2
@@ -358,13 +389,20 @@ def summarize_run(path: Path) -> dict[str, Any]:
     steps = np.asarray(run.data.get("step", []))
     n, batch = run.world_size, int(run.config.get("batch_size") or 0)
     out: dict[str, Any] = {
-        "run": path.name, "status": run.status, "algo": run.config.get("algo"), "topology": run.config.get("topology"),
-        "workers": n, "batch": batch, "device": run.config.get("device"), "backend": run.config.get("backend"),
-    }  # fmt: skip
+        "run": path.name,
+        "status": run.status,
+        "algo": run.config.get("algo"),
+        "topology": run.config.get("topology"),
+        "workers": n,
+        "batch": batch,
+        "device": run.config.get("device"),
+        "backend": run.config.get("backend"),
+    }
     later = np.flatnonzero(steps > 0)
     if len(later) == 0 or "time_compute_s" not in run.data:
         return out | {"note": "no evaluation after step 0"}
-    # window: from the first evaluation after step 0 (warm-up excluded) to the last, if there are two
+    # window: from the first evaluation after step 0 (warm-up excluded) to the last, if there are
+    # two
     start = int(later[0]) if len(later) > 1 else 0
     end = int(later[-1])
     window = int(steps[end] - steps[start])
@@ -400,7 +438,8 @@ def _memory(run_path: Path) -> str:
         gpus = record.get("gpu") or {}
         if gpus:
             text = ", ".join(
-                f"{v['max_allocated_bytes'] / 2**20:.0f} ({v['max_reserved_bytes'] / 2**20:.0f}) MiB on {k}"
+                f"{v['max_allocated_bytes'] / 2**20:.0f} "
+                f"({v['max_reserved_bytes'] / 2**20:.0f}) MiB on {k}"
                 for k, v in gpus.items()
             )
         else:
@@ -416,19 +455,24 @@ def _memory(run_path: Path) -> str:
 
 def format_runs(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "# training: loop samples/s = samples / slowest worker's compute+comm seconds; wall includes evaluation",
-        f"{'run':34s} {'status':>9s} {'algo':>9s} {'n':>3s} {'steps':>9s} {'loop sm/s':>10s} {'wall sm/s':>10s} "
+        "# training: loop samples/s = samples / slowest worker's compute+comm seconds; "
+        "wall includes evaluation",
+        f"{'run':34s} {'status':>9s} {'algo':>9s} {'n':>3s} {'steps':>9s} "
+        f"{'loop sm/s':>10s} {'wall sm/s':>10s} "
         f"{'compute ms':>11s} {'comm ms':>9s} {'comm %':>7s}",
     ]
     for r in rows:
         if "samples_per_s_loop" not in r:
             lines.append(
-                f"{r['run']:34s} {r['status']:>9s} {str(r['algo']):>9s} {r['workers']:>3d} {r.get('note', '')}"
+                f"{r['run']:34s} {r['status']:>9s} {str(r['algo']):>9s} "
+                f"{r['workers']:>3d} {r.get('note', '')}"
             )
             continue
         lines.append(
-            f"{r['run']:34s} {r['status']:>9s} {r['algo']:>9s} {r['workers']:>3d} {r['steps_measured']:>9s} "
-            f"{r['samples_per_s_loop']:>10.0f} {r['samples_per_s_wall']:>10.0f} {r['ms_per_step_compute']:>11.2f} "
+            f"{r['run']:34s} {r['status']:>9s} {r['algo']:>9s} {r['workers']:>3d} "
+            f"{r['steps_measured']:>9s} "
+            f"{r['samples_per_s_loop']:>10.0f} {r['samples_per_s_wall']:>10.0f} "
+            f"{r['ms_per_step_compute']:>11.2f} "
             f"{r['ms_per_step_comm']:>9.2f} {100 * r['comm_share']:>6.1f}%"
         )
     lines.append("# peak memory, MiB allocated (reserved) by torch per rank")
@@ -484,8 +528,10 @@ def sendrecv_main(args: argparse.Namespace) -> int:
     if size < 2:
         print("error: run under mpirun -n 2 (or more)", file=sys.stderr)
         return 2
-    say(f"{' '.join(MPI.Get_library_version().split()[:4])}, thread level {MPI.Query_thread()}, "
-        f"{buffers_env()}, library {loaded_libmpi()}")
+    say(
+        f"{' '.join(MPI.Get_library_version().split()[:4])}, thread level {MPI.Query_thread()}, "
+        f"{buffers_env()}, library {loaded_libmpi()}"
+    )
     device = _rank_device(comm_like(rank, size), args.device)
     kinds = ["torch"]
     if device.type == "cuda":
@@ -500,11 +546,17 @@ def sendrecv_main(args: argparse.Namespace) -> int:
         for kind in kinds:
             _sendrecv_case(comm, kind, numel, device, args.allreduce, say)
     if rank == 0:
-        print(f"result: {', '.join(kinds)} buffers on {device.type} moved through MPI and arrived intact", flush=True)
+        print(
+            f"result: {', '.join(kinds)} buffers on {device.type} moved through MPI and "
+            "arrived intact",
+            flush=True,
+        )
     return 0
 
 
-def _sendrecv_case(comm: Any, kind: str, numel: int, device: Any, allreduce: bool, say: Any) -> None:
+def _sendrecv_case(
+    comm: Any, kind: str, numel: int, device: Any, allreduce: bool, say: Any
+) -> None:
     import torch
     from mpi4py import MPI
 
@@ -522,7 +574,10 @@ def _sendrecv_case(comm: Any, kind: str, numel: int, device: Any, allreduce: boo
         got = buf.get() if kind == "cupy" else buf.cpu().numpy()
         wrong = np.flatnonzero(got != want)
         if len(wrong):
-            raise AssertionError(f"{what}: {len(wrong)} of {got.size} float32s wrong (first {got[wrong[0]]}, want {want})")
+            raise AssertionError(
+                f"{what}: {len(wrong)} of {got.size} float32s wrong (first "
+                f"{got[wrong[0]]}, want {want})"
+            )
 
     def synchronize() -> None:  # MPI reads device memory outside the streams' order
         if device.type == "cuda":
@@ -540,8 +595,12 @@ def _sendrecv_case(comm: Any, kind: str, numel: int, device: Any, allreduce: boo
     left, right = (rank - 1) % size, (rank + 1) % size
     from_left, from_right = make(-1.0), make(-1.0)
     synchronize()
-    requests = [comm.Irecv(from_left, source=left, tag=2), comm.Irecv(from_right, source=right, tag=3),
-                comm.Isend(send, dest=right, tag=2), comm.Isend(send, dest=left, tag=3)]
+    requests = [
+        comm.Irecv(from_left, source=left, tag=2),
+        comm.Irecv(from_right, source=right, tag=3),
+        comm.Isend(send, dest=right, tag=2),
+        comm.Isend(send, dest=left, tag=3),
+    ]
     MPI.Request.Waitall(requests)
     check(from_left, left + 1.0, f"Irecv from {left} of {where}")
     check(from_right, right + 1.0, f"Irecv from {right} of {where}")
@@ -574,7 +633,11 @@ def same_main(a: Path, b: Path) -> int:
 
     def numbers(path: Path) -> dict[str, np.ndarray]:
         with h5py.File(path, "r") as f:
-            return {k: f[k][()] for k in f if isinstance(f[k], h5py.Dataset) and not k.startswith("time")}
+            return {
+                k: f[k][()]
+                for k in f
+                if isinstance(f[k], h5py.Dataset) and not k.startswith("time")
+            }
 
     first, second = numbers(a), numbers(b)
     differ = []
@@ -585,15 +648,23 @@ def same_main(a: Path, b: Path) -> int:
         x, y = np.asarray(first[name]), np.asarray(second[name])
         if x.shape != y.shape:
             differ.append(f"{name} (shape {x.shape} vs {y.shape})")
-        elif x.dtype.kind == "f" and not np.array_equal(x.view(f"u{x.itemsize}"), y.view(f"u{y.itemsize}")):
+        elif x.dtype.kind == "f" and not np.array_equal(
+            x.view(f"u{x.itemsize}"), y.view(f"u{y.itemsize}")
+        ):
             count = int(np.count_nonzero(x.view(f"u{x.itemsize}") != y.view(f"u{y.itemsize}")))
-            differ.append(f"{name} ({count} of {x.size} values, max |diff| {float(np.nanmax(np.abs(x - y))):.3g})")
+            differ.append(
+                f"{name} ({count} of {x.size} values, max |diff| "
+                f"{float(np.nanmax(np.abs(x - y))):.3g})"
+            )
         elif x.dtype.kind != "f" and not np.array_equal(x, y):
             differ.append(f"{name} ({int(np.count_nonzero(x != y))} of {x.size} values)")
     if differ:
         print(f"result: {a.name} and {b.name} differ in {'; '.join(differ)}")
         return 1
-    print(f"result: {a.name} and {b.name}: {len(first)} datasets bit-identical ({', '.join(sorted(first))}; timers left out)")
+    print(
+        f"result: {a.name} and {b.name}: {len(first)} datasets bit-identical "
+        f"({', '.join(sorted(first))}; timers left out)"
+    )
     return 0
 
 
@@ -612,7 +683,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("probe", help="versions, GPUs, MPI library and its CUDA-awareness")
     c = sub.add_parser("comm", help="RelaySum and allreduce on host, staged and CUDA-aware buffers")
     c.add_argument(
-        "--sizes", help="comma-separated float32 counts (default 1e3,1e5,1e6 and VGG-11's parameter count)"
+        "--sizes",
+        help="comma-separated float32 counts (default 1e3,1e5,1e6 and VGG-11's parameter count)",
     )
     c.add_argument(
         "--device", default="cuda", help="cuda (local rank modulo GPU count), cuda:N or cpu"
@@ -622,14 +694,29 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--backend", choices=("mpi", "local"), default="mpi")
     c.add_argument("--workers", type=int, default=4, help="ranks for --backend local")
     c.add_argument("--out", type=Path, help="JSON file for the rows")
-    c.add_argument("--ops", default="relaysum,allreduce",
-                   help=f"comma-separated of {', '.join(COMM_OPS)} (default relaysum,allreduce; relaysgd: one "
-                   "RelaySGD step, update and exchange, on double binary trees)")
-    r = sub.add_parser("sendrecv", help="torch/cupy buffers through mpi4py on 2+ ranks, step by step")
-    r.add_argument("--device", default="cuda", help="cuda (local rank modulo GPU count), cuda:N or cpu")
-    r.add_argument("--sizes", default="1000,9225610", help="float32 counts (default 1000,9225610: eager and rendezvous)")
-    r.add_argument("--allreduce", action="store_true", help="also MPI_Allreduce on the buffer (an MPI without CUDA "
-                   "support in its reductions may crash here)")
+    c.add_argument(
+        "--ops",
+        default="relaysum,allreduce",
+        help=f"comma-separated of {', '.join(COMM_OPS)} (default relaysum,allreduce; relaysgd: one "
+        "RelaySGD step, update and exchange, on double binary trees)",
+    )
+    r = sub.add_parser(
+        "sendrecv", help="torch/cupy buffers through mpi4py on 2+ ranks, step by step"
+    )
+    r.add_argument(
+        "--device", default="cuda", help="cuda (local rank modulo GPU count), cuda:N or cpu"
+    )
+    r.add_argument(
+        "--sizes",
+        default="1000,9225610",
+        help="float32 counts (default 1000,9225610: eager and rendezvous)",
+    )
+    r.add_argument(
+        "--allreduce",
+        action="store_true",
+        help="also MPI_Allreduce on the buffer (an MPI without CUDA "
+        "support in its reductions may crash here)",
+    )
     m = sub.add_parser("same", help="whether two run files hold the same numbers (timers left out)")
     m.add_argument("runs", type=Path, nargs=2, help="two HDF5 run files")
     sub.add_parser(

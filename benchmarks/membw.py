@@ -1,8 +1,11 @@
-"""Memory-bandwidth limit of the communication benchmark: a STREAM triad, and bytes moved per exchange.
+"""Memory-bandwidth limit of the communication benchmark: a STREAM triad, and bytes moved per
+exchange.
 
-    mpirun -n 16 python -m benchmarks.membw triad --out triad.json           # the node's triad bandwidth (~10 s)
+    mpirun -n 16 python -m benchmarks.membw triad --out triad.json           # the node's triad
+    bandwidth (~10 s)
     python -m benchmarks.membw model --ranks 16 --numel 9225610 --triad triad.json \\
-        --comm bench-results/scaling/n16.h5                                  # table: measured vs limit
+        --comm bench-results/scaling/n16.h5                                  # table: measured vs
+        limit
     python -m benchmarks.membw model --ranks 16 --numel 9225610              # the byte model alone
 
 On one node every MPI transfer is a memcpy through shared memory, so an exchange can go no
@@ -122,8 +125,11 @@ def _messages(ledger: _Ledger, topology: Topology, numel: int, copies: int) -> N
                 ledger.transfer(rank, peer, m, copies)
 
 
-def _assembly(ledger: _Ledger, topology: Topology, numel: int, sum_kept: bool, in_place: bool) -> None:
-    """RelaySum._assemble per rank and layer (and, in place, _land's copies out of the bounce buffer)."""
+def _assembly(
+    ledger: _Ledger, topology: Topology, numel: int, sum_kept: bool, in_place: bool
+) -> None:
+    """RelaySum._assemble per rank and layer (and, in place, _land's copies out of the bounce
+    buffer)."""
     for layer, block in enumerate(topology.coordinate_blocks(numel)):
         m = block.stop - block.start + 1
         for rank in range(topology.world_size):
@@ -150,13 +156,18 @@ def traffic(case: str, topology: Topology | None, numel: int, copies: int = 2) -
     ledger = _Ledger(n)
     if case == "allreduce":
         if n > 1:
-            moved = 2 * (n - 1) / n * numel  # reduce-scatter + allgather, sent (and received) per rank
+            moved = (
+                2 * (n - 1) / n * numel
+            )  # reduce-scatter + allgather, sent (and received) per rank
             for rank in range(n):  # ring: every rank sends to its successor
                 ledger.transfer(rank, (rank + 1) % n, moved, copies)
                 ledger.add(rank, 2 * (n - 1) / n * numel, (n - 1) / n * numel)  # reductions
         return ledger.traffic()
     if case not in ("raw", "relaysum", "relaysum-in-place", "relaysgd-step"):
-        raise ValueError(f"unknown case {case!r}; choose raw, relaysum, relaysum-in-place, relaysgd-step or allreduce")
+        raise ValueError(
+            f"unknown case {case!r}; choose raw, relaysum, relaysum-in-place, "
+            "relaysgd-step or allreduce"
+        )
     if not topology.is_tree:
         raise ValueError(f"RelaySum needs a tree topology; {topology.name!r} is not")
     _messages(ledger, topology, numel, copies)
@@ -166,7 +177,9 @@ def traffic(case: str, topology: Topology | None, numel: int, copies: int = 2) -
     _assembly(ledger, topology, numel, sum_kept=step, in_place=case == "relaysum-in-place")
     if step:
         for rank in range(n):
-            ledger.add(rank, 2 * numel, 2 * numel)  # u = -lr g (read g, write u); x += u (read x, write x)
+            ledger.add(
+                rank, 2 * numel, 2 * numel
+            )  # u = -lr g (read g, write u); x += u (read x, write x)
             for layer, block in enumerate(topology.coordinate_blocks(numel)):
                 s, k = block.stop - block.start, topology.degree(rank, layer)
                 # add_received: x += the k payloads (k >= 3: through total), x /= n-bar
@@ -188,7 +201,8 @@ COMM_CASES = {
 
 
 def comm_case_traffic(op: str, world_size: int, numel: int, copies: int = 2) -> Traffic | None:
-    """The model of a benchmarks.comm operation by its name (None: not modelled, e.g. gossip, SGP)."""
+    """The model of a benchmarks.comm operation by its name (None: not modelled, e.g. gossip,
+    SGP)."""
     if op not in COMM_CASES:
         return None
     case, topo_name = COMM_CASES[op]
@@ -224,7 +238,9 @@ def table(rows: list[dict], world_size: int, triad: dict | None, copies: int) ->
             limit, bound = memory_limit(t, triad)
             line["limit_ms"], line["bound"] = 1e3 * limit, bound
             measured = line["measured_ms"]
-            line["ratio"] = measured / line["limit_ms"] if measured is not None and limit > 0 else None
+            line["ratio"] = (
+                measured / line["limit_ms"] if measured is not None and limit > 0 else None
+            )
             line["achieved_gbs"] = t.total / (measured / 1e3) / 1e9 if measured else None
         out.append(line)
     return out
@@ -232,13 +248,16 @@ def table(rows: list[dict], world_size: int, triad: dict | None, copies: int) ->
 
 # -- the triad ---------------------------------------------------------------------------------
 
+
 def triad(comm, elements: int, reps: int) -> dict:
     """a = b + s*c over arrays of ``elements`` float32 on every rank: best of ``reps`` lockstep
     repetitions with all ranks, then with rank 0 alone (the others wait at a barrier)."""
     import torch
 
     torch.set_num_threads(1)
-    a, b, c = (torch.full((elements,), v, dtype=torch.float32) for v in (0.0, 1.0, 2.0))  # touched: pages exist
+    a, b, c = (
+        torch.full((elements,), v, dtype=torch.float32) for v in (0.0, 1.0, 2.0)
+    )  # touched: pages exist
     torch.add(b, c, alpha=3.0, out=a)  # warm-up
 
     def timed(active: bool) -> float:
@@ -246,7 +265,9 @@ def triad(comm, elements: int, reps: int) -> dict:
         start = time.perf_counter()
         if active:
             torch.add(b, c, alpha=3.0, out=a)
-        return float(comm.allreduce_flags(np.array([time.perf_counter() - start if active else 0.0]))[0])
+        return float(
+            comm.allreduce_flags(np.array([time.perf_counter() - start if active else 0.0]))[0]
+        )
 
     together = [timed(True) for _ in range(reps)]
     alone = [timed(comm.rank == 0) for _ in range(reps)]
@@ -273,6 +294,7 @@ def triad(comm, elements: int, reps: int) -> dict:
 
 # -- CLI ---------------------------------------------------------------------------------------
 
+
 def _read_comm(paths: list[Path], p: argparse.ArgumentParser) -> tuple[int, list[dict]]:
     import h5py
 
@@ -284,28 +306,45 @@ def _read_comm(paths: list[Path], p: argparse.ArgumentParser) -> tuple[int, list
             p.error(f"cannot read --comm file {str(path)!r}: {e}")
         with f:
             if "op" not in f or "median_s" not in f:
-                p.error(f"{str(path)!r} is not a benchmarks.comm result (no 'op'/'median_s' datasets)")
+                p.error(
+                    f"{str(path)!r} is not a benchmarks.comm result (no 'op'/'median_s' datasets)"
+                )
             size = int(f.attrs["world_size"])
             if world is not None and size != world:
                 p.error(f"--comm files mix world sizes {world} and {size}")
             world = size
             ops = [o.decode() if isinstance(o, bytes) else str(o) for o in f["op"][()]]
-            rows += [{"op": o, "numel": int(d), "median_s": float(s)} for o, d, s in zip(ops, f["numel"][()], f["median_s"][()], strict=True)]
+            rows += [
+                {"op": o, "numel": int(d), "median_s": float(s)}
+                for o, d, s in zip(ops, f["numel"][()], f["median_s"][()], strict=True)
+            ]
     return world, rows
 
 
 def _print_table(lines: list[dict], world_size: int, triad: dict | None, copies: int) -> None:
-    print(f"# {world_size} ranks; float32; bytes moved = read + written, write-allocate not counted; MPI transfer = {copies} cop{'ies' if copies == 2 else 'y'}")
+    print(
+        f"# {world_size} ranks; float32; bytes moved = read + written, write-allocate not "
+        f"counted; MPI transfer = {copies} cop{'ies' if copies == 2 else 'y'}"
+    )
     if triad is not None:
-        print(f"# triad ({triad['ranks']} ranks, {triad['array_mib']:.0f} MiB arrays, best of {triad['reps']}): "
-              f"aggregate {triad['aggregate_gbs']:.1f} GB/s, one rank alone {triad['single_rank_gbs']:.1f} GB/s")
-    head = f"{'case':38s} {'float32s':>10s} {'measured ms':>12s} {'model GB':>9s} {'max/rank GB':>11s}"
+        print(
+            f"# triad ({triad['ranks']} ranks, {triad['array_mib']:.0f} MiB arrays, best "
+            f"of {triad['reps']}): "
+            f"aggregate {triad['aggregate_gbs']:.1f} GB/s, one rank alone "
+            f"{triad['single_rank_gbs']:.1f} GB/s"
+        )
+    head = (
+        f"{'case':38s} {'float32s':>10s} {'measured ms':>12s} {'model GB':>9s} {'max/rank GB':>11s}"
+    )
     if triad is not None:
         head += f" {'limit ms':>9s} {'bound':>9s} {'ratio':>6s} {'GB/s':>7s}"
     print(head)
     for x in lines:
         ms = "" if x["measured_ms"] is None else f"{x['measured_ms']:.3f}"
-        row = f"{x['op']:38s} {x['numel']:>10d} {ms:>12s} {x['model_gb']:>9.4f} {x['max_rank_gb']:>11.4f}"
+        row = (
+            f"{x['op']:38s} {x['numel']:>10d} {ms:>12s} {x['model_gb']:>9.4f} "
+            f"{x['max_rank_gb']:>11.4f}"
+        )
         if triad is not None:
             ratio = "" if x["ratio"] is None else f"{x['ratio']:.2f}x"
             gbs = "" if x.get("achieved_gbs") is None else f"{x['achieved_gbs']:.1f}"
@@ -320,7 +359,10 @@ def _model(args, p: argparse.ArgumentParser) -> int:
             triad_result = json.loads(args.triad.read_text())
             float(triad_result["aggregate_gbs"]), float(triad_result["single_rank_gbs"])
         except (OSError, ValueError, KeyError, TypeError) as e:
-            p.error(f"--triad {str(args.triad)!r} is not a triad result of `benchmarks.membw triad`: {e}")
+            p.error(
+                f"--triad {str(args.triad)!r} is not a triad result of `benchmarks.membw "
+                f"triad`: {e}"
+            )
     if args.comm:
         world, rows = _read_comm(args.comm, p)
         if args.ranks is not None and args.ranks != world:
@@ -338,7 +380,12 @@ def _model(args, p: argparse.ArgumentParser) -> int:
         p.error(f"--ranks must be >= 1, got {world}")
     lines = table(rows, world, triad_result, args.copies)
     if args.json:
-        print(json.dumps({"world_size": world, "copies": args.copies, "triad": triad_result, "cases": lines}, indent=1))
+        print(
+            json.dumps(
+                {"world_size": world, "copies": args.copies, "triad": triad_result, "cases": lines},
+                indent=1,
+            )
+        )
     else:
         _print_table(lines, world, triad_result, args.copies)
     return 0
@@ -352,11 +399,19 @@ def _triad(args, p: argparse.ArgumentParser) -> int:
     elements = max(1, int(args.mib * 2**20) // FLOAT32)
     comm = mpi_communicator()
     if comm.rank == 0:
-        print(f"# triad a = b + s*c: {comm.world_size} ranks x 3 arrays x {elements} float32 ({args.mib:g} MiB each), best of {args.reps}", flush=True)
+        print(
+            f"# triad a = b + s*c: {comm.world_size} ranks x 3 arrays x {elements} "
+            f"float32 ({args.mib:g} MiB each), best of {args.reps}",
+            flush=True,
+        )
     result = triad(comm, elements, args.reps)
     if comm.rank == 0:
-        print(f"# aggregate {result['aggregate_gbs']:.1f} GB/s ({comm.world_size} ranks at once), one rank alone "
-              f"{result['single_rank_gbs']:.1f} GB/s; 12 bytes per element, write-allocate not counted")
+        print(
+            f"# aggregate {result['aggregate_gbs']:.1f} GB/s ({comm.world_size} ranks at "
+            "once), one rank alone "
+            f"{result['single_rank_gbs']:.1f} GB/s; 12 bytes per element, write-allocate "
+            "not counted"
+        )
         if args.out is not None:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(result, indent=1) + "\n")
@@ -366,19 +421,41 @@ def _triad(args, p: argparse.ArgumentParser) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = UsageParser(prog="python -m benchmarks.membw", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("triad", help="measure the node's memory bandwidth (run under mpirun, one rank per core)")
+    t = sub.add_parser(
+        "triad", help="measure the node's memory bandwidth (run under mpirun, one rank per core)"
+    )
     # 128: 3 x 128 MiB per rank is beyond a 300 MiB L3 even for one rank alone; with 64 MiB arrays,
     # 16 ranks measured ~20% less than with 128 or 256 on an H100 node (16 cores, 300 MiB L3)
-    t.add_argument("--mib", type=float, default=128.0, help="MiB per array per rank (default 128: 3 arrays, beyond cache)")
+    t.add_argument(
+        "--mib",
+        type=float,
+        default=128.0,
+        help="MiB per array per rank (default 128: 3 arrays, beyond cache)",
+    )
     t.add_argument("--reps", type=int, default=10, help="repetitions; the best counts (default 10)")
     t.add_argument("--out", type=Path, help="JSON file for the result")
-    m = sub.add_parser("model", help="bytes moved per benchmarks.comm case, and the memory-bound limit")
+    m = sub.add_parser(
+        "model", help="bytes moved per benchmarks.comm case, and the memory-bound limit"
+    )
     m.add_argument("--ranks", type=int, help="world size (default: the --comm results')")
-    m.add_argument("--numel", type=int, help="float32 elements (default: every size in the --comm results)")
+    m.add_argument(
+        "--numel", type=int, help="float32 elements (default: every size in the --comm results)"
+    )
     m.add_argument("--triad", type=Path, help="JSON of `benchmarks.membw triad --out`")
-    m.add_argument("--comm", type=Path, nargs="+", help="HDF5 results of `benchmarks.comm --out` (one world size)")
-    m.add_argument("--copies", type=int, choices=COPY_MODELS, default=2,
-                   help="memory copies per MPI transfer counted (default 2: through a shared buffer; 1: single copy, or a shared buffer in cache)")
+    m.add_argument(
+        "--comm",
+        type=Path,
+        nargs="+",
+        help="HDF5 results of `benchmarks.comm --out` (one world size)",
+    )
+    m.add_argument(
+        "--copies",
+        type=int,
+        choices=COPY_MODELS,
+        default=2,
+        help="memory copies per MPI transfer counted (default 2: through a shared buffer; 1: "
+        "single copy, or a shared buffer in cache)",
+    )
     m.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = p.parse_args(argv)
     if args.command == "triad":

@@ -1,7 +1,9 @@
 """Does an MPI transfer progress while the rank computes? The question behind RelaySum's pipelining.
 
-    mpirun -n 16 python -m benchmarks.overlap_probe          # pairs r <-> r^1, 9.2M float32 each way
-    MPIR_CVAR_ASYNC_PROGRESS=1 mpirun -n 8 python -m benchmarks.overlap_probe   # MPICH progress thread
+    mpirun -n 16 python -m benchmarks.overlap_probe          # pairs r <-> r^1, 9.2M float32 each
+    way
+    MPIR_CVAR_ASYNC_PROGRESS=1 mpirun -n 8 python -m benchmarks.overlap_probe   # MPICH progress
+    thread
 
 Prints, for the slowest rank (median of repetitions): the transfer alone, three elementwise
 passes alone, both one after the other, both with the transfer posted first and no MPI call
@@ -25,12 +27,23 @@ from relaympi.comm.base import PROGRESS_INTERVAL_S
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.overlap_probe", description=__doc__.splitlines()[0])
-    p.add_argument("--numel", type=int, default=9_225_610, help="float32 elements sent each way (VGG-11's)")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.overlap_probe", description=__doc__.splitlines()[0]
+    )
+    p.add_argument(
+        "--numel", type=int, default=9_225_610, help="float32 elements sent each way (VGG-11's)"
+    )
     p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--pieces", type=int, default=32, help="Testall calls during the passes, for 'poked'")
-    p.add_argument("--interval", type=float, default=1e3 * PROGRESS_INTERVAL_S, help=f"the progress thread's poll period in ms, for "
-                   f"'threaded' (default {1e3 * PROGRESS_INTERVAL_S:g}: --progress-thread's)")
+    p.add_argument(
+        "--pieces", type=int, default=32, help="Testall calls during the passes, for 'poked'"
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=1e3 * PROGRESS_INTERVAL_S,
+        help=f"the progress thread's poll period in ms, for "
+        f"'threaded' (default {1e3 * PROGRESS_INTERVAL_S:g}: --progress-thread's)",
+    )
     args = p.parse_args(argv)
     from mpi4py import MPI
 
@@ -38,7 +51,10 @@ def main(argv: list[str] | None = None) -> int:
 
     comm = MPI.COMM_WORLD
     if comm.size < 2 or comm.size % 2:
-        print("error: run under mpirun with an even number of ranks, e.g. mpirun -n 2", file=sys.stderr)
+        print(
+            "error: run under mpirun with an even number of ranks, e.g. mpirun -n 2",
+            file=sys.stderr,
+        )
         return 2
     torch.set_num_threads(1)
     peer, n = comm.rank ^ 1, args.numel
@@ -72,9 +88,15 @@ def main(argv: list[str] | None = None) -> int:
         passes(pieces, requests if poke else None, iprobe)
         MPI.Request.Waitall(requests)
 
-    thread = ProgressThread(comm.Dup(), args.interval * 1e-3) if MPI.Query_thread() == MPI.THREAD_MULTIPLE else None
+    thread = (
+        ProgressThread(comm.Dup(), args.interval * 1e-3)
+        if MPI.Query_thread() == MPI.THREAD_MULTIPLE
+        else None
+    )
 
-    def threaded() -> None:  # the transfer posted, then the passes with the thread polling (no MPI call from the rank)
+    def threaded() -> (
+        None
+    ):  # the transfer posted, then the passes with the thread polling (no MPI call from the rank)
         requests = post()
         with thread.running():
             passes()
@@ -97,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         figures["passes+thread"] = timed(passes_with_thread)
         thread.close()
     if comm.rank == 0:
-        print(f"ranks {comm.size}: " + "  ".join(f"{name} {ms:.1f} ms" for name, ms in figures.items()))
+        print(
+            f"ranks {comm.size}: "
+            + "  ".join(f"{name} {ms:.1f} ms" for name, ms in figures.items())
+        )
     return 0
 
 

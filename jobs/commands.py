@@ -28,9 +28,14 @@ from relaympi.engines import BACKENDS  # RELAYMPI_BACKEND: relaympi.train's --ba
 from relaympi.engines import check as engine_check
 from relaympi.training.plan import resolve
 
-ROOT = Path(__file__).resolve().parent.parent  # the checkout: the default results folder, the trainer's PYTHONPATH
+ROOT = (
+    Path(__file__).resolve().parent.parent
+)  # the checkout: the default results folder, the trainer's PYTHONPATH
 LAUNCHERS = ("srun", "mpirun", "local")
-_INPUT_FLAGS = {"RELAYMPI_DATA_DIR": ("--data-dir", "data"), "RELAYMPI_MODEL_DIR": ("--model-dir", "a model")}
+_INPUT_FLAGS = {
+    "RELAYMPI_DATA_DIR": ("--data-dir", "data"),
+    "RELAYMPI_MODEL_DIR": ("--model-dir", "a model"),
+}
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,9 @@ class Job:
     config: RunConfig  # out, checkpoint_dir, data and model folders, backend included
     world_size: int
     command: list[str]
-    unset: tuple[str, ...] = ()  # RELAYMPI_DATA_DIR / _MODEL_DIR that the sweep needs and nothing gives
+    unset: tuple[
+        str, ...
+    ] = ()  # RELAYMPI_DATA_DIR / _MODEL_DIR that the sweep needs and nothing gives
 
     @property
     def out(self) -> Path:
@@ -61,7 +68,8 @@ class Job:
 
 
 def config_path(out: Path) -> Path:
-    """The --config JSON of the run file ``out``: beside it, NAME.json (written when the job starts)."""
+    """The --config JSON of the run file ``out``: beside it, NAME.json (written when the job
+    starts)."""
     return out.with_suffix(".json")
 
 
@@ -88,12 +96,15 @@ def launcher(settings: JobSettings) -> str:
 
 
 def backend(settings: JobSettings) -> str:
-    """The trainer's backend: RELAYMPI_BACKEND, else local under RELAYMPI_LAUNCHER=local, else mpi."""
+    """The trainer's backend: RELAYMPI_BACKEND, else local under RELAYMPI_LAUNCHER=local, else
+    mpi."""
     name = settings.get("RELAYMPI_BACKEND") or ("local" if launcher(settings) == "local" else "mpi")
     if name not in BACKENDS:
         raise JobsError(f"RELAYMPI_BACKEND must be {', '.join(BACKENDS)}, got {name!r}")
     if name == "mpi" and launcher(settings) == "local":
-        raise JobsError("RELAYMPI_BACKEND=mpi runs one process per worker: use RELAYMPI_LAUNCHER srun or mpirun")
+        raise JobsError(
+            "RELAYMPI_BACKEND=mpi runs one process per worker: use RELAYMPI_LAUNCHER srun or mpirun"
+        )
     return name
 
 
@@ -103,11 +114,14 @@ def one_process(settings: JobSettings) -> bool:
 
 
 def device(settings: JobSettings) -> str | None:
-    """RELAYMPI_DEVICE; the batched backend runs each configuration on one GPU unless it says otherwise."""
+    """RELAYMPI_DEVICE; the batched backend runs each configuration on one GPU unless it says
+    otherwise."""
     return settings.get("RELAYMPI_DEVICE") or ("cuda" if backend(settings) == "batched" else None)
 
 
-def data_dirs(task: str, sweep_name: str, settings: JobSettings) -> list[tuple[str, Path | None, str | None, str]]:
+def data_dirs(
+    task: str, sweep_name: str, settings: JobSettings
+) -> list[tuple[str, Path | None, str | None, str]]:
     """(RunConfig field, folder, data set, variable) for data_dir / model_dir: RELAYMPI_DATA_DIR /
     _MODEL_DIR if set, else the task's folder under the data root ($RELAYMPI_DATA, else
     ~/.cache/relaympi); folder None when the sweep needs one that nothing gives."""
@@ -121,13 +135,17 @@ def data_dirs(task: str, sweep_name: str, settings: JobSettings) -> list[tuple[s
         if value:
             result.append((field, Path(value).expanduser().absolute(), data_set, name))
         elif data_set:
-            result.append((field, data_root(settings.get("RELAYMPI_DATA")) / data_set, data_set, name))
+            result.append(
+                (field, data_root(settings.get("RELAYMPI_DATA")) / data_set, data_set, name)
+            )
         elif needed:
             result.append((field, None, None, name))
     return result
 
 
-def data_problems(selected: Sequence[Job], sweep_name: str, settings: JobSettings, hashes: bool) -> list[str]:
+def data_problems(
+    selected: Sequence[Job], sweep_name: str, settings: JobSettings, hashes: bool
+) -> list[str]:
     """What is wrong with the data the ``selected`` jobs read ([] when all of it is verified)."""
     needs = [
         (data_set, path)
@@ -135,27 +153,48 @@ def data_problems(selected: Sequence[Job], sweep_name: str, settings: JobSetting
         for _, path, data_set, _ in data_dirs(job.config.task, sweep_name, settings)
         if data_set is not None and path is not None
     ]
-    return _data_problems(needs, hashes=hashes, allow_unverified=settings.flag("RELAYMPI_ALLOW_UNVERIFIED_DATA"))
+    return _data_problems(
+        needs, hashes=hashes, allow_unverified=settings.flag("RELAYMPI_ALLOW_UNVERIFIED_DATA")
+    )
 
 
 def _trainer_args(config_file: Path, settings: JobSettings) -> list[str]:
-    """The trainer's command line: the config file, then the user's RELAYMPI_EXTRA_ARGS (which win)."""
+    """The trainer's command line: the config file, then the user's RELAYMPI_EXTRA_ARGS (which
+    win)."""
     return ["--config", str(config_file), *shlex.split(settings.get("RELAYMPI_EXTRA_ARGS", ""))]
 
 
 def command(world_size: int, config_file: Path, settings: JobSettings) -> list[str]:
     python = settings.get("RELAYMPI_PYTHON") or sys.executable
-    train = [python, "-m", settings.get("RELAYMPI_TRAIN_MODULE", "relaympi.train"), *_trainer_args(config_file, settings)]
+    train = [
+        python,
+        "-m",
+        settings.get("RELAYMPI_TRAIN_MODULE", "relaympi.train"),
+        *_trainer_args(config_file, settings),
+    ]
     name = launcher(settings)
     if one_process(settings):
         return train
     launcher_args = shlex.split(settings.get("RELAYMPI_LAUNCHER_ARGS", ""))
     if name == "srun":
         return ["srun", f"--ntasks={world_size}", *launcher_args, *train]
-    return [*shlex.split(settings.get("RELAYMPI_MPIRUN", "mpirun")), "-n", str(world_size), *launcher_args, *train]
+    return [
+        *shlex.split(settings.get("RELAYMPI_MPIRUN", "mpirun")),
+        "-n",
+        str(world_size),
+        *launcher_args,
+        *train,
+    ]
 
 
-def _job(index: int, point: GridPoint, sweep_name: str, settings: JobSettings, results: Path, checkpoints: Path) -> Job:
+def _job(
+    index: int,
+    point: GridPoint,
+    sweep_name: str,
+    settings: JobSettings,
+    results: Path,
+    checkpoints: Path,
+) -> Job:
     config, world_size = point
     name = run_name(config, world_size)
     dirs = data_dirs(config.task, sweep_name, settings)
@@ -170,7 +209,9 @@ def _job(index: int, point: GridPoint, sweep_name: str, settings: JobSettings, r
         **{field: path for field, path, _, _ in dirs if path is not None},
     )
     unset = tuple(variable for _, path, _, variable in dirs if path is None)
-    return Job(index, config, world_size, command(world_size, config_path(config.out), settings), unset)
+    return Job(
+        index, config, world_size, command(world_size, config_path(config.out), settings), unset
+    )
 
 
 def jobs(sweep_name: str, settings: JobSettings) -> list[Job]:
@@ -186,7 +227,8 @@ def check_job(job: Job, settings: JobSettings, scratch: Path) -> str | None:
     """Why the trainer would refuse this job (None when it accepts it).
 
     The trainer's own path: its parser reads the job's --config JSON (written to ``scratch``) and
-    the user's extra flags, then ``relaympi.training.plan.resolve`` and the engine's check; so a typo in RELAYMPI_ALGOS or
+    the user's extra flags, then ``relaympi.training.plan.resolve`` and the engine's check; so a
+    typo in RELAYMPI_ALGOS or
     RELAYMPI_EXTRA_ARGS, an algorithm on a topology it cannot use, or a missing data directory is
     found before anything is submitted.
     """
@@ -196,7 +238,11 @@ def check_job(job: Job, settings: JobSettings, scratch: Path) -> str | None:
     # a folder not fetched yet is left to data_problems (it prints the fetch command); the run
     # file's folder is made when the job starts: check against an existing one
     folders = {field: getattr(job.config, field) for field in ("data_dir", "model_dir")}
-    absent = {field: None for field, folder in folders.items() if folder is not None and not folder.is_dir()}
+    absent = {
+        field: None
+        for field, folder in folders.items()
+        if folder is not None and not folder.is_dir()
+    }
     config = replace(job.config, out=scratch / f"{job.name}.h5", **absent)
     config_file = scratch / f"{job.name}.json"
     config_file.write_text(config_json(config), encoding="utf-8")
@@ -204,7 +250,9 @@ def check_job(job: Job, settings: JobSettings, scratch: Path) -> str | None:
     try:
         with contextlib.redirect_stderr(messages), contextlib.redirect_stdout(messages):
             cfg = parse_args(_trainer_args(config_file, settings))
-        engine_check(resolve(cfg, job.world_size))  # what the job's engine refuses, without loading it for others
+        engine_check(
+            resolve(cfg, job.world_size)
+        )  # what the job's engine refuses, without loading it for others
     except ConfigError as error:
         return str(error)
     except SystemExit:  # argparse: an unknown flag or value in RELAYMPI_EXTRA_ARGS

@@ -1,11 +1,13 @@
 """The sweeps' command line: list, count, plan and run the configurations of a sweep.
 
-    python -m jobs.grid list SWEEP            # every configuration, its run file's status and command
+    python -m jobs.grid list SWEEP            # every configuration, its run file's status and
+    command
     python -m jobs.grid count SWEEP           # number of configurations (array size)
     python -m jobs.grid plan SWEEP [--all]    # sbatch array groups for jobs/submit.sh
     python -m jobs.grid run SWEEP [--index I] # run configuration I (default: $SLURM_ARRAY_TASK_ID)
     python -m jobs.grid config SWEEP --index I  # the --config JSON configuration I runs with
-    python -m jobs.grid scripts [--check]     # write jobs/sweep_*.sh from the grids (--check: compare)
+    python -m jobs.grid scripts [--check]     # write jobs/sweep_*.sh from the grids (--check:
+    compare)
 
 From the checkout (or with it on PYTHONPATH, as jobs/lib.sh sets it). Settings come from
 RELAYMPI_* environment variables, then from the KEY=VALUE file named by RELAYMPI_JOBS_CONFIG;
@@ -48,14 +50,23 @@ def _header(sweep_name: str, all_jobs: Sequence[Job]) -> list[str]:
 
     def values(field: str) -> str:
         seen = list(dict.fromkeys(f[field] for f in fields))
-        return " ".join("default" if v is None else f"{v:g}" if isinstance(v, float) else str(v) for v in seen)
+        return " ".join(
+            "default" if v is None else f"{v:g}" if isinstance(v, float) else str(v) for v in seen
+        )
 
     tasks, workers = values("task"), values("world_size")
     paper = defaults.task == tasks and " ".join(map(str, defaults.workers)) == workers
-    lines = [f"{sweep_name}: {defaults.description}" if paper else f"{sweep_name}: the grid of '{defaults.description}', here on task {tasks} with {workers} workers"]
+    lines = [
+        f"{sweep_name}: {defaults.description}"
+        if paper
+        else f"{sweep_name}: the grid of '{defaults.description}', here on task {tasks} with "
+        f"{workers} workers"
+    ]
     lines.append(
-        f"this grid: task {tasks}; workers {workers}; algorithms {values('algo')}; alpha {values('alpha')}; "
-        f"momentum {values('momentum')}; lr {values('lr')}; drop probability {values('drop_prob')}; seeds {values('seed')}"
+        f"this grid: task {tasks}; workers {workers}; algorithms {values('algo')}; alpha "
+        f"{values('alpha')}; "
+        f"momentum {values('momentum')}; lr {values('lr')}; drop probability "
+        f"{values('drop_prob')}; seeds {values('seed')}"
     )
     return lines
 
@@ -71,7 +82,11 @@ def cmd_list(sweep_name: str, settings: JobSettings) -> int:
     for job in all_jobs:
         status = run_status(job.out)
         counts[status] = counts.get(status, 0) + 1
-        fields = " ".join(f"{k}={v}" for k, v in listed_fields((job.config, job.world_size)).items() if v is not None)
+        fields = " ".join(
+            f"{k}={v}"
+            for k, v in listed_fields((job.config, job.world_size)).items()
+            if v is not None
+        )
         print(f"[{job.index}] {status:9s} {fields}")
         print(f"    {shlex.join(job.command)}")
     print("status: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
@@ -80,7 +95,12 @@ def cmd_list(sweep_name: str, settings: JobSettings) -> int:
 
 
 def refusals(
-    all_jobs: Sequence[Job], selected: Sequence[Job], sweep_name: str, settings: JobSettings, *, dry_run: bool
+    all_jobs: Sequence[Job],
+    selected: Sequence[Job],
+    sweep_name: str,
+    settings: JobSettings,
+    *,
+    dry_run: bool,
 ) -> int:
     """What jobs/submit.sh refuses, on stderr; one code path for a submission, its --dry-run and a
     listing (DRY_RUN=1), so all three say the same. Returns 2 when a configuration would be
@@ -91,14 +111,18 @@ def refusals(
     if problems:
         for problem in problems:
             print(f"jobs/grid.py: error: {problem}", file=sys.stderr)
-        print(f"jobs/grid.py: {sweep_name}: nothing submitted (check the settings: jobs/README.md)", file=sys.stderr)
+        print(
+            f"jobs/grid.py: {sweep_name}: nothing submitted (check the settings: jobs/README.md)",
+            file=sys.stderr,
+        )
         return 2
     problems = data_problems(selected, sweep_name, settings, hashes=True)
     if problems:
         message = (
             f"{sweep_name}: the data its jobs read is not present and verified:\n  "
             + "\n  ".join(problems)
-            + "\n(data put there by hand, complete but without a manifest: RELAYMPI_ALLOW_UNVERIFIED_DATA=1)"
+            + "\n(data put there by hand, complete but without a manifest: "
+            "RELAYMPI_ALLOW_UNVERIFIED_DATA=1)"
         )
         if not dry_run:
             raise JobsError(message)
@@ -122,7 +146,9 @@ def array_spec(indices: Sequence[int]) -> str:
     return ",".join(parts)
 
 
-def cmd_plan(sweep_name: str, settings: JobSettings, include_finished: bool, dry_run: bool = False) -> int:
+def cmd_plan(
+    sweep_name: str, settings: JobSettings, include_finished: bool, dry_run: bool = False
+) -> int:
     """Lines 'group<TAB>NTASKS<TAB>ARRAY<TAB>COUNT' (one per task count), 'sbatch<TAB>OPTION' for
     options the jobs need (a GPU for the batched backend), then 'logs<TAB>DIR'.
 
@@ -143,7 +169,11 @@ def cmd_plan(sweep_name: str, settings: JobSettings, include_finished: bool, dry
         return 2
     for ntasks, indices in sorted(groups.items()):
         print(f"group\t{ntasks}\t{array_spec(indices)}\t{len(indices)}")
-    if backend(settings) == "batched" and device(settings) == "cuda" and not settings.get("RELAYMPI_GPUS_PER_NODE"):
+    if (
+        backend(settings) == "batched"
+        and device(settings) == "cuda"
+        and not settings.get("RELAYMPI_GPUS_PER_NODE")
+    ):
         print("sbatch\t--gpus-per-node=1")  # every worker of a configuration on one GPU
     print(f"finished\t{finished}")
     print(f"logs\t{results_dir(settings) / 'logs'}")
@@ -154,7 +184,9 @@ def cmd_config(sweep_name: str, settings: JobSettings, index: int) -> int:
     """Print the --config JSON that configuration ``index`` runs with (written when it starts)."""
     all_jobs = jobs(sweep_name, settings)
     if not 0 <= index < len(all_jobs):
-        raise JobsError(f"{sweep_name}: index {index} is outside the grid of {len(all_jobs)} configurations")
+        raise JobsError(
+            f"{sweep_name}: index {index} is outside the grid of {len(all_jobs)} configurations"
+        )
     sys.stdout.write(config_json(all_jobs[index].config))
     return 0
 
@@ -173,34 +205,51 @@ def cmd_scripts(check: bool) -> int:
             path.write_text(text, encoding="utf-8")
             path.chmod(0o755)
     for path in stale:
-        print(f"{path}: {'differs from its grid' if check else 'written'}", file=sys.stderr if check else sys.stdout)
+        print(
+            f"{path}: {'differs from its grid' if check else 'written'}",
+            file=sys.stderr if check else sys.stdout,
+        )
     return 1 if check and stale else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="jobs/grid.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="jobs/grid.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("list", "count", "plan", "run", "config"):
         p = sub.add_parser(name)
         p.add_argument("sweep", choices=sorted(SWEEPS))
         if name == "plan":
             p.add_argument("--all", action="store_true", help="include finished configurations")
-            p.add_argument("--dry-run", action="store_true", help="warn about missing data instead of refusing")
+            p.add_argument(
+                "--dry-run", action="store_true", help="warn about missing data instead of refusing"
+            )
         if name == "run":
-            p.add_argument("--index", type=int, help="configuration to run (default: $SLURM_ARRAY_TASK_ID)")
-            p.add_argument("--dry-run", action="store_true", help="list every configuration instead")
+            p.add_argument(
+                "--index", type=int, help="configuration to run (default: $SLURM_ARRAY_TASK_ID)"
+            )
+            p.add_argument(
+                "--dry-run", action="store_true", help="list every configuration instead"
+            )
         if name == "config":
             p.add_argument("--index", type=int, required=True, help="the configuration")
     sub.add_parser("sweeps")
     scripts = sub.add_parser("scripts", help="write jobs/sweep_*.sh from the grids")
-    scripts.add_argument("--check", action="store_true", help="write nothing; exit 1 naming the scripts that differ")
+    scripts.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 naming the scripts that differ"
+    )
     sub.add_parser("show-config", help="print the effective RELAYMPI_* settings as JSON")
     args = parser.parse_args(argv)
     try:
         settings = JobSettings()
         if args.command == "sweeps":
             for name, defaults in SWEEPS.items():
-                print(f"{name}\t{len(configurations(name, JobSettings({})))}\t{defaults.description}")
+                print(
+                    f"{name}\t{len(configurations(name, JobSettings({})))}\t{defaults.description}"
+                )
             return 0
         if args.command == "scripts":
             return cmd_scripts(args.check)
@@ -214,7 +263,11 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_plan(args.sweep, settings, args.all, args.dry_run)
         if args.command == "config":
             return cmd_config(args.sweep, settings, args.index)
-        if args.command == "list" or args.dry_run or os.environ.get("DRY_RUN", "0") not in ("", "0"):
+        if (
+            args.command == "list"
+            or args.dry_run
+            or os.environ.get("DRY_RUN", "0") not in ("", "0")
+        ):
             return cmd_list(args.sweep, settings)
         return cmd_run(args.sweep, settings, args.index)
     except JobsError as error:

@@ -51,8 +51,10 @@ def cmd_run(sweep_name: str, settings: JobSettings, index: int | None) -> int:
             count = len(configurations(sweep_name, settings))
             print(
                 f"{sweep_name}: no configuration chosen. Submit the array with "
-                f"'bash jobs/submit.sh {sweep_name}' (or 'sbatch --array=0-{count - 1} jobs/{sweep_name}.sh'), "
-                f"run one configuration here with '--index I', or list them with DRY_RUN=1 / --dry-run.",
+                f"'bash jobs/submit.sh {sweep_name}' (or 'sbatch --array=0-{count - 1} "
+                f"jobs/{sweep_name}.sh'), "
+                "run one configuration here with '--index I', or list them with "
+                "DRY_RUN=1 / --dry-run.",
                 file=sys.stderr,
             )
             return 2
@@ -65,7 +67,8 @@ def cmd_run(sweep_name: str, settings: JobSettings, index: int | None) -> int:
         valid = f" (indices 0-{len(all_jobs) - 1})" if all_jobs else ""
         raise JobsError(
             f"{sweep_name}: {source} is outside the grid of {len(all_jobs)} configurations{valid}; "
-            f"list them with DRY_RUN=1, or submit with 'bash jobs/submit.sh {sweep_name}', which sizes the array"
+            "list them with DRY_RUN=1, or submit with 'bash jobs/submit.sh "
+            f"{sweep_name}', which sizes the array"
         )
     job = all_jobs[index]
     status = run_status(job.out)
@@ -75,20 +78,29 @@ def cmd_run(sweep_name: str, settings: JobSettings, index: int | None) -> int:
         return 0
     if job.unset:
         raise JobsError(f"{sweep_name} needs RELAYMPI_DATA_DIR (and RELAYMPI_MODEL_DIR for agnews)")
-    missing = [p for p in data_problems([job], sweep_name, settings, hashes=False) if ": missing (" in p or ": incomplete (" in p]
+    missing = [
+        p
+        for p in data_problems([job], sweep_name, settings, hashes=False)
+        if ": missing (" in p or ": incomplete (" in p
+    ]
     if missing:  # a cheap look (no checksums) before a whole allocation starts to fail
         raise JobsError(f"{label}: data not there:\n  " + "\n  ".join(missing))
     if status in ("missing", "corrupt") and job.checkpoint_dir.exists():
-        # The checkpoint belongs to a run file that is gone: start afresh rather than resume into nothing.
+        # The checkpoint belongs to a run file that is gone: start afresh rather than resume into
+        # nothing.
         _log(f"{label}: run file {status}; removing its stale checkpoint {job.checkpoint_dir}")
         shutil.rmtree(job.checkpoint_dir)
     job.out.parent.mkdir(parents=True, exist_ok=True)
     job.checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
     write_config(job)
     command_line = list(job.command)
-    if status in FINISHED_STATUSES or status == "corrupt":  # RELAYMPI_FORCE=1; or a damaged run file (never another kind of file)
+    if (
+        status in FINISHED_STATUSES or status == "corrupt"
+    ):  # RELAYMPI_FORCE=1; or a damaged run file (never another kind of file)
         command_line.append("--overwrite")
-    _log(f"{label}: run file {status}; {'resuming' if status in RESUMABLE_STATUSES else 'starting'}")
+    _log(
+        f"{label}: run file {status}; {'resuming' if status in RESUMABLE_STATUSES else 'starting'}"
+    )
     _log(f"command: {shlex.join(command_line)}")
     forwarder = _Forwarder()
     signal.signal(signal.SIGTERM, forwarder)

@@ -17,16 +17,20 @@ CONFIG_VARIABLE = "RELAYMPI_JOBS_CONFIG"
 
 
 class JobsError(ValueError):
-    """A bad setting, or a sweep that cannot run as set (the message names the variable and value)."""
+    """A bad setting, or a sweep that cannot run as set (the message names the variable and
+    value)."""
 
 
 def parse_config_file(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines; '#' starts a comment line; 'export ' and matching outer quotes are dropped."""
+    """KEY=VALUE lines; '#' starts a comment line; 'export ' and matching outer quotes are
+    dropped."""
     values: dict[str, str] = {}
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as error:
-        raise JobsError(f"{CONFIG_VARIABLE}={path}: cannot read ({error.strerror or error})") from None
+        raise JobsError(
+            f"{CONFIG_VARIABLE}={path}: cannot read ({error.strerror or error})"
+        ) from None
     for number, raw in enumerate(lines, 1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -52,7 +56,9 @@ class JobSettings:
         config = environ.get(CONFIG_VARIABLE)
         if config:
             self.values.update(parse_config_file(Path(config)))
-        self.values.update({k: v for k, v in environ.items() if k.startswith("RELAYMPI_") and v != ""})
+        self.values.update(
+            {k: v for k, v in environ.items() if k.startswith("RELAYMPI_") and v != ""}
+        )
 
     def get(self, name: str, default: str | None = None) -> str | None:
         value = self.values.get(name, "")
@@ -65,7 +71,9 @@ class JobSettings:
         try:
             return tuple(convert(item) for item in value.replace(",", " ").split())
         except ValueError:
-            raise JobsError(f"{name}={value!r}: expecting a list of {convert.__name__} values") from None
+            raise JobsError(
+                f"{name}={value!r}: expecting a list of {convert.__name__} values"
+            ) from None
 
     def number(self, name: str, convert: Callable[[str], object], default: object = None) -> object:
         value = self.get(name)

@@ -1,4 +1,5 @@
-"""The paper's sweeps and their grids: each point is the trainer's own ``RunConfig`` and a world size."""
+"""The paper's sweeps and their grids: each point is the trainer's own ``RunConfig`` and a world
+size."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ GridPoint = tuple[RunConfig, int]
 
 @dataclass(frozen=True)
 class Sweep:
-    """A sweep's defaults; every list can be overridden by the RELAYMPI_* variable named in jobs/README.md."""
+    """A sweep's defaults; every list can be overridden by the RELAYMPI_* variable named in
+    jobs/README.md."""
 
     description: str
     task: str
@@ -67,7 +69,8 @@ SWEEPS = {
     ),
     "sweep_lr": replace(  # sweep_alpha's grid, each cell at lr = centre * 2^k
         _ALPHA,
-        description="Learning-rate grid search, lr = centre * 2^k (paper appendix 'Hyper-parameters and tuning')",
+        description="Learning-rate grid search, lr = centre * 2^k "
+        "(paper appendix 'Hyper-parameters and tuning')",
         lr_exponents=(-2, -1, 0, 1, 2),
     ),
     "sweep_drop": Sweep(
@@ -197,7 +200,12 @@ def takes_relay_mode(algo: str) -> bool:
 
 
 def _lrs(
-    sweep_name: str, settings: JobSettings, task: str, algo: str, momentum: float | None, alpha: float
+    sweep_name: str,
+    settings: JobSettings,
+    task: str,
+    algo: str,
+    momentum: float | None,
+    alpha: float,
 ) -> list[float | None]:
     fixed = settings.number("RELAYMPI_LR", float)
     if sweep_name != "sweep_lr":
@@ -205,7 +213,11 @@ def _lrs(
     explicit = settings.list("RELAYMPI_LRS", float, ())
     if explicit:
         return list(explicit)
-    centre = settings.number("RELAYMPI_LR_CENTER", float) or fixed or _paper_lr(task, algo, momentum, alpha)
+    centre = (
+        settings.number("RELAYMPI_LR_CENTER", float)
+        or fixed
+        or _paper_lr(task, algo, momentum, alpha)
+    )
     if centre is None:
         raise JobsError(
             f"sweep_lr: no learning-rate centre for task {task!r}, algo {algo!r}, alpha {alpha:g}: "
@@ -223,7 +235,11 @@ def _whole_grid(settings: JobSettings) -> dict[str, object]:
     """The RunConfig fields every point shares (training length, batch size, evaluation)."""
     if settings.get("RELAYMPI_EPOCHS") and settings.get("RELAYMPI_STEPS"):
         raise JobsError("set RELAYMPI_EPOCHS or RELAYMPI_STEPS, not both")
-    return {field: settings.number(name, convert) for name, field, convert in _WHOLE_GRID if settings.get(name)}
+    return {
+        field: settings.number(name, convert)
+        for name, field, convert in _WHOLE_GRID
+        if settings.get(name)
+    }
 
 
 def configurations(sweep_name: str, settings: JobSettings) -> list[GridPoint]:
@@ -245,7 +261,11 @@ def configurations(sweep_name: str, settings: JobSettings) -> list[GridPoint]:
     relay_mode = settings.get("RELAYMPI_RELAY_MODE")
     topologies = _topology_overrides(settings)
     shared = _whole_grid(settings)
-    for name, values in (("RELAYMPI_WORKERS", workers), ("RELAYMPI_ALGOS", algos), ("RELAYMPI_SEEDS", seeds)):
+    for name, values in (
+        ("RELAYMPI_WORKERS", workers),
+        ("RELAYMPI_ALGOS", algos),
+        ("RELAYMPI_SEEDS", seeds),
+    ):
         if not values:
             raise JobsError(f"{name} is empty")
     if any(n < 1 for n in workers):
@@ -256,7 +276,11 @@ def configurations(sweep_name: str, settings: JobSettings) -> list[GridPoint]:
             for entry in algos:
                 algo, topology = _parse_algo(entry, topologies)
                 for momentum in momenta:
-                    if algo in ALGORITHM_NAMES and get_algorithm_class(algo).needs_momentum and momentum == 0:  # quasi-global momentum
+                    if (
+                        algo in ALGORITHM_NAMES
+                        and get_algorithm_class(algo).needs_momentum
+                        and momentum == 0
+                    ):  # quasi-global momentum
                         continue
                     if paper_momenta and algo in PAPER_PLAIN_ONLY and momentum:
                         continue
@@ -325,6 +349,13 @@ def sweep_script(name: str) -> str:
     count = len(configurations(name, JobSettings({})))
     needs = " and pretrained model" if defaults.needs_model else ""
     needs = f"\n# Its data set{needs}: python -m relaympi.data fetch" if defaults.needs_data else ""
-    return _SCRIPT.format(name=name, short=name.removeprefix("sweep_"), last=count - 1,
-                          ntasks=max(defaults.workers), time=defaults.time, logs=SBATCH_LOGS,
-                          description=defaults.description, needs=needs)
+    return _SCRIPT.format(
+        name=name,
+        short=name.removeprefix("sweep_"),
+        last=count - 1,
+        ntasks=max(defaults.workers),
+        time=defaults.time,
+        logs=SBATCH_LOGS,
+        description=defaults.description,
+        needs=needs,
+    )

@@ -24,13 +24,29 @@ import numpy as np
 # the run file's datasets the costs read (inter_node_bytes_sent: the future per-worker
 # cumulative bytes sent to other nodes; no writer records it yet)
 COST_DATASETS = (
-    "step", "time_s", "time_compute_s", "time_comm_s", "time_sync_s", "time_eval_s",
-    "bytes_sent", "inter_node_bytes_sent", "test_accuracy",
+    "step",
+    "time_s",
+    "time_compute_s",
+    "time_comm_s",
+    "time_sync_s",
+    "time_eval_s",
+    "bytes_sent",
+    "inter_node_bytes_sent",
+    "test_accuracy",
 )
 # per-worker timers and the cost they measure (milliseconds per step)
 TIMERS = {"compute_ms": "time_compute_s", "comm_ms": "time_comm_s", "wait_ms": "time_sync_s"}
 # what makes two runs' times comparable (provenance keys); bytes compare across all of them
-HARDWARE_KEYS = ("engine", "device", "nodes", "ranks_per_node", "cpu_model", "gpu_model", "mpi_library", "emulated_link")
+HARDWARE_KEYS = (
+    "engine",
+    "device",
+    "nodes",
+    "ranks_per_node",
+    "cpu_model",
+    "gpu_model",
+    "mpi_library",
+    "emulated_link",
+)
 
 
 def _intervals(step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -72,7 +88,11 @@ def step_costs(data: Mapping[str, np.ndarray]) -> StepCosts | None:
     if "time_eval_s" in data:
         evaluation = _per_step(data["time_eval_s"], ends, steps)
         wall = wall - np.nanmax(evaluation.reshape(len(ends), -1), axis=1)
-    timers = {name: _per_step(data[key], ends, steps).reshape(len(ends), -1) * 1000 for name, key in TIMERS.items() if key in data}
+    timers = {
+        name: _per_step(data[key], ends, steps).reshape(len(ends), -1) * 1000
+        for name, key in TIMERS.items()
+        if key in data
+    }
 
     def total(name: str) -> np.ndarray | None:
         if name not in data:
@@ -128,7 +148,8 @@ def hardware(provenance: Mapping[str, Any], world_size: int | None = None) -> di
     """The provenance keys that decide whether two runs' times compare (HARDWARE_KEYS), each
     value or None where the file does not say. Files from before ``nodes`` was recorded: the
     node count is the number of distinct hosts, ranks per node world_size / nodes (MPI ranks, or
-    the local engine's in-process ranks), 1 for the batched engine (one process runs every worker)."""
+    the local engine's in-process ranks), 1 for the batched engine (one process runs every
+    worker)."""
     engine = provenance.get("transport_backend")
     nodes = provenance.get("nodes")
     per_node = provenance.get("ranks_per_node")
@@ -153,7 +174,8 @@ def hardware(provenance: Mapping[str, Any], world_size: int | None = None) -> di
 
 
 def _library_name(version: Any) -> str:
-    """An MPI library's name and version from its version string's first line ("MPICH Version: 5.0.2",
+    """An MPI library's name and version from its version string's first line ("MPICH Version:
+    5.0.2",
     "Open MPI v5.0.11")."""
     first = " ".join(str(version).strip().splitlines()[0].split())
     return first.split(", ")[0]

@@ -3,7 +3,8 @@
 Communication and algorithm state work on the flat vector; models and optimizers see the views.
 ``flatten_module`` moves a torch module's parameters and gradients into two flat buffers;
 ``padded_zeros`` makes a flat tensor with one spare element on each side (RelaySum's counters, so a
-leaf's message is a view, not a copy); ``FlatBuffer`` names views of one flat buffer of any array kind.
+leaf's message is a view, not a copy); ``FlatBuffer`` names views of one flat buffer of any array
+kind.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ class FlatBuffer:
         total = sum(sizes)
         length = flat.shape[0] if len(flat.shape) == 1 else -1
         if length != total:
-            raise BufferError(f"flat buffer must be 1-D with {total} elements, got shape {tuple(flat.shape)}")
+            raise BufferError(
+                f"flat buffer must be 1-D with {total} elements, got shape {tuple(flat.shape)}"
+            )
         check_transferable(flat, "flat buffer")
         self.flat = flat
         self.shapes = [tuple(s) for s in shapes]
@@ -84,12 +87,18 @@ def padded_zeros_like(like: Any) -> Any:
 
 
 def spare_slots(flat: Any) -> Any | None:
-    """The [numel + 2] tensor around ``flat`` if it came from padded_zeros (whole, 1-D), else None."""
+    """The [numel + 2] tensor around ``flat`` if it came from padded_zeros (whole, 1-D), else
+    None."""
     if array_kind(flat) != "torch" or flat.dim() != 1:
         return None
     ref = _PADDED.get(flat.untyped_storage().data_ptr())
     storage = ref() if ref is not None else None
-    if storage is None or flat.storage_offset() != 1 or storage.numel() != flat.numel() + 2 or storage.dtype != flat.dtype:
+    if (
+        storage is None
+        or flat.storage_offset() != 1
+        or storage.numel() != flat.numel() + 2
+        or storage.dtype != flat.dtype
+    ):
         return None
     return storage
 
@@ -109,9 +118,14 @@ def flatten_module(module: Any) -> tuple[Any, Any]:
     dtypes = {p.dtype for p in params}
     devices = {p.device for p in params}
     if len(dtypes) != 1 or len(devices) != 1:
-        raise BufferError(f"parameters must share one dtype and device, got {sorted(map(str, dtypes))} on {sorted(map(str, devices))}")
+        raise BufferError(
+            f"parameters must share one dtype and device, got {sorted(map(str, dtypes))} "
+            f"on {sorted(map(str, devices))}"
+        )
     total = sum(p.numel() for p in params)
-    flat = padded_zeros(total, dtype=params[0].dtype, device=params[0].device)  # spare slots: RelaySum counters
+    flat = padded_zeros(
+        total, dtype=params[0].dtype, device=params[0].device
+    )  # spare slots: RelaySum counters
     grad = torch.zeros_like(flat)
     offset = 0
     with torch.no_grad():

@@ -1,4 +1,5 @@
-"""What the launcher (mpirun, mpiexec, srun) tells a process through its environment, read in one place.
+"""What the launcher (mpirun, mpiexec, srun) tells a process through its environment, read in one
+place.
 
 Torch-free and MPI-free: it is read before MPI starts, so that a usage error is printed by rank 0
 alone and a `--backend local` run can tell it was started as one of several ranks. MPICH (Hydra)
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 
 # the first variable holding a number wins, in this order
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
-# MPI_LOCALNRANKS (node-local ranks, Hydra) last: more than one there means more than one rank in all
+# MPI_LOCALNRANKS (node-local ranks, Hydra) last: more than one there means more than one rank in
+# all
 SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
 LOCAL_RANK_VARIABLES = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
 LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_LOCAL_SIZE")
@@ -28,7 +30,8 @@ NODE_VARIABLES = ("SLURMD_NODENAME",)
 
 @dataclass(frozen=True)
 class Launch:
-    """This process's place in the job, as the launcher announced it (plain `python`: rank 0 of 1)."""
+    """This process's place in the job, as the launcher announced it (plain `python`: rank 0 of
+    1)."""
 
     launched: bool  # an MPI launcher started this process (mpirun -n 1 included)
     rank: int  # world rank (0 when none is announced)

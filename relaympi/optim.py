@@ -1,4 +1,5 @@
-"""Local base optimizers (all state local to a worker): SGD, Nesterov momentum in the paper's form, Adam."""
+"""Local base optimizers (all state local to a worker): SGD, Nesterov momentum in the paper's form,
+Adam."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.name!r}; choose one of {', '.join(OPTIMIZERS)}")
+            raise ValueError(
+                f"unknown optimizer {self.name!r}; choose one of {', '.join(OPTIMIZERS)}"
+            )
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.weight_decay < 0:
@@ -46,12 +49,16 @@ class LocalOptimizer:
 
     def __init__(self, config: OptimizerConfig, like: torch.Tensor):
         self.config = config
-        self.update_buffer = padded_zeros_like(like)  # spare slots: RelaySGD/Grad relays u without a copy
+        self.update_buffer = padded_zeros_like(
+            like
+        )  # spare slots: RelaySGD/Grad relays u without a copy
         self.numel = numel = like.numel()
         self._block = UPDATE_BLOCK if like.device.type == "cpu" else max(numel, 1)
         self._decayed: torch.Tensor | None = None  # one block of grad + weight_decay * x
 
-    def update(self, grad: torch.Tensor, x: torch.Tensor, lr: float, apply: bool = False) -> torch.Tensor:
+    def update(
+        self, grad: torch.Tensor, x: torch.Tensor, lr: float, apply: bool = False
+    ) -> torch.Tensor:
         """The update for this step (the returned tensor is reused next step); with ``apply``,
         also x += u in the same cache-blocked sweep. The same as ``begin_step()`` then
         ``update_range`` over [0, numel)."""
@@ -60,10 +67,14 @@ class LocalOptimizer:
         return self.update_buffer
 
     def begin_step(self) -> None:  # noqa: B027 - stateless across steps by default
-        """Start a step whose update comes range by range (``update_range``): per-step counters advance here."""
+        """Start a step whose update comes range by range (``update_range``): per-step counters
+        advance here."""
 
-    def update_range(self, grad: torch.Tensor, x: torch.Tensor, lr: float, lo: int, hi: int, apply: bool = False) -> None:
-        """u[lo:hi] (in ``update_buffer``) from grad[lo:hi], and with ``apply`` x[lo:hi] += u[lo:hi].
+    def update_range(
+        self, grad: torch.Tensor, x: torch.Tensor, lr: float, lo: int, hi: int, apply: bool = False
+    ) -> None:
+        """u[lo:hi] (in ``update_buffer``) from grad[lo:hi], and with ``apply`` x[lo:hi] +=
+        u[lo:hi].
 
         Every optimizer here is elementwise, so the bits of u do not depend on how a step's
         [0, numel) is cut into ranges, nor on their order: the overlapped and pipelined steps rely
@@ -76,7 +87,9 @@ class LocalOptimizer:
     def _blocks(self, lo: int, hi: int) -> list[slice]:
         return [slice(start, min(start + self._block, hi)) for start in range(lo, hi, self._block)]
 
-    def _update_block(self, grad: torch.Tensor, x: torch.Tensor, u: torch.Tensor, b: slice, lr: float) -> None:
+    def _update_block(
+        self, grad: torch.Tensor, x: torch.Tensor, u: torch.Tensor, b: slice, lr: float
+    ) -> None:
         raise NotImplementedError
 
     def _regularized(self, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -84,7 +97,9 @@ class LocalOptimizer:
         if not self.config.weight_decay:
             return grad
         if self._decayed is None:
-            self._decayed = torch.empty(min(self._block, self.numel), dtype=grad.dtype, device=grad.device)
+            self._decayed = torch.empty(
+                min(self._block, self.numel), dtype=grad.dtype, device=grad.device
+            )
         return torch.add(grad, x, alpha=self.config.weight_decay, out=self._decayed[: grad.numel()])
 
     def state_dict(self) -> dict[str, Any]:
@@ -95,13 +110,16 @@ class LocalOptimizer:
 
 
 class SGD(LocalOptimizer):
-    """Plain SGD, or momentum: m = beta m + g; u = -lr (g + beta m) (Nesterov, paper) or u = -lr m (heavy ball)."""
+    """Plain SGD, or momentum: m = beta m + g; u = -lr (g + beta m) (Nesterov, paper) or u = -lr m
+    (heavy ball)."""
 
     def __init__(self, config: OptimizerConfig, like: torch.Tensor):
         super().__init__(config, like)
         self.momentum_buffer = torch.zeros_like(like) if config.momentum > 0 else None
 
-    def _update_block(self, grad: torch.Tensor, x: torch.Tensor, u: torch.Tensor, b: slice, lr: float) -> None:
+    def _update_block(
+        self, grad: torch.Tensor, x: torch.Tensor, u: torch.Tensor, b: slice, lr: float
+    ) -> None:
         beta, nesterov = self.config.momentum, self.config.nesterov
         g = self._regularized(grad, x)
         if self.momentum_buffer is None:
@@ -135,7 +153,9 @@ class Adam(LocalOptimizer):
     def begin_step(self) -> None:
         self.steps += 1
 
-    def _update_block(self, grad: torch.Tensor, x: torch.Tensor, u: torch.Tensor, b: slice, lr: float) -> None:
+    def _update_block(
+        self, grad: torch.Tensor, x: torch.Tensor, u: torch.Tensor, b: slice, lr: float
+    ) -> None:
         g = self._regularized(grad, x)
         beta1, beta2 = self.config.betas
         exp_avg, exp_avg_sq = self.exp_avg[b], self.exp_avg_sq[b]
@@ -149,7 +169,11 @@ class Adam(LocalOptimizer):
         u.mul_(-lr / bias1)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "steps": torch.tensor(self.steps)}
+        return {
+            "exp_avg": self.exp_avg,
+            "exp_avg_sq": self.exp_avg_sq,
+            "steps": torch.tensor(self.steps),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.exp_avg.copy_(state["exp_avg"])

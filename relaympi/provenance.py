@@ -19,17 +19,37 @@ import relaympi
 from relaympi.costs import launch_shape
 from relaympi.threads import allowed_cpus
 
-# set by the emulated-cluster tool (cluster/local_cluster.sh): the shaped link rate its nodes run over
+# set by the emulated-cluster tool (cluster/local_cluster.sh): the shaped link rate its nodes run
+# over
 EMULATED_LINK_ENV = "RELAYMPI_EMULATED_LINK"
-_SLURM_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NAME", "SLURM_JOB_PARTITION", "SLURM_NNODES", "SLURM_NTASKS")
+_SLURM_VARS = (
+    "SLURM_JOB_ID",
+    "SLURM_ARRAY_JOB_ID",
+    "SLURM_ARRAY_TASK_ID",
+    "SLURM_JOB_NAME",
+    "SLURM_JOB_PARTITION",
+    "SLURM_NNODES",
+    "SLURM_NTASKS",
+)
 
 
 def git_commit() -> str:
     """The commit of the relaympi checkout (with '-dirty' for local changes), or 'unknown'."""
     root = Path(relaympi.__file__).resolve().parent.parent
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return commit + ("-dirty" if dirty else "")
@@ -58,8 +78,11 @@ def node_local_ranks(hosts: list[str]) -> list[int]:
     return local
 
 
-def collect(transport: dict[str, Any], hosts: list[str] | None = None, command: str | None = None) -> dict[str, Any]:
-    """Provenance of a run; `command` is the command that runs it again (default: this process's argv).
+def collect(
+    transport: dict[str, Any], hosts: list[str] | None = None, command: str | None = None
+) -> dict[str, Any]:
+    """Provenance of a run; `command` is the command that runs it again (default: this process's
+    argv).
 
     ``hosts`` is every rank's host name (rank 0 gathers them), one per process: with it, the
     launch shape is recorded as ``nodes`` and ``ranks_per_node``.
@@ -83,8 +106,12 @@ def collect(transport: dict[str, Any], hosts: list[str] | None = None, command: 
 
         info["torch"] = torch.__version__
         info["cuda"] = torch.version.cuda or "none"
-        info["torch_threads"] = torch.get_num_threads()  # what relaympi.threads' rule or --threads chose
-        if torch.cuda.is_initialized():  # only a run on a GPU has initialized CUDA: never start it here
+        info["torch_threads"] = (
+            torch.get_num_threads()
+        )  # what relaympi.threads' rule or --threads chose
+        if (
+            torch.cuda.is_initialized()
+        ):  # only a run on a GPU has initialized CUDA: never start it here
             info["gpu_model"] = torch.cuda.get_device_name(torch.cuda.current_device())
     except ImportError:
         info["torch"] = "not installed"

@@ -27,8 +27,9 @@ class Registry(Mapping[str, T]):
     imported on first look-up and kept. An unknown name raises ``error`` (a KeyError unless given)
     with the message ``unknown(name)``."""
 
-    def __init__(self, kind: str, entries: Mapping[str, T | str],
-                 error: type[Exception] = KeyError) -> None:
+    def __init__(
+        self, kind: str, entries: Mapping[str, T | str], error: type[Exception] = KeyError
+    ) -> None:
         self.kind = kind  # what a name names, for messages: "algorithm", "task", ...
         self.error = error
         self._entries: dict[str, T | str] = dict(entries)

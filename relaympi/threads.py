@@ -43,7 +43,8 @@ def allowed_cpus() -> frozenset[int]:
 
 
 def sharers(mine: Collection[int], node_cpu_sets: Iterable[Collection[int]]) -> int:
-    """How many processes of a node compute on this process's CPUs: those whose sets overlap ``mine``.
+    """How many processes of a node compute on this process's CPUs: those whose sets overlap
+    ``mine``.
 
     ``node_cpu_sets`` holds every node-local process's allowed CPUs, this process's included.
     """
@@ -52,7 +53,8 @@ def sharers(mine: Collection[int], node_cpu_sets: Iterable[Collection[int]]) -> 
 
 
 def env_cap(env: Mapping[str, str] | None = None) -> tuple[int, str] | None:
-    """The smallest positive cap from OMP_NUM_THREADS / SLURM_CPUS_PER_TASK and its variable, or None.
+    """The smallest positive cap from OMP_NUM_THREADS / SLURM_CPUS_PER_TASK and its variable, or
+    None.
 
     OMP_NUM_THREADS may list one count per nesting level ("4,2"): the first is this level's.
     Values that are not positive integers are ignored (OpenMP ignores them too).
@@ -71,8 +73,11 @@ def share(cpus: Collection[int], sharing: int) -> int:
     return max(1, len(cpus) // max(1, sharing))
 
 
-def default_threads(cpus: Collection[int], sharing: int = 1, env: Mapping[str, str] | None = None) -> int:
-    """torch threads for a process allowed on ``cpus`` that ``sharing`` processes use at once (the rule above)."""
+def default_threads(
+    cpus: Collection[int], sharing: int = 1, env: Mapping[str, str] | None = None
+) -> int:
+    """torch threads for a process allowed on ``cpus`` that ``sharing`` processes use at once (the
+    rule above)."""
     threads = share(cpus, sharing)
     cap = env_cap(env)
     return min(threads, cap[0]) if cap else threads
@@ -96,9 +101,11 @@ def busy_machine(load: float | None = None, cpus: int | None = None) -> str | No
     cpus = cpus if cpus is not None else (os.cpu_count() or 1)
     if load <= cpus:
         return None
-    return (f"this machine is busy: load average {load:.1f} on its {cpus} CPU(s), so other "
-            "processes hold the cores; steps will be slower and timings noisier than on an idle "
-            "machine")
+    return (
+        f"this machine is busy: load average {load:.1f} on its {cpus} CPU(s), so other "
+        "processes hold the cores; steps will be slower and timings noisier than on an idle "
+        "machine"
+    )
 
 
 # -- timing thread counts -----------------------------------------------------------------------
@@ -115,13 +122,19 @@ class ThreadTiming:
         return min(order, key=lambda count: (self.seconds[count], order.index(count)))
 
     def describe(self) -> str:
-        return ", ".join(f"{1e3 * seconds:.1f} ms with {count} thread{'s' if count > 1 else ''}"
-                         for count, seconds in self.seconds.items())
+        return ", ".join(
+            f"{1e3 * seconds:.1f} ms with {count} thread{'s' if count > 1 else ''}"
+            for count, seconds in self.seconds.items()
+        )
 
 
-def time_thread_counts(candidates: Sequence[int], trial: Callable[[int], float], rounds: int = 3,
-                       budget_s: float = 5.0,
-                       clock: Callable[[], float] = time.perf_counter) -> ThreadTiming:
+def time_thread_counts(
+    candidates: Sequence[int],
+    trial: Callable[[int], float],
+    rounds: int = 3,
+    budget_s: float = 5.0,
+    clock: Callable[[], float] = time.perf_counter,
+) -> ThreadTiming:
     """Time ``trial(count)`` (which returns its own seconds) for each candidate count, in rounds.
 
     A first round warms every count up (first calls allocate, spawn threads) and is not counted.
@@ -137,6 +150,6 @@ def time_thread_counts(candidates: Sequence[int], trial: Callable[[int], float],
     for index in range(rounds):
         if index and clock() - start > budget_s:
             break
-        for count in (candidates if index % 2 == 0 else candidates[::-1]):
+        for count in candidates if index % 2 == 0 else candidates[::-1]:
             samples[count].append(trial(count))
     return ThreadTiming({count: statistics.median(times) for count, times in samples.items()})

@@ -7,9 +7,11 @@ batched computation (stacked models on one device; the fastest way to sweep):
     mpirun -n 16 python -m relaympi.train --algo relay --task cifar10
     python -m relaympi.train --task digits --backend local --workers 16 --algo relay --alpha 0.01
     python -m relaympi.train --task digits --backend batched --workers 16 --algo relay --alpha 0.01
-    python -m relaympi.train --task quadratics --backend local --workers 8 --algo relay --topology chain --steps 200
+    python -m relaympi.train --task quadratics --backend local --workers 8 --algo relay --topology
+    chain --steps 200
 
-Exit status: 0 completed, 1 failed, 2 misuse, 3 diverged (recorded), 4 preempted (SIGTERM, SIGUSR1 or
+Exit status: 0 completed, 1 failed, 2 misuse, 3 diverged (recorded), 4 preempted (SIGTERM, SIGUSR1
+or
 Ctrl-C/SIGINT; checkpoint saved: the same command resumes), 5 stopped by such a signal without a
 checkpoint (no --checkpoint-dir: a rerun starts over).
 """
@@ -42,7 +44,14 @@ from relaympi.training.run_file import WRITE_ERRORS, check_out, print_summary
 
 log = logging.getLogger("relaympi.train")
 
-EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE, EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_STOPPED = 0, 1, 2, 3, 4, 5
+EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE, EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_STOPPED = (
+    0,
+    1,
+    2,
+    3,
+    4,
+    5,
+)
 EXIT_INTERRUPTED = 130  # a second Ctrl-C: exit at once, as a shell reports SIGINT
 
 
@@ -50,10 +59,15 @@ _first_stop_at: list[float] = []
 
 
 def _request_stop(signum: int, frame: Any) -> None:
-    """Stop at the next step boundary (checkpoint, record, exit); a second Ctrl-C (not one a launcher
+    """Stop at the next step boundary (checkpoint, record, exit); a second Ctrl-C (not one a
+    launcher
     forwards within a second of the first) exits at once."""
     if signum == signal.SIGINT and _first_stop_at and time.monotonic() - _first_stop_at[0] > 1.0:
-        os.write(2, b"interrupted again: exiting at once, without a checkpoint (the run file stays 'running')\n")
+        os.write(
+            2,
+            b"interrupted again: exiting at once, without a checkpoint (the run file "
+            b"stays 'running')\n",
+        )
         os._exit(EXIT_INTERRUPTED)
     if not _first_stop_at:
         _first_stop_at.append(time.monotonic())
@@ -62,7 +76,8 @@ def _request_stop(signum: int, frame: Any) -> None:
 
 class BarSafeHandler(logging.StreamHandler):
     """Log lines written through tqdm.write: it lifts the progress bar off the line, prints the
-    message on a line of its own and redraws the bar below (a plain write would land on the bar's line)."""
+    message on a line of its own and redraws the bar below (a plain write would land on the bar's
+    line)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -73,7 +88,8 @@ class BarSafeHandler(logging.StreamHandler):
 
 
 def _save_problem(plan: Plan) -> None:
-    """Write --save-problem; an existing file is replaced only with --overwrite (others may train on it).
+    """Write --save-problem; an existing file is replaced only with --overwrite (others may train on
+    it).
 
     A file that already holds exactly this problem is left as it is, so re-running the command
     (to resume after preemption) works without --overwrite.
@@ -87,8 +103,11 @@ def _save_problem(plan: Plan) -> None:
     if path.exists() and not plan.cfg.overwrite:
         if QuadraticsTask.holds(path, plan.problem):
             return
-        raise ConfigError(f"--save-problem {path} already exists and holds another problem (other runs may use it); "
-                          "choose another file, or pass --overwrite to replace it")
+        raise ConfigError(
+            f"--save-problem {path} already exists and holds another problem (other runs "
+            "may use it); "
+            "choose another file, or pass --overwrite to replace it"
+        )
     plan.problem.save(path)
 
 
@@ -96,7 +115,8 @@ _EXIT = {"completed": EXIT_COMPLETED, "diverged": EXIT_DIVERGED, "preempted": EX
 
 
 def _finish(cfg: RunConfig, out: Path, status: str) -> int:
-    """Print the run's summary line; the exit status (a stop without a checkpoint is not 'preempted')."""
+    """Print the run's summary line; the exit status (a stop without a checkpoint is not
+    'preempted')."""
     print_summary(out, status, cfg.checkpoint_dir)
     if status == "preempted" and cfg.checkpoint_dir is None:
         return EXIT_STOPPED
@@ -104,26 +124,43 @@ def _finish(cfg: RunConfig, out: Path, status: str) -> int:
 
 
 def _configure(cfg: RunConfig, rank: int, cpus: frozenset[int], sharing: int) -> None:
-    """Logging, signals and torch's threads: `sharing` processes (or in-process workers) compute on `cpus`."""
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", handlers=[BarSafeHandler(sys.stderr)])
+    """Logging, signals and torch's threads: `sharing` processes (or in-process workers) compute on
+    `cpus`."""
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format="%(asctime)s %(message)s",
+        datefmt="%H:%M:%S",
+        handlers=[BarSafeHandler(sys.stderr)],
+    )
     torch.set_num_threads(_threads(cfg, rank, cpus, sharing))
     if rank == 0 and (busy := threads.busy_machine()) is not None:
         log.warning("warning: %s", busy)
     signal.signal(signal.SIGTERM, _request_stop)
     signal.signal(signal.SIGUSR1, _request_stop)
-    signal.signal(signal.SIGINT, _request_stop)  # Ctrl-C stops like SIGTERM: checkpoint, record, exit 4
+    signal.signal(
+        signal.SIGINT, _request_stop
+    )  # Ctrl-C stops like SIGTERM: checkpoint, record, exit 4
 
 
 def _threads(cfg: RunConfig, rank: int, cpus: frozenset[int], sharing: int) -> int:
-    """--threads, or relaympi.threads' rule; more than this worker's share of `cpus` warns (rank 0, one line)."""
+    """--threads, or relaympi.threads' rule; more than this worker's share of `cpus` warns (rank 0,
+    one line)."""
     default = threads.default_threads(cpus, sharing)
     if cfg.threads is None:
         return default
     allowed = threads.share(cpus, sharing)
     if cfg.threads > allowed and rank == 0:
-        log.warning("--threads %d is more than the %d CPU(s) each worker may use (%d CPU(s) this process may run on, shared by %d "
-                    "worker(s)): the threads will compete for cores; leave --threads out for the default, %d",
-                    cfg.threads, allowed, len(cpus), sharing, default)
+        log.warning(
+            "--threads %d is more than the %d CPU(s) each worker may use (%d CPU(s) this "
+            "process may run on, shared by %d "
+            "worker(s)): the threads will compete for cores; leave --threads out for the "
+            "default, %d",
+            cfg.threads,
+            allowed,
+            len(cpus),
+            sharing,
+            default,
+        )
     return cfg.threads
 
 
@@ -142,7 +179,12 @@ def _one_process_plan(cfg: RunConfig) -> tuple[Plan, Path]:
 
 def _main_in_process(cfg: RunConfig, argv: list[str]) -> int:
     # threads computing at once share this process's CPUs; one batched computation uses all of them
-    _configure(cfg, 0, threads.allowed_cpus(), cfg.workers if BACKENDS[cfg.backend].threads_per_worker else 1)
+    _configure(
+        cfg,
+        0,
+        threads.allowed_cpus(),
+        cfg.workers if BACKENDS[cfg.backend].threads_per_worker else 1,
+    )
     plan, out = _one_process_plan(cfg)
     status = engine_for(cfg.backend).run(plan, out, _rerun_command(argv))
     return _finish(cfg, out, status)
@@ -153,17 +195,22 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
     from relaympi.comm.mpi import node_allgather, world_size
 
     size = world_size()
-    if size == 1 and not launch().launched:  # `mpirun -n 1` is the single-worker baseline; plain python is a mistake
+    if (
+        size == 1 and not launch().launched
+    ):  # `mpirun -n 1` is the single-worker baseline; plain python is a mistake
         raise ConfigError(
             "this is one process, so there is only one worker. Launch one worker per rank: "
-            "`mpirun -n 16 python -m relaympi.train ...` (or srun under SLURM), or run all workers in this "
+            "`mpirun -n 16 python -m relaympi.train ...` (or srun under SLURM), or run "
+            "all workers in this "
             "process with `--backend local --workers 16`; a single-worker baseline runs as "
-            "`mpirun -n 1 python -m relaympi.train --algo allreduce ...` or `--backend local --workers 1 --algo allreduce`"
+            "`mpirun -n 1 python -m relaympi.train --algo allreduce ...` or `--backend "
+            "local --workers 1 --algo allreduce`"
         )
     # --ranks-per-node emulates nodes (recorded as emulated); else the nodes MPI placed the ranks on
     emulated = run_nodes(cfg, size) if cfg.ranks_per_node is not None else None
     comm = mpi_communicator(drops=DropPolicy(cfg.drop_prob, cfg.seed), nodes=emulated)
-    # bound ranks (srun --cpu-bind, mpirun -bind-to) each keep their own CPUs; unbound ones share theirs
+    # bound ranks (srun --cpu-bind, mpirun -bind-to) each keep their own CPUs; unbound ones share
+    # theirs
     cpus = threads.allowed_cpus()
     _configure(cfg, comm.rank, cpus, threads.sharers(cpus, node_allgather(cpus)))
     error = None
@@ -180,9 +227,13 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
     except ConfigError as exc:
         error = exc
     # every rank must agree to stop: one that went on would wait for the others forever
-    flags = comm.allreduce_flags(np.array([1.0 if error else 0.0, 1.0 if error and comm.rank == 0 else 0.0]))
+    flags = comm.allreduce_flags(
+        np.array([1.0 if error else 0.0, 1.0 if error and comm.rank == 0 else 0.0])
+    )
     if flags[0] > 0:
-        if error is not None and (comm.rank == 0 or flags[1] == 0):  # one copy of the message where possible
+        if error is not None and (
+            comm.rank == 0 or flags[1] == 0
+        ):  # one copy of the message where possible
             print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     try:
@@ -194,7 +245,9 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
     except BaseException as exc:  # noqa: BLE001 - tear the whole job down: no rank may wait forever
         print(f"rank {comm.rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         if comm.rank != 0:
-            time.sleep(5.0)  # let rank 0 record the failure first; it aborts the job when it sees it
+            time.sleep(
+                5.0
+            )  # let rank 0 record the failure first; it aborts the job when it sees it
         comm.abort(EXIT_FAILED)
         return EXIT_FAILED
     if comm.rank == 0:
@@ -203,7 +256,8 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
 
 
 def _rerun_command(argv: list[str], mpi_ranks: int | None = None) -> str:
-    """The command that runs this again (recorded in provenance.command): the module, not a file path."""
+    """The command that runs this again (recorded in provenance.command): the module, not a file
+    path."""
     launcher = ["mpirun", "-n", str(mpi_ranks)] if mpi_ranks else []
     return shlex.join([*launcher, "python", "-m", "relaympi.train", *argv])
 
@@ -215,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         if BACKENDS[cfg.backend].in_process:
             if launch().size > 1:
                 raise ConfigError(
-                    f"--backend {cfg.backend} runs all workers in one process, but this is one of {launch().size} MPI ranks: "
+                    f"--backend {cfg.backend} runs all workers in one process, but this "
+                    f"is one of {launch().size} MPI ranks: "
                     "drop --backend/--workers under mpirun/srun, or run the command without mpirun"
                 )
             return _main_in_process(cfg, argv)
@@ -226,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except BrokenPipeError:  # `... --help | head`: the reader left; entrypoint.run ends quietly
         raise
-    except WRITE_ERRORS as exc:  # a full disk: the reason is the whole story (recorded as failed where the file allows)
+    # a full disk: the reason is the whole story (recorded as failed where the file allows)
+    except WRITE_ERRORS as exc:
         print(f"failed: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except Exception as exc:  # noqa: BLE001
@@ -239,7 +295,9 @@ def _main_exiting() -> int:
     status = main()
     from relaympi.results import UNCLOSABLE
 
-    if UNCLOSABLE:  # HDF5 would crash freeing a run file it could not close (a full disk): skip the teardown
+    if (
+        UNCLOSABLE
+    ):  # HDF5 would crash freeing a run file it could not close (a full disk): skip the teardown
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)

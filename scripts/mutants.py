@@ -1,4 +1,5 @@
-"""Mutation check: plant known bugs one at a time in a copy of the repository and see which tests catch them.
+"""Mutation check: plant known bugs one at a time in a copy of the repository and see which tests
+catch them.
 
     python scripts/mutants.py                 # every plant; exit 1 if any survived or errored
     python scripts/mutants.py --list          # the plants, without running anything
@@ -49,21 +50,25 @@ class Plant:
 # -- the plants: edit the snippets here when the code they target changes -----------------------
 PLANTS = (
     Plant(
-        "gossip-no-renormalize",  # a lost message's weight silently vanishes: rows no longer sum to 1
+        # a lost message's weight silently vanishes: rows no longer sum to 1
+        "gossip-no-renormalize",
         "relaympi/algorithms/gossip.py",
         "total = self.self_weight + sum(self.weights[j] for j in delivered)",
         "total = 1.0",
         ((DROP_ORACLE,), ("tests/test_algorithms.py", "tests/test_comm.py")),
     ),
     Plant(
-        "relaysum-stale-on-drop",  # a lost message leaves the buffer's old content instead of being empty
+        # a lost message leaves the buffer's old content instead of being empty
+        "relaysum-stale-on-drop",
         "relaympi/algorithms/relaysum.py",
-        "                if peer not in delivered:\n                    layer.received[layer.row_of[position]].zero_()",
+        "                if peer not in delivered:\n                    "
+        "layer.received[layer.row_of[position]].zero_()",
         "                if peer not in delivered:\n                    pass",
         ((DROP_ORACLE,), ("tests/test_algorithms.py", "-k", "relay")),
     ),
     Plant(
-        "relaysum-leaf-counter-0",  # a leaf's message [p, c] (the parcel's spare slot) claims no parcel
+        # a leaf's message [p, c] (the parcel's spare slot) claims no parcel
+        "relaysum-leaf-counter-0",
         "relaympi/flat.py",
         "storage[0] = storage[-1] = 1.0",
         "storage[0] = storage[-1] = 0.0",
@@ -86,15 +91,18 @@ PLANTS = (
     Plant(
         "relay-divide-by-n",  # counts mode: divide by n instead of n-bar (the parcels received)
         "relaympi/algorithms/relay.py",
-        "self.relay.add_received(x, divide_by=[self.relay.factor(nbar, layer) for layer, nbar in enumerate(counts)])",
+        "self.relay.add_received(x, divide_by=[self.relay.factor(nbar, layer) for layer, "
+        "nbar in enumerate(counts)])",
         "self.relay.add_received(x, divide_by=[float(self.topology.world_size)] * len(counts))",
         (("tests/test_algorithms.py", "-k", "relay"),),
     ),
     Plant(
         "drop-policy-asymmetric",  # the receiver asks about (dst, src): the two sides disagree
         "relaympi/comm/base.py",
-        "live_recvs = {p: b for p, b in recvs.items() if not self.drops.dropped(round, tag, p, self.rank)}",
-        "live_recvs = {p: b for p, b in recvs.items() if not self.drops.dropped(round, tag, self.rank, p)}",
+        "live_recvs = {p: b for p, b in recvs.items() if not self.drops.dropped(round, "
+        "tag, p, self.rank)}",
+        "live_recvs = {p: b for p, b in recvs.items() if not self.drops.dropped(round, "
+        "tag, self.rank, p)}",
         (("tests/test_comm.py", "-k", "drop"),),
     ),
     Plant(
@@ -105,7 +113,8 @@ PLANTS = (
         (("tests/test_algorithms.py", "-k", "relay"),),
     ),
     Plant(
-        "drop-policy-asymmetric-replace",  # the in-place exchange's receive side asks about (dst, src)
+        # the in-place exchange's receive side asks about (dst, src)
+        "drop-policy-asymmetric-replace",
         "relaympi/comm/base.py",
         "recv = not self.drops.dropped(round, tag, peer, self.rank)",
         "recv = not self.drops.dropped(round, tag, self.rank, peer)",
@@ -143,8 +152,9 @@ PLANTS = (
         "report-worst-per-evaluation",  # worst worker at each evaluation, then the window mean
         "relaympi/report/summary.py",
         "    means = worker_means(epoch, accuracy, last_epochs)\n",
-        "    reduce = np.nanmin if metric == \"worst\" else np.nanmean\n"
-        "    means = worker_means(epoch, reduce(accuracy.reshape(len(accuracy), -1), axis=1), last_epochs)\n",
+        '    reduce = np.nanmin if metric == "worst" else np.nanmean\n'
+        "    means = worker_means(epoch, reduce(accuracy.reshape(len(accuracy), -1), "
+        "axis=1), last_epochs)\n",
         (("tests/test_report.py",),),
     ),
     Plant(
@@ -177,7 +187,8 @@ PLANTS = (
     ),
     # the rules that shape a run: lr schedule, step accounting, cadence, lr correction
     Plant(
-        "schedule-warmup-ahead",  # linear warm-up one step ahead: step 0 already at warmup_from + 1/warmup_steps
+        # linear warm-up one step ahead: step 0 already at warmup_from + 1/warmup_steps
+        "schedule-warmup-ahead",
         "relaympi/training/plan.py",
         "(1.0 - self.warmup_from) * step / self.warmup_steps",
         "(1.0 - self.warmup_from) * (step + 1) / self.warmup_steps",
@@ -198,21 +209,24 @@ PLANTS = (
         ((SCHEDULE,),),
     ),
     Plant(
-        "schedule-epochs-float-ceil",  # --epochs 1.1 of 90 steps runs 100 steps (ceil of 99.00000000000001)
+        # --epochs 1.1 of 90 steps runs 100 steps (ceil of 99.00000000000001)
+        "schedule-epochs-float-ceil",
         "relaympi/training/plan.py",
         "math.ceil(Fraction(repr(float(epochs))) * steps_per_epoch)",
         "math.ceil(epochs * steps_per_epoch)",
         ((SCHEDULE,),),
     ),
     Plant(
-        "schedule-steps-per-epoch-floor",  # the last, partial batch round of an epoch is not counted
+        # the last, partial batch round of an epoch is not counted
+        "schedule-steps-per-epoch-floor",
         "relaympi/tasks/partition.py",
         "return math.ceil(num_train / (world_size * batch_size))",
         "return max(1, num_train // (world_size * batch_size))",
         ((SCHEDULE,),),
     ),
     Plant(
-        "cadence-last-step-not-evaluated",  # a run whose length is no multiple of --eval-every ends unevaluated
+        # a run whose length is no multiple of --eval-every ends unevaluated
+        "cadence-last-step-not-evaluated",
         "relaympi/training/loop.py",
         "if step % schedule.eval_every == 0 or step == schedule.total_steps:",
         "if step % schedule.eval_every == 0:",
@@ -233,14 +247,16 @@ PLANTS = (
         ((SCHEDULE,),),
     ),
     Plant(
-        "cadence-checkpoint-at-evaluations",  # --checkpoint-every ignored: checkpoints at every evaluation
+        # --checkpoint-every ignored: checkpoints at every evaluation
+        "cadence-checkpoint-at-evaluations",
         "relaympi/training/loop.py",
         "step % schedule.checkpoint_every == 0:",
         "step % schedule.eval_every == 0:",
         ((SCHEDULE,),),
     ),
     Plant(
-        "cadence-resume-keeps-checkpoint-row",  # the checkpoint step's row survives the resume and is written twice
+        # the checkpoint step's row survives the resume and is written twice
+        "cadence-resume-keeps-checkpoint-row",
         "relaympi/training/run_file.py",
         "RunWriter.reopen(out, resume_step=start_step - 1)",
         "RunWriter.reopen(out, resume_step=start_step)",
@@ -254,7 +270,8 @@ PLANTS = (
         ((SCHEDULE,),),
     ),
     Plant(
-        "lr-correction-unasked",  # every RelaySGD run corrected, with or without --relay-lr-correction
+        # every RelaySGD run corrected, with or without --relay-lr-correction
+        "lr-correction-unasked",
         "relaympi/training/plan.py",
         "(lr_correction(topology) if cfg.relay_lr_correction else 1.0)",
         '(lr_correction(topology) if cfg.algo == "relay" else 1.0)',
@@ -264,7 +281,8 @@ PLANTS = (
         "lr-correction-twice",  # the schedule corrects the already corrected lr again
         "relaympi/training/plan.py",
         "            lr=self.lr,\n",
-        "            lr=self.lr * (lr_correction(self.topology) if cfg.relay_lr_correction else 1.0),\n",
+        "            lr=self.lr * (lr_correction(self.topology) if "
+        "cfg.relay_lr_correction else 1.0),\n",
         ((SCHEDULE,),),
     ),
 )
@@ -303,12 +321,34 @@ def _selections(plant: Plant, copy: Path) -> tuple[list[list[str]], list[str]]:
 
 
 def _pytest(copy: Path, args: list[str], timeout_s: int, per_test_s: int) -> tuple[int | None, str]:
-    env = dict(os.environ, PYTHONPATH=str(copy), OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1",
-               RELAYMPI_TEST_SLURM="0")
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider",
-           f"--timeout={per_test_s}", *args]
-    proc = subprocess.Popen(cmd, cwd=copy, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(copy),
+        OMP_NUM_THREADS="1",
+        PYTHONDONTWRITEBYTECODE="1",
+        RELAYMPI_TEST_SLURM="0",
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-x",
+        "-q",
+        "-rfE",
+        "-p",
+        "no:cacheprovider",
+        f"--timeout={per_test_s}",
+        *args,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=copy,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout_s)
         return proc.returncode, out
@@ -354,11 +394,17 @@ def _judge(code: int | None, output: str) -> tuple[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("names", nargs="*", help="run only plants whose name starts with one of these")
+    parser.add_argument(
+        "names", nargs="*", help="run only plants whose name starts with one of these"
+    )
     parser.add_argument("--list", action="store_true", help="print the plants and exit")
-    parser.add_argument("--no-baseline", action="store_true", help="skip the unmodified run of each selection")
+    parser.add_argument(
+        "--no-baseline", action="store_true", help="skip the unmodified run of each selection"
+    )
     parser.add_argument("--timeout", type=int, default=900, help="seconds per plant (default 900)")
-    parser.add_argument("--test-timeout", type=int, default=300, help="seconds per test (default 300)")
+    parser.add_argument(
+        "--test-timeout", type=int, default=300, help="seconds per test (default 300)"
+    )
     args = parser.parse_args(argv)
     plants = [p for p in PLANTS if not args.names or any(p.name.startswith(n) for n in args.names)]
     if not plants:
@@ -380,7 +426,9 @@ def main(argv: list[str] | None = None) -> int:
                 if code != 0:
                     result, detail = _judge(code, out)
                     baseline[run] = f"fails without any plant: {' '.join(run)} ({detail or result})"
-                print(f"baseline {' '.join(run)}: {'ok' if code == 0 else 'FAILS'}", file=sys.stderr)
+                print(
+                    f"baseline {' '.join(run)}: {'ok' if code == 0 else 'FAILS'}", file=sys.stderr
+                )
         for plant in plants:
             start = time.monotonic()
             copy = Path(tmp) / plant.name
@@ -409,7 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, result, detail, seconds in rows:
         print(f"{name:{width}}  {result:8}  {seconds:4.0f}s  {detail}")
     counts = {k: sum(r[1] == k for r in rows) for k in ("killed", "survived", "ERROR")}
-    print(f"{counts['killed']} killed, {counts['survived']} survived, {counts['ERROR']} errors of {len(rows)} plants")
+    print(
+        f"{counts['killed']} killed, {counts['survived']} survived, {counts['ERROR']} "
+        f"errors of {len(rows)} plants"
+    )
     return 0 if counts["survived"] == counts["ERROR"] == 0 else 1
 
 

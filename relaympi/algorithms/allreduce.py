@@ -1,4 +1,5 @@
-"""All-reduce (centralized) baseline: average gradients over all workers, then the local optimizer."""
+"""All-reduce (centralized) baseline: average gradients over all workers, then the local
+optimizer."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ class AllReduce(RangedAlgorithm):
     models stay identical (momentum/Adam then act on the global gradient, as centralized training).
 
     A range's all-reduce starts once its gradient is final (Mixers.start_allreduce_mean: pieces sum
-    to the whole buffer's bits, on MPI by relaympi.comm.mpi's fixed-tree all-reduce); its local update
+    to the whole buffer's bits, on MPI by relaympi.comm.mpi's fixed-tree all-reduce); its local
+    update
     follows the mean, in finish_step.
 
     The all-reduce is a collective: simulated message loss (--drop-prob) does not apply to it."""

@@ -1,4 +1,5 @@
-"""The Algorithm interface: what an algorithm accepts, explicit state and one step over a Communicator; no training loop inside."""
+"""The Algorithm interface: what an algorithm accepts, explicit state and one step over a
+Communicator; no training loop inside."""
 
 from __future__ import annotations
 
@@ -33,38 +34,57 @@ EXPONENTIAL = "exponential"  # SGP's time-varying exponential graph
 def _check_trees(algo: str, topology: Topology) -> None:
     if not topology.is_tree:
         raise AlgorithmError(
-            f"{algo} relays over spanning trees; topology {topology.name!r} is not a tree. Choose chain, star, "
+            f"{algo} relays over spanning trees; topology {topology.name!r} is not a "
+            "tree. Choose chain, star, "
             "binary-tree, double-binary-trees, social-network-tree or spanning-tree:<graph>"
         )
 
 
 def _check_one_graph(algo: str, topology: Topology) -> None:
     if topology.num_layers != 1:
-        raise AlgorithmError(f"{algo} gossips over one graph; {topology.name!r} has {topology.num_layers} layers (use ring, chain, binary-tree, ...)")
+        raise AlgorithmError(
+            f"{algo} gossips over one graph; {topology.name!r} has {topology.num_layers} "
+            "layers (use ring, chain, binary-tree, ...)"
+        )
     if topology.name == EXPONENTIAL:
-        raise AlgorithmError(f"{algo} needs a fixed graph; 'exponential' is SGP's time-varying schedule")
+        raise AlgorithmError(
+            f"{algo} needs a fixed graph; 'exponential' is SGP's time-varying schedule"
+        )
 
 
 def _check_fully_connected(algo: str, topology: Topology) -> None:
     if topology.name != FULLY_CONNECTED:
-        raise AlgorithmError(f"{algo} averages over all workers (topology fully-connected), not over {topology.name!r}")
+        raise AlgorithmError(
+            f"{algo} averages over all workers (topology fully-connected), not over "
+            f"{topology.name!r}"
+        )
 
 
 def _check_exponential(algo: str, topology: Topology) -> None:
     if topology.name != EXPONENTIAL:
-        raise AlgorithmError(f"{algo} runs on the time-varying 'exponential' topology, not {topology.name!r}")
+        raise AlgorithmError(
+            f"{algo} runs on the time-varying 'exponential' topology, not {topology.name!r}"
+        )
 
 
-TOPOLOGY_CHECKS = {TREES: _check_trees, ONE_GRAPH: _check_one_graph, FULLY_CONNECTED: _check_fully_connected, EXPONENTIAL: _check_exponential}
+TOPOLOGY_CHECKS = {
+    TREES: _check_trees,
+    ONE_GRAPH: _check_one_graph,
+    FULLY_CONNECTED: _check_fully_connected,
+    EXPONENTIAL: _check_exponential,
+}
 
 
 class MatrixForm(ABC):
     """An algorithm vectorized over all n workers (rows of X, numpy), an independent formulation of
-    its message passing: the test oracle and the quadratics studies' fast path (see MatrixAlgorithm)."""
+    its message passing: the test oracle and the quadratics studies' fast path (see
+    MatrixAlgorithm)."""
 
     def __init__(self, matrix_algorithm: Any):
-        # matrix_algorithm: the relaympi.algorithms.matrix.MatrixAlgorithm this form steps (its n, d, topology,
-        # optimizer and options); not imported here, so the interfaces stay the lowest algorithm module
+        # matrix_algorithm: the relaympi.algorithms.matrix.MatrixAlgorithm this form steps (its n,
+        # d, topology,
+        # optimizer and options); not imported here, so the interfaces stay the lowest algorithm
+        # module
         self.matrix_algorithm = matrix_algorithm
 
     @abstractmethod
@@ -91,7 +111,9 @@ class Algorithm(ABC):
     """
 
     name: ClassVar[str]
-    default_topology: ClassVar[str]  # the paper's topology for it (Table "Motivation of topology choices")
+    default_topology: ClassVar[
+        str
+    ]  # the paper's topology for it (Table "Motivation of topology choices")
     topology_kind: ClassVar[str]  # TREES, ONE_GRAPH, FULLY_CONNECTED or EXPONENTIAL
     needs_momentum: ClassVar[bool] = False  # only SGD with momentum > 0 as the local optimizer
     matrix_form: ClassVar[type[MatrixForm]]
@@ -100,14 +122,23 @@ class Algorithm(ABC):
 
     @classmethod
     def check(cls, topology: Topology, optimizer: OptimizerConfig, options: Options) -> None:
-        """Raise AlgorithmError unless this algorithm runs on ``topology`` with this optimizer and options."""
+        """Raise AlgorithmError unless this algorithm runs on ``topology`` with this optimizer and
+        options."""
         TOPOLOGY_CHECKS[cls.topology_kind](cls.name, topology)
         if cls.needs_momentum and (optimizer.name != "sgd" or not optimizer.momentum):
-            raise AlgorithmError(f"{cls.name} needs --optimizer sgd with --momentum > 0 (got {optimizer.name}, momentum {optimizer.momentum})")
+            raise AlgorithmError(
+                f"{cls.name} needs --optimizer sgd with --momentum > 0 (got "
+                f"{optimizer.name}, momentum {optimizer.momentum})"
+            )
 
     def __init__(
-        self, comm: Communicator | None, topology: Topology, optimizer: LocalOptimizer, x0: torch.Tensor,
-        options: Options, mixers: Mixers | None = None,
+        self,
+        comm: Communicator | None,
+        topology: Topology,
+        optimizer: LocalOptimizer,
+        x0: torch.Tensor,
+        options: Options,
+        mixers: Mixers | None = None,
     ) -> None:
         """One worker's algorithm over ``comm`` (None: ``mixers`` communicate, as the batched
         engine's for every worker at once, x0 then [N, numel]), from the model x0; refuses what
@@ -136,22 +167,26 @@ class Algorithm(ABC):
     # flat model as soon as that range's gradient is final, while backward still computes the rest:
     #
     #     algorithm.begin_step(x, grad, lr, step)   # before backward: nothing of grad is final yet
-    #     algorithm.ready(lo, hi)                   # grad[lo:hi] is final: update it, start sending it
+    #     algorithm.ready(lo, hi)                   # grad[lo:hi] is final: update it, start sending
+    # it
     #     ...                                       # (ranges disjoint, covering [0, numel) in all)
     #     algorithm.finish_step()                   # the remaining receives, then x(t+1)
     #
     # Every rank calls ready() with the same ranges in the same order (backward visits the same
     # layers everywhere), so messages of a range match by their order. The result is bit-identical
     # to step(): the default here runs the whole step() in finish_step(); an algorithm that starts
-    # work in ready() overrides all three, and its step() is begin_step, ready(0, numel), finish_step
+    # work in ready() overrides all three, and its step() is begin_step, ready(0, numel),
+    # finish_step
     # (RangedAlgorithm below: all-reduce, D-PSGD, QGM, D², gradient tracking, SGP).
 
     def begin_step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        """Start step ``step`` on ``x`` with the gradient that will be in ``grad`` (not final yet)."""
+        """Start step ``step`` on ``x`` with the gradient that will be in ``grad`` (not final
+        yet)."""
         self._ranged = (x, grad, lr, step)
 
     def ready(self, lo: int, hi: int) -> None:  # noqa: B027 - the default does everything in finish_step
-        """``grad[lo:hi]`` is final: start that range's update and communication if this algorithm can."""
+        """``grad[lo:hi]`` is final: start that range's update and communication if this algorithm
+        can."""
 
     def finish_step(self) -> None:
         """Complete the step begun by ``begin_step`` (every range has been ``ready``)."""
@@ -159,7 +194,8 @@ class Algorithm(ABC):
         self.step(x, grad, lr, step)
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything besides x needed to resume exactly (in-flight messages, counters, corrections)."""
+        """Everything besides x needed to resume exactly (in-flight messages, counters,
+        corrections)."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - stateless algorithms keep the default
@@ -177,8 +213,12 @@ def check_ranges(ranges: list[tuple[int, int]], numel: int) -> None:
     else:
         if position == numel:
             return
-    shown = ", ".join(f"[{lo}, {hi})" for lo, hi in ranges[:8]) + (", ..." if len(ranges) > 8 else "")
-    raise ValueError(f"the ranges made ready in a step must be disjoint and cover [0, {numel}) once; got {shown}")
+    shown = ", ".join(f"[{lo}, {hi})" for lo, hi in ranges[:8]) + (
+        ", ..." if len(ranges) > 8 else ""
+    )
+    raise ValueError(
+        f"the ranges made ready in a step must be disjoint and cover [0, {numel}) once; got {shown}"
+    )
 
 
 class RangedAlgorithm(Algorithm):
@@ -198,7 +238,8 @@ class RangedAlgorithm(Algorithm):
     def begin_step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
         super().begin_step(x, grad, lr, step)
         self._started: list[tuple[int, int, Any]] = []
-        self.optimizer.begin_step()  # per-step counters (Adam's bias correction) before any range's update
+        # per-step counters (Adam's bias correction) before any range's update
+        self.optimizer.begin_step()
 
     def ready(self, lo: int, hi: int) -> None:
         self._started.append((lo, hi, self._start(lo, hi, len(self._started))))
@@ -216,8 +257,14 @@ class RangedAlgorithm(Algorithm):
     def finish_step(self) -> None:
         started, self._started = self._started, []
         check_ranges([(lo, hi) for lo, hi, _ in started], self._ranged[0].shape[-1])
-        while started:  # every range's round in the order started (messages of a round match in that order), then the next round
-            started = [(lo, hi, later) for lo, hi, pending in started if (later := self._finish(lo, hi, pending)) is not None]
+        # every range's round in the order started (messages of a round match in that order), then
+        # the next round
+        while started:
+            started = [
+                (lo, hi, later)
+                for lo, hi, pending in started
+                if (later := self._finish(lo, hi, pending)) is not None
+            ]
 
     @abstractmethod
     def _start(self, lo: int, hi: int, index: int) -> Any:

@@ -1,4 +1,5 @@
-"""D² (Tang et al. 2018) with local momentum and time-varying step size (paper appendix, Algorithm "D² with momentum")."""
+"""D² (Tang et al. 2018) with local momentum and time-varying step size (paper appendix, Algorithm
+"D² with momentum")."""
 
 from __future__ import annotations
 
@@ -19,15 +20,20 @@ from relaympi.topology import Topology
 
 
 def d2_mixing_matrix(topology: Topology, exact_diffusion: bool, force: bool) -> np.ndarray:
-    """The gossip matrix D² uses; refuses one whose smallest eigenvalue is below D2_MIN_EIGENVALUE."""
+    """The gossip matrix D² uses; refuses one whose smallest eigenvalue is below
+    D2_MIN_EIGENVALUE."""
     w = mixing_matrix_for(topology)
     if exact_diffusion:
-        w = (w + np.eye(w.shape[0])) / 2  # Exact Diffusion's matrix, as the paper uses on the social network
+        w = (
+            w + np.eye(w.shape[0])
+        ) / 2  # Exact Diffusion's matrix, as the paper uses on the social network
     smallest = float(np.linalg.eigvalsh((w + w.T) / 2).min())
     if not d2_allows(smallest) and not force:
         raise AlgorithmError(
-            f"D² needs a gossip matrix with smallest eigenvalue >= {D2_MIN_EIGENVALUE}, but {topology.name!r} with "
-            f"{w.shape[0]} workers has {smallest:.4f}; use --d2-exact-diffusion (W+I)/2, another topology, "
+            f"D² needs a gossip matrix with smallest eigenvalue >= {D2_MIN_EIGENVALUE}, "
+            f"but {topology.name!r} with "
+            f"{w.shape[0]} workers has {smallest:.4f}; use --d2-exact-diffusion (W+I)/2, "
+            "another topology, "
             "or --d2-force to run it anyway"
         )
     return w
@@ -38,7 +44,11 @@ class D2Matrix(MatrixForm):
 
     def __init__(self, matrix_algorithm):
         super().__init__(matrix_algorithm)
-        self.W = d2_mixing_matrix(matrix_algorithm.topology, matrix_algorithm.options.d2_exact_diffusion, matrix_algorithm.options.d2_force)
+        self.W = d2_mixing_matrix(
+            matrix_algorithm.topology,
+            matrix_algorithm.options.d2_exact_diffusion,
+            matrix_algorithm.options.d2_force,
+        )
         self.C = np.zeros((matrix_algorithm.n, matrix_algorithm.d))
 
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
@@ -72,7 +82,9 @@ class D2(RangedAlgorithm):
 
     def _setup(self, x0: torch.Tensor) -> None:
         options = self.options
-        self.mixer = self.mixers.gossip(d2_mixing_matrix(self.topology, options.d2_exact_diffusion, options.d2_force), x0)
+        self.mixer = self.mixers.gossip(
+            d2_mixing_matrix(self.topology, options.d2_exact_diffusion, options.d2_force), x0
+        )
         self.correction = torch.zeros_like(x0)
         self._half = torch.zeros_like(x0)
 

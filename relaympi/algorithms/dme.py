@@ -1,4 +1,5 @@
-"""RelaySum for distributed mean estimation (paper appendix Algorithm "RelaySum for Distributed Mean Estimation")."""
+"""RelaySum for distributed mean estimation (paper appendix Algorithm "RelaySum for Distributed Mean
+Estimation")."""
 
 from __future__ import annotations
 

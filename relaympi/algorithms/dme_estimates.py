@@ -1,4 +1,5 @@
-"""Distributed mean estimation in closed form: RelaySum's and gossip's estimates and their expected MSE.
+"""Distributed mean estimation in closed form: RelaySum's and gossip's estimates and their expected
+MSE.
 
 The vectorized counterpart of relaympi.algorithms.dme.RelaySumMeanEstimator (paper appendix
 "RelaySum for distributed mean estimation"), for many repetitions at once, and the gossip
@@ -18,7 +19,8 @@ from relaympi.topology import Topology
 def relaysum_dme_estimates(
     samples: np.ndarray, topology: Topology, checkpoints: Sequence[int]
 ) -> np.ndarray:
-    """RelaySum mean estimates (appendix Algorithm "RelaySum for Distributed Mean Estimation"), vectorized.
+    """RelaySum mean estimates (appendix Algorithm "RelaySum for Distributed Mean Estimation"),
+    vectorized.
 
     After T steps worker i holds worker j's samples of steps 0 .. T-1-e_ij (neighbours' samples
     arrive in the same step), so its estimate is their plain mean: sum_j S_j(T - e_ij) /
@@ -47,7 +49,8 @@ def relaysum_dme_estimates(
 def gossip_dme_estimates(
     samples: np.ndarray, mixing: np.ndarray, checkpoints: Sequence[int]
 ) -> np.ndarray:
-    """Gossip baseline: y(t+1) = W (y(t) + d(t)) from y(0) = 0; the estimate after T steps is y(T) / T.
+    """Gossip baseline: y(t+1) = W (y(t) + d(t)) from y(0) = 0; the estimate after T steps is y(T) /
+    T.
 
     With W = I this is every worker's own running mean, with W = 11^T / n the global one; W is
     doubly stochastic, so y(T) / T is a running mean of samples gossiped over the graph.
@@ -65,13 +68,15 @@ def gossip_dme_estimates(
 
 
 def relaysum_dme_expected_mse(topology: Topology, steps: int, variance: float = 1.0) -> float:
-    """E (estimate - mean)^2 averaged over workers: worker i's estimate is a mean of N_i(T) samples."""
+    """E (estimate - mean)^2 averaged over workers: worker i's estimate is a mean of N_i(T)
+    samples."""
     held = np.maximum(steps - effective_delays(topology, 0), 0).sum(axis=1)
     return float(np.mean(variance / held))
 
 
 def gossip_dme_expected_mse(mixing: np.ndarray, steps: int, variance: float = 1.0) -> float:
-    """(1 / T^2) sum_{k=1..T} (W^{2k})_ii averaged over workers (W symmetric): the gossip baseline's MSE."""
+    """(1 / T^2) sum_{k=1..T} (W^{2k})_ii averaged over workers (W symmetric): the gossip baseline's
+    MSE."""
     eigenvalues, vectors = np.linalg.eigh(mixing)
     squares = eigenvalues**2
     total = np.empty_like(squares)

@@ -1,4 +1,5 @@
-"""D-PSGD (Lian et al. 2017): a local step, then gossip averaging with Metropolis-Hastings weights."""
+"""D-PSGD (Lian et al. 2017): a local step, then gossip averaging with Metropolis-Hastings
+weights."""
 
 from __future__ import annotations
 

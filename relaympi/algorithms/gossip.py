@@ -1,4 +1,5 @@
-"""Gossip averaging with a mixing matrix W (with drop renormalization), and the injectable Mixers every algorithm communicates through."""
+"""Gossip averaging with a mixing matrix W (with drop renormalization), and the injectable Mixers
+every algorithm communicates through."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from relaympi.topology import Topology
 
 
 class Started(Protocol):
-    """Communication started by a mixer; ``finish`` completes it (receives, then the combination)."""
+    """Communication started by a mixer; ``finish`` completes it (receives, then the
+    combination)."""
 
     def test(self) -> bool:
         """Advance it without blocking; whether finish() would not wait."""
@@ -33,15 +35,20 @@ class Mixer(Protocol):
     def mix(self, x: torch.Tensor, round: int, tag: int = 0) -> None:
         """In place: x <- W x over this mixer's matrix, in communication round ``round``."""
 
-    def start(self, x: torch.Tensor, lo: int, hi: int, round: int, tag: int = 0, chunk: int = 0) -> Started:
+    def start(
+        self, x: torch.Tensor, lo: int, hi: int, round: int, tag: int = 0, chunk: int = 0
+    ) -> Started:
         """Start mixing coordinates [lo, hi) of x (the last dimension): its sends leave now, and
         ``finish()`` sets them to W x. The ranges of one round, started in the same order on every
-        worker (``chunk`` = 0, 1, ...), give mix's bits: the weights are the same for every coordinate."""
+        worker (``chunk`` = 0, 1, ...), give mix's bits: the weights are the same for every
+        coordinate."""
 
 
 class Mixers(Protocol):
-    """What every algorithm communicates through: CommMixers here (one worker's x), relaympi.batched.mixer.BatchedMixers
-    in the batched engine (every worker's x as the rows of X). Gossip, SGP and all-reduce mix; RelaySGD and
+    """What every algorithm communicates through: CommMixers here (one worker's x),
+    relaympi.batched.mixer.BatchedMixers
+    in the batched engine (every worker's x as the rows of X). Gossip, SGP and all-reduce mix;
+    RelaySGD and
     RelaySGD/Grad relay (relays.Relays)."""
 
     def gossip(self, mixing: np.ndarray, like: torch.Tensor) -> Mixer:
@@ -49,14 +56,22 @@ class Mixers(Protocol):
         every j != i with W_ij != 0 (the topology's neighbours for a gossip matrix)."""
 
     def allreduce_mean(self, x: torch.Tensor) -> None:
-        """In place: x <- the mean of x over all workers (a collective: never dropped, no bytes counted)."""
+        """In place: x <- the mean of x over all workers (a collective: never dropped, no bytes
+        counted)."""
 
     def start_allreduce_mean(self, x: torch.Tensor) -> Started:
         """allreduce_mean, started now and complete after ``finish()``; pieces of a buffer started
         separately (in the same order on every worker) give the whole buffer's bits."""
 
-    def relays(self, topology: Topology, like: torch.Tensor, in_place: bool = False, chunk: int | None = None) -> Relays:
-        """RelaySum over ``topology``'s trees for parcels shaped as ``like``; ``in_place`` and ``chunk``
+    def relays(
+        self,
+        topology: Topology,
+        like: torch.Tensor,
+        in_place: bool = False,
+        chunk: int | None = None,
+    ) -> Relays:
+        """RelaySum over ``topology``'s trees for parcels shaped as ``like``; ``in_place`` and
+        ``chunk``
         (None: relaysum.DEFAULT_CHUNK) choose message passing's buffers, not the numbers."""
 
 
@@ -69,8 +84,14 @@ class GossipMixer:
     """
 
     def __init__(
-        self, comm: Communicator, mixing: np.ndarray, neighbors: tuple[int, ...], numel: int, like: torch.Tensor,
-        send_to: tuple[int, ...] | None = None, received: dict[int, torch.Tensor] | None = None,
+        self,
+        comm: Communicator,
+        mixing: np.ndarray,
+        neighbors: tuple[int, ...],
+        numel: int,
+        like: torch.Tensor,
+        send_to: tuple[int, ...] | None = None,
+        received: dict[int, torch.Tensor] | None = None,
     ):
         self.comm = comm
         self.neighbors = tuple(sorted(neighbors))
@@ -78,15 +99,20 @@ class GossipMixer:
         self.self_weight = float(mixing[comm.rank, comm.rank])
         self.weights = {j: float(mixing[comm.rank, j]) for j in self.neighbors}
         if received is None:
-            received = {j: torch.empty(numel, dtype=like.dtype, device=like.device) for j in self.neighbors}
+            received = {
+                j: torch.empty(numel, dtype=like.dtype, device=like.device) for j in self.neighbors
+            }
         self.received = received
 
     def mix(self, x: torch.Tensor, round: int, tag: int = 0) -> None:
         """In place: x <- the weighted average of x and the neighbours' x."""
         self.start(x, 0, x.numel(), round, tag).finish()
 
-    def start(self, x: torch.Tensor, lo: int, hi: int, round: int, tag: int = 0, chunk: int = 0) -> _MixingRange:
-        """Send x[lo:hi] and post the receives of the neighbours' [lo:hi]; finish() averages them in.
+    def start(
+        self, x: torch.Tensor, lo: int, hi: int, round: int, tag: int = 0, chunk: int = 0
+    ) -> _MixingRange:
+        """Send x[lo:hi] and post the receives of the neighbours' [lo:hi]; finish() averages them
+        in.
 
         The range travels in pieces of at most ``PIECE`` elements, all posted now (in the same order
         on both ends), so that finish() averages each piece in as it lands while the later ones are
@@ -95,16 +121,30 @@ class GossipMixer:
         requests = []
         for i, start in enumerate(range(lo, max(hi, lo + 1), PIECE)):
             end = min(start + PIECE, hi)
-            requests.append(self.comm.exchange(
-                {j: x[start:end] for j in self.send_to}, {j: self.received[j][start:end] for j in self.neighbors},
-                tag=tag, round=round, chunk=chunk * PIECES_PER_RANGE + i,
-            ))
+            requests.append(
+                self.comm.exchange(
+                    {j: x[start:end] for j in self.send_to},
+                    {j: self.received[j][start:end] for j in self.neighbors},
+                    tag=tag,
+                    round=round,
+                    chunk=chunk * PIECES_PER_RANGE + i,
+                )
+            )
         return _MixingRange(self, part, lo, hi, requests)
 
-    def _combine(self, part: torch.Tensor, lo: int, hi: int, delivered: frozenset[int], pending: Request | None = None) -> None:
-        """x[lo:hi] (``part``) <- the weighted average, renormalized over the messages that arrived (a
+    def _combine(
+        self,
+        part: torch.Tensor,
+        lo: int,
+        hi: int,
+        delivered: frozenset[int],
+        pending: Request | None = None,
+    ) -> None:
+        """x[lo:hi] (``part``) <- the weighted average, renormalized over the messages that arrived
+        (a
         lost message is lost for every range of its round: drops ignore the range). Between the
-        passes, ``pending.test()`` lets the transport move the next piece (MPI copies only inside calls)."""
+        passes, ``pending.test()`` lets the transport move the next piece (MPI copies only inside
+        calls)."""
         total = self.self_weight + sum(self.weights[j] for j in delivered)
         part.mul_(self.self_weight / total)
         for j in self.neighbors:  # sorted: the same summation order on every backend
@@ -115,9 +155,12 @@ class GossipMixer:
 
 
 class _MixingRange:
-    """One range of a GossipMixer round in flight, as pieces (x's range is not touched until finish)."""
+    """One range of a GossipMixer round in flight, as pieces (x's range is not touched until
+    finish)."""
 
-    def __init__(self, mixer: GossipMixer, part: torch.Tensor, lo: int, hi: int, requests: list[Request]):
+    def __init__(
+        self, mixer: GossipMixer, part: torch.Tensor, lo: int, hi: int, requests: list[Request]
+    ):
         self.mixer, self.part, self.lo, self.hi, self.requests = mixer, part, lo, hi, requests
 
     def test(self) -> bool:
@@ -130,7 +173,9 @@ class _MixingRange:
             lo = self.lo + i * PIECE
             hi = min(lo + PIECE, self.hi)
             following = self.requests[i + 1] if i + 1 < len(self.requests) else None
-            self.mixer._combine(self.part[lo - self.lo : hi - self.lo], lo, hi, delivered, following)
+            self.mixer._combine(
+                self.part[lo - self.lo : hi - self.lo], lo, hi, delivered, following
+            )
 
 
 class _AllreduceMean:
@@ -148,7 +193,8 @@ class _AllreduceMean:
 
 class CommMixers:
     """Mixers over one worker's Communicator. Mixers of the same size share receive buffers
-    (an algorithm's mixers take turns: SGP's one per hop length needs one buffer, not one per hop)."""
+    (an algorithm's mixers take turns: SGP's one per hop length needs one buffer, not one per
+    hop)."""
 
     def __init__(self, comm: Communicator):
         self.comm = comm
@@ -171,11 +217,22 @@ class CommMixers:
     def start_allreduce_mean(self, x: torch.Tensor) -> _AllreduceMean:
         return _AllreduceMean(self.comm, x)
 
-    def relays(self, topology: Topology, like: torch.Tensor, in_place: bool = False, chunk: int | None = None) -> RelaySum:
-        return RelaySum(self.comm, topology, like.numel(), like, in_place=in_place, chunk=chunk or DEFAULT_CHUNK)
+    def relays(
+        self,
+        topology: Topology,
+        like: torch.Tensor,
+        in_place: bool = False,
+        chunk: int | None = None,
+    ) -> RelaySum:
+        return RelaySum(
+            self.comm, topology, like.numel(), like, in_place=in_place, chunk=chunk or DEFAULT_CHUNK
+        )
 
 
 def mixing_matrix_for(topology: Topology) -> np.ndarray:
     if topology.num_layers != 1:
-        raise ValueError(f"gossip needs a single-graph topology, {topology.name!r} has {topology.num_layers} layers")
+        raise ValueError(
+            f"gossip needs a single-graph topology, {topology.name!r} has "
+            f"{topology.num_layers} layers"
+        )
     return topology.mixing_matrix(0)

@@ -1,4 +1,5 @@
-"""Gradient tracking (Lorenzo & Scutari 2016) in the paper's update/correction form, one packed message per edge."""
+"""Gradient tracking (Lorenzo & Scutari 2016) in the paper's update/correction form, one packed
+message per edge."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ class GradientTracking(RangedAlgorithm):
     (The appendix's correction line has a typo; this is the standard form: y = u + c then
     follows y(t+1) = W y(t) + u(t+1) - u(t).) Both products use one exchange of [x+u+c, c+u]: per
     range [lo, hi) one message packed[2 lo : 2 hi] = [(x+u+c)[lo:hi], (c+u)[lo:hi]] (disjoint ranges
-    covering [0, n) tile [0, 2n); the whole step's packed is [x+u+c, c+u]). A range needs only its own
+    covering [0, n) tile [0, 2n); the whole step's packed is [x+u+c, c+u]). A range needs only its
+    own
     gradient, so its message leaves once that is final.
 
     A lost message loses both halves: both products use the same row of W with the lost

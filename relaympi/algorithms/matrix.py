@@ -1,4 +1,5 @@
-"""Matrix-form oracle: every algorithm vectorized over all n workers (numpy), an independent formulation.
+"""Matrix-form oracle: every algorithm vectorized over all n workers (numpy), an independent
+formulation.
 
 Used as the test oracle for the message-passing implementations and as the fast path for
 large random-quadratics studies. Rows of X are workers. Nothing here communicates. Each
@@ -70,14 +71,33 @@ class MatrixAlgorithm:
 
 
 def make_matrix_algorithm(
-    algo: str, topology: Topology, n: int, x0: np.ndarray, optimizer: OptimizerConfig, relay_mode: str = "counts",
-    d2_exact_diffusion: bool = False, d2_force: bool = False, coordinate_period: int | None = None,
+    algo: str,
+    topology: Topology,
+    n: int,
+    x0: np.ndarray,
+    optimizer: OptimizerConfig,
+    relay_mode: str = "counts",
+    d2_exact_diffusion: bool = False,
+    d2_force: bool = False,
+    coordinate_period: int | None = None,
     options: Options | None = None,
 ) -> MatrixAlgorithm:
     """The matrix form of ``algo`` with ``options`` (or these keywords, those of its options);
     D² refuses the matrices the message-passing D² refuses (d2_mixing_matrix)."""
     if options is None:
-        options = algorithm_options(algo, {"relay_mode": relay_mode, "d2_exact_diffusion": d2_exact_diffusion, "d2_force": d2_force})
+        options = algorithm_options(
+            algo,
+            {
+                "relay_mode": relay_mode,
+                "d2_exact_diffusion": d2_exact_diffusion,
+                "d2_force": d2_force,
+            },
+        )
     return MatrixAlgorithm(
-        algo, topology, MatrixOptimizer(optimizer, (n, x0.shape[0])), np.asarray(x0, dtype=np.float64), options, coordinate_period,
+        algo,
+        topology,
+        MatrixOptimizer(optimizer, (n, x0.shape[0])),
+        np.asarray(x0, dtype=np.float64),
+        options,
+        coordinate_period,
     )

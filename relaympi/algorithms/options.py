@@ -79,7 +79,8 @@ class RelaySumOptions(Options):
     def __post_init__(self) -> None:
         if self.relay_chunk is not None and self.relay_chunk < 1:
             raise ValueError(
-                f"relay_chunk must be a positive number of elements, got {self.relay_chunk}")
+                f"relay_chunk must be a positive number of elements, got {self.relay_chunk}"
+            )
         super().__post_init__()
 
 
@@ -94,7 +95,8 @@ class RelaySGDOptions(RelaySumOptions):
     def __post_init__(self) -> None:
         if self.relay_mode not in RELAY_MODES:
             raise ValueError(
-                f"unknown relay_mode {self.relay_mode!r}; choose one of {', '.join(RELAY_MODES)}")
+                f"unknown relay_mode {self.relay_mode!r}; choose one of {', '.join(RELAY_MODES)}"
+            )
         super().__post_init__()
 
 

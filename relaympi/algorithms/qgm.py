@@ -1,4 +1,5 @@
-"""D-PSGD with quasi-global momentum (Lin et al. 2021): the momentum buffer tracks the model's change after gossip."""
+"""D-PSGD with quasi-global momentum (Lin et al. 2021): the momentum buffer tracks the model's
+change after gossip."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from relaympi.algorithms.gossip import mixing_matrix_for
 
 
 class QuasiGlobalMomentumMatrix(MatrixForm):
-    """D = beta M + G (Nesterov: G + beta D);  X(t+1) = W (X - lr D);  M <- beta M + (1 - beta) (X - X(t+1)) / lr."""
+    """D = beta M + G (Nesterov: G + beta D);  X(t+1) = W (X - lr D);  M <- beta M + (1 - beta) (X -
+    X(t+1)) / lr."""
 
     def __init__(self, matrix_algorithm):
         super().__init__(matrix_algorithm)
@@ -31,7 +33,8 @@ class QuasiGlobalMomentumMatrix(MatrixForm):
 
 
 class QuasiGlobalMomentum(RangedAlgorithm):
-    """x(t+1/2) = x(t) - lr (g + beta (beta m + g))  (Nesterov form; heavy ball: x - lr (beta m + g)),
+    """x(t+1/2) = x(t) - lr (g + beta (beta m + g))  (Nesterov form; heavy ball: x - lr (beta m +
+    g)),
     gossip, then  m <- beta m + (1 - beta) (x(t) - x(t+1)) / lr.
 
     The buffer m is never updated from the local gradient alone: it follows the averaged
@@ -54,7 +57,12 @@ class QuasiGlobalMomentum(RangedAlgorithm):
     def _start(self, lo: int, hi: int, index: int):
         x, grad, lr, step = self._ranged
         cfg, beta = self.optimizer.config, self.beta
-        x, grad, m, d = x[..., lo:hi], grad[..., lo:hi], self.momentum_buffer[..., lo:hi], self._direction[..., lo:hi]
+        x, grad, m, d = (
+            x[..., lo:hi],
+            grad[..., lo:hi],
+            self.momentum_buffer[..., lo:hi],
+            self._direction[..., lo:hi],
+        )
         g = grad.add(x, alpha=cfg.weight_decay) if cfg.weight_decay else grad
         torch.add(g, m, alpha=beta, out=d)  # beta m + g
         if cfg.nesterov:
@@ -68,7 +76,9 @@ class QuasiGlobalMomentum(RangedAlgorithm):
         x, _, lr, _ = self._ranged
         beta = self.beta
         if lr > 0:  # during a warm-up from lr = 0 the model did not move: keep m
-            self.momentum_buffer[..., lo:hi].mul_(beta).add_(self._x_before[..., lo:hi].sub_(x[..., lo:hi]), alpha=(1 - beta) / lr)
+            self.momentum_buffer[..., lo:hi].mul_(beta).add_(
+                self._x_before[..., lo:hi].sub_(x[..., lo:hi]), alpha=(1 - beta) / lr
+            )
 
     def state_dict(self):
         return {"momentum_buffer": self.momentum_buffer}

@@ -53,14 +53,22 @@ ALGORITHM_NAMES = ALGORITHMS.names
 
 def _every_option() -> type[Options]:
     kinds = list(dict.fromkeys(ALGORITHM_OPTIONS.values()))
-    leaves = tuple(k for k in kinds
-                   if fields(k) and not any(o is not k and issubclass(o, k) for o in kinds))
-    return make_dataclass("AlgorithmOptions", [], bases=leaves, frozen=True, namespace={
-        "__doc__": "Every algorithm's options in one (their classes' fields together), for a "
-        "caller that builds algorithms chosen by name (tests, benchmarks): each algorithm takes "
-        "its own.",
-        "__module__": __name__,
-    })
+    leaves = tuple(
+        k for k in kinds if fields(k) and not any(o is not k and issubclass(o, k) for o in kinds)
+    )
+    return make_dataclass(
+        "AlgorithmOptions",
+        [],
+        bases=leaves,
+        frozen=True,
+        namespace={
+            "__doc__": "Every algorithm's options in one (their classes' fields together), for a "
+            "caller that builds algorithms chosen by name (tests, benchmarks): each "
+            "algorithm takes "
+            "its own.",
+            "__module__": __name__,
+        },
+    )
 
 
 AlgorithmOptions: Any = _every_option()
@@ -83,8 +91,12 @@ def get_algorithm_class(algo: str) -> type[Algorithm]:
     return ALGORITHMS[algo]
 
 
-def check_combination(algo: str, topology: Topology, optimizer: OptimizerConfig,
-                      options: Options | Mapping[str, Any] | None = None) -> None:
+def check_combination(
+    algo: str,
+    topology: Topology,
+    optimizer: OptimizerConfig,
+    options: Options | Mapping[str, Any] | None = None,
+) -> None:
     """Raise AlgorithmError unless ``algo`` runs on ``topology`` with this optimizer and options."""
     get_algorithm_class(algo).check(topology, optimizer, algorithm_options(algo, options))
 
@@ -92,12 +104,18 @@ def check_combination(algo: str, topology: Topology, optimizer: OptimizerConfig,
 def check_topology_fits_world(topology: Topology, world_size: int) -> None:
     """Raise AlgorithmError unless ``topology`` is for ``world_size`` workers."""
     if topology.world_size != world_size:
-        raise AlgorithmError(f"topology {topology.name!r} is for {topology.world_size} workers, "
-                             f"the world has {world_size}")
+        raise AlgorithmError(
+            f"topology {topology.name!r} is for {topology.world_size} workers, "
+            f"the world has {world_size}"
+        )
 
 
 def make_algorithm(
-    algo: str, comm: Communicator, topology: Topology, optimizer: LocalOptimizer, x0: torch.Tensor,
+    algo: str,
+    comm: Communicator,
+    topology: Topology,
+    optimizer: LocalOptimizer,
+    x0: torch.Tensor,
     options: Options | Mapping[str, Any] | None = None,
 ) -> Algorithm:
     """Build algorithm ``algo`` for this worker; refuses invalid combinations with a clear error."""

@@ -1,4 +1,5 @@
-"""RelaySGD (paper Algorithm 1, with the robust rule) and RelaySGD/Grad (appendix Algorithm "RelaySum/Grad"):
+"""RelaySGD (paper Algorithm 1, with the robust rule) and RelaySGD/Grad (appendix Algorithm
+"RelaySum/Grad"):
 the rules, once for every engine (RelaySum injected as relays.Relays), and their matrix forms."""
 
 from __future__ import annotations
@@ -23,17 +24,21 @@ if TYPE_CHECKING:
 
 
 def effective_delays(topology: Topology, layer: int) -> np.ndarray:
-    """e_ij = max(tau_ij - 1, 0): worker j's x(s + 1/2) enters x_i(t + 1) for s = t - e_ij (Algorithm 1's timing)."""
+    """e_ij = max(tau_ij - 1, 0): worker j's x(s + 1/2) enters x_i(t + 1) for s = t - e_ij
+    (Algorithm 1's timing)."""
     return np.maximum(topology.delays(layer) - 1, 0)
 
 
 def _relays(algorithm: _RelayedSteps, like: torch.Tensor) -> Relays:
     options = algorithm.options
-    return algorithm.mixers.relays(algorithm.topology, like, in_place=options.relay_in_place, chunk=options.relay_chunk)
+    return algorithm.mixers.relays(
+        algorithm.topology, like, in_place=options.relay_in_place, chunk=options.relay_chunk
+    )
 
 
 def _add_scaled(x: torch.Tensor, other: torch.Tensor, factor: Factor) -> None:
-    """x += factor * other: a scalar factor (one worker) or one per row of x (every worker at once)."""
+    """x += factor * other: a scalar factor (one worker) or one per row of x (every worker at
+    once)."""
     if isinstance(factor, float):
         x.add_(other, alpha=factor)
     else:
@@ -41,9 +46,11 @@ def _add_scaled(x: torch.Tensor, other: torch.Tensor, factor: Factor) -> None:
 
 
 class _DelayedSum(MatrixForm):
-    """RelaySum in matrix form: per coordinate, sum_j V_j(t - e_ij) over the j whose value has arrived.
+    """RelaySum in matrix form: per coordinate, sum_j V_j(t - e_ij) over the j whose value has
+    arrived.
 
-    Columns are the matrix algorithm's width // coordinate_period copies of one period-vector, each split
+    Columns are the matrix algorithm's width // coordinate_period copies of one period-vector, each
+    split
     into the layers' coordinate blocks (layer k relays block k)."""
 
     def __init__(self, matrix_algorithm):
@@ -57,15 +64,23 @@ class _DelayedSum(MatrixForm):
             self.layer_coords = list(blocks)
         else:
             starts = np.arange(0, d, period)[:, None]
-            self.layer_coords = [(starts + np.arange(b.start, b.stop)[None, :]).ravel() for b in blocks]
-        delays = [effective_delays(matrix_algorithm.topology, k) for k in range(matrix_algorithm.topology.num_layers)]
+            self.layer_coords = [
+                (starts + np.arange(b.start, b.stop)[None, :]).ravel() for b in blocks
+            ]
+        delays = [
+            effective_delays(matrix_algorithm.topology, k)
+            for k in range(matrix_algorithm.topology.num_layers)
+        ]
         self.tau_max = max(int(e.max()) for e in delays)
         # masks[layer][e][i, j] = 1 where j's value from e steps ago reaches i now
-        self.masks = [[(delay == e).astype(float) for e in range(self.tau_max + 1)] for delay in delays]
+        self.masks = [
+            [(delay == e).astype(float) for e in range(self.tau_max + 1)] for delay in delays
+        ]
         self.history: list[np.ndarray] = []  # the relayed values, newest last
 
     def delayed_sum(self, current: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """The delayed sum including ``current`` (this step's values), and how many values it holds."""
+        """The delayed sum including ``current`` (this step's values), and how many values it
+        holds."""
         n, d = self.matrix_algorithm.n, self.matrix_algorithm.d
         self.history.append(current)
         del self.history[: -(self.tau_max + 1)]
@@ -88,7 +103,11 @@ class RelaySGDMatrix(_DelayedSum):
         if matrix_algorithm.options.relay_mode == "counts":
             return total / count
         missing = matrix_algorithm.n - count
-        fill = X if matrix_algorithm.options.relay_mode == "previous" else np.broadcast_to(matrix_algorithm.x0, X.shape)
+        fill = (
+            X
+            if matrix_algorithm.options.relay_mode == "previous"
+            else np.broadcast_to(matrix_algorithm.x0, X.shape)
+        )
         return (total + missing * fill) / matrix_algorithm.n
 
 
@@ -96,15 +115,21 @@ class RelaySGDGradMatrix(_DelayedSum):
     """X(t+1) = X(t) + the delayed sum of U(s) / n."""
 
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
-        return X + self.delayed_sum(self.matrix_algorithm.optimizer.update(G, X, lr), t)[0] / self.matrix_algorithm.n
+        return (
+            X
+            + self.delayed_sum(self.matrix_algorithm.optimizer.update(G, X, lr), t)[0]
+            / self.matrix_algorithm.n
+        )
 
 
 class _RelayedSteps(Algorithm):
     """The ranged step over RelaySum (relays.RangedRelays) shared by RelaySGD and RelaySGD/Grad:
     begin_step posts every receive of the parcel, ready(lo, hi) runs the range's local update just
-    before its chunks are assembled and sent, finish_step lets ``_landed`` normalize each chunk as it
+    before its chunks are assembled and sent, finish_step lets ``_landed`` normalize each chunk as
+    it
     lands. On any other Relays (the batched engine's) the whole step runs in finish_step. Subclasses
-    say what is relayed (``_parcel``) and whether the update is applied to x (``applies_update``)."""
+    say what is relayed (``_parcel``) and whether the update is applied to x
+    (``applies_update``)."""
 
     applies_update: ClassVar[bool]
     options: RelaySumOptions
@@ -136,7 +161,9 @@ class _RelayedSteps(Algorithm):
             return
         x, grad, lr, _ = self._ranged
         apply = self.applies_update
-        self.relay.ready(lo, hi, lambda a, b: self.optimizer.update_range(grad, x, lr, a, b, apply=apply))
+        self.relay.ready(
+            lo, hi, lambda a, b: self.optimizer.update_range(grad, x, lr, a, b, apply=apply)
+        )
 
     def finish_step(self) -> None:
         if not self._pipelined:
@@ -187,7 +214,9 @@ class RelaySGD(_RelayedSteps):
         self.relay.exchange(x, round_id(step))
         counts = self.relay.counts()
         if self.mode == "counts":
-            self.relay.add_received(x, divide_by=[self.relay.factor(nbar, layer) for layer, nbar in enumerate(counts)])
+            self.relay.add_received(
+                x, divide_by=[self.relay.factor(nbar, layer) for layer, nbar in enumerate(counts)]
+            )
             return
         n = float(self.topology.world_size)
         for layer, nbar in enumerate(counts):
@@ -204,7 +233,9 @@ class RelaySGD(_RelayedSteps):
 
     # -- range by range (_RelayedSteps): x(t+1/2) is relayed chunk by chunk ------------------------
 
-    applies_update = True  # x(t+1/2) = x(t) + u(t), chunk by chunk, each just before its messages are sent
+    applies_update = (
+        True  # x(t+1/2) = x(t) + u(t), chunk by chunk, each just before its messages are sent
+    )
 
     def _parcel(self, x: torch.Tensor) -> torch.Tensor:
         return x
@@ -233,7 +264,8 @@ class RelaySGD(_RelayedSteps):
 
 
 class RelaySGDGrad(_RelayedSteps):
-    """u(t) = local update; relay u(t); x(t+1) = x(t) + (u(t) + sum_j m_ji) / n (on any engine, as RelaySGD)."""
+    """u(t) = local update; relay u(t); x(t+1) = x(t) + (u(t) + sum_j m_ji) / n (on any engine, as
+    RelaySGD)."""
 
     name = "relay-grad"
     default_topology = "double-binary-trees"
@@ -247,7 +279,8 @@ class RelaySGDGrad(_RelayedSteps):
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
         """Over RelaySum, pipelined as RelaySGD's step: one sweep computing u (u is the parcel: a
         leaf's chunks are views of it) and assembling each chunk before its send, and one sweep as
-        each chunk lands: total = u + what arrived, x += total / n. Elsewhere the same passes in turn."""
+        each chunk lands: total = u + what arrived, x += total / n. Elsewhere the same passes in
+        turn."""
         if self._pipelined:
             return self._pipelined_step(x, grad, lr, step)
         u = self.optimizer.update(grad, x, lr, apply=False)
@@ -262,7 +295,16 @@ class RelaySGDGrad(_RelayedSteps):
         return self.optimizer.update_buffer
 
     def _landed(self, layer: int, chunk: int, nbar: float) -> None:
-        x, u, total, scale = self._ranged[0], self.optimizer.update_buffer, self._total, 1.0 / self.topology.world_size
+        x, u, total, scale = (
+            self._ranged[0],
+            self.optimizer.update_buffer,
+            self._total,
+            1.0 / self.topology.world_size,
+        )
         self.relay.add_received_chunk(
-            total, layer, chunk, before=lambda c: total[c].copy_(u[c]), after=lambda c: x[c].add_(total[c], alpha=scale)
+            total,
+            layer,
+            chunk,
+            before=lambda c: total[c].copy_(u[c]),
+            after=lambda c: x[c].add_(total[c], alpha=scale),
         )

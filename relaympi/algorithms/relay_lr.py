@@ -1,4 +1,5 @@
-"""RelaySGD's learning-rate correction: a closed form in O(n), and the paper's simulation it equals."""
+"""RelaySGD's learning-rate correction: a closed form in O(n), and the paper's simulation it
+equals."""
 
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ def _tree_layers(topology: Topology | nx.Graph, caller: str) -> list[tuple[int, 
         if n == 0 or set(topology.nodes) != set(range(n)):
             raise TopologyError(f"{caller} needs nodes exactly 0..n-1 (layer 0 of 'graph')")
         if not nx.is_tree(topology):
-            _not_a_tree(caller, 0, topology.graph.get("name") or "graph", topology.number_of_edges(), n)
+            _not_a_tree(
+                caller, 0, topology.graph.get("name") or "graph", topology.number_of_edges(), n
+            )
         return [(n, np.array(topology.edges(), dtype=np.int64).reshape(-1, 2))]
     layers = []
     n = topology.world_size
@@ -54,7 +57,8 @@ def _not_a_tree(caller: str, index: int, name: str, edges: int, n: int) -> None:
 
 
 def lr_correction(topology: Topology | nx.Graph) -> float:
-    """RelaySGD's learning-rate correction 1 / (alpha n) (paper appendix "Learning-rate correction").
+    """RelaySGD's learning-rate correction 1 / (alpha n) (paper appendix "Learning-rate
+    correction").
 
     The paper's procedure (simulated_lr_correction) runs Algorithm 1 on a scalar model per worker
     after one +1 update everywhere until the workers agree on alpha n. Its limit has a closed
@@ -78,7 +82,8 @@ def lr_correction(topology: Topology | nx.Graph) -> float:
 
 
 def _tree_correction(n: int, edges: np.ndarray) -> float:
-    """1 + (2 W - n (n - 1)) / n^2 for one tree, W from subtree sizes in one BFS (exact integers)."""
+    """1 + (2 W - n (n - 1)) / n^2 for one tree, W from subtree sizes in one BFS (exact
+    integers)."""
     if n == 1:
         return 1.0
     rows = np.concatenate([edges[:, 0], edges[:, 1]])
@@ -112,7 +117,8 @@ def simulated_lr_correction(topology: Topology | nx.Graph) -> float:
 
 
 class _DirectedEdges:
-    """Index arrays over the 2(n-1) directed edges i->j of a tree, for vectorized message passing."""
+    """Index arrays over the 2(n-1) directed edges i->j of a tree, for vectorized message
+    passing."""
 
     def __init__(self, tree: nx.Graph) -> None:
         pairs = sorted(tree.edges()) + sorted((j, i) for i, j in tree.edges())

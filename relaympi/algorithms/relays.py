@@ -1,4 +1,5 @@
-"""The injectable Relays: RelaySum as RelaySGD and RelaySGD/Grad communicate through it, on any engine."""
+"""The injectable Relays: RelaySum as RelaySGD and RelaySGD/Grad communicate through it, on any
+engine."""
 
 from __future__ import annotations
 
@@ -10,35 +11,42 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    # n-bar and what is computed from it on the host: a float for one worker, one float64 per worker [N]
+    # n-bar and what is computed from it on the host: a float for one worker, one float64 per worker
+    # [N]
     Counts = float | np.ndarray
-    # a factor of coords(x, layer): a float for one worker, a [N, 1] tensor (one per row) for all workers
+    # a factor of coords(x, layer): a float for one worker, a [N, 1] tensor (one per row) for all
+    # workers
     Factor = float | torch.Tensor
 
 
 class Relays(Protocol):
     """RelaySum (paper Algorithm 1, lines 4-9) on one or more spanning trees: each step every worker
-    sends a parcel p(t); back come, per layer (tree k relays the coordinate block ``coords(., k)``), the
+    sends a parcel p(t); back come, per layer (tree k relays the coordinate block ``coords(., k)``),
+    the
     sum of the parcels that have reached the worker, p_j(t - tau_ij + 1) for every j, its own p(t)
     included, and n-bar, how many parcels that sum holds. A lost message arrives empty (payload 0,
     counter 0), so n - n-bar parcels are missing.
 
     Only the mechanism: what an algorithm does with the sums and counts (Algorithm 1's division by
     n-bar, the robust rule's fill-ins, RelaySGD/Grad's 1/n) is the algorithm's, written once in
-    relaympi.algorithms.relay. Implemented by relaympi.algorithms.relaysum.RelaySum for one worker over
+    relaympi.algorithms.relay. Implemented by relaympi.algorithms.relaysum.RelaySum for one worker
+    over
     a Communicator (x a flat vector; gossip.CommMixers.relays builds it) and by
     relaympi.batched.relay.BatchedRelaySum for every worker at once (x [N, d], one count per worker;
     relaympi.batched.mixer.BatchedMixers.relays builds it).
     """
 
     def exchange(self, parcel: torch.Tensor, round: int) -> None:
-        """Send ``parcel`` (shaped as x) in communication round ``round`` and receive this step's messages."""
+        """Send ``parcel`` (shaped as x) in communication round ``round`` and receive this step's
+        messages."""
 
     def counts(self) -> list[Counts]:
-        """Per layer, n-bar = 1 + the counters received this step (on the host, data-independent)."""
+        """Per layer, n-bar = 1 + the counters received this step (on the host,
+        data-independent)."""
 
     def factor(self, values: Counts, layer: int) -> Factor:
-        """``values`` (shaped as counts()'s) as a factor that multiplies or divides coords(x, layer)."""
+        """``values`` (shaped as counts()'s) as a factor that multiplies or divides coords(x,
+        layer)."""
 
     def add_received(self, out: torch.Tensor, divide_by: list[Factor] | None = None) -> None:
         """out += the messages received this step (every layer to its block), then, with
@@ -63,13 +71,20 @@ class RangedRelays(Relays, Protocol):
         """Start the exchange of ``parcel``, whose coordinates become final range by range."""
 
     def ready(self, lo: int, hi: int, prepare: Callable[[int, int], None] | None = None) -> None:
-        """parcel[lo:hi] is final once ``prepare(a, b)`` ran on each piece of it: send what is complete."""
+        """parcel[lo:hi] is final once ``prepare(a, b)`` ran on each piece of it: send what is
+        complete."""
 
     def finish(self, landed: Callable[[int, int, float], None] | None = None) -> None:
         """Complete the exchange; ``landed(layer, chunk, nbar)`` on each chunk as it arrives."""
 
     def add_received_chunk(
-        self, out: torch.Tensor, layer: int, chunk: int, divisor: float | None = None,
-        before: Callable[[slice], None] | None = None, after: Callable[[slice], None] | None = None,
+        self,
+        out: torch.Tensor,
+        layer: int,
+        chunk: int,
+        divisor: float | None = None,
+        before: Callable[[slice], None] | None = None,
+        after: Callable[[slice], None] | None = None,
     ) -> None:
-        """In ``landed``: out += that chunk's received sum, /= divisor; before/after per cache block."""
+        """In ``landed``: out += that chunk's received sum, /= divisor; before/after per cache
+        block."""

@@ -1,4 +1,5 @@
-"""RelaySum (paper Algorithm 1): per-edge relayed messages with counters, on one or more spanning trees, for one worker."""
+"""RelaySum (paper Algorithm 1): per-edge relayed messages with counters, on one or more spanning
+trees, for one worker."""
 
 from __future__ import annotations
 
@@ -32,17 +33,29 @@ class _Layer:
     block: slice
     neighbors: tuple[int, ...]
     received: torch.Tensor  # [k, s + 1]: the last message from each neighbour (see row_of)
-    incoming: torch.Tensor | None  # [k, s + 1] receive buffers (default mode, k >= 2); swapped with received
+    incoming: (
+        torch.Tensor | None
+    )  # [k, s + 1] receive buffers (default mode, k >= 2); swapped with received
     total: torch.Tensor | None  # [s + 1] scratch for k >= 3: [p, 1] + every message received
-    tail: torch.Tensor | None  # a leaf's last chunk [p[a:s], 1] where no spare slot follows the parcel's block
+    tail: (
+        torch.Tensor | None
+    )  # a leaf's last chunk [p[a:s], 1] where no spare slot follows the parcel's block
     total_is_sum: bool = False  # total holds the sum of received's rows (computed by add_received)
-    row_of: list[int] = field(default_factory=list)  # row of received holding neighbors[p]'s message
-    chunks: list[slice] = field(default_factory=list)  # of a message, in index order (sent last to first)
+    row_of: list[int] = field(
+        default_factory=list
+    )  # row of received holding neighbors[p]'s message
+    chunks: list[slice] = field(
+        default_factory=list
+    )  # of a message, in index order (sent last to first)
     # this step's, from begin() to finish()
-    targets: list[int] = field(default_factory=list)  # row r of received goes to targets[r] (see RelaySum._targets)
+    targets: list[int] = field(
+        default_factory=list
+    )  # row r of received goes to targets[r] (see RelaySum._targets)
     missing: list[int] = field(default_factory=list)  # per chunk, its coordinates not ready yet
     next_send: int = -1  # the chunk to send next (chunks go last to first); -1: all sent
-    recvs: list = field(default_factory=list)  # per chunk, the request receiving it (None: in place, landed in ready)
+    recvs: list = field(
+        default_factory=list
+    )  # per chunk, the request receiving it (None: in place, landed in ready)
     sends: list = field(default_factory=list)  # per chunk, the request sending it
     summed: int = 0  # chunks whose rows add_received_chunk summed into total this step
 
@@ -54,18 +67,21 @@ class _Layer:
         return self.block.stop - self.block.start
 
     def coords(self, j: int) -> slice:
-        """The flat coordinates whose payload chunk j carries (the counter's chunk may carry none)."""
+        """The flat coordinates whose payload chunk j carries (the counter's chunk may carry
+        none)."""
         c = self.chunks[j]
         return slice(self.block.start + c.start, self.block.start + min(c.stop, self.size))
 
     @property
     def arrivals(self) -> torch.Tensor:
-        """Where this step's messages land: the receive buffers, or (leaf, in place) received itself."""
+        """Where this step's messages land: the receive buffers, or (leaf, in place) received
+        itself."""
         return self.incoming if self.incoming is not None else self.received
 
 
 class RelaySum:
-    """Delivers to each worker the sum of every worker's delayed parcel, and how many parcels it holds:
+    """Delivers to each worker the sum of every worker's delayed parcel, and how many parcels it
+    holds:
     relays.Relays for one worker over a Communicator, and relays.RangedRelays (range by range).
 
     Parcel p_j(t) of worker j reaches worker i in step t + tau_ij - 1 (Algorithm 1's timing:
@@ -109,9 +125,14 @@ class RelaySum:
         chunk: int = DEFAULT_CHUNK,
     ):
         if not topology.is_tree:
-            raise ValueError(f"RelaySum needs a tree topology (every layer a spanning tree); {topology.name!r} is not")
+            raise ValueError(
+                "RelaySum needs a tree topology (every layer a spanning tree); "
+                f"{topology.name!r} is not"
+            )
         if topology.world_size != comm.world_size:
-            raise ValueError(f"topology is for {topology.world_size} workers but the world has {comm.world_size}")
+            raise ValueError(
+                f"topology is for {topology.world_size} workers but the world has {comm.world_size}"
+            )
         if chunk < 1:
             raise ValueError(f"chunk must be a positive number of elements, got {chunk}")
         self.comm = comm
@@ -122,7 +143,9 @@ class RelaySum:
         self._opts = {"dtype": like.dtype, "device": like.device}
         # CPU: passes run CACHE_BLOCK elements at a time; a GPU runs each op over a whole chunk
         self._block = CACHE_BLOCK if like.device.type == "cpu" else max(self.chunk, numel + 1)
-        self._progress_block = 4 * self._block  # ready()'s pieces between two progress calls (the optimizer's block)
+        self._progress_block = (
+            4 * self._block
+        )  # ready()'s pieces between two progress calls (the optimizer's block)
         self.layers: list[_Layer] = []
         for index, block in enumerate(topology.coordinate_blocks(numel)):
             nbrs = topology.neighbors(comm.rank, index)
@@ -136,7 +159,9 @@ class RelaySum:
                     block=block,
                     neighbors=nbrs,
                     received=torch.zeros(k, s + 1, **self._opts),
-                    incoming=torch.zeros(k, s + 1, **self._opts) if (k >= 2 and not in_place) else None,
+                    incoming=torch.zeros(k, s + 1, **self._opts)
+                    if (k >= 2 and not in_place)
+                    else None,
                     total=torch.zeros(s + 1, **self._opts) if k >= 3 else None,
                     tail=tail,
                     chunks=chunks,
@@ -151,19 +176,26 @@ class RelaySum:
         self._parcel: torch.Tensor | None = None
         self._storage: torch.Tensor | None = None  # the parcel's spare slots, if it has them
         self._round = 0
-        self._last_request: Request | None = None  # the last request posted: tested to let the transport progress
+        self._last_request: Request | None = (
+            None  # the last request posted: tested to let the transport progress
+        )
         self._swaps = 0  # in-place chunks posted this step (they take turns in the bounce buffer)
         self._landing: tuple | None = None  # the in-place chunk posted last, not landed yet
-        self._progress: Request | None = None  # in finish(): the next receive, tested between normalized blocks
+        self._progress: Request | None = (
+            None  # in finish(): the next receive, tested between normalized blocks
+        )
 
     # -- messages ---------------------------------------------------------------------------
 
     def _leaf_chunk(self, layer: _Layer, j: int) -> torch.Tensor:
-        """Chunk j of a leaf's message [p, 1]: a view of the parcel (and its spare slot), or the tail copy."""
+        """Chunk j of a leaf's message [p, 1]: a view of the parcel (and its spare slot), or the
+        tail copy."""
         c, coords = layer.chunks[j], layer.coords(j)
         if c.stop <= layer.size:  # payload only
             return self._parcel[coords]
-        if self._storage is not None and layer.block.stop == self.numel:  # storage index = flat index + 1
+        if (
+            self._storage is not None and layer.block.stop == self.numel
+        ):  # storage index = flat index + 1
             return self._storage[coords.start + 1 : self.numel + 2]
         if layer.tail is None:  # the last layer's, for a parcel without spare slots
             layer.tail = self._tail(c)
@@ -183,14 +215,21 @@ class RelaySum:
         a, b = layer.row_of[0], layer.row_of[-1]
         c, coords = layer.chunks[j], layer.coords(j)
         payload_stop = c.start + coords.stop - coords.start
-        pieces = [(lo, min(lo + self._block, payload_stop)) for lo in range(c.start, payload_stop, self._block)]
+        pieces = [
+            (lo, min(lo + self._block, payload_stop))
+            for lo in range(c.start, payload_stop, self._block)
+        ]
         if c.stop > layer.size:
             pieces.append((layer.size, layer.size + 1))  # the counter: mine = 1
         for i, (lo, hi) in enumerate(pieces):
             if i and self._last_request is not None:
                 self._last_request.test()
             block = slice(lo, hi)
-            mine = 1.0 if lo == layer.size else self._parcel[layer.block.start + lo : layer.block.start + hi]
+            mine = (
+                1.0
+                if lo == layer.size
+                else self._parcel[layer.block.start + lo : layer.block.start + hi]
+            )
             if total is None:  # degree 2: m_ia = [p, 1] + m_bi, the two rows swap roles
                 rows[b, block].add_(mine)
                 rows[a, block].add_(mine)
@@ -198,7 +237,9 @@ class RelaySum:
             if not layer.total_is_sum:
                 _sum_rows(rows, block, total[block])
             total[block].add_(mine)
-            torch.sub(total[block], rows[:, block], out=rows[:, block])  # m_ij = total - m_ji, every row at once
+            torch.sub(
+                total[block], rows[:, block], out=rows[:, block]
+            )  # m_ij = total - m_ji, every row at once
 
     @staticmethod
     def _targets(layer: _Layer) -> list[int]:
@@ -218,29 +259,42 @@ class RelaySum:
         if self._parcel is not None:
             raise RuntimeError("RelaySum.begin called twice without finish()")
         if parcel.numel() != self.numel:
-            raise ValueError(f"parcel has {parcel.numel()} elements, RelaySum was built for {self.numel}")
+            raise ValueError(
+                f"parcel has {parcel.numel()} elements, RelaySum was built for {self.numel}"
+            )
         self._parcel, self._storage, self._round = parcel, spare_slots(parcel), round
         self._swaps, self._landing = 0, None
         for tag, layer in enumerate(self.layers):
             if not layer.neighbors:
                 continue
             layer.targets = self._targets(layer)
-            layer.missing = [layer.coords(j).stop - layer.coords(j).start for j in range(len(layer.chunks))]
+            layer.missing = [
+                layer.coords(j).stop - layer.coords(j).start for j in range(len(layer.chunks))
+            ]
             layer.next_send = len(layer.chunks) - 1
             layer.sends = [None] * len(layer.chunks)
             layer.recvs = [None] * len(layer.chunks)
             if self.in_place and len(layer.neighbors) >= 2:  # posted with each chunk's send
                 continue
             into = layer.arrivals
-            for j in reversed(range(len(layer.chunks))):  # receives first, so every chunk can land as soon as it is sent
+            for j in reversed(
+                range(len(layer.chunks))
+            ):  # receives first, so every chunk can land as soon as it is sent
                 c = layer.chunks[j]
-                request = self.comm.exchange({}, {peer: into[r, c] for r, peer in enumerate(layer.neighbors)}, tag=tag, round=round, chunk=j)
+                request = self.comm.exchange(
+                    {},
+                    {peer: into[r, c] for r, peer in enumerate(layer.neighbors)},
+                    tag=tag,
+                    round=round,
+                    chunk=j,
+                )
                 layer.recvs[j] = self._last_request = request
         for tag, layer in enumerate(self.layers):
             self._send_ready(tag, layer)  # a chunk of the counter alone is ready now
 
     def ready(self, lo: int, hi: int, prepare: Callable[[int, int], None] | None = None) -> None:
-        """The parcel's [lo, hi) is final once ``prepare(a, b)`` has run on each piece [a, b) of it (a
+        """The parcel's [lo, hi) is final once ``prepare(a, b)`` has run on each piece [a, b) of it
+        (a
         chunk's share of the range, last to first): send every chunk that is now complete."""
         if self._parcel is None:
             raise RuntimeError("RelaySum.ready called before begin()")
@@ -248,14 +302,20 @@ class RelaySum:
             raise ValueError(f"range [{lo}, {hi}) is not within [0, {self.numel})")
         for tag in reversed(range(len(self.layers))):
             layer = self.layers[tag]
-            if layer.block.stop <= lo or layer.block.start >= hi or layer.block.start == layer.block.stop:
+            if (
+                layer.block.stop <= lo
+                or layer.block.start >= hi
+                or layer.block.start == layer.block.stop
+            ):
                 continue
             for j in reversed(range(len(layer.chunks))):
                 coords = layer.coords(j)
                 a, b = max(lo, coords.start), min(hi, coords.stop)
                 if a >= b:
                     continue
-                if prepare is not None:  # (with the transport progressing between blocks, as in _assemble)
+                if (
+                    prepare is not None
+                ):  # (with the transport progressing between blocks, as in _assemble)
                     for piece in range(a, b, self._progress_block):
                         if piece > a and self._last_request is not None:
                             self._last_request.test()
@@ -270,7 +330,13 @@ class RelaySum:
             j = layer.next_send
             layer.next_send -= 1
             if len(layer.neighbors) == 1:
-                layer.sends[j] = self.comm.exchange({layer.neighbors[0]: self._leaf_chunk(layer, j)}, {}, tag=tag, round=self._round, chunk=j)
+                layer.sends[j] = self.comm.exchange(
+                    {layer.neighbors[0]: self._leaf_chunk(layer, j)},
+                    {},
+                    tag=tag,
+                    round=self._round,
+                    chunk=j,
+                )
             else:
                 self._assemble(layer, j)
                 self._send_assembled(tag, layer, j)
@@ -312,27 +378,40 @@ class RelaySum:
             raise RuntimeError("RelaySum.finish called before begin()")
         for layer in self.layers:
             if layer.neighbors and layer.next_send >= 0:
-                raise RuntimeError(f"RelaySum.finish before every range was ready (coordinates {layer.coords(layer.next_send)})")
+                raise RuntimeError(
+                    "RelaySum.finish before every range was ready (coordinates "
+                    f"{layer.coords(layer.next_send)})"
+                )
         if self._landing is not None:
             self._land(*self._landing)
             self._landing = None
-        upcoming = [r for index in reversed(range(len(self.layers))) for r in reversed(self.layers[index].recvs) if r is not None]
+        upcoming = [
+            r
+            for index in reversed(range(len(self.layers)))
+            for r in reversed(self.layers[index].recvs)
+            if r is not None
+        ]
         for index in reversed(range(len(self.layers))):
             layer = self.layers[index]
             in_place = self.in_place and len(layer.neighbors) >= 2
-            if in_place:  # what arrives from targets[r] lands in row r: the row that carried the message to it
+            # what arrives from targets[r] lands in row r: the row that carried the message to it
+            if in_place:
                 layer.row_of = [layer.targets.index(peer) for peer in layer.neighbors]
             nbar = 1.0
             for j in reversed(range(len(layer.chunks))):
                 if layer.neighbors and not in_place:
                     delivered = layer.recvs[j].wait()
                     upcoming.pop(0)
-                    self._progress = upcoming[0] if upcoming else None  # tested while this chunk is normalized
+                    self._progress = (
+                        upcoming[0] if upcoming else None
+                    )  # tested while this chunk is normalized
                     if j == len(layer.chunks) - 1:  # chunks of a message are dropped together
                         for r, peer in enumerate(layer.neighbors):
                             if peer not in delivered:
                                 layer.arrivals[r].zero_()
-                    if len(layer.neighbors) == 1 and landed is not None:  # the chunk is a view of the parcel, which landed() may change
+                    if (
+                        len(layer.neighbors) == 1 and landed is not None
+                    ):  # the chunk is a view of the parcel, which landed() may change
                         layer.sends[j].wait()
                 if j == len(layer.chunks) - 1:
                     nbar = self._nbar(layer, layer.arrivals)
@@ -366,19 +445,37 @@ class RelaySum:
                 layer.total_is_sum = True
 
     def add_received_chunk(
-        self, out: torch.Tensor, layer: int, chunk: int, divisor: float | None = None,
-        before: Callable[[slice], None] | None = None, after: Callable[[slice], None] | None = None,
+        self,
+        out: torch.Tensor,
+        layer: int,
+        chunk: int,
+        divisor: float | None = None,
+        before: Callable[[slice], None] | None = None,
+        after: Callable[[slice], None] | None = None,
     ) -> None:
         """In ``finish``'s ``landed(layer, chunk, nbar)``: out += that chunk's sum of the messages
         received this step, then /= ``divisor``; per cache block [a, b) of flat coordinates,
         ``before(slice(a, b))`` runs first and ``after`` last (so a caller's fill-ins and its use of
         the sum stay in cache)."""
         here = self.layers[layer]
-        self._add_rows(out, here, here.arrivals, here.chunks[chunk], divisor, before, after, self._progress)
+        self._add_rows(
+            out, here, here.arrivals, here.chunks[chunk], divisor, before, after, self._progress
+        )
         here.summed += 1
 
-    def _add_rows(self, out, layer: _Layer, rows: torch.Tensor, c: slice, divisor, before=None, after=None, progress=None) -> None:
-        """out[coords of message slice c] += the sum of rows (k >= 3: through total, kept for the next
+    def _add_rows(
+        self,
+        out,
+        layer: _Layer,
+        rows: torch.Tensor,
+        c: slice,
+        divisor,
+        before=None,
+        after=None,
+        progress=None,
+    ) -> None:
+        """out[coords of message slice c] += the sum of rows (k >= 3: through total, kept for the
+        next
         assembly; else in neighbour order), /= divisor; the counters too into total. ``progress``
         (a request) is tested between blocks so that the chunks still in flight move meanwhile."""
         start, total = layer.block.start, layer.total
@@ -401,7 +498,9 @@ class RelaySum:
                 part.div_(divisor)
             if after is not None:
                 after(coords)
-        if total is not None and c.stop > layer.size:  # the counter too, so that total is the whole sum of the rows
+        if (
+            total is not None and c.stop > layer.size
+        ):  # the counter too, so that total is the whole sum of the rows
             _sum_rows(rows, slice(layer.size, layer.size + 1), total[layer.size : layer.size + 1])
 
     @staticmethod
@@ -415,7 +514,8 @@ class RelaySum:
         return 1.0 + float(counters.sum())
 
     def counts(self) -> list[float]:
-        """Per layer, n-bar = 1 + the counters received this step: how many parcels the sum holds."""
+        """Per layer, n-bar = 1 + the counters received this step: how many parcels the sum
+        holds."""
         return [self._nbar(layer, layer.received) for layer in self.layers]
 
     def factor(self, values: float, layer: int) -> float:
@@ -442,7 +542,8 @@ class RelaySum:
         ]
 
     def buffers(self) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        """Every buffer RelaySum holds that scales with the model, and the fixed-size bounce buffer."""
+        """Every buffer RelaySum holds that scales with the model, and the fixed-size bounce
+        buffer."""
         held = [layer.received for layer in self.layers]
         held += [b for layer in self.layers for b in (layer.incoming, layer.total) if b is not None]
         held += [layer.tail for layer in self.layers if layer.tail is not None]
@@ -469,7 +570,8 @@ class RelaySum:
 
 
 def _sum_rows(rows: torch.Tensor, c: slice, out: torch.Tensor) -> None:
-    """out = rows[0, c] + rows[1, c] + ... in row order: elementwise adds give the same bits for any chunking."""
+    """out = rows[0, c] + rows[1, c] + ... in row order: elementwise adds give the same bits for any
+    chunking."""
     torch.add(rows[0, c], rows[1, c], out=out)
     for r in range(2, rows.shape[0]):
         out.add_(rows[r, c])

@@ -1,4 +1,5 @@
-"""Stochastic Gradient Push on the time-varying exponential graph (paper appendix Algorithm "SGP"), two rounds per step."""
+"""Stochastic Gradient Push on the time-varying exponential graph (paper appendix Algorithm "SGP"),
+two rounds per step."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ ROUNDS = 2  # two communication rounds per gradient step equalize bandwidth with
 
 
 class SGPMatrix(MatrixForm):
-    """X(t+1) = W(2t + 1) W(2t) (X + U), W(t') the exponential schedule's averaging matrix of round t'."""
+    """X(t+1) = W(2t + 1) W(2t) (X + U), W(t') the exponential schedule's averaging matrix of round
+    t'."""
 
     def __init__(self, matrix_algorithm):
         super().__init__(matrix_algorithm)
@@ -54,7 +56,10 @@ class SGP(RangedAlgorithm):
         except TopologyError as exc:
             raise AlgorithmError(f"sgp: {exc}") from exc
         # one gossip mixer per hop length: W(t') sends to i - o and mixes in i + o with weights 1/2
-        self.hops = [self.mixers.gossip(self.schedule.mixing_matrix(k), x0) for k in range(self.schedule.period)]
+        self.hops = [
+            self.mixers.gossip(self.schedule.mixing_matrix(k), x0)
+            for k in range(self.schedule.period)
+        ]
 
     def _start(self, lo: int, hi: int, index: int):
         x, grad, lr, _ = self._ranged
@@ -63,7 +68,13 @@ class SGP(RangedAlgorithm):
 
     def _round(self, r: int, lo: int, hi: int, index: int) -> tuple:
         x, _, _, step = self._ranged
-        return r, index, self.hops[(ROUNDS * step + r) % self.schedule.period].start(x, lo, hi, round_id(step, r), chunk=index)
+        return (
+            r,
+            index,
+            self.hops[(ROUNDS * step + r) % self.schedule.period].start(
+                x, lo, hi, round_id(step, r), chunk=index
+            ),
+        )
 
     def _test(self, pending) -> None:
         pending[2].test()

@@ -1,5 +1,7 @@
-"""Every algorithm of relaympi.algorithms over all workers at once: each algorithm's own class stepping
-X [N, d], communicating through BatchedMixers (gossip as W products, RelaySum as BatchedRelaySum)."""
+"""Every algorithm of relaympi.algorithms over all workers at once: each algorithm's own class
+stepping
+X [N, d], communicating through BatchedMixers (gossip as W products, RelaySum as
+BatchedRelaySum)."""
 
 from __future__ import annotations
 
@@ -27,9 +29,18 @@ class StackedAlgorithm(BatchedAlgorithm):
 
     algorithm: ClassVar[type[Algorithm]]
 
-    def __init__(self, topology: Any, optimizer: BatchedOptimizer, X0: torch.Tensor, options: Options, drops: DropPolicy):
+    def __init__(
+        self,
+        topology: Any,
+        optimizer: BatchedOptimizer,
+        X0: torch.Tensor,
+        options: Options,
+        drops: DropPolicy,
+    ):
         super().__init__(topology, optimizer, X0, options, drops)
-        self.stacked = self.algorithm(None, topology, optimizer, X0, options, BatchedMixers(drops, self.bytes_sent))
+        self.stacked = self.algorithm(
+            None, topology, optimizer, X0, options, BatchedMixers(drops, self.bytes_sent)
+        )
 
     def step(self, X: torch.Tensor, G: torch.Tensor, lr: float, step: int) -> None:
         self.stacked.step(X, G, lr, step)
@@ -42,18 +53,31 @@ class StackedAlgorithm(BatchedAlgorithm):
 
 
 def _stacked(cls: type[Algorithm]) -> type[BatchedAlgorithm]:
-    return type(f"Batched{cls.__name__}", (StackedAlgorithm,), {"name": cls.name, "algorithm": cls, "__module__": __name__})
+    return type(
+        f"Batched{cls.__name__}",
+        (StackedAlgorithm,),
+        {"name": cls.name, "algorithm": cls, "__module__": __name__},
+    )
 
 
-BATCHED_ALGORITHMS: dict[str, type[BatchedAlgorithm]] = {name: _stacked(cls) for name, cls in ALGORITHMS.items()}
+BATCHED_ALGORITHMS: dict[str, type[BatchedAlgorithm]] = {
+    name: _stacked(cls) for name, cls in ALGORITHMS.items()
+}
 
 
 def make_batched_algorithm(
-    algo: str, topology: Any, optimizer: BatchedOptimizer, X0: torch.Tensor, options: Options | None = None,
+    algo: str,
+    topology: Any,
+    optimizer: BatchedOptimizer,
+    X0: torch.Tensor,
+    options: Options | None = None,
     drops: DropPolicy | None = None,
 ) -> BatchedAlgorithm:
-    """The batched form of ``algo`` for the workers of X0 [N, numel]; refuses what make_algorithm refuses."""
+    """The batched form of ``algo`` for the workers of X0 [N, numel]; refuses what make_algorithm
+    refuses."""
     options = algorithm_options(algo, options)  # its own (make_algorithm's)
     check_topology_fits_world(topology, X0.shape[0])
-    check_combination(algo, topology, optimizer.config, options)  # make_algorithm's refusals, with its messages
+    check_combination(
+        algo, topology, optimizer.config, options
+    )  # make_algorithm's refusals, with its messages
     return BATCHED_ALGORITHMS[algo](topology, optimizer, X0, options, drops or DropPolicy())

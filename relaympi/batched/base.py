@@ -17,28 +17,44 @@ def never_drops(drops: DropPolicy) -> bool:
     return type(drops).dropped is DropPolicy.dropped and drops.prob == 0.0
 
 
-def delivered(drops: DropPolicy, round: int, tag: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Per message src[e] -> dst[e] of this round and tag: did it arrive? (the same DropPolicy decisions
-    as Communicator.exchange asks, so exactly the messages lost on the other backends are lost here)"""
+def delivered(
+    drops: DropPolicy, round: int, tag: int, src: np.ndarray, dst: np.ndarray
+) -> np.ndarray:
+    """Per message src[e] -> dst[e] of this round and tag: did it arrive? (the same DropPolicy
+    decisions
+    as Communicator.exchange asks, so exactly the messages lost on the other backends are lost
+    here)"""
     if never_drops(drops):
         return np.ones(len(src), dtype=bool)
-    return np.array([not drops.dropped(round, tag, int(s), int(d)) for s, d in zip(src, dst, strict=True)], dtype=bool)
+    return np.array(
+        [not drops.dropped(round, tag, int(s), int(d)) for s, d in zip(src, dst, strict=True)],
+        dtype=bool,
+    )
 
 
-def to_device(values: np.ndarray | torch.Tensor, dtype: torch.dtype | None, device: torch.device) -> torch.Tensor:
+def to_device(
+    values: np.ndarray | torch.Tensor, dtype: torch.dtype | None, device: torch.device
+) -> torch.Tensor:
     """A host array or tensor (this step's weights, lost edges, counts, batch indices) on the device
     without waiting for it: a plain copy to a GPU synchronizes the stream, so the host could no
     longer run ahead."""
-    if isinstance(values, torch.Tensor) and values.device.type != "cpu":  # already on a device (a task that batches there)
+    if (
+        isinstance(values, torch.Tensor) and values.device.type != "cpu"
+    ):  # already on a device (a task that batches there)
         return values.to(device=device, dtype=dtype)
-    host = torch.as_tensor(values if isinstance(values, torch.Tensor) else np.ascontiguousarray(values), dtype=dtype)
+    host = torch.as_tensor(
+        values if isinstance(values, torch.Tensor) else np.ascontiguousarray(values), dtype=dtype
+    )
     if device.type != "cuda":
         return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)  # the caching host allocator keeps it until copied
+    return host.pin_memory().to(
+        device, non_blocking=True
+    )  # the caching host allocator keeps it until copied
 
 
 class BatchedAlgorithm:
-    """One decentralized optimizer for all N workers at once: ``step`` turns X(t) [N, d] into X(t+1) in place.
+    """One decentralized optimizer for all N workers at once: ``step`` turns X(t) [N, d] into X(t+1)
+    in place.
 
     ``bytes_sent[i, j]``: bytes worker i's messages to worker j would have carried under message
     passing (row i is rank i's Communicator.bytes_sent; lost messages are not counted, collectives
@@ -47,7 +63,14 @@ class BatchedAlgorithm:
 
     name: ClassVar[str]
 
-    def __init__(self, topology: Any, optimizer: BatchedOptimizer, X0: torch.Tensor, options: Options, drops: DropPolicy):
+    def __init__(
+        self,
+        topology: Any,
+        optimizer: BatchedOptimizer,
+        X0: torch.Tensor,
+        options: Options,
+        drops: DropPolicy,
+    ):
         if X0.dim() != 2:
             raise ValueError(f"X0 must be [workers, numel], got shape {tuple(X0.shape)}")
         self.topology = topology
@@ -69,4 +92,3 @@ class BatchedAlgorithm:
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         pass
-

@@ -1,4 +1,5 @@
-"""The Mixers of relaympi.algorithms.gossip over every worker at once: gossip as a W product on X [N, d],
+"""The Mixers of relaympi.algorithms.gossip over every worker at once: gossip as a W product on X
+[N, d],
 RelaySum as relaympi.batched.relay.BatchedRelaySum."""
 
 from __future__ import annotations
@@ -40,14 +41,25 @@ class BatchedMixer:
     one, with the divisor GossipMixer computes.
     """
 
-    def __init__(self, mixing: np.ndarray, like: torch.Tensor, drops: DropPolicy, bytes_sent: np.ndarray, scratch: torch.Tensor):
-        self.dst, self.src = (a.astype(np.int64) for a in np.nonzero(mixing * (1 - np.eye(mixing.shape[0]))))
+    def __init__(
+        self,
+        mixing: np.ndarray,
+        like: torch.Tensor,
+        drops: DropPolicy,
+        bytes_sent: np.ndarray,
+        scratch: torch.Tensor,
+    ):
+        self.dst, self.src = (
+            a.astype(np.int64) for a in np.nonzero(mixing * (1 - np.eye(mixing.shape[0])))
+        )
         self.mixing = mixing
         self.drops = drops
         self.bytes_sent = bytes_sent
         self.nbytes = like.shape[-1] * like.element_size()  # one message: one worker's row
         self._opts = {"dtype": like.dtype, "device": like.device}
-        self._fixed = self._weights(np.ones(len(self.src), dtype=bool)) if never_drops(drops) else None
+        self._fixed = (
+            self._weights(np.ones(len(self.src), dtype=bool)) if never_drops(drops) else None
+        )
         self._mixed = scratch  # shaped as like
 
     def _weights(self, arrived: np.ndarray) -> torch.Tensor:
@@ -65,7 +77,8 @@ class BatchedMixer:
         return to_device(out, **self._opts)
 
     def mix(self, X: torch.Tensor, round: int, tag: int = 0) -> None:
-        """In place: X <- W(round) X, with this round's lost messages; counts the bytes of each message sent."""
+        """In place: X <- W(round) X, with this round's lost messages; counts the bytes of each
+        message sent."""
         if self._fixed is not None:
             self.bytes_sent[self.src, self.dst] += self.nbytes
             weights = self._fixed
@@ -76,7 +89,9 @@ class BatchedMixer:
         mix(weights, X, self._mixed)
         X.copy_(self._mixed)
 
-    def start(self, X: torch.Tensor, lo: int, hi: int, round: int, tag: int = 0, chunk: int = 0) -> _Deferred:
+    def start(
+        self, X: torch.Tensor, lo: int, hi: int, round: int, tag: int = 0, chunk: int = 0
+    ) -> _Deferred:
         """The whole mix at finish() ([lo, hi) must be every coordinate)."""
         return _Deferred(lambda X: self.mix(X, round, tag), X, lo, hi)
 
@@ -86,7 +101,10 @@ class _Deferred:
 
     def __init__(self, run, X: torch.Tensor, lo: int, hi: int):
         if (lo, hi) != (0, X.shape[-1]):
-            raise ValueError(f"the batched engine steps whole models: got the range [{lo}, {hi}) of {X.shape[-1]} coordinates")
+            raise ValueError(
+                f"the batched engine steps whole models: got the range [{lo}, {hi}) of "
+                f"{X.shape[-1]} coordinates"
+            )
         self.run, self.X = run, X
 
     def test(self) -> bool:
@@ -97,7 +115,8 @@ class _Deferred:
 
 
 class BatchedMixers:
-    """gossip.Mixers for X [N, d]: ``bytes_sent[i, j]`` counts the bytes of worker i's messages to j.
+    """gossip.Mixers for X [N, d]: ``bytes_sent[i, j]`` counts the bytes of worker i's messages to
+    j.
     Mixers of the same shape share one scratch buffer (an algorithm's mixers take turns)."""
 
     def __init__(self, drops: DropPolicy, bytes_sent: np.ndarray):
@@ -108,7 +127,9 @@ class BatchedMixers:
     def gossip(self, mixing: np.ndarray, like: torch.Tensor) -> BatchedMixer:
         if tuple(like.shape) not in self._scratch:
             self._scratch[tuple(like.shape)] = torch.zeros_like(like)
-        return BatchedMixer(mixing, like, self.drops, self.bytes_sent, self._scratch[tuple(like.shape)])
+        return BatchedMixer(
+            mixing, like, self.drops, self.bytes_sent, self._scratch[tuple(like.shape)]
+        )
 
     def allreduce_mean(self, X: torch.Tensor) -> None:
         X.copy_((X.sum(dim=0) / X.shape[0]).expand_as(X))
@@ -116,8 +137,10 @@ class BatchedMixers:
     def start_allreduce_mean(self, X: torch.Tensor) -> _Deferred:
         return _Deferred(self.allreduce_mean, X, 0, X.shape[-1])
 
-    def relays(self, topology, like: torch.Tensor, in_place: bool = False, chunk: int | None = None) -> BatchedRelaySum:
-        """RelaySum for X [N, d]. ``in_place`` and ``chunk`` shape message passing's buffers and do not
+    def relays(
+        self, topology, like: torch.Tensor, in_place: bool = False, chunk: int | None = None
+    ) -> BatchedRelaySum:
+        """RelaySum for X [N, d]. ``in_place`` and ``chunk`` shape message passing's buffers and do
+        not
         apply here: the messages of each tree are one tensor, overwritten in place every step."""
         return BatchedRelaySum(topology, like, self.drops, self.bytes_sent)
-

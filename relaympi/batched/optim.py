@@ -27,8 +27,11 @@ class BatchedOptimizer:
         self.shape = X.shape
         self._flat = make_optimizer(config, X.reshape(-1))
 
-    def update(self, G: torch.Tensor, X: torch.Tensor, lr: float, apply: bool = True) -> torch.Tensor:
-        """The updates U for this step (the returned tensor is reused next step); with ``apply``, X += U."""
+    def update(
+        self, G: torch.Tensor, X: torch.Tensor, lr: float, apply: bool = True
+    ) -> torch.Tensor:
+        """The updates U for this step (the returned tensor is reused next step); with ``apply``, X
+        += U."""
         return self._flat.update(G.view(-1), X.view(-1), lr, apply=apply).view(self.shape)
 
     @property
@@ -39,16 +42,25 @@ class BatchedOptimizer:
     def begin_step(self) -> None:
         self._flat.begin_step()
 
-    def update_range(self, G: torch.Tensor, X: torch.Tensor, lr: float, lo: int, hi: int, apply: bool = False) -> None:
-        """Coordinates [lo, hi) of every worker's update (LocalOptimizer.update_range, elementwise: the
+    def update_range(
+        self, G: torch.Tensor, X: torch.Tensor, lr: float, lo: int, hi: int, apply: bool = False
+    ) -> None:
+        """Coordinates [lo, hi) of every worker's update (LocalOptimizer.update_range, elementwise:
+        the
         same bits as update)."""
         numel = self.shape[1:].numel()
-        rows = [(0, self.shape[0] * numel)] if (lo, hi) == (0, numel) else [(r * numel + lo, r * numel + hi) for r in range(self.shape[0])]
+        rows = (
+            [(0, self.shape[0] * numel)]
+            if (lo, hi) == (0, numel)
+            else [(r * numel + lo, r * numel + hi) for r in range(self.shape[0])]
+        )
         for start, end in rows:  # the whole model: one range of the flat buffers
             self._flat.update_range(G.view(-1), X.view(-1), lr, start, end, apply)
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: (v.view(self.shape) if v.dim() else v) for k, v in self._flat.state_dict().items()}
+        return {
+            k: (v.view(self.shape) if v.dim() else v) for k, v in self._flat.state_dict().items()
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._flat.load_state_dict({k: (v.reshape(-1) if v.dim() else v) for k, v in state.items()})

@@ -11,8 +11,10 @@ import numpy as np
 
 from relaympi.comm import buffers
 
-# the progress thread's poll period (--progress-interval): 0.5, 1, 2 and 4 ms measured on VGG-11 over an
-# emulated cluster (README "Overlap"); a transfer waits at most this long for its next MPI call while backward runs
+# the progress thread's poll period (--progress-interval): 0.5, 1, 2 and 4 ms measured on VGG-11
+# over an
+# emulated cluster (README "Overlap"); a transfer waits at most this long for its next MPI call
+# while backward runs
 PROGRESS_INTERVAL_S = 2e-3
 
 
@@ -55,7 +57,10 @@ def checked_nodes(nodes: Sequence[int] | None, world_size: int) -> tuple[int, ..
     if len(nodes) != world_size:
         raise ValueError(f"expecting a node id for each of {world_size} ranks, got {len(nodes)}")
     if nodes != number_nodes(nodes):
-        raise ValueError(f"node ids must be numbered 0, 1, ... in the order of each node's lowest rank, got {list(nodes)[:16]}")
+        raise ValueError(
+            "node ids must be numbered 0, 1, ... in the order of each node's lowest "
+            f"rank, got {list(nodes)[:16]}"
+        )
     return nodes
 
 
@@ -71,7 +76,8 @@ class Request(ABC):
 
     @abstractmethod
     def wait(self) -> frozenset[int]:
-        """Block until every posted transfer completed; return the peers whose message was received."""
+        """Block until every posted transfer completed; return the peers whose message was
+        received."""
 
     @abstractmethod
     def test(self) -> bool:
@@ -97,15 +103,23 @@ class Communicator(ABC):
     the order they were posted.
     """
 
-    def __init__(self, rank: int, world_size: int, drops: DropPolicy | None = None, nodes: Sequence[int] | None = None):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        drops: DropPolicy | None = None,
+        nodes: Sequence[int] | None = None,
+    ):
         self.rank = rank
         self.world_size = world_size
         self.drops = drops or DropPolicy()
-        # each rank's node, numbered 0, 1, ... in the order of each node's lowest rank (None: one node)
+        # each rank's node, numbered 0, 1, ... in the order of each node's lowest rank (None: one
+        # node)
         self.nodes: tuple[int, ...] = checked_nodes(nodes, world_size)
         # bytes actually handed to the transport, per destination rank (dropped messages excluded)
         self.bytes_sent = np.zeros(world_size, dtype=np.int64)
-        # requests progress() tests; None until progress() is first called (then every new one is tracked)
+        # requests progress() tests; None until progress() is first called (then every new one is
+        # tracked)
         self._in_flight: list[Request] | None = None
 
     # -- point to point -------------------------------------------------------------------
@@ -133,20 +147,32 @@ class Communicator(ABC):
         """
         for peer in (*sends, *recvs):
             if not 0 <= peer < self.world_size or peer == self.rank:
-                raise CommError(f"rank {self.rank}: peer {peer} is not another rank of a world of size {self.world_size}")
+                raise CommError(
+                    f"rank {self.rank}: peer {peer} is not another rank of a world of "
+                    f"size {self.world_size}"
+                )
         for peer, buf in recvs.items():
             buffers.check_transferable(buf, f"receive buffer for peer {peer}")
-        live_sends = {p: b for p, b in sends.items() if not self.drops.dropped(round, tag, self.rank, p)}
-        live_recvs = {p: b for p, b in recvs.items() if not self.drops.dropped(round, tag, p, self.rank)}
+        live_sends = {
+            p: b for p, b in sends.items() if not self.drops.dropped(round, tag, self.rank, p)
+        }
+        live_recvs = {
+            p: b for p, b in recvs.items() if not self.drops.dropped(round, tag, p, self.rank)
+        }
         for peer, buf in live_sends.items():
             self.bytes_sent[peer] += buffers.nbytes(buf)
         return self.track(self._post(live_sends, live_recvs, tag, chunk))
 
     @abstractmethod
-    def _post(self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int, chunk: int = 0) -> Request: ...
+    def _post(
+        self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int, chunk: int = 0
+    ) -> Request: ...
 
-    def exchange_replace(self, buffers_by_peer: Mapping[int, Any], *, tag: int = 0, round: int = 0) -> Request:
-        """Send ``buffers_by_peer[peer]`` to ``peer`` and replace its content with what ``peer`` sends.
+    def exchange_replace(
+        self, buffers_by_peer: Mapping[int, Any], *, tag: int = 0, round: int = 0
+    ) -> Request:
+        """Send ``buffers_by_peer[peer]`` to ``peer`` and replace its content with what ``peer``
+        sends.
 
         The in-place exchange needs no separate receive buffers (MPI_Isendrecv_replace). A
         buffer whose incoming message was dropped keeps what it held; its peer is missing from
@@ -154,7 +180,10 @@ class Communicator(ABC):
         """
         for peer, buf in buffers_by_peer.items():
             if not 0 <= peer < self.world_size or peer == self.rank:
-                raise CommError(f"rank {self.rank}: peer {peer} is not another rank of a world of size {self.world_size}")
+                raise CommError(
+                    f"rank {self.rank}: peer {peer} is not another rank of a world of "
+                    f"size {self.world_size}"
+                )
             buffers.check_transferable(buf, f"exchange buffer for peer {peer}")
         items = []
         for peer, buf in buffers_by_peer.items():
@@ -178,9 +207,11 @@ class Communicator(ABC):
         """Start buf <- sum over ranks of buf (in place); the sum is in buf once ``wait()`` returns.
 
         Several may be in flight; every rank starts them in the same order. Each element's sum is
-        the same bits whatever piece of a larger buffer it is reduced in (the same order of additions
+        the same bits whatever piece of a larger buffer it is reduced in (the same order of
+        additions
         per element), so a step that reduces its gradient range by range equals the whole step's
-        reduction bit for bit. This default reduces at once (blocking allreduce_sum): a backend whose
+        reduction bit for bit. This default reduces at once (blocking allreduce_sum): a backend
+        whose
         allreduce_sum keeps that property, or that has a nonblocking one, overrides it."""
         self.allreduce_sum(buf)
         return Completed()
@@ -201,7 +232,8 @@ class Communicator(ABC):
 
     @abstractmethod
     def gather_rows(self, row: np.ndarray) -> np.ndarray | None:
-        """Equal-length float64 vectors to rank 0, stacked by rank ([world_size, k] there, None elsewhere)."""
+        """Equal-length float64 vectors to rank 0, stacked by rank ([world_size, k] there, None
+        elsewhere)."""
 
     @abstractmethod
     def report_failure(self, message: str) -> None:
@@ -236,8 +268,10 @@ class Communicator(ABC):
     def progress(self) -> None:
         """Let the transport move what is in flight, without waiting: test() every tracked request
         (on MPI a Testall, which runs the progress engine). Called between pieces of computation
-        (backward's hooks under --overlap): MPICH's and Open MPI's transports move data only inside MPI
-        calls unless a progress thread runs (README "Overlap"). Completed requests are dropped; wait()
+        (backward's hooks under --overlap): MPICH's and Open MPI's transports move data only inside
+        MPI
+        calls unless a progress thread runs (README "Overlap"). Completed requests are dropped;
+        wait()
         on them still returns their result."""
         if self._in_flight is None:
             self._in_flight = []

@@ -20,7 +20,9 @@ class BufferError(TypeError):
     """A buffer the Communicator cannot send or receive as it is."""
 
 
-_KIND_OF_TYPE: dict[type, str] = {}  # every exchange asks several times: remember the answer per type
+_KIND_OF_TYPE: dict[
+    type, str
+] = {}  # every exchange asks several times: remember the answer per type
 
 
 def array_kind(x: Any) -> str:
@@ -35,7 +37,10 @@ def array_kind(x: Any) -> str:
     elif type(x).__module__.startswith("cupy"):
         kind = "cupy"
     else:
-        raise BufferError(f"unsupported buffer type {type(x).__name__}; expected a numpy array, torch tensor or cupy array")
+        raise BufferError(
+            f"unsupported buffer type {type(x).__name__}; expected a numpy array, torch "
+            "tensor or cupy array"
+        )
     _KIND_OF_TYPE[type(x)] = kind
     return kind
 
@@ -67,8 +72,10 @@ def check_transferable(x: Any, what: str) -> None:
     """Raise a BufferError naming ``what`` if MPI cannot use x in place (non-contiguous)."""
     if not is_contiguous(x):
         raise BufferError(
-            f"{what} is a non-contiguous view (shape {tuple(x.shape)}); MPI needs contiguous memory: "
-            "pass a contiguous buffer (e.g. .contiguous() / np.ascontiguousarray) and copy back yourself"
+            f"{what} is a non-contiguous view (shape {tuple(x.shape)}); MPI needs "
+            "contiguous memory: "
+            "pass a contiguous buffer (e.g. .contiguous() / np.ascontiguousarray) and "
+            "copy back yourself"
         )
 
 
@@ -80,7 +87,8 @@ def dtype_name(x: Any) -> str:
 
 
 def is_half(x: Any) -> bool:
-    """bfloat16/float16: MPI has no portable reduction for them (bfloat16 would travel as MPI_BYTE)."""
+    """bfloat16/float16: MPI has no portable reduction for them (bfloat16 would travel as
+    MPI_BYTE)."""
     return dtype_name(x) in ("bfloat16", "float16")
 
 
@@ -126,7 +134,9 @@ def host_view(x: Any) -> np.ndarray:
         return x
     if kind == "torch":
         if x.device.type != "cpu":
-            raise BufferError(f"host_view of a {x.device} tensor; stage it through host memory first")
+            raise BufferError(
+                f"host_view of a {x.device} tensor; stage it through host memory first"
+            )
         t = x.detach()
         if t.dtype.is_floating_point and t.dtype not in _NUMPY_TORCH_FLOATS:
             import torch
@@ -192,7 +202,9 @@ def query_cuda_aware_mpi(libmpi_path: str | None = None) -> bool:
             return True
         if value in ("0", "false", "no", "off"):
             return False
-        raise ValueError(f"{CUDA_AWARE_ENV}={forced!r}; expected 1/0 (or true/false, yes/no, on/off)")
+        raise ValueError(
+            f"{CUDA_AWARE_ENV}={forced!r}; expected 1/0 (or true/false, yes/no, on/off)"
+        )
     path = libmpi_path or loaded_libmpi()
     if path is None:
         return False

@@ -25,7 +25,9 @@ class LocalWorld:
     Collectives reduce in rank order, so results do not depend on thread scheduling.
     """
 
-    def __init__(self, world_size: int, drops: DropPolicy | None = None, nodes: Sequence[int] | None = None):
+    def __init__(
+        self, world_size: int, drops: DropPolicy | None = None, nodes: Sequence[int] | None = None
+    ):
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.world_size = world_size
@@ -39,7 +41,9 @@ class LocalWorld:
         self._arrived = 0
         self._generation = 0
         self._result: Any = None
-        self._sums: dict[int, _PendingSum] = {}  # nonblocking all-reduces in flight, by sequence number
+        self._sums: dict[
+            int, _PendingSum
+        ] = {}  # nonblocking all-reduces in flight, by sequence number
 
     def communicator(self, rank: int) -> LocalCommunicator:
         return LocalCommunicator(self, rank)
@@ -92,7 +96,8 @@ class LocalWorld:
             return self._result
 
     def _start_sum(self, rank: int, seq: int, value: Any) -> None:
-        """Rank ``rank``'s contribution to the ``seq``-th nonblocking all-reduce; the last one sums in rank order."""
+        """Rank ``rank``'s contribution to the ``seq``-th nonblocking all-reduce; the last one sums
+        in rank order."""
         with self._cond:
             self._check()
             pending = self._sums.setdefault(seq, _PendingSum(self.world_size))
@@ -111,7 +116,8 @@ class LocalWorld:
             return self._sums[seq].total is not None
 
     def _take_sum(self, seq: int, buf: Any) -> None:
-        """Copy the ``seq``-th all-reduce's sum into buf once every rank contributed (blocks until then)."""
+        """Copy the ``seq``-th all-reduce's sum into buf once every rank contributed (blocks until
+        then)."""
         with self._cond:
             pending = self._sums[seq]
             while pending.total is None:
@@ -132,7 +138,8 @@ class _PendingSum:
 
 
 class _LocalSum(Request):
-    """One rank's share of a nonblocking all-reduce: its value was handed over (a copy) when started."""
+    """One rank's share of a nonblocking all-reduce: its value was handed over (a copy) when
+    started."""
 
     def __init__(self, comm: LocalCommunicator, seq: int, buf: Any):
         self._world, self._seq, self._buf = comm.world, seq, buf
@@ -177,7 +184,9 @@ class LocalCommunicator(Communicator):
         self.world = world
         self._sums_started = 0  # every rank starts its nonblocking all-reduces in the same order
 
-    def _post(self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int, chunk: int = 0) -> Request:
+    def _post(
+        self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int, chunk: int = 0
+    ) -> Request:
         # chunks of a message arrive in posting order: mailboxes are FIFO per (src, dst, tag)
         for peer, buf in sends.items():
             self.world._deliver(self.rank, peer, tag, buffers.clone(buf))
@@ -199,14 +208,17 @@ class LocalCommunicator(Communicator):
         buffers.copy_into(buf, self.world._collective(self.rank, buffers.clone(buf), total))
 
     def iallreduce_sum(self, buf: Any) -> Request:
-        """Nonblocking: the sum in rank order, like allreduce_sum (elementwise, so the same bits for any cut)."""
+        """Nonblocking: the sum in rank order, like allreduce_sum (elementwise, so the same bits for
+        any cut)."""
         seq, self._sums_started = self._sums_started, self._sums_started + 1
         self.world._start_sum(self.rank, seq, buffers.clone(buf))
         return _LocalSum(self, seq, buf)
 
     def allreduce_flags(self, values: np.ndarray) -> np.ndarray:
         values = np.asarray(values, dtype=np.float64)
-        return self.world._collective(self.rank, values.copy(), lambda vs: np.max(np.stack(vs), axis=0)).copy()
+        return self.world._collective(
+            self.rank, values.copy(), lambda vs: np.max(np.stack(vs), axis=0)
+        ).copy()
 
     def gather(self, obj: Any) -> list[Any] | None:
         result = self.world._collective(self.rank, obj, list)
@@ -234,9 +246,16 @@ class LocalCommunicator(Communicator):
         return "local"
 
 
-def run_local(world_size: int, fn: Callable[..., Any], *args: Any, drops: DropPolicy | None = None, nodes: Sequence[int] | None = None,
-              **kwargs: Any) -> list[Any]:
-    """Run ``fn(comm, *args, **kwargs)`` on ``world_size`` in-process ranks; return their results by rank.
+def run_local(
+    world_size: int,
+    fn: Callable[..., Any],
+    *args: Any,
+    drops: DropPolicy | None = None,
+    nodes: Sequence[int] | None = None,
+    **kwargs: Any,
+) -> list[Any]:
+    """Run ``fn(comm, *args, **kwargs)`` on ``world_size`` in-process ranks; return their results by
+    rank.
 
     ``nodes``: the node each rank is said to be on (emulated; default: all on node 0).
 
@@ -259,13 +278,18 @@ def run_local(world_size: int, fn: Callable[..., Any], *args: Any, drops: DropPo
     if world_size == 1:
         body(0)
     else:
-        threads = [threading.Thread(target=body, args=(r,), name=f"relaympi-rank{r}", daemon=True) for r in range(world_size)]
+        threads = [
+            threading.Thread(target=body, args=(r,), name=f"relaympi-rank{r}", daemon=True)
+            for r in range(world_size)
+        ]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
     if errors:
         real = [e for e in errors if not isinstance(e[1], WorldAborted)] or errors
-        rank, exc = min(real, key=lambda e: e[0])  # the lowest rank's: rank 0 says why the others refused
+        rank, exc = min(
+            real, key=lambda e: e[0]
+        )  # the lowest rank's: rank 0 says why the others refused
         raise exc
     return results

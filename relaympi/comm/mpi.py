@@ -39,7 +39,8 @@ def world_size() -> int:
 
 
 def node_allgather(obj: Any) -> list[Any]:
-    """A small picklable object from every rank on this rank's node (MPI_COMM_TYPE_SHARED), in node-local rank order.
+    """A small picklable object from every rank on this rank's node (MPI_COMM_TYPE_SHARED), in
+    node-local rank order.
 
     Collective over MPI.COMM_WORLD: every rank must call it.
     """
@@ -55,7 +56,14 @@ def library_version() -> str:
 
 
 class _MPIRequest(Request):
-    def __init__(self, comm: MPICommunicator, requests: list, delivered: frozenset[int], on_complete: list, staged: list | None = None):
+    def __init__(
+        self,
+        comm: MPICommunicator,
+        requests: list,
+        delivered: frozenset[int],
+        on_complete: list,
+        staged: list | None = None,
+    ):
         self._comm = comm
         self._requests = requests
         self._delivered = delivered
@@ -64,11 +72,14 @@ class _MPIRequest(Request):
         self._done = False
 
     def _all_requests(self, block: bool) -> list | None:
-        """This exchange's MPI requests, posting its staged sends first (None: some copy still runs)."""
+        """This exchange's MPI requests, posting its staged sends first (None: some copy still
+        runs)."""
         if self._staged:
             # blocking: post every queued send, not just this exchange's, so that all chunks are in
             # flight at once instead of one exchange's transfer at a time
-            self._comm._post_staged(until=self._comm._staged_sends[-1] if block and self._comm._staged_sends else None)
+            self._comm._post_staged(
+                until=self._comm._staged_sends[-1] if block and self._comm._staged_sends else None
+            )
             if any(send.request is None for send in self._staged):
                 return None
             self._requests = self._requests + [send.request for send in self._staged]
@@ -128,7 +139,9 @@ class _TreeSumRequest(Request):
         polls = 0
         while not self.test():
             if self._comm._failure_req is None and self._pending is not None:
-                MPI.Request.Waitall(self._pending)  # no failure channel to watch: block on this stage
+                MPI.Request.Waitall(
+                    self._pending
+                )  # no failure channel to watch: block on this stage
                 continue
             self._comm._check_failures()
             polls += 1
@@ -137,31 +150,55 @@ class _TreeSumRequest(Request):
         return frozenset()
 
 
-THREAD_LEVELS = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled", MPI.THREAD_SERIALIZED: "serialized",
-                 MPI.THREAD_MULTIPLE: "multiple"}
+THREAD_LEVELS = {
+    MPI.THREAD_SINGLE: "single",
+    MPI.THREAD_FUNNELED: "funneled",
+    MPI.THREAD_SERIALIZED: "serialized",
+    MPI.THREAD_MULTIPLE: "multiple",
+}
 
 
 class MPICommunicator(Communicator):
     """A Communicator over a duplicate of MPI.COMM_WORLD (library traffic never matches users')."""
 
-    def __init__(self, comm: Any = None, drops: DropPolicy | None = None, cuda_aware: bool | None = None, nodes: Sequence[int] | None = None):
+    def __init__(
+        self,
+        comm: Any = None,
+        drops: DropPolicy | None = None,
+        cuda_aware: bool | None = None,
+        nodes: Sequence[int] | None = None,
+    ):
         self.comm = (comm or MPI.COMM_WORLD).Dup()
-        # nodes: each rank's node as given (emulated, e.g. --ranks-per-node); None: as MPI places the ranks
-        super().__init__(self.comm.Get_rank(), self.comm.Get_size(), drops, self._discover_nodes() if nodes is None else nodes)
+        # nodes: each rank's node as given (emulated, e.g. --ranks-per-node); None: as MPI places
+        # the ranks
+        super().__init__(
+            self.comm.Get_rank(),
+            self.comm.Get_size(),
+            drops,
+            self._discover_nodes() if nodes is None else nodes,
+        )
         self.cuda_aware = buffers.query_cuda_aware_mpi() if cuda_aware is None else cuda_aware
         self._staging = DeviceStaging()  # device memory through pinned host memory (not CUDA-aware)
         self._staged_sends: list[StagedSend] = []  # copies not yet posted, in posting order
         # failure channel: any rank may tell rank 0 it failed; rank 0 checks it while it waits
         self._failures = (comm or MPI.COMM_WORLD).Dup()
         self._failure_buf = bytearray(_FAILURE_BYTES)
-        # nonblocking all-reduces (iallreduce_sum): their own communicator, a tag range each, in flight
+        # nonblocking all-reduces (iallreduce_sum): their own communicator, a tag range each, in
+        # flight
         self._sum_comm = (comm or MPI.COMM_WORLD).Dup()
         self._sum_tags = max(1, (int(self._sum_comm.Get_attr(MPI.TAG_UB)) + 1) // SUM_STAGES)
         self._sums_started = 0
         self._sums: list[_TreeSumRequest] = []
-        self._sum_order = stage_order(self.nodes)  # node-aware: the halves crossing between nodes are the smallest
-        self._failure_req = self._failures.Irecv(self._failure_buf, source=MPI.ANY_SOURCE, tag=_FAILURE_TAG) if self.rank == 0 else None
-        # the progress thread's own communicator, made here with every rank (a Dup later, when one rank
+        self._sum_order = stage_order(
+            self.nodes
+        )  # node-aware: the halves crossing between nodes are the smallest
+        self._failure_req = (
+            self._failures.Irecv(self._failure_buf, source=MPI.ANY_SOURCE, tag=_FAILURE_TAG)
+            if self.rank == 0
+            else None
+        )
+        # the progress thread's own communicator, made here with every rank (a Dup later, when one
+        # rank
         # failed its set-up and waits in another collective, would leave the others waiting)
         self._progress_comm = (comm or MPI.COMM_WORLD).Dup()
         self._progress_thread: ProgressThread | None = None
@@ -170,7 +207,8 @@ class MPICommunicator(Communicator):
     # -- progress while the ranks compute (--overlap) ----------------------------------------
     @staticmethod
     def thread_level() -> str:
-        """The thread support MPI provides ("multiple" lets a progress thread call MPI beside the rank)."""
+        """The thread support MPI provides ("multiple" lets a progress thread call MPI beside the
+        rank)."""
         return THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread()))
 
     def start_progress_thread(self, interval: float = PROGRESS_INTERVAL_S) -> bool:
@@ -188,7 +226,8 @@ class MPICommunicator(Communicator):
         return nullcontext() if self._progress_thread is None else self._progress_thread.running()
 
     def _discover_nodes(self) -> tuple[int, ...]:
-        """Every rank's node (collective): ranks that share memory (MPI_COMM_TYPE_SHARED) are one node,
+        """Every rank's node (collective): ranks that share memory (MPI_COMM_TYPE_SHARED) are one
+        node,
         numbered by each node's lowest rank, so every rank computes the same list."""
         node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
         try:
@@ -198,7 +237,8 @@ class MPICommunicator(Communicator):
         return number_nodes(self.comm.allgather(lowest))
 
     def close(self) -> None:
-        """Stop the progress thread and cancel the pending failure receive, so MPI finalizes cleanly."""
+        """Stop the progress thread and cancel the pending failure receive, so MPI finalizes
+        cleanly."""
         if self._progress_thread is not None:
             self._progress_thread.close()
             self._progress_thread = None
@@ -213,11 +253,14 @@ class MPICommunicator(Communicator):
             status = MPI.Status()
             if self._failure_req.Test(status):
                 self._failure_req = None
-                text = bytes(self._failure_buf[: status.Get_count(MPI.BYTE)]).decode("utf-8", "replace")
+                text = bytes(self._failure_buf[: status.Get_count(MPI.BYTE)]).decode(
+                    "utf-8", "replace"
+                )
                 raise RemoteFailure(f"rank {status.Get_source()} failed: {text}")
 
     def _wait(self, requests: list) -> None:
-        """Waitall that rank 0 interrupts when another rank reports a failure (no rank waits forever).
+        """Waitall that rank 0 interrupts when another rank reports a failure (no rank waits
+        forever).
         Staged sends still queued are posted first (their copies waited for): a peer may be blocked
         waiting for them, as this rank may be for its sends (overlapped steps on a GPU queue them
         while the copies are still behind backward's kernels)."""
@@ -247,10 +290,14 @@ class MPICommunicator(Communicator):
         buffers.check_transferable(buf, "send buffer")
         if buffers.is_device(buf):
             if self.cuda_aware:
-                buffers.synchronize_stream(buf)  # MPI reads device memory outside the stream's order
+                buffers.synchronize_stream(
+                    buf
+                )  # MPI reads device memory outside the stream's order
                 return self._device_spec(buf)
             host = self._staging.host_buffer(buf, slot)
-            buffers.copy_into(host, buf)  # blocking copy: the host copy is complete before MPI reads it
+            buffers.copy_into(
+                host, buf
+            )  # blocking copy: the host copy is complete before MPI reads it
             return buffers.host_view(host)
         return buffers.host_view(buf)
 
@@ -274,7 +321,9 @@ class MPICommunicator(Communicator):
 
     def _async_staging(self, buf: Any) -> bool:
         """Stage through the host on a side stream (torch CUDA tensors without CUDA-aware MPI)."""
-        return not self.cuda_aware and buffers.array_kind(buf) == "torch" and buf.device.type == "cuda"
+        return (
+            not self.cuda_aware and buffers.array_kind(buf) == "torch" and buf.device.type == "cuda"
+        )
 
     def _post_staged(self, until: StagedSend | None = None) -> None:
         """Post queued staged sends in order (MPI keeps their order per peer and tag): those whose
@@ -287,13 +336,18 @@ class MPICommunicator(Communicator):
                 if until is None:
                     return
                 send.copied.synchronize()
-            send.request = self.comm.Isend(buffers.host_view(send.host), dest=send.peer, tag=send.tag)
+            send.request = self.comm.Isend(
+                buffers.host_view(send.host), dest=send.peer, tag=send.tag
+            )
             self._staged_sends.pop(0)
             if send is until:
                 return
 
-    def _post(self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int, chunk: int = 0) -> Request:
-        # chunks of one message share the tag: they match in posting order (non-overtaking), which both sides share
+    def _post(
+        self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int, chunk: int = 0
+    ) -> Request:
+        # chunks of one message share the tag: they match in posting order (non-overtaking), which
+        # both sides share
         requests, on_complete, staged = [], [], []
         for peer in sorted(recvs):
             slot = ("recv", peer, tag, chunk)
@@ -326,29 +380,45 @@ class MPICommunicator(Communicator):
                     on_complete.append(lambda buf=buf, host=host: buffers.copy_into(buf, host))
                 requests.extend(self._isendrecv_replace(spec, peer, tag, on_complete))
             elif send:
-                requests.append(self.comm.Isend(self._send_spec(buf, ("send", peer, tag)), dest=peer, tag=tag))
+                requests.append(
+                    self.comm.Isend(self._send_spec(buf, ("send", peer, tag)), dest=peer, tag=tag)
+                )
             elif recv:
-                requests.append(self.comm.Irecv(self._recv_spec(buf, ("recv", peer, tag), on_complete), source=peer, tag=tag))
-        return _MPIRequest(self, requests, frozenset(peer for peer, _, _, recv in items if recv), on_complete)
+                requests.append(
+                    self.comm.Irecv(
+                        self._recv_spec(buf, ("recv", peer, tag), on_complete), source=peer, tag=tag
+                    )
+                )
+        return _MPIRequest(
+            self, requests, frozenset(peer for peer, _, _, recv in items if recv), on_complete
+        )
 
     def _isendrecv_replace(self, spec: Any, peer: int, tag: int, on_complete: list) -> list:
         try:
-            return [self.comm.Isendrecv_replace(spec, dest=peer, sendtag=tag, source=peer, recvtag=tag)]
+            return [
+                self.comm.Isendrecv_replace(spec, dest=peer, sendtag=tag, source=peer, recvtag=tag)
+            ]
         except NotImplementedError:  # an MPI-3 library: receive into a transient copy instead
             target, datatype = (spec[0], spec[1]) if isinstance(spec, list) else (spec, None)
             temp = target.clone() if buffers.array_kind(target) == "torch" else target.copy()
             on_complete.insert(0, lambda: buffers.copy_into(target, temp))
             recv_spec = [temp, datatype] if datatype is not None else temp
-            return [self.comm.Irecv(recv_spec, source=peer, tag=tag), self.comm.Isend(spec, dest=peer, tag=tag)]
+            return [
+                self.comm.Irecv(recv_spec, source=peer, tag=tag),
+                self.comm.Isend(spec, dest=peer, tag=tag),
+            ]
 
     # -- collectives -----------------------------------------------------------------------
     def allreduce_sum(self, buf: Any) -> None:
         buffers.check_transferable(buf, "allreduce buffer")
         if buffers.is_half(buf):
-            # bfloat16 would travel as MPI_BYTE and be summed bytewise (or refused): reduce in float32
+            # bfloat16 would travel as MPI_BYTE and be summed bytewise (or refused): reduce in
+            # float32
             wide = buf.float() if buffers.array_kind(buf) == "torch" else buf.astype(np.float32)
             self.allreduce_sum(wide)
-            buffers.copy_into(buf, wide.to(buf.dtype) if buffers.array_kind(buf) == "torch" else wide)
+            buffers.copy_into(
+                buf, wide.to(buf.dtype) if buffers.array_kind(buf) == "torch" else wide
+            )
             return
         if buffers.is_device(buf) and not self.cuda_aware:
             host = self._staging.host_buffer(buf, ("allreduce",))
@@ -369,15 +439,23 @@ class MPICommunicator(Communicator):
         on_complete: list = []
         if buffers.is_half(buf) or buffers.is_device(buf):
             half = buffers.is_half(buf)
-            wide = (buf.float() if buffers.array_kind(buf) == "torch" else buf.astype(np.float32)) if half else buf
-            host = np.empty(tuple(buf.shape), dtype=np.float32 if half else np.dtype(buffers.dtype_name(buf)))
+            wide = (
+                (buf.float() if buffers.array_kind(buf) == "torch" else buf.astype(np.float32))
+                if half
+                else buf
+            )
+            host = np.empty(
+                tuple(buf.shape), dtype=np.float32 if half else np.dtype(buffers.dtype_name(buf))
+            )
             buffers.copy_into(host, wide)  # a blocking copy: complete before MPI reads it
             on_complete.append(lambda: buffers.copy_into(buf, host))
         else:
             host = buffers.host_view(buf)
         seq, self._sums_started = self._sums_started, self._sums_started + 1
         tag = (seq % self._sum_tags) * SUM_STAGES
-        request = _TreeSumRequest(self, tree_sum(self._sum_comm, host.reshape(-1), tag, self._sum_order), on_complete)
+        request = _TreeSumRequest(
+            self, tree_sum(self._sum_comm, host.reshape(-1), tag, self._sum_order), on_complete
+        )
         self._sums.append(request)
         return request
 

@@ -15,7 +15,8 @@ from typing import Any
 
 
 class ProgressThread:
-    """A thread that runs MPI's progress engine every ``interval`` seconds inside ``running()`` blocks
+    """A thread that runs MPI's progress engine every ``interval`` seconds inside ``running()``
+    blocks
     (backward, under --overlap), so transfers posted from the hooks keep moving between them; asleep
     outside them.
 
@@ -52,7 +53,8 @@ class ProgressThread:
 
     @contextmanager
     def running(self) -> Iterator[None]:
-        """Poll within the block; after it, raise what the thread failed with (unless the block raised:
+        """Poll within the block; after it, raise what the thread failed with (unless the block
+        raised:
         its own error is the one to see)."""
         self._resumed.set()
         try:

@@ -29,7 +29,9 @@ class DeviceStaging:
     def __init__(self) -> None:
         self._pool: dict[tuple, Any] = {}
         self._side_streams: dict[Any, Any] = {}  # device -> CUDA stream for staging copies
-        self._copies_from: dict[int, Any] = {}  # pinned host buffer -> event of its last host-to-device copy
+        self._copies_from: dict[
+            int, Any
+        ] = {}  # pinned host buffer -> event of its last host-to-device copy
 
     def host_buffer(self, x: Any, slot: tuple) -> np.ndarray:
         """The pinned host buffer of ``slot`` for an array like ``x``, made on first use."""
@@ -64,13 +66,16 @@ class DeviceStaging:
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             dst.copy_(src, non_blocking=True)
-        (src if src.is_cuda else dst).record_stream(stream)  # the allocator keeps the device tensor for the copy
+        (src if src.is_cuda else dst).record_stream(
+            stream
+        )  # the allocator keeps the device tensor for the copy
         copied = torch.cuda.Event()
         copied.record(stream)
         return copied
 
     def stage_send(self, buf: Any, slot: tuple, peer: int, tag: int) -> StagedSend:
-        """Queue buf's device-to-host copy on the side stream, after the work already queued on buf."""
+        """Queue buf's device-to-host copy on the side stream, after the work already queued on
+        buf."""
         host = self.host_buffer(buf, slot)
         return StagedSend(host, self.side_copy(host, buf, buf.device), peer, tag)
 
@@ -81,7 +86,9 @@ class DeviceStaging:
 
         host = self.host_buffer(buf, slot)
         previous = self._copies_from.get(id(host))
-        if previous is not None:  # the last copy out of this host buffer must finish before MPI writes it
+        if (
+            previous is not None
+        ):  # the last copy out of this host buffer must finish before MPI writes it
             previous.synchronize()
 
         def finish() -> None:

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 # tags per nonblocking all-reduce on its own communicator: one per stage (a fold, log2 n halvings,
-# log2 n doublings, an unfold), so stages and all-reduces in flight can never match each other's messages
+# log2 n doublings, an unfold), so stages and all-reduces in flight can never match each other's
+# messages
 SUM_STAGES = 64
 
 
@@ -41,7 +42,8 @@ def tree_sum(comm: Any, data: np.ndarray, tag: int, order: Sequence[int]) -> Ite
     half to r ^ d and adds what r ^ d sends back; the allgather undoes the stages in reverse. Every
     element is thus summed in one fixed tree, x_q + x_(q+p) at the leaves then pairs r, r ^ d in
     ``order``, whatever the buffer's length and whichever rank holds the element: pieces of a buffer
-    reduced separately give the whole reduction's bits, which MPI_Allreduce does not promise (MPICH's
+    reduced separately give the whole reduction's bits, which MPI_Allreduce does not promise
+    (MPICH's
     ring and Open MPI's segmented ring sum an element in an order set by the message's length)."""
     rank, n = comm.Get_rank(), comm.Get_size()
     p = 1 << (n.bit_length() - 1)
@@ -57,16 +59,26 @@ def tree_sum(comm: Any, data: np.ndarray, tag: int, order: Sequence[int]) -> Ite
     lo, hi, stage, splits = 0, len(data), 1, []
     for d in order:
         partner, mid = rank ^ d, lo + (hi - lo) // 2
-        (keep_lo, keep_hi), (give_lo, give_hi) = ((mid, hi), (lo, mid)) if rank & d else ((lo, mid), (mid, hi))
+        (keep_lo, keep_hi), (give_lo, give_hi) = (
+            ((mid, hi), (lo, mid)) if rank & d else ((lo, mid), (mid, hi))
+        )
         received = scratch[: keep_hi - keep_lo]
-        yield [comm.Irecv(received, source=partner, tag=tag + stage), comm.Isend(data[give_lo:give_hi], dest=partner, tag=tag + stage)]
+        yield [
+            comm.Irecv(received, source=partner, tag=tag + stage),
+            comm.Isend(data[give_lo:give_hi], dest=partner, tag=tag + stage),
+        ]
         data[keep_lo:keep_hi] += received
         splits.append((lo, hi))
         lo, hi, stage = keep_lo, keep_hi, stage + 1
-    for d in reversed(order):  # allgather: the partner holds the other part of the segment split at this stage
+    for d in reversed(
+        order
+    ):  # allgather: the partner holds the other part of the segment split at this stage
         partner, (seg_lo, seg_hi) = rank ^ d, splits.pop()
         other = data[seg_lo:lo] if lo > seg_lo else data[hi:seg_hi]
-        yield [comm.Irecv(other, source=partner, tag=tag + stage), comm.Isend(data[lo:hi], dest=partner, tag=tag + stage)]
+        yield [
+            comm.Irecv(other, source=partner, tag=tag + stage),
+            comm.Isend(data[lo:hi], dest=partner, tag=tag + stage),
+        ]
         lo, hi, stage = seg_lo, seg_hi, stage + 1
     if rank < extra:
         yield [comm.Isend(data, dest=rank + p, tag=tag + SUM_STAGES - 1)]

@@ -47,30 +47,75 @@ def build_parser() -> argparse.ArgumentParser:
     root_help = f"data root (default ${ROOT_ENV}, else ~/.cache/relaympi)"
 
     fetch = sub.add_parser("fetch", help="download, verify and lay out public data sets")
-    fetch.add_argument("names", nargs="+", type=_fetchable, metavar="NAME", help=f"one or more of {', '.join(FETCHABLE)}")
+    fetch.add_argument(
+        "names",
+        nargs="+",
+        type=_fetchable,
+        metavar="NAME",
+        help=f"one or more of {', '.join(FETCHABLE)}",
+    )
     fetch.add_argument("--root", type=Path, help=root_help)
-    fetch.add_argument("--url", help=f"base URL of a mirror holding the set's files by name (default ${MIRROR_ENV}/<name>, else the official source)")
+    fetch.add_argument(
+        "--url",
+        help="base URL of a mirror holding the set's files by name (default "
+        f"${MIRROR_ENV}/<name>, else the official source)",
+    )
     fetch.add_argument("--no-progress", action="store_true", help="no progress bars")
 
-    check = sub.add_parser("check", help="say what is present, complete and verified under the root")
-    check.add_argument("names", nargs="*", metavar="NAME", help=f"tasks or sets: {', '.join(DATASETS)} (default: all)")
+    check = sub.add_parser(
+        "check", help="say what is present, complete and verified under the root"
+    )
+    check.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help=f"tasks or sets: {', '.join(DATASETS)} (default: all)",
+    )
     check.add_argument("--root", type=Path, help=root_help)
-    check.add_argument("--quick", action="store_true", help="compare file sizes only, not checksums")
+    check.add_argument(
+        "--quick", action="store_true", help="compare file sizes only, not checksums"
+    )
 
-    prep = sub.add_parser("prepare-imagenet", help="lay out ILSVRC2012 as class folders under <root>/imagenet")
-    prep.add_argument("--train", type=Path, required=True, help="ILSVRC2012_img_train.tar, or a folder of its per-class tars or class folders")
-    prep.add_argument("--val", type=Path, required=True, help="ILSVRC2012_img_val.tar, or the folder of its flat validation images")
-    prep.add_argument("--devkit", type=Path, required=True, help="ILSVRC2012_devkit_t12.tar.gz (or its folder), or Kaggle's LOC_val_solution.csv")
+    prep = sub.add_parser(
+        "prepare-imagenet", help="lay out ILSVRC2012 as class folders under <root>/imagenet"
+    )
+    prep.add_argument(
+        "--train",
+        type=Path,
+        required=True,
+        help="ILSVRC2012_img_train.tar, or a folder of its per-class tars or class folders",
+    )
+    prep.add_argument(
+        "--val",
+        type=Path,
+        required=True,
+        help="ILSVRC2012_img_val.tar, or the folder of its flat validation images",
+    )
+    prep.add_argument(
+        "--devkit",
+        type=Path,
+        required=True,
+        help="ILSVRC2012_devkit_t12.tar.gz (or its folder), or Kaggle's LOC_val_solution.csv",
+    )
     prep.add_argument("--root", type=Path, help=root_help)
     how = prep.add_mutually_exclusive_group()
-    how.add_argument("--link", action="store_true", help="hard-link images from folder sources instead of copying them")
-    how.add_argument("--move", action="store_true", help="move images from folder sources instead of copying them")
+    how.add_argument(
+        "--link",
+        action="store_true",
+        help="hard-link images from folder sources instead of copying them",
+    )
+    how.add_argument(
+        "--move",
+        action="store_true",
+        help="move images from folder sources instead of copying them",
+    )
     prep.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
 
 def _fetchable(name: str) -> str:
-    """A name `fetch` accepts (the sets it can download); ImageNet gets the command that prepares it."""
+    """A name `fetch` accepts (the sets it can download); ImageNet gets the command that prepares
+    it."""
     from relaympi.data.sets import FETCHABLE
 
     if name == "imagenet":
@@ -79,7 +124,9 @@ def _fetchable(name: str) -> str:
             f"download the tars there, then: {fetch_command('imagenet')}"
         )
     if name not in FETCHABLE:
-        raise argparse.ArgumentTypeError(f"invalid choice: {name!r} (choose from {', '.join(FETCHABLE)})")
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {name!r} (choose from {', '.join(FETCHABLE)})"
+        )
     return name
 
 
@@ -87,15 +134,19 @@ _URL_SCHEMES = ("http", "https", "ftp", "file")  # what urllib downloads from
 
 
 def check_mirror_url(url: str, source: str) -> None:
-    """ValueError unless ``url`` (given as ``source``: --url or the mirror variable) is a URL urllib fetches."""
+    """ValueError unless ``url`` (given as ``source``: --url or the mirror variable) is a URL urllib
+    fetches."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in _URL_SCHEMES or (parts.scheme != "file" and not parts.netloc):
-        raise ValueError(f"{source} {url!r} is not a mirror URL; give http(s)://HOST/PATH, ftp://HOST/PATH "
-                         "or file:///PATH (a folder holding the set's files by name)")
+        raise ValueError(
+            f"{source} {url!r} is not a mirror URL; give http(s)://HOST/PATH, ftp://HOST/PATH "
+            "or file:///PATH (a folder holding the set's files by name)"
+        )
 
 
 def check_names(names: list[str]) -> list[str]:
-    """Data set names for tasks or set names (agnews brings distilbert with it); ValueError if unknown."""
+    """Data set names for tasks or set names (agnews brings distilbert with it); ValueError if
+    unknown."""
     from relaympi.data.paths import task_sets
     from relaympi.data.sets import DATASETS
     from relaympi.tasks import TASK_NAMES
@@ -106,7 +157,9 @@ def check_names(names: list[str]) -> list[str]:
         if not sets and name in TASK_NAMES:
             continue  # digits, quadratics: nothing to fetch
         if not sets:
-            raise ValueError(f"unknown data set or task {name!r}; choose from {', '.join(DATASETS)}")
+            raise ValueError(
+                f"unknown data set or task {name!r}; choose from {', '.join(DATASETS)}"
+            )
         result.extend(s for s in sets if s not in result)
     return result
 
@@ -163,7 +216,10 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             prepare_imagenet(
-                args.train, args.val, args.devkit, data_root(args.root),
+                args.train,
+                args.val,
+                args.devkit,
+                data_root(args.root),
                 mode="link" if args.link else "move" if args.move else "copy",
                 progress=not args.no_progress,
             )

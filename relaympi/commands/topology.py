@@ -84,7 +84,9 @@ def describe(
     gossip = {key: summary.pop(key) for key in later if key in summary}  # the keys keep their order
     summary["lr_correction"] = lr_correction(topology) if topology.is_tree else None
     summary |= gossip
-    allowed = [None if low is None else d2_allows(low) for low in _per_layer(summary, "min_eigenvalue")]
+    allowed = [
+        None if low is None else d2_allows(low) for low in _per_layer(summary, "min_eigenvalue")
+    ]
     summary["d2_allowed"] = allowed[0] if topology.num_layers == 1 else allowed
     summary |= _cluster_plan(topology, ranks_per_node, model_size, dtype_bytes)
     if "not_computed" in summary:  # last, so that small topologies keep their keys' order
@@ -102,18 +104,24 @@ def describe(
     return summary
 
 
-def _cluster_plan(topology: Topology, ranks_per_node: int, model_size: int, dtype_bytes: int) -> dict[str, Any]:
+def _cluster_plan(
+    topology: Topology, ranks_per_node: int, model_size: int, dtype_bytes: int
+) -> dict[str, Any]:
     """The keys describe() adds for a cluster of nodes of ranks_per_node ranks (see there)."""
     n, layers = topology.world_size, topology.num_layers
     nodes = np.array(nodes_of(n, ranks_per_node), dtype=np.int64)
-    diameters = [topology.layer_diameter(k) if topology._diameter_method(k) else None for k in range(layers)]
+    diameters = [
+        topology.layer_diameter(k) if topology._diameter_method(k) else None for k in range(layers)
+    ]
     mean_delays, corrections = [None] * layers, [None] * layers
     if topology.is_tree:
         for k in range(layers):
             one = Topology(topology.name, n, (topology.edge_array(k),))
             corrections[k] = lr_correction(one)
             # 1 / (alpha n) = 1 + (2 W - n (n - 1)) / n^2 (relay_lr), W the sum of tau_ij over i < j
-            mean_delays[k] = 1.0 if n == 1 else ((corrections[k] - 1) * n * n + n * (n - 1)) / (n * (n - 1))
+            mean_delays[k] = (
+                1.0 if n == 1 else ((corrections[k] - 1) * n * n + n * (n - 1)) / (n * (n - 1))
+            )
     plan: dict[str, Any] = {
         "ranks_per_node": ranks_per_node,
         "nodes": int(nodes[-1]) + 1,
@@ -128,14 +136,19 @@ def _cluster_plan(topology: Topology, ranks_per_node: int, model_size: int, dtyp
         schedule = ExponentialSchedule(n)
         crossing = [nodes[schedule.send_peers(k)] != nodes for k in range(schedule.period)]
         per_node = np.stack([np.bincount(nodes[c], minlength=plan["nodes"]) for c in crossing])
-        steps = [per_node[(2 * t) % schedule.period] + per_node[(2 * t + 1) % schedule.period]
-                 for t in range(schedule.period)]  # step t runs rounds 2t and 2t + 1
+        steps = [
+            per_node[(2 * t) % schedule.period] + per_node[(2 * t + 1) % schedule.period]
+            for t in range(schedule.period)
+        ]  # step t runs rounds 2t and 2t + 1
         plan["_inter_node_sends"] = [int(c.sum()) for c in crossing]
         most = int(max(s.max() for s in steps)) * model_size * dtype_bytes
     else:
         blocks = coordinate_blocks(model_size, layers)
         sizes = np.array([b.stop - b.start for b in blocks], dtype=np.int64)
-        most = int((topology.inter_node_degrees(nodes) * sizes[:, None]).sum(axis=0).max()) * dtype_bytes
+        most = (
+            int((topology.inter_node_degrees(nodes) * sizes[:, None]).sum(axis=0).max())
+            * dtype_bytes
+        )
     plan["inter_node_bytes_per_node_per_step"] = most
     return plan
 
@@ -148,11 +161,14 @@ _CHUNK = 1 << 16  # rows turned into Python objects at a time
 
 
 def _joined(first: np.ndarray, second: np.ndarray, pattern: str, separator: str) -> str:
-    """separator.join(pattern.format(i, j) for i, j in zip(first, second)), 65536 pairs at a time."""
+    """separator.join(pattern.format(i, j) for i, j in zip(first, second)), 65536 pairs at a
+    time."""
     pieces = []
     for lo in range(0, len(first), _CHUNK):
         hi = lo + _CHUNK
-        pieces.append(separator.join(map(pattern.format, first[lo:hi].tolist(), second[lo:hi].tolist())))
+        pieces.append(
+            separator.join(map(pattern.format, first[lo:hi].tolist(), second[lo:hi].tolist()))
+        )
     return separator.join(pieces)
 
 
@@ -169,7 +185,9 @@ def _json_chunks(value: Any) -> Iterator[str]:
             yield (", " if index else "") + json.dumps(key) + ": "
             yield from _json_chunks(item)
         yield "}"
-    elif isinstance(value, list) and any(isinstance(item, (np.ndarray, list, dict)) for item in value):
+    elif isinstance(value, list) and any(
+        isinstance(item, (np.ndarray, list, dict)) for item in value
+    ):
         yield "["
         for index, item in enumerate(value):
             if index:
@@ -210,8 +228,12 @@ def _text(summary: dict[str, Any]) -> str:
         f"topology          {summary['name']}",
         f"world size        {summary['world_size']}",
         f"layers            {layers}"
-        + ("  (layer k carries the contiguous block k of the model's coordinates: "
-           "np.array_split(arange(d), layers)[k])" if layers > 1 else ""),
+        + (
+            "  (layer k carries the contiguous block k of the model's coordinates: "
+            "np.array_split(arange(d), layers)[k])"
+            if layers > 1
+            else ""
+        ),
     ]
     for k, edges in enumerate(_per_layer(summary, "edges")):
         label = f"edges (layer {k})" if layers > 1 else "edges"
@@ -237,7 +259,9 @@ def _text(summary: dict[str, Any]) -> str:
         where = f" (layer {k})" if layers > 1 else ""
         if gap is None or low is None:
             reason = summary["not_computed"]["spectral_gap" if gap is None else "min_eigenvalue"]
-            lines.append(f"Metropolis-Hastings{where}: spectral gap and smallest eigenvalue {reason}")
+            lines.append(
+                f"Metropolis-Hastings{where}: spectral gap and smallest eigenvalue {reason}"
+            )
             continue
         verdict = "allowed" if d2 else "not allowed, use (W + I) / 2"
         lines.append(
@@ -249,12 +273,16 @@ def _text(summary: dict[str, Any]) -> str:
         schedule = summary["schedule"]
         lines.append(
             f"SGP schedule      period {schedule['period']} rounds; in round k rank i sends to "
-            f"i - 2^(k mod {schedule['period']}) and averages with i + 2^(k mod {schedule['period']})"
+            f"i - 2^(k mod {schedule['period']}) and averages with i + 2^(k mod "
+            f"{schedule['period']})"
         )
         lines.append("                  1 model per rank per round; SGP runs 2 rounds per step")
         for k, offset in enumerate(schedule["offsets"]):
             crossing = schedule["inter_node_sends"][k]
-            lines.append(f"  round {k} (offset {offset}): {crossing} of {len(schedule['send_peers'][k])} sends between nodes")
+            lines.append(
+                f"  round {k} (offset {offset}): {crossing} of "
+                f"{len(schedule['send_peers'][k])} sends between nodes"
+            )
             peers = np.asarray(schedule["send_peers"][k])
             lines.extend(_wrap(_joined(np.arange(len(peers)), peers, "{}->{}", " "), "    "))
     return "\n".join(lines)
@@ -263,8 +291,12 @@ def _text(summary: dict[str, Any]) -> str:
 def _plan_text(summary: dict[str, Any]) -> list[str]:
     layers = summary["num_layers"]
     k, m = summary["ranks_per_node"], summary["nodes"]
-    lines = [f"placement         {summary['placement']}  ({m} node{'s' * (m != 1)} of {k} rank{'s' * (k != 1)}"
-             + (", the last one smaller" if m * k != summary["world_size"] else "") + ")"]
+    lines = [
+        f"placement         {summary['placement']}  ({m} node{'s' * (m != 1)} of {k} "
+        f"rank{'s' * (k != 1)}"
+        + (", the last one smaller" if m * k != summary["world_size"] else "")
+        + ")"
+    ]
     for layer in range(layers):
         label = f"layer {layer}" if layers > 1 else ("tree" if summary["is_tree"] else "graph")
         facts = [f"inter-node edges {summary['inter_node_edges'][layer]}"]
@@ -275,8 +307,10 @@ def _plan_text(summary: dict[str, Any]) -> list[str]:
             facts.append(f"lr correction {summary['layer_lr_corrections'][layer]:.6g}")
         lines.append(f"  {label}: " + ", ".join(facts))
     size, width = summary["model_size"], summary["dtype_bytes"]
-    lines.append(f"inter-node bytes  {summary['inter_node_bytes_per_node_per_step']} per node per step "
-                 f"(most over nodes; model of {size} x {width} bytes)")
+    lines.append(
+        f"inter-node bytes  {summary['inter_node_bytes_per_node_per_step']} per node per step "
+        f"(most over nodes; model of {size} x {width} bytes)"
+    )
     return lines
 
 
@@ -310,21 +344,31 @@ def _parser() -> argparse.ArgumentParser:
         "--edge-list", type=Path, metavar="FILE", help="'i j' pairs, one per line (with edge-list)"
     )
     parser.add_argument(
-        "--placement", choices=PLACEMENTS, default="ranks",
+        "--placement",
+        choices=PLACEMENTS,
+        default="ranks",
         help="ranks: rank order, the paper's (default); nodes: keep each node's ranks together "
         "(needs --ranks-per-node)",
     )
     parser.add_argument(
-        "--ranks-per-node", type=_positive, metavar="K",
+        "--ranks-per-node",
+        type=_positive,
+        metavar="K",
         help="ranks fill nodes in blocks of K (the last node may hold fewer); default 1: every "
         "rank on its own node, every edge between nodes",
     )
     parser.add_argument(
-        "--model-size", type=_positive, default=DEFAULT_MODEL_SIZE, metavar="D",
+        "--model-size",
+        type=_positive,
+        default=DEFAULT_MODEL_SIZE,
+        metavar="D",
         help="model elements for the inter-node bytes (default %(default)s, VGG-11's parameters)",
     )
     parser.add_argument(
-        "--dtype-bytes", type=_positive, default=4, metavar="B",
+        "--dtype-bytes",
+        type=_positive,
+        default=4,
+        metavar="B",
         help="bytes per element (default 4, float32)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -332,7 +376,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _largest_hint(name: str) -> str:
-    """ (NAME: at most -n N) for the largest accepted n, searched over 1..2^40."""
+    """(NAME: at most -n N) for the largest accepted n, searched over 1..2^40."""
     low, high = 1, 2**40
     while low < high:  # edge counts grow with n (for the sizes a family accepts)
         middle = (low + high + 1) // 2
@@ -363,8 +407,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ranks_per_node = args.ranks_per_node or 1
     edges = _edges_to_build(args.name, args.world_size)
     if edges is not None and edges > MAX_DESCRIBED_EDGES:
-        print(f"error: -n {args.world_size} is too large to describe {args.name}: it takes {edges} edges to "
-              f"build; the summary lists at most {MAX_DESCRIBED_EDGES}{_largest_hint(args.name)}", file=sys.stderr)
+        print(
+            f"error: -n {args.world_size} is too large to describe {args.name}: it takes "
+            f"{edges} edges to "
+            f"build; the summary lists at most {MAX_DESCRIBED_EDGES}{_largest_hint(args.name)}",
+            file=sys.stderr,
+        )
         return 2
     # Writing 10^6 edges allocates millions of small objects; the cyclic collector would rescan
     # them at every allocation threshold (up to 5x the time) and has no cycles to find in them.
@@ -372,10 +420,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.disable()
     try:
         nodes = nodes_of(args.world_size, ranks_per_node) if args.world_size >= 1 else None
-        topology = build(args.name, args.world_size, root=args.root, edge_list=args.edge_list,
-                         placement=args.placement, nodes=nodes)
-        summary = describe(topology, edge_arrays=True, ranks_per_node=ranks_per_node,
-                           model_size=args.model_size, dtype_bytes=args.dtype_bytes)
+        topology = build(
+            args.name,
+            args.world_size,
+            root=args.root,
+            edge_list=args.edge_list,
+            placement=args.placement,
+            nodes=nodes,
+        )
+        summary = describe(
+            topology,
+            edge_arrays=True,
+            ranks_per_node=ranks_per_node,
+            model_size=args.model_size,
+            dtype_bytes=args.dtype_bytes,
+        )
         if args.json:
             sys.stdout.writelines(_json_chunks(summary))
             sys.stdout.write("\n")

@@ -23,12 +23,15 @@ def experiment_settings(config: dict[str, Any]) -> dict[str, Any]:
     defaults = RunConfig().to_dict()
     merged = {**defaults, **_BEFORE_RECORDED, **config}
     # run_config.FLAGS read at each call: a test may add a flag
-    identity = {f.name: [rule for rule in rules(f.name, flag) if rule.identity]
-                for f, flag in run_config.FLAGS}
+    identity = {
+        f.name: [rule for rule in rules(f.name, flag) if rule.identity]
+        for f, flag in run_config.FLAGS
+    }
     return {
         key: value
         for key, value in merged.items()
-        if key not in NON_SEMANTIC_KEYS and key not in RUN_FILE_ONLY_KEYS
+        if key not in NON_SEMANTIC_KEYS
+        and key not in RUN_FILE_ONLY_KEYS
         and all(rule.holds(merged) for rule in identity.get(key, ()))
     }
 
@@ -41,6 +44,9 @@ def not_applicable(cfg: RunConfig) -> list[tuple[str, str]]:
         value = getattr(cfg, f.name)
         if value is None or value == f.default:  # not given
             continue
-        found += [(flag.option_string(f.name), rule.why(settings)) for rule in rules(f.name, flag)
-                  if rule.refuse and not rule.holds(settings)]
+        found += [
+            (flag.option_string(f.name), rule.why(settings))
+            for rule in rules(f.name, flag)
+            if rule.refuse and not rule.holds(settings)
+        ]
     return found

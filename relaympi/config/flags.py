@@ -85,8 +85,9 @@ def flag_field(default: Any, help: str | Callable[[], str], **flag: Any) -> Any:
 
 def algorithms_taking(name: str) -> tuple[str, ...]:
     """The algorithms whose options have field ``name`` (empty: no algorithm's option)."""
-    return tuple(algo for algo, options in ALGORITHM_OPTIONS.items()
-                 if name in option_names(options))
+    return tuple(
+        algo for algo, options in ALGORITHM_OPTIONS.items() if name in option_names(options)
+    )
 
 
 def _algorithm_rule(name: str, algos: tuple[str, ...]) -> Applies:
@@ -96,10 +97,14 @@ def _algorithm_rule(name: str, algos: tuple[str, ...]) -> Applies:
     what = next(purpose(ALGORITHM_OPTIONS[a], name) for a in algos)
     which = f"--algo {algos[0]}" if len(algos) == 1 else ", ".join(algos)
     if what:
-        return Applies(lambda c: c.get("algo") in algos,
-                       lambda c: f"{what} ({which}), not used by {c.get('algo')}")
-    return Applies(lambda c: c.get("algo") in algos,
-                   lambda c: f"it applies to --algo {'/'.join(algos)} only, not {c.get('algo')}")
+        return Applies(
+            lambda c: c.get("algo") in algos,
+            lambda c: f"{what} ({which}), not used by {c.get('algo')}",
+        )
+    return Applies(
+        lambda c: c.get("algo") in algos,
+        lambda c: f"it applies to --algo {'/'.join(algos)} only, not {c.get('algo')}",
+    )
 
 
 def rules(name: str, flag: Flag) -> tuple[Applies, ...]:

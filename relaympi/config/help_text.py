@@ -14,19 +14,24 @@ def _number(value: Any) -> str:
     return f"{value:g}"
 
 
-def task_default(attribute: str, show: Callable[[Any], str] = _number,
-                 skip: tuple[str, ...] = ()) -> str:
+def task_default(
+    attribute: str, show: Callable[[Any], str] = _number, skip: tuple[str, ...] = ()
+) -> str:
     """'task default: digits 8, cifar10 32, ...': a TaskDefaults value per task."""
     return "task default: " + per_task(attribute, show, skip)
 
 
-def per_task(attribute: str, show: Callable[[Any], str] = _number,
-             skip: tuple[str, ...] = ()) -> str:
+def per_task(
+    attribute: str, show: Callable[[Any], str] = _number, skip: tuple[str, ...] = ()
+) -> str:
     """'digits 8, cifar10 32, ...': a TaskDefaults value per task."""
     from relaympi.tasks import TASKS
 
-    return ", ".join(f"{task} {show(getattr(cls.defaults, attribute))}"
-                     for task, cls in TASKS.items() if task not in skip)
+    return ", ".join(
+        f"{task} {show(getattr(cls.defaults, attribute))}"
+        for task, cls in TASKS.items()
+        if task not in skip
+    )
 
 
 def _eval_default(defaults: Any) -> str:
@@ -48,27 +53,33 @@ def topology() -> str:
     for task, cls in TASKS.items():  # a task's own topology for an algorithm
         if own := cls.default_topology_by_algo:
             tasks += f"; task {task}: " + ", ".join(f"{a} {t}" for a, t in own.items())
-    return (f"communication graph: {', '.join(TOPOLOGY_NAMES)} (exponential for n a power of two, "
-            f"social-network and social-network-tree for exactly {SOCIAL_NETWORK_SIZE} workers), "
-            "`spanning-tree:<name>` (the Spanning Tree Protocol tree of a graph) or "
-            f"`edge-list:<file>` (a pair `i j` per line). Default per algorithm: {defaults}{tasks}")
+    return (
+        f"communication graph: {', '.join(TOPOLOGY_NAMES)} (exponential for n a power of two, "
+        f"social-network and social-network-tree for exactly {SOCIAL_NETWORK_SIZE} workers), "
+        "`spanning-tree:<name>` (the Spanning Tree Protocol tree of a graph) or "
+        f"`edge-list:<file>` (a pair `i j` per line). Default per algorithm: {defaults}{tasks}"
+    )
 
 
 def momentum() -> str:
     from relaympi.algorithms import ALGORITHMS
 
     needing = "/".join(name for name, cls in ALGORITHMS.items() if cls.needs_momentum)
-    return ("local momentum, the paper's Nesterov form unless `--no-nesterov`; "
-            f"{task_default('momentum')} (`--algo {needing}`: 0.9 where that is 0)")
+    return (
+        "local momentum, the paper's Nesterov form unless `--no-nesterov`; "
+        f"{task_default('momentum')} (`--algo {needing}`: 0.9 where that is 0)"
+    )
 
 
 def eval_every() -> str:
     from relaympi.tasks import TASKS
 
-    return ("steps K between evaluations, at steps 0, K, 2K, ... and always at the last step (a "
-            "resumed run too), and between checkpoints (with `--checkpoint-dir`: at K, 2K, ... "
-            "before the last step); task default: "
-            + ", ".join(f"{task} {_eval_default(cls.defaults)}" for task, cls in TASKS.items()))
+    return (
+        "steps K between evaluations, at steps 0, K, 2K, ... and always at the last step (a "
+        "resumed run too), and between checkpoints (with `--checkpoint-dir`: at K, 2K, ... "
+        "before the last step); task default: "
+        + ", ".join(f"{task} {_eval_default(cls.defaults)}" for task, cls in TASKS.items())
+    )
 
 
 def task_names() -> Sequence[str]:

@@ -18,8 +18,12 @@ from relaympi.entrypoint import UsageParser
 from relaympi.topology import TOPOLOGY_NAMES
 
 # --config: not a RunConfig field (a file of them)
-CONFIG = Flag("JSON file of saved flags (as written in a run file's `config`); flags given on the "
-              "command line win", type=Path, metavar="FILE")
+CONFIG = Flag(
+    "JSON file of saved flags (as written in a run file's `config`); flags given on the "
+    "command line win",
+    type=Path,
+    metavar="FILE",
+)
 
 
 def _title(group: str) -> str:
@@ -64,24 +68,37 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend local --workers N (threads of one process), or --backend batched --workers N "
         "(one batched computation on one device). Writes one HDF5 run file.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join([
-            "topologies (--topology):",
-            *textwrap.wrap(", ".join(TOPOLOGY_NAMES) + ",", 96, initial_indent="  ", subsequent_indent="  "),
-            "  spanning-tree:<name> (the Spanning Tree Protocol tree of a graph), edge-list:<file> ('i j' per line)",
-            "",
-            "default learning rates: tuned for 16 workers on each algorithm's default topology (the paper's",
-            "  tables for cifar10 and agnews, the centralized recipe for imagenet, a sweep for digits); a run",
-            "  with another worker count warns, and the end summary flags workers at chance accuracy: pass --lr.",
-            "",
-            "one worker (--workers 1, or mpirun -n 1) with --algo allreduce is the centralized baseline.",
-            "",
-            "exit status: 0 completed, 1 failed, 2 usage error (nothing written), 3 diverged (recorded),",
-            "  4 preempted by SIGTERM, SIGUSR1 or Ctrl-C (checkpoint saved; run the same command again to resume),",
-            "  5 stopped by such a signal without a checkpoint (no --checkpoint-dir: a rerun starts over)",
-        ]),
+        epilog="\n".join(
+            [
+                "topologies (--topology):",
+                *textwrap.wrap(
+                    ", ".join(TOPOLOGY_NAMES) + ",", 96, initial_indent="  ", subsequent_indent="  "
+                ),
+                "  spanning-tree:<name> (the Spanning Tree Protocol tree of a graph), "
+                "edge-list:<file> ('i j' per line)",
+                "",
+                "default learning rates: tuned for 16 workers on each algorithm's default "
+                "topology (the paper's",
+                "  tables for cifar10 and agnews, the centralized recipe for imagenet, a "
+                "sweep for digits); a run",
+                "  with another worker count warns, and the end summary flags workers at "
+                "chance accuracy: pass --lr.",
+                "",
+                "one worker (--workers 1, or mpirun -n 1) with --algo allreduce is the "
+                "centralized baseline.",
+                "",
+                "exit status: 0 completed, 1 failed, 2 usage error (nothing written), 3 "
+                "diverged (recorded),",
+                "  4 preempted by SIGTERM, SIGUSR1 or Ctrl-C (checkpoint saved; run the "
+                "same command again to resume),",
+                "  5 stopped by such a signal without a checkpoint (no --checkpoint-dir: "
+                "a rerun starts over)",
+            ]
+        ),
     )
-    p.add_argument("--config", type=Path, metavar=CONFIG.metavar,
-                   help=plain(text("config", CONFIG)))
+    p.add_argument(
+        "--config", type=Path, metavar=CONFIG.metavar, help=plain(text("config", CONFIG))
+    )
     groups: dict[str, Any] = {}
     for f, flag in run_config.FLAGS:  # read at each call: a test may add a flag
         target: Any = p
@@ -91,14 +108,25 @@ def build_parser() -> argparse.ArgumentParser:
             target = groups[flag.group]
         option, words = flag.option_string(f.name), plain(text(f.name, flag))
         if flag.negatable:  # --name / --no-name (None: not given)
-            target.add_argument(option, dest=f.name, action=argparse.BooleanOptionalAction,
-                                default=None, help=words)
+            target.add_argument(
+                option, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=words
+            )
         elif flag.switch:  # given, it stores the opposite of the field's default (None: not given)
-            target.add_argument(option, dest=f.name, default=None, help=words,
-                                action="store_false" if f.default else "store_true")
+            target.add_argument(
+                option,
+                dest=f.name,
+                default=None,
+                help=words,
+                action="store_false" if f.default else "store_true",
+            )
         else:
-            target.add_argument(option, type=flag.type, metavar=flag.metavar, help=words,
-                                choices=flag.choices() if flag.choices else None)
+            target.add_argument(
+                option,
+                type=flag.type,
+                metavar=flag.metavar,
+                help=words,
+                choices=flag.choices() if flag.choices else None,
+            )
     return p
 
 

@@ -28,12 +28,17 @@ def _positive(name: str, value: float | None, allow_zero: bool = False) -> None:
     bad = (value < 0) if allow_zero else (value <= 0)
     if bad or not math.isfinite(value):
         finite = " and finite" if math.isinf(value) else ""
-        raise ConfigError(f"--{name.replace('_', '-')} must be {'>= 0' if allow_zero else '> 0'}{finite}, got {value}")
+        raise ConfigError(
+            f"--{name.replace('_', '-')} must be "
+            f"{'>= 0' if allow_zero else '> 0'}{finite}, got {value}"
+        )
 
 
 def _checked(make: Callable[[], Any], flags: dict[str, str]) -> None:
-    """Build a domain object (it checks its own values); its ValueError becomes a usage error naming the flag:
-    the message's first mention of each field (``flags``: the word in the message -> its flag) becomes the flag."""
+    """Build a domain object (it checks its own values); its ValueError becomes a usage error naming
+    the flag:
+    the message's first mention of each field (``flags``: the word in the message -> its flag)
+    becomes the flag."""
     try:
         make()
     except ValueError as exc:
@@ -48,7 +53,8 @@ def _checked(make: Callable[[], Any], flags: dict[str, str]) -> None:
 def validate(cfg: RunConfig) -> None:
     """Checks that need no topology or data; the CLI turns failures into exit status 2.
 
-    The domain classes (OptimizerConfig, DropPolicy, the algorithms' options, QuadraticsSpec) check their own values.
+    The domain classes (OptimizerConfig, DropPolicy, the algorithms' options, QuadraticsSpec) check
+    their own values.
     """
     # imported here, not at the top: they need torch, and the report reads run configs
     # (experiment_settings) where it may be missing
@@ -58,27 +64,43 @@ def validate(cfg: RunConfig) -> None:
     if cfg.task not in TASK_NAMES:
         raise ConfigError(f"unknown task {cfg.task!r}; choose one of {', '.join(TASK_NAMES)}")
     if cfg.algo not in ALGORITHM_NAMES:
-        raise ConfigError(f"unknown algorithm {cfg.algo!r}; choose one of {', '.join(ALGORITHM_NAMES)}")
+        raise ConfigError(
+            f"unknown algorithm {cfg.algo!r}; choose one of {', '.join(ALGORITHM_NAMES)}"
+        )
     if cfg.topology is not None:
-
         base = cfg.topology.split(":", 1)[0]
         if cfg.topology not in TOPOLOGY_NAMES and base not in ("spanning-tree", "edge-list"):
             close = difflib.get_close_matches(cfg.topology.replace("_", "-"), TOPOLOGY_NAMES, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"unknown topology {cfg.topology!r}{hint}; choose one of {', '.join(TOPOLOGY_NAMES)}, spanning-tree:<name> or edge-list:<file>")
+            raise ConfigError(
+                f"unknown topology {cfg.topology!r}{hint}; choose one of "
+                f"{', '.join(TOPOLOGY_NAMES)}, spanning-tree:<name> or edge-list:<file>"
+            )
     if cfg.placement not in PLACEMENTS:
-        raise ConfigError(f"unknown --placement {cfg.placement!r}; choose one of {', '.join(PLACEMENTS)}")
+        raise ConfigError(
+            f"unknown --placement {cfg.placement!r}; choose one of {', '.join(PLACEMENTS)}"
+        )
     if cfg.ranks_per_node is not None and cfg.ranks_per_node < 1:
-        raise ConfigError(f"--ranks-per-node must be >= 1 (ranks on each emulated node), got {cfg.ranks_per_node}")
+        raise ConfigError(
+            f"--ranks-per-node must be >= 1 (ranks on each emulated node), got {cfg.ranks_per_node}"
+        )
     if not 0 <= cfg.seed <= MAX_SEED:
-        raise ConfigError(f"--seed must be an integer in [0, {MAX_SEED}] (2^63 - 1), got {cfg.seed}")
+        raise ConfigError(
+            f"--seed must be an integer in [0, {MAX_SEED}] (2^63 - 1), got {cfg.seed}"
+        )
     if not cfg.alpha > 0:
-        raise ConfigError(f"--alpha must be > 0 (Dirichlet concentration; smaller = more heterogeneous), got {cfg.alpha}")
+        raise ConfigError(
+            "--alpha must be > 0 (Dirichlet concentration; smaller = more "
+            f"heterogeneous), got {cfg.alpha}"
+        )
     _positive("lr", cfg.lr)
     _positive("bucket_size", cfg.bucket_size)
     _positive("progress_interval", cfg.progress_interval)
     given = {"name": cfg.optimizer, "momentum": cfg.momentum}
-    _checked(lambda: OptimizerConfig(**{k: v for k, v in given.items() if v is not None}), {"momentum": "--momentum", "optimizer": "--optimizer"})
+    _checked(
+        lambda: OptimizerConfig(**{k: v for k, v in given.items() if v is not None}),
+        {"momentum": "--momentum", "optimizer": "--optimizer"},
+    )
     _positive("weight_decay", cfg.weight_decay, allow_zero=True)
     if cfg.batch_size is not None and cfg.batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {cfg.batch_size}")
@@ -94,16 +116,27 @@ def validate(cfg: RunConfig) -> None:
     for milestone in cfg.milestones or ():
         _positive("milestones", milestone, allow_zero=True)
     # every algorithm's options check their values (a value for another algorithm is refused below)
-    _checked(lambda: AlgorithmOptions.of(cfg.to_dict()), {name: _flag(name) for name in option_names(AlgorithmOptions)})
+    _checked(
+        lambda: AlgorithmOptions.of(cfg.to_dict()),
+        {name: _flag(name) for name in option_names(AlgorithmOptions)},
+    )
     if cfg.backend not in BACKENDS:
         raise ConfigError(f"unknown --backend {cfg.backend!r}; choose one of {', '.join(BACKENDS)}")
     if cfg.autocast is not None and cfg.autocast not in AUTOCAST_DTYPES:
-        raise ConfigError(f"unknown --autocast {cfg.autocast!r}; choose one of {', '.join(AUTOCAST_DTYPES)} (or leave it out: float32)")
+        raise ConfigError(
+            f"unknown --autocast {cfg.autocast!r}; choose one of "
+            f"{', '.join(AUTOCAST_DTYPES)} (or leave it out: float32)"
+        )
     if cfg.backend in ("local", "batched"):
         if cfg.workers is None or cfg.workers < 1:
-            raise ConfigError(f"--backend {cfg.backend} needs --workers N with N >= 1, got {cfg.workers}")
+            raise ConfigError(
+                f"--backend {cfg.backend} needs --workers N with N >= 1, got {cfg.workers}"
+            )
     elif cfg.workers is not None:
-        raise ConfigError("--workers is for --backend local or batched; under mpirun/srun the world size is the number of ranks")
+        raise ConfigError(
+            "--workers is for --backend local or batched; under mpirun/srun the world "
+            "size is the number of ranks"
+        )
     for name in ("eval_every", "checkpoint_every"):
         value = getattr(cfg, name)
         if value is not None and value < 1:
@@ -111,11 +144,16 @@ def validate(cfg: RunConfig) -> None:
     if cfg.out is not None:
         parent = Path(cfg.out).resolve().parent
         if not parent.is_dir():
-            raise ConfigError(f"output directory {parent} does not exist (for --out {cfg.out}); create it first")
+            raise ConfigError(
+                f"output directory {parent} does not exist (for --out {cfg.out}); create it first"
+            )
         if not os.access(parent, os.W_OK):
             raise ConfigError(f"output directory {parent} is not writable (for --out {cfg.out})")
         if Path(cfg.out).is_dir():
-            raise ConfigError(f"--out {cfg.out} is a directory; give a file path such as {Path(cfg.out) / 'run.h5'}")
+            raise ConfigError(
+                f"--out {cfg.out} is a directory; give a file path such as "
+                f"{Path(cfg.out) / 'run.h5'}"
+            )
     if cfg.checkpoint_dir is not None:
         _check_writable_dir("--checkpoint-dir", Path(cfg.checkpoint_dir))
     if cfg.data_dir is not None and not Path(cfg.data_dir).is_dir():
@@ -124,7 +162,12 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"--problem-file {cfg.problem_file} does not exist")
     if cfg.task == "quadratics":
         names = [f.name for f in dataclasses.fields(QuadraticsSpec)]
-        _checked(lambda: QuadraticsSpec(**{k: getattr(cfg, k) for k in names if getattr(cfg, k) is not None}), {k: _flag(k) for k in names})
+        _checked(
+            lambda: QuadraticsSpec(
+                **{k: getattr(cfg, k) for k in names if getattr(cfg, k) is not None}
+            ),
+            {k: _flag(k) for k in names},
+        )
     bad = not_applicable(cfg)
     if bad:
         raise ConfigError("; ".join(f"{flag} cannot apply: {reason}" for flag, reason in bad))
@@ -132,7 +175,10 @@ def validate(cfg: RunConfig) -> None:
     if cfg.save_problem is not None:
         _check_writable_file("--save-problem", Path(cfg.save_problem), cfg.overwrite)
     if not re.fullmatch(r"cpu|cuda(:\d+)?", str(cfg.device)):
-        raise ConfigError(f"--device {cfg.device!r} is not a device relaympi runs on; choose cpu, cuda (local rank picks the GPU) or cuda:N")
+        raise ConfigError(
+            f"--device {cfg.device!r} is not a device relaympi runs on; choose cpu, cuda "
+            "(local rank picks the GPU) or cuda:N"
+        )
     if cfg.threads is not None and cfg.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {cfg.threads}")
 
@@ -142,16 +188,22 @@ def _flag(name: str) -> str:
 
 
 def _check_writable_dir(flag: str, path: Path) -> None:
-    """A directory the run creates (with its parents) or writes into: refused up front where it cannot."""
+    """A directory the run creates (with its parents) or writes into: refused up front where it
+    cannot."""
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{flag} {path} exists and is not a directory")
     existing = path.absolute()
-    while not existing.exists():  # the nearest existing ancestor is where mkdir would create the rest
+    while (
+        not existing.exists()
+    ):  # the nearest existing ancestor is where mkdir would create the rest
         existing = existing.parent
     if not existing.is_dir():
         raise ConfigError(f"{flag} {path}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {path}: {existing} is not writable (a read-only file system or no permission); choose a writable directory")
+        raise ConfigError(
+            f"{flag} {path}: {existing} is not writable (a read-only file system or no "
+            "permission); choose a writable directory"
+        )
 
 
 def _check_writable_file(flag: str, path: Path, overwrite: bool) -> None:
@@ -159,20 +211,40 @@ def _check_writable_file(flag: str, path: Path, overwrite: bool) -> None:
     is only replaced with --overwrite (the run keeps it as it is when it holds the same content)."""
     parent = path.absolute().parent
     if path.is_dir():
-        raise ConfigError(f"{flag} {path} is a directory; give a file path such as {path / 'problem.h5'}")
+        raise ConfigError(
+            f"{flag} {path} is a directory; give a file path such as {path / 'problem.h5'}"
+        )
     if not parent.is_dir():
         raise ConfigError(f"{flag} {path}: its directory {parent} does not exist; create it first")
     if not path.exists() and not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {path}: its directory {parent} is not writable (a read-only file system or no permission)")
+        raise ConfigError(
+            f"{flag} {path}: its directory {parent} is not writable (a read-only file "
+            "system or no permission)"
+        )
     if path.exists() and overwrite and not os.access(path, os.W_OK):
-        raise ConfigError(f"{flag} {path} cannot be replaced (--overwrite): the file is not writable (a read-only file system or no permission)")
+        raise ConfigError(
+            f"{flag} {path} cannot be replaced (--overwrite): the file is not writable (a "
+            "read-only file system or no permission)"
+        )
 
 
 def _check_inputs_not_outputs(cfg: RunConfig) -> None:
-    """A file read by the run (--problem-file) is never written, and two outputs never share a file."""
-    named = [(n, Path(v).resolve()) for n in ("problem_file", "save_problem", "out") if (v := getattr(cfg, n)) is not None]
+    """A file read by the run (--problem-file) is never written, and two outputs never share a
+    file."""
+    named = [
+        (n, Path(v).resolve())
+        for n in ("problem_file", "save_problem", "out")
+        if (v := getattr(cfg, n)) is not None
+    ]
     for i, (a, path_a) in enumerate(named):
         for b, path_b in named[i + 1 :]:
             if path_a == path_b:
-                what = "the run would overwrite its input" if a == "problem_file" else "two outputs would share one file"
-                raise ConfigError(f"{_flag(a)} and {_flag(b)} are the same file {getattr(cfg, a)}: {what}; choose another {_flag(b)}")
+                what = (
+                    "the run would overwrite its input"
+                    if a == "problem_file"
+                    else "two outputs would share one file"
+                )
+                raise ConfigError(
+                    f"{_flag(a)} and {_flag(b)} are the same file {getattr(cfg, a)}: "
+                    f"{what}; choose another {_flag(b)}"
+                )

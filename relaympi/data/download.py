@@ -75,7 +75,13 @@ def download(
                     f"download of {url} interrupted ({exc}); {part} holds {held} bytes: "
                     "rerun the same command to resume"
                 ) from None
-            log.warning("download of %s interrupted (%s); trying again (attempt %d of %d)", url, exc, attempt + 1, attempts)
+            log.warning(
+                "download of %s interrupted (%s); trying again (attempt %d of %d)",
+                url,
+                exc,
+                attempt + 1,
+                attempts,
+            )
     _check_md5(part, md5, url, delete=True)
     os.replace(part, dest)
     return dest
@@ -117,8 +123,16 @@ def _copy(response: object, part: Path, offset: int, total: int | None, progress
     received = offset
     with (
         open(part, "ab" if offset else "wb") as f,
-        tqdm(total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
-             desc=part.name.removesuffix(".part"), disable=not progress, leave=True) as bar,
+        tqdm(
+            total=total,
+            initial=offset,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc=part.name.removesuffix(".part"),
+            disable=not progress,
+            leave=True,
+        ) as bar,
     ):
         try:
             while chunk := response.read(CHUNK_BYTES):  # type: ignore[attr-defined]

@@ -68,10 +68,15 @@ def prepare_imagenet(
             raise UsageError(f"{flag} {path} does not exist")
     target = root / "imagenet"
     if manifest.read(target) is not None:
-        log.info("imagenet: already prepared in %s (see `python -m relaympi.data check imagenet`)", target)
+        log.info(
+            "imagenet: already prepared in %s (see `python -m relaympi.data check imagenet`)",
+            target,
+        )
         return target
     if target.exists():
-        raise DataError(f"{target} exists but was not written by prepare-imagenet: move it away and rerun")
+        raise DataError(
+            f"{target} exists but was not written by prepare-imagenet: move it away and rerun"
+        )
     labels = read_val_labels(devkit)
     staging = root / ".imagenet.partial"
     (staging / "train").mkdir(parents=True, exist_ok=True)
@@ -82,7 +87,9 @@ def prepare_imagenet(
             placer.place_all(images, staging / "train" / wnid)
         classes = {p.name for p in (staging / "train").iterdir() if p.is_dir()}
         if not classes:
-            raise DataError(f"--train {train}: no class tars (n*.tar) or class folders (n*/) with images")
+            raise DataError(
+                f"--train {train}: no class tars (n*.tar) or class folders (n*/) with images"
+            )
         skipped = _place_val(val, labels, classes, staging / "val", placer)
     except (tarfile.TarError, EOFError, zlib.error) as exc:
         raise DataError(
@@ -99,29 +106,58 @@ def prepare_imagenet(
     for split in ("train", "val"):
         if counts[split] < placer.placed[split]:
             raise DataError(
-                f"{staging / split} holds {counts[split]} images after placing {placer.placed[split]}; "
+                f"{staging / split} holds {counts[split]} images after placing "
+                f"{placer.placed[split]}; "
                 "something removed files while preparing"
             )
     if counts["classes"] == FULL_CLASSES and counts["train"] != FULL_TRAIN_IMAGES:
-        log.warning("all %d classes but %d training images (the full set has %d): a truncated tar?",
-                    FULL_CLASSES, counts["train"], FULL_TRAIN_IMAGES)
+        log.warning(
+            "all %d classes but %d training images (the full set has %d): a truncated tar?",
+            FULL_CLASSES,
+            counts["train"],
+            FULL_TRAIN_IMAGES,
+        )
     if counts["classes"] == FULL_CLASSES and counts["val"] != FULL_VAL_IMAGES:
-        log.warning("all %d classes but %d validation images (the full set has %d)",
-                    FULL_CLASSES, counts["val"], FULL_VAL_IMAGES)
-    full = (counts["train"], counts["val"], counts["classes"]) == (FULL_TRAIN_IMAGES, FULL_VAL_IMAGES, FULL_CLASSES)
-    coverage = "the full ILSVRC2012 set" if full else (
-        f"a subset: the full set has {FULL_TRAIN_IMAGES:,} train / {FULL_VAL_IMAGES:,} val images "
-        f"in {FULL_CLASSES} classes"
+        log.warning(
+            "all %d classes but %d validation images (the full set has %d)",
+            FULL_CLASSES,
+            counts["val"],
+            FULL_VAL_IMAGES,
+        )
+    full = (counts["train"], counts["val"], counts["classes"]) == (
+        FULL_TRAIN_IMAGES,
+        FULL_VAL_IMAGES,
+        FULL_CLASSES,
+    )
+    coverage = (
+        "the full ILSVRC2012 set"
+        if full
+        else (
+            f"a subset: the full set has {FULL_TRAIN_IMAGES:,} train / "
+            f"{FULL_VAL_IMAGES:,} val images "
+            f"in {FULL_CLASSES} classes"
+        )
     )
     manifest.write(
-        staging, "imagenet", f"train {train}; val {val}; devkit {devkit}",
-        counts=counts, coverage=coverage, val_skipped=skipped, mode=mode,
+        staging,
+        "imagenet",
+        f"train {train}; val {val}; devkit {devkit}",
+        counts=counts,
+        coverage=coverage,
+        val_skipped=skipped,
+        mode=mode,
     )
     os.rename(staging, target)
     log.info(
         "imagenet: %d train / %d val images in %d classes in %s: %s%s",
-        counts["train"], counts["val"], counts["classes"], target, coverage,
-        f"; left out {skipped} validation images of classes without training images" if skipped else "",
+        counts["train"],
+        counts["val"],
+        counts["classes"],
+        target,
+        coverage,
+        f"; left out {skipped} validation images of classes without training images"
+        if skipped
+        else "",
     )
     return target
 
@@ -134,13 +170,17 @@ def read_val_labels(devkit: Path) -> dict[str, str]:
     if devkit.is_file() and devkit.name.lower().endswith(".csv"):
         return _labels_from_loc_csv(devkit)
     if devkit.is_dir():
-        found = {name: next(iter(sorted(devkit.rglob(name))), None) for name in (GROUND_TRUTH, META)}
+        found = {
+            name: next(iter(sorted(devkit.rglob(name))), None) for name in (GROUND_TRUTH, META)
+        }
         if found[GROUND_TRUTH] is None or found[META] is None:
             csvs = sorted(devkit.rglob("LOC_val_solution.csv"))
             if csvs:
                 return _labels_from_loc_csv(csvs[0])
             raise UsageError(f"--devkit {devkit}: no data/{GROUND_TRUTH} and data/{META} inside")
-        return _labels_from_devkit(found[GROUND_TRUTH].read_bytes(), found[META].read_bytes(), devkit)
+        return _labels_from_devkit(
+            found[GROUND_TRUTH].read_bytes(), found[META].read_bytes(), devkit
+        )
     if devkit.is_file() and tarfile.is_tarfile(devkit):
         blobs: dict[str, bytes] = {}
         with tarfile.open(devkit) as tar:
@@ -149,10 +189,13 @@ def read_val_labels(devkit: Path) -> dict[str, str]:
                 if member.isfile() and base in (GROUND_TRUTH, META):
                     blobs[base] = tar.extractfile(member).read()  # type: ignore[union-attr]
         if len(blobs) < 2:
-            raise UsageError(f"--devkit {devkit}: expecting data/{GROUND_TRUTH} and data/{META} in the archive")
+            raise UsageError(
+                f"--devkit {devkit}: expecting data/{GROUND_TRUTH} and data/{META} in the archive"
+            )
         return _labels_from_devkit(blobs[GROUND_TRUTH], blobs[META], devkit)
     raise UsageError(
-        f"--devkit {devkit}: expecting ILSVRC2012_devkit_t12.tar.gz, its unpacked folder, or LOC_val_solution.csv"
+        f"--devkit {devkit}: expecting ILSVRC2012_devkit_t12.tar.gz, its unpacked folder, "
+        "or LOC_val_solution.csv"
     )
 
 
@@ -170,13 +213,17 @@ def _labels_from_devkit(ground_truth: bytes, meta: bytes, source: Path) -> dict[
         wnids = [str(w) for w in synsets["WNID"]]
         leaves = [int(c) == 0 for c in synsets["num_children"]]
     except (KeyError, ValueError, TypeError, OSError) as exc:
-        raise DataError(f"{source}: {META} is not the ILSVRC2012 devkit's synsets table ({exc})") from exc
+        raise DataError(
+            f"{source}: {META} is not the ILSVRC2012 devkit's synsets table ({exc})"
+        ) from exc
     wnid_of = {i: w for i, w, leaf in zip(ids, wnids, leaves, strict=True) if leaf}
     labels: dict[str, str] = {}
     for number, line in enumerate(ground_truth.decode(errors="replace").split(), start=1):
         class_id = int(line) if line.isdigit() else -1
         if class_id not in wnid_of:
-            raise DataError(f"{source}: {GROUND_TRUTH} line {number} names class {class_id}, not in {META}")
+            raise DataError(
+                f"{source}: {GROUND_TRUTH} line {number} names class {class_id}, not in {META}"
+            )
         labels[f"ILSVRC2012_val_{number:08d}"] = wnid_of[class_id]
     return labels
 
@@ -188,7 +235,9 @@ def _labels_from_loc_csv(path: Path) -> dict[str, str]:
             try:
                 labels[row["ImageId"]] = row["PredictionString"].split()[0]
             except (KeyError, IndexError, AttributeError):
-                raise DataError(f"{path}: expecting rows ImageId,PredictionString ('n01751748 x y w h ...')") from None
+                raise DataError(
+                    f"{path}: expecting rows ImageId,PredictionString ('n01751748 x y w h ...')"
+                ) from None
     if not labels:
         raise DataError(f"{path} holds no rows")
     return labels
@@ -214,7 +263,14 @@ def _train_classes(train: Path) -> Iterator[tuple[str, Iterator[_Image]]]:
             with open(entry, "rb") as f:
                 yield wnid, _tar_images(f)
         elif entry.is_dir():
-            yield wnid, (_Image(p.name, path=p) for p in sorted(entry.iterdir()) if p.is_file() and is_image(p.name))
+            yield (
+                wnid,
+                (
+                    _Image(p.name, path=p)
+                    for p in sorted(entry.iterdir())
+                    if p.is_file() and is_image(p.name)
+                ),
+            )
 
 
 def _tar_images(fileobj: IO[bytes]) -> Iterator[_Image]:
@@ -243,7 +299,9 @@ def _val_images(val: Path) -> Iterator[tuple[str | None, _Image]]:
                     yield path.name, _Image(image.name, path=image)
 
 
-def _place_val(val: Path, labels: dict[str, str], classes: set[str], out: Path, placer: _Placer) -> int:
+def _place_val(
+    val: Path, labels: dict[str, str], classes: set[str], out: Path, placer: _Placer
+) -> int:
     """Sort the flat validation images into ``out/<wnid>/``; returns how many were left out."""
     skipped = 0
     seen = 0
@@ -297,7 +355,8 @@ class _Placer:
                     os.link(image.path, dest)
                 except OSError as exc:
                     raise DataError(
-                        f"cannot hard-link {image.path} to {dest} ({exc.strerror}): hard links need one "
+                        f"cannot hard-link {image.path} to {dest} ({exc.strerror}): hard "
+                        "links need one "
                         "file system; use --move, or neither flag to copy"
                     ) from None
             elif self.mode == "move":

@@ -1,4 +1,5 @@
-"""Whether a folder holds what a task reads, asked of the task modules themselves (imported lazily)."""
+"""Whether a folder holds what a task reads, asked of the task modules themselves (imported
+lazily)."""
 
 from __future__ import annotations
 

@@ -33,7 +33,8 @@ def task_sets(task: str) -> tuple[str, ...]:
 
 
 def task_dirs(task: str, root: Path | str | None = None) -> tuple[Path | None, Path | None]:
-    """(data dir, model dir) a task reads by default: ``<root>/<task>`` and ``<root>/distilbert``."""
+    """(data dir, model dir) a task reads by default: ``<root>/<task>`` and
+    ``<root>/distilbert``."""
     data = TASK_DATA.get(task)
     model = TASK_MODEL.get(task)
     return (
@@ -77,7 +78,9 @@ def fetch_hint(name: str, directory: Path | str | None = None) -> str:
     if directory is not None and Path(directory).name == name:
         directory = Path(directory).expanduser().absolute()
         root = directory.parent
-        return f"Get it with `{fix_command(name, directory, None if root == data_root() else root)}`."
+        return (
+            f"Get it with `{fix_command(name, directory, None if root == data_root() else root)}`."
+        )
     return (
         f"Get it with `{fetch_command(name)}` (into {data_root()}, where relaympi.train "
         "looks when no --data-dir/--model-dir is given)."

@@ -1,4 +1,5 @@
-"""The data sets relaympi can fetch or check: where they come from, their checksums, their layout."""
+"""The data sets relaympi can fetch or check: where they come from, their checksums, their
+layout."""
 
 from __future__ import annotations
 
@@ -54,7 +55,12 @@ class DataSet(ABC):
             problem = self.layout_problem(directory)
             if problem:
                 return Status(self.name, directory, INCOMPLETE, problem)
-            return Status(self.name, directory, UNVERIFIED, "complete, but no manifest (not written by relaympi.data)")
+            return Status(
+                self.name,
+                directory,
+                UNVERIFIED,
+                "complete, but no manifest (not written by relaympi.data)",
+            )
         problem = self.verify(directory, recorded, hashes)
         if problem:
             return Status(self.name, directory, CORRUPT, problem)
@@ -82,8 +88,11 @@ class FetchableSet(DataSet):
     files: tuple[RemoteFile, ...] = ()
     keep_staging: bool = False  # keep a partial staging folder between runs (it resumes there)
 
-    def fetch(self, root: Path | str | None = None, url: str | None = None, progress: bool = True) -> Path:
-        """``<root>/<name>``, fetched unless it is there and verified (one fetch per set at a time)."""
+    def fetch(
+        self, root: Path | str | None = None, url: str | None = None, progress: bool = True
+    ) -> Path:
+        """``<root>/<name>``, fetched unless it is there and verified (one fetch per set at a
+        time)."""
         shown_root = None if root is None else data_root(root)  # for the commands in messages
         root = data_root(root)
         root.mkdir(parents=True, exist_ok=True)
@@ -97,11 +106,17 @@ class FetchableSet(DataSet):
             log.info("%s: already present and verified in %s", self.name, target)
             return target
         if status.state == CORRUPT:  # replaced only once the new copy is complete
-            log.warning("%s: %s no longer matches its manifest (%s); fetching it again", self.name, target, status.detail)
+            log.warning(
+                "%s: %s no longer matches its manifest (%s); fetching it again",
+                self.name,
+                target,
+                status.detail,
+            )
         elif status.state != MISSING:
             raise DataError(
                 f"{target} exists but was not written by `{fetch_command(self.name, shown_root)}` "
-                f"({status.state}: {status.detail}), so it is not replaced; move it away and fetch: "
+                f"({status.state}: {status.detail}), so it is not replaced; move it away "
+                "and fetch: "
                 f"`{fix_command(self.name, target, shown_root)}`"
                 + (" (or use it as it is: it is complete)" if status.state == UNVERIFIED else "")
             )
@@ -118,8 +133,13 @@ class FetchableSet(DataSet):
         problem = self.layout_problem(staging)
         if problem:
             raise DataError(f"{self.name} from {source}: {problem}; nothing was put in place")
-        manifest.write(staging, self.name, source, files=manifest.file_records(staging),
-                       downloads={f.name: f.md5 for f in self.files} or None)
+        manifest.write(
+            staging,
+            self.name,
+            source,
+            files=manifest.file_records(staging),
+            downloads={f.name: f.md5 for f in self.files} or None,
+        )
         if target.exists():  # the corrupt copy: out of the way first, deleted after the rename
             old = root / f".{self.name}.old"
             shutil.rmtree(old, ignore_errors=True)
@@ -142,8 +162,13 @@ class FetchableSet(DataSet):
         return self.source(url), paths
 
     def url_for(self, remote: RemoteFile, url: str | None) -> str:
-        """The official URL, or the file's name under ``--url`` / ``$RELAYMPI_DATA_MIRROR/<set>``."""
-        base = url or (os.environ[MIRROR_ENV].rstrip("/") + f"/{self.name}" if os.environ.get(MIRROR_ENV) else None)
+        """The official URL, or the file's name under ``--url`` /
+        ``$RELAYMPI_DATA_MIRROR/<set>``."""
+        base = url or (
+            os.environ[MIRROR_ENV].rstrip("/") + f"/{self.name}"
+            if os.environ.get(MIRROR_ENV)
+            else None
+        )
         if base is None:
             return remote.url
         base = base.rstrip("/")
@@ -153,7 +178,12 @@ class FetchableSet(DataSet):
         return " ".join(self.url_for(f, url) for f in self.files)
 
     def download(
-        self, remote: RemoteFile, root: Path, url: str | None, progress: bool, shown_root: Path | None
+        self,
+        remote: RemoteFile,
+        root: Path,
+        url: str | None,
+        progress: bool,
+        shown_root: Path | None,
     ) -> Path:
         dest = root / DOWNLOADS / remote.name
         source = self.url_for(remote, url)
@@ -163,7 +193,8 @@ class FetchableSet(DataSet):
             raise OfflineError(
                 f"{exc}. Offline? Run this fetch where there is internet (a login node) with the "
                 f"same --root, or put the file there by hand: download {source} and save it as "
-                f"{dest}, then rerun `{fetch_command(self.name, shown_root)}` (it checks the md5 and "
+                f"{dest}, then rerun `{fetch_command(self.name, shown_root)}` (it checks "
+                "the md5 and "
                 f"lays the files out). A site mirror: --url URL or {MIRROR_ENV}"
             ) from None
 
@@ -235,7 +266,13 @@ class DistilBert(FetchableSet):
     name = "distilbert"
     description = "DistilBERT base uncased (Hugging Face distilbert/distilbert-base-uncased)"
     repo_id = "distilbert/distilbert-base-uncased"
-    hub_files = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt")
+    hub_files = (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.txt",
+    )
     keep_staging = True  # snapshot_download resumes from its own partial files there
 
     def fill(
@@ -252,10 +289,13 @@ class DistilBert(FetchableSet):
             commit = hub_snapshot(self.repo_id, staging, list(self.hub_files), progress)
         except OfflineError as exc:
             raise OfflineError(
-                f"{exc}. Offline? Run this fetch where there is internet (a login node) with the same "
+                f"{exc}. Offline? Run this fetch where there is internet (a login node) "
+                "with the same "
                 f"--root, or save the model by hand into {self.path(root)}: "
-                f"`AutoModelForSequenceClassification.from_pretrained('{self.repo_id}').save_pretrained(DIR)` "
-                f"and `AutoTokenizer.from_pretrained('{self.repo_id}').save_pretrained(DIR)`; a hub mirror: "
+                "`AutoModelForSequenceClassification"
+                f".from_pretrained('{self.repo_id}').save_pretrained(DIR)` "
+                f"and `AutoTokenizer.from_pretrained('{self.repo_id}').save_pretrained(DIR)`; "
+                "a hub mirror: "
                 f"HF_ENDPOINT=URL, a plain file mirror: --url URL or {MIRROR_ENV}"
             ) from None
         shutil.rmtree(staging / ".cache", ignore_errors=True)  # the hub client's resume state
@@ -278,7 +318,9 @@ def hub_snapshot(repo_id: str, local_dir: Path, allow_patterns: list[str], progr
         from huggingface_hub.errors import HfHubHTTPError
         from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
     except ImportError as exc:
-        raise DataError("fetching distilbert needs huggingface_hub: pip install 'relaympi[nlp]'") from exc
+        raise DataError(
+            "fetching distilbert needs huggingface_hub: pip install 'relaympi[nlp]'"
+        ) from exc
     endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
     api = HfApi(endpoint=endpoint)
     if not progress:
@@ -286,7 +328,10 @@ def hub_snapshot(repo_id: str, local_dir: Path, allow_patterns: list[str], progr
     try:
         commit = api.model_info(repo_id, revision="main").sha
         snapshot_download(
-            repo_id=repo_id, revision=commit, local_dir=str(local_dir), allow_patterns=allow_patterns,
+            repo_id=repo_id,
+            revision=commit,
+            local_dir=str(local_dir),
+            allow_patterns=allow_patterns,
             endpoint=endpoint,
         )
         verify = getattr(api, "verify_repo_checksums", None)
@@ -299,10 +344,14 @@ def hub_snapshot(repo_id: str, local_dir: Path, allow_patterns: list[str], progr
                     (local_dir / mismatch["path"]).unlink(missing_ok=True)
                 first = result.mismatches[0]
                 raise ChecksumError(
-                    f"{repo_id}@{commit}: {first['path']} has {first['algorithm']} {first['actual']}, the hub "
-                    f"publishes {first['expected']} ({len(result.mismatches)} file(s) differ; deleted)"
+                    f"{repo_id}@{commit}: {first['path']} has {first['algorithm']} "
+                    f"{first['actual']}, the hub "
+                    f"publishes {first['expected']} ({len(result.mismatches)} file(s) "
+                    "differ; deleted)"
                 )
-            log.info("%s@%s: %d files match the hub's checksums", repo_id, commit, result.checked_count)
+            log.info(
+                "%s@%s: %d files match the hub's checksums", repo_id, commit, result.checked_count
+            )
     except HfHubHTTPError as exc:
         raise DataError(f"the Hugging Face Hub ({endpoint}) refused {repo_id}: {exc}") from None
     except DataError:
@@ -311,7 +360,9 @@ def hub_snapshot(repo_id: str, local_dir: Path, allow_patterns: list[str], progr
         if not _is_connection_error(exc):
             raise
         reason = str(exc).splitlines()[0].removeprefix("Got: ") if str(exc) else type(exc).__name__
-        raise OfflineError(f"cannot reach the Hugging Face Hub ({endpoint}) for {repo_id}: {reason}") from None
+        raise OfflineError(
+            f"cannot reach the Hugging Face Hub ({endpoint}) for {repo_id}: {reason}"
+        ) from None
     finally:
         if not progress:
             enable_progress_bars()
@@ -324,7 +375,9 @@ def _is_connection_error(exc: Exception) -> bool:
 
     if isinstance(exc, (OSError, LocalEntryNotFoundError, OfflineModeIsEnabled)):
         return True
-    return type(exc).__module__.startswith(("httpx", "httpcore", "requests", "urllib3"))  # httpx2 too
+    return type(exc).__module__.startswith(
+        ("httpx", "httpcore", "requests", "urllib3")
+    )  # httpx2 too
 
 
 class ImageNet(DataSet):
@@ -370,7 +423,9 @@ def _exclusive(lock: Path, name: str) -> Iterator[None]:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            raise DataError(f"another fetch of {name} is running (it holds {lock}); wait for it") from None
+            raise DataError(
+                f"another fetch of {name} is running (it holds {lock}); wait for it"
+            ) from None
         try:
             yield
         finally:

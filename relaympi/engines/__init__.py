@@ -1,4 +1,5 @@
-"""The engines that run a resolved plan, and the --backend values that choose them: a torch-free table.
+"""The engines that run a resolved plan, and the --backend values that choose them: a torch-free
+table.
 
     message-passing  one worker per rank, exchanging messages over a Communicator: MPI ranks
                      (--backend mpi) or threads of this process (--backend local)
@@ -52,16 +53,21 @@ class Engine:
     """One way to run a plan."""
 
     name: str
-    check: Callable[[Plan], None]  # refuse (ConfigError) a plan this engine cannot run, before any data loads
+    check: Callable[
+        [Plan], None
+    ]  # refuse (ConfigError) a plan this engine cannot run, before any data loads
     # train the plan, recording it in `out`; comm: this MPI rank's Communicator (None: every worker
     # runs in this process); returns the run's status
     run: Callable[..., str]
 
 
-ENGINES: Registry[Engine] = Registry("engine", {
-    "message-passing": Engine("message-passing", _message_passing_check, _message_passing_run),
-    "batched": Engine("batched", _batched_check, _batched_run),
-})
+ENGINES: Registry[Engine] = Registry(
+    "engine",
+    {
+        "message-passing": Engine("message-passing", _message_passing_check, _message_passing_run),
+        "batched": Engine("batched", _batched_check, _batched_run),
+    },
+)
 
 
 @dataclass(frozen=True)
@@ -70,14 +76,18 @@ class Backend:
 
     engine: str
     in_process: bool  # every worker in this one process (False: one worker per MPI rank)
-    threads_per_worker: bool  # in process: the workers compute at once, sharing its CPUs (False: as one computation)
+    # in process: the workers compute at once, sharing its CPUs (False: as one computation)
+    threads_per_worker: bool
 
 
-BACKENDS: Registry[Backend] = Registry("backend", {
-    "mpi": Backend("message-passing", in_process=False, threads_per_worker=False),
-    "local": Backend("message-passing", in_process=True, threads_per_worker=True),
-    "batched": Backend("batched", in_process=True, threads_per_worker=False),
-})
+BACKENDS: Registry[Backend] = Registry(
+    "backend",
+    {
+        "mpi": Backend("message-passing", in_process=False, threads_per_worker=False),
+        "local": Backend("message-passing", in_process=True, threads_per_worker=True),
+        "batched": Backend("batched", in_process=True, threads_per_worker=False),
+    },
+)
 
 
 def engine_for(backend: str) -> Engine:
@@ -86,5 +96,6 @@ def engine_for(backend: str) -> Engine:
 
 
 def check(plan: Plan) -> None:
-    """Refuse (ConfigError) a plan its backend's engine cannot run (what ``resolve`` leaves to the engine)."""
+    """Refuse (ConfigError) a plan its backend's engine cannot run (what ``resolve`` leaves to the
+    engine)."""
     engine_for(plan.cfg.backend).check(plan)

@@ -1,5 +1,6 @@
 """The message-passing engine: one worker per rank, its workload, optimizer and algorithm over a
-Communicator; the ranks are MPI processes (``--backend mpi``) or threads of one process (``--backend local``).
+Communicator; the ranks are MPI processes (``--backend mpi``) or threads of one process (``--backend
+local``).
 
     mpirun -n 16 python -m relaympi.train --algo relay --task cifar10
     python -m relaympi.train --task digits --backend local --workers 16 --algo relay --alpha 0.01
@@ -36,7 +37,15 @@ def run(plan: Plan, out: Path, command: str, comm: Communicator | None = None) -
     """Train ``plan`` on this MPI rank (``comm``), or with every worker a thread of this process
     (``comm`` None); return the run's status (rank 0's, for threads)."""
     if comm is None:
-        return run_local(plan.world_size, run_rank, plan, out, command, drops=plan.drops, nodes=plan.nodes or None)[0]
+        return run_local(
+            plan.world_size,
+            run_rank,
+            plan,
+            out,
+            command,
+            drops=plan.drops,
+            nodes=plan.nodes or None,
+        )[0]
     return run_rank(comm, plan, out, command)
 
 
@@ -54,11 +63,18 @@ def run_rank(comm: Communicator, plan: Plan, out: Path, command: str) -> str:
 
 
 class MessagePassingRank(TrainingLoop):
-    """One rank of a message-passing run: its workload, optimizer and algorithm over a Communicator."""
+    """One rank of a message-passing run: its workload, optimizer and algorithm over a
+    Communicator."""
 
     worker_noun = "rank"
 
-    def __init__(self, comm: Communicator, plan: Plan, writer_factory: WriterFactory, stop: threading.Event = STOP):
+    def __init__(
+        self,
+        comm: Communicator,
+        plan: Plan,
+        writer_factory: WriterFactory,
+        stop: threading.Event = STOP,
+    ):
         super().__init__(writer_factory, stop)
         self.comm, self.plan = comm, plan
         self.rank, self.n = comm.rank, comm.world_size
@@ -71,17 +87,42 @@ class MessagePassingRank(TrainingLoop):
         self.schedule = plan.schedule(self.workload.steps_per_epoch)
         x = self.workload.x
         self.optimizer = make_optimizer(plan.optimizer, x)
-        self.algorithm = make_algorithm(cfg.algo, comm, plan.topology, self.optimizer, x, plan.algorithm_options)
-        self.checkpoints = Checkpoints(cfg, Path(cfg.out), self.rank, self.n, barrier=comm.barrier, nodes=comm.nodes)
+        self.algorithm = make_algorithm(
+            cfg.algo, comm, plan.topology, self.optimizer, x, plan.algorithm_options
+        )
+        self.checkpoints = Checkpoints(
+            cfg, Path(cfg.out), self.rank, self.n, barrier=comm.barrier, nodes=comm.nodes
+        )
         self.evaluator = Evaluator(comm, plan, self.schedule, self.workload)
-        # --overlap: each bucket's step starts from backward's hooks; the step's timers then split into
-        # backward with the work started inside it (compute) and the exposed rest (comm: finish_step)
-        self.buckets = GradientBuckets(self.workload.grad, _trainable(self.workload), cfg.bucket_size, comm.progress,
-                                       any_thread=cuda_overlap_mode() == "hooks") if cfg.overlap else None
-        # and a thread that runs MPI's progress engine during backward, between the hooks (README "Overlap")
-        if self.buckets is not None and cfg.progress_thread and not comm.start_progress_thread(cfg.progress_interval * 1e-3) and self.is_root:
-            log.warning("no progress thread: this MPI does not provide MPI_THREAD_MULTIPLE (the run file's transport records "
-                        "its thread_level); only the hooks' MPI_Test calls move the transfers during backward")
+        # --overlap: each bucket's step starts from backward's hooks; the step's timers then split
+        # into
+        # backward with the work started inside it (compute) and the exposed rest (comm:
+        # finish_step)
+        self.buckets = (
+            GradientBuckets(
+                self.workload.grad,
+                _trainable(self.workload),
+                cfg.bucket_size,
+                comm.progress,
+                any_thread=cuda_overlap_mode() == "hooks",
+            )
+            if cfg.overlap
+            else None
+        )
+        # and a thread that runs MPI's progress engine during backward, between the hooks (README
+        # "Overlap")
+        if (
+            self.buckets is not None
+            and cfg.progress_thread
+            and not comm.start_progress_thread(cfg.progress_interval * 1e-3)
+            and self.is_root
+        ):
+            log.warning(
+                "no progress thread: this MPI does not provide MPI_THREAD_MULTIPLE (the "
+                "run file's transport records "
+                "its thread_level); only the hooks' MPI_Test calls move the transfers "
+                "during backward"
+            )
 
     @property
     def x(self) -> torch.Tensor:
@@ -108,7 +149,11 @@ class MessagePassingRank(TrainingLoop):
                 error = exc
         flags = self.comm.allreduce_flags(np.array([1.0 if error else 0.0, result]))
         if flags[0] > 0:
-            raise error if error is not None else ConfigError("rank 0 refused the run (see its error)")
+            raise (
+                error
+                if error is not None
+                else ConfigError("rank 0 refused the run (see its error)")
+            )
         return bool(flags[1])
 
     def report_failure(self, message: str) -> None:
@@ -118,7 +163,9 @@ class MessagePassingRank(TrainingLoop):
     def gradient(self, step: int) -> float:
         if self.buckets is None:
             return self.workload.gradient(step)
-        self.algorithm.begin_step(self.workload.x, self.workload.grad, self.schedule.lr_at(step), step)
+        self.algorithm.begin_step(
+            self.workload.x, self.workload.grad, self.schedule.lr_at(step), step
+        )
         with self.comm.progressing(), self.buckets.delivering(self.algorithm.ready):
             return self.workload.gradient(step)
 
@@ -134,12 +181,20 @@ class MessagePassingRank(TrainingLoop):
 
     def evaluate(self, step: int) -> None:
         train_loss = self.train_loss(self.workload.current_loss)
-        row = self.evaluator.evaluate(step, train_loss, float(self.comm.bytes_sent.sum()), self.timers, self.elapsed(), self.writer)
+        row = self.evaluator.evaluate(
+            step,
+            train_loss,
+            float(self.comm.bytes_sent.sum()),
+            self.timers,
+            self.elapsed(),
+            self.writer,
+        )
         if row is not None:
             self.log_evaluation(row, self.n)
 
 
 def _trainable(workload: Any) -> list[torch.nn.Parameter]:
-    """The parameters backward fills (none for a workload without a model: one bucket after its gradient)."""
+    """The parameters backward fills (none for a workload without a model: one bucket after its
+    gradient)."""
     model = getattr(workload, "model", None)
     return [p for p in model.parameters() if p.requires_grad] if model is not None else []

@@ -129,7 +129,8 @@ def _pct(value: float) -> str:
 def _seeds_text(
     values: Sequence[float], show: Callable[[float], str], spread: bool, note: str
 ) -> str:
-    """A cell's display: the mean over seeds, [min, max] where ``spread``, (note) where one is given."""
+    """A cell's display: the mean over seeds, [min, max] where ``spread``, (note) where one is
+    given."""
     text = show(np.mean(values))
     if spread:
         text += f" [{show(min(values))}, {show(max(values))}]"
@@ -224,7 +225,11 @@ _SETTING_WORDS = {
     ("nesterov", "False"): "heavy ball",
     ("d2_exact_diffusion", "True"): "exact diffusion",
 }
-_SETTING_DEFAULTS = {"relay_lr_correction": "False", "nesterov": "True", "d2_exact_diffusion": "False"}
+_SETTING_DEFAULTS = {
+    "relay_lr_correction": "False",
+    "nesterov": "True",
+    "d2_exact_diffusion": "False",
+}
 
 
 def algo_label(key: tuple, momenta: set[float]) -> str:
@@ -254,7 +259,9 @@ def row_labels(row_keys: Sequence[tuple]) -> dict[tuple, str]:
     for key in row_keys:
         rows = by_algo[key[1]]
         names = sorted({n for row in rows for n in row})
-        varying = [n for n in names if n not in _SETTING_DEFAULTS and len({row.get(n) for row in rows}) > 1]
+        varying = [
+            n for n in names if n not in _SETTING_DEFAULTS and len({row.get(n) for row in rows}) > 1
+        ]
         own = dict(key[6])
         shown = [f"{n}={own[n]}" for n in varying if n in own]
         labels[key] = ", ".join([algo_label(key, momenta), *shown])

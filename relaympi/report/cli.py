@@ -52,7 +52,9 @@ def _unfinished_reason(run) -> str:
     return reason
 
 
-def load_runs(files: Sequence[Path], settings: ReportSettings) -> tuple[list[RunSummary], list[Problem]]:
+def load_runs(
+    files: Sequence[Path], settings: ReportSettings
+) -> tuple[list[RunSummary], list[Problem]]:
     """Summaries of finished runs, and (path, reason) for every file left out."""
     runs, _, problems = load_all(files, settings)
     return runs, problems
@@ -88,12 +90,21 @@ def load_all(
             seen_on.add((summary.identity, summary.hardware))
             cost_runs.append(summary)
         if summary.identity in seen:
-            ignored = "ignored in the accuracy tables, in the cost table of its hardware" if other_hardware else "ignored"
+            ignored = (
+                "ignored in the accuracy tables, in the cost table of its hardware"
+                if other_hardware
+                else "ignored"
+            )
             problems.append(
                 (
                     path,
-                    f"duplicate of {seen[summary.identity]} (same configuration and seed); {ignored}"
-                    + ("; this run is unstable, so the two may differ beyond rounding" if summary.unstable else ""),
+                    f"duplicate of {seen[summary.identity]} (same configuration and "
+                    f"seed); {ignored}"
+                    + (
+                        "; this run is unstable, so the two may differ beyond rounding"
+                        if summary.unstable
+                        else ""
+                    ),
                 )
             )
             continue
@@ -124,18 +135,22 @@ def write_outputs(
 
 
 def placement_summary(runs: Sequence[RunSummary]) -> str:
-    """'; placement: nodes (2 runs), ranks (1 run)': where the runs' topologies put the ranks (rows of runs
+    """'; placement: nodes (2 runs), ranks (1 run)': where the runs' topologies put the ranks (rows
+    of runs
     that differ in it are told apart as placement=...)."""
     counts = Counter(run.placement for run in runs)
     if not counts:
         return ""
-    return "; placement: " + ", ".join(f"{name} ({count} run{'s' if count != 1 else ''})" for name, count in sorted(counts.items()))
+    return "; placement: " + ", ".join(
+        f"{name} ({count} run{'s' if count != 1 else ''})" for name, count in sorted(counts.items())
+    )
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Print the paper's tables from relaympi run files (*.h5, searched recursively).",
+        description="Print the paper's tables from relaympi run files "
+        "(*.h5, searched recursively).",
     )
     parser.add_argument(
         "paths",
@@ -164,8 +179,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--target-accuracy",
         type=float,
         metavar="ACC",
-        help="cost tables: the test accuracy (in (0, 1]) whose wall time to reach they show; default: "
-        f"{100 * TARGET_FRACTION:g}%% of all-reduce's accuracy in each table family (of the best experiment's without all-reduce)",
+        help="cost tables: the test accuracy (in (0, 1]) whose wall time to reach they show; "
+        "default: "
+        f"{100 * TARGET_FRACTION:g}%% of all-reduce's accuracy in each table family (of "
+        "the best experiment's without all-reduce)",
     )
     parser.add_argument(
         "--last-epochs",
@@ -206,9 +223,14 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     keys = run_file_config_keys()
     unknown = [key for key in args.split_by if key not in keys]
     if unknown:
-        parser.error(f"--split-by {unknown[0]!r} is not a config key of a run file; choose from {', '.join(sorted(keys))}")
+        parser.error(
+            f"--split-by {unknown[0]!r} is not a config key of a run file; choose from "
+            f"{', '.join(sorted(keys))}"
+        )
     if args.out is not None and args.out.exists() and not args.out.is_dir():
-        parser.error(f"--out {args.out} is a file; --out takes a directory for the CSV, LaTeX and PNG files")
+        parser.error(
+            f"--out {args.out} is a file; --out takes a directory for the CSV, LaTeX and PNG files"
+        )
     settings = ReportSettings(
         last_epochs=args.last_epochs,
         metric=args.metric,
@@ -242,7 +264,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         print(f"wrote {len(written)} file(s) to {args.out}", file=sys.stderr)
     if not runs:
         print(
-            f"error: none of the {len(files)} run file(s) holds a finished (completed or diverged) run",
+            f"error: none of the {len(files)} run file(s) holds a finished (completed or "
+            "diverged) run",
             file=sys.stderr,
         )
         return 1

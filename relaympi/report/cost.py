@@ -29,17 +29,31 @@ from relaympi.report.tables import (
 COST_SPEC = dataclasses.replace(ACCURACY, kind="cost", title="Cost")
 TARGET_FRACTION = 0.95  # the default target: this fraction of the family's reference accuracy
 COLUMNS = (
-    "step_ms", "compute_ms", "comm_ms", "wait_ms", "bytes_per_step", "bytes_per_step_max",
-    "inter_node_bytes_per_step", "samples_per_s", "time_to_target_s",
+    "step_ms",
+    "compute_ms",
+    "comm_ms",
+    "wait_ms",
+    "bytes_per_step",
+    "bytes_per_step_max",
+    "inter_node_bytes_per_step",
+    "samples_per_s",
+    "time_to_target_s",
 )
 PER_STEP_TEXT = (
-    "Per step: a cumulative counter's growth between two consecutive evaluations divided by the steps "
-    "between them; cells are medians over those intervals, workers and seeds. step_ms: wall time less "
-    "evaluation; compute_ms: local gradients; comm_ms: the algorithm's communication and update; wait_ms: "
-    "the per-step stop agreement. bytes_per_step: bytes each worker sent per step over the run, mean over "
-    "workers and seeds (_max: the largest worker); inter_node_bytes_per_step: '-' where runs do not record "
-    "it. samples_per_s: workers x batch size / step_ms. time_to_target_s: wall time (evaluations included) "
-    "at the first evaluation where the worst worker's test accuracy is at or above the target, mean over the "
+    "Per step: a cumulative counter's growth between two consecutive evaluations divided "
+    "by the steps "
+    "between them; cells are medians over those intervals, workers and seeds. step_ms: "
+    "wall time less "
+    "evaluation; compute_ms: local gradients; comm_ms: the algorithm's communication and "
+    "update; wait_ms: "
+    "the per-step stop agreement. bytes_per_step: bytes each worker sent per step over "
+    "the run, mean over "
+    "workers and seeds (_max: the largest worker); inter_node_bytes_per_step: '-' where "
+    "runs do not record "
+    "it. samples_per_s: workers x batch size / step_ms. time_to_target_s: wall time "
+    "(evaluations included) "
+    "at the first evaluation where the worst worker's test accuracy is at or above the "
+    "target, mean over the "
     "seeds that reach it (never: none does)."
 )
 
@@ -67,12 +81,17 @@ def _mean_metric(runs: Sequence[RunSummary]) -> float:
 def family_target(family: Family, settings: ReportSettings) -> tuple[float | None, str]:
     """The family's target accuracy and the words saying where it came from."""
     if settings.target_accuracy is not None:
-        return settings.target_accuracy, f"the target is {100 * settings.target_accuracy:.1f}% (--target-accuracy)"
+        return (
+            settings.target_accuracy,
+            f"the target is {100 * settings.target_accuracy:.1f}% (--target-accuracy)",
+        )
     experiments = _experiments(family.runs)
     allreduce = {k: v for k, v in experiments.items() if k[0][1] == "allreduce"}
     pool = allreduce or experiments
     means = [m for m in (_mean_metric(runs) for runs in pool.values()) if math.isfinite(m)]
-    whose = "all-reduce's" if allreduce else "the best experiment's (no all-reduce run in this family)"
+    whose = (
+        "all-reduce's" if allreduce else "the best experiment's (no all-reduce run in this family)"
+    )
     if not means:
         return None, f"no target: {whose} accuracy is unknown (no converged run)"
     metric = _metric_text({r.metric_name for r in family.runs}, settings.last_epochs)
@@ -87,11 +106,13 @@ def _fmt(value: float, spec: str) -> str:
     return "" if value is None or not math.isfinite(value) else format(value, spec)
 
 
-# algorithms whose communication is a collective: bytes_sent does not count collectives (relaympi.comm)
+# algorithms whose communication is a collective: bytes_sent does not count collectives
+# (relaympi.comm)
 COLLECTIVE_ALGOS = ("allreduce",)
 COLLECTIVE_NOTE = (
     "All-reduce's bytes columns are empty: bytes_sent counts point-to-point messages only, not the "
-    "MPI_Allreduce collective (a ring all-reduce sends about 2(n-1)/n times the model per worker per step)."
+    "MPI_Allreduce collective (a ring all-reduce sends about 2(n-1)/n times the model per "
+    "worker per step)."
 )
 
 
@@ -99,15 +120,22 @@ def experiment_record(runs: Sequence[RunSummary], target: float | None) -> dict[
     """The cost columns (COLUMNS) of one experiment's seeds on one hardware."""
     measured = [r.costs for r in runs if r.costs is not None]
     if runs[0].algo in COLLECTIVE_ALGOS:  # its zero bytes_sent is "not counted", not "nothing sent"
-        measured = [dataclasses.replace(c, bytes_per_step=None, inter_node_bytes_per_step=None) for c in measured]
+        measured = [
+            dataclasses.replace(c, bytes_per_step=None, inter_node_bytes_per_step=None)
+            for c in measured
+        ]
     record: dict[str, Any] = {"step_ms": median([c.step_ms for c in measured])}
     for name in TIMERS:
         record[name] = median([c.timers_ms[name] for c in measured if name in c.timers_ms])
     sent = [c.bytes_per_step for c in measured if c.bytes_per_step is not None]
     record["bytes_per_step"] = float(np.mean([np.mean(b) for b in sent])) if sent else math.nan
     record["bytes_per_step_max"] = float(max(np.max(b) for b in sent)) if sent else math.nan
-    inter = [c.inter_node_bytes_per_step for c in measured if c.inter_node_bytes_per_step is not None]
-    record["inter_node_bytes_per_step"] = float(np.mean([np.mean(b) for b in inter])) if inter else math.nan
+    inter = [
+        c.inter_node_bytes_per_step for c in measured if c.inter_node_bytes_per_step is not None
+    ]
+    record["inter_node_bytes_per_step"] = (
+        float(np.mean([np.mean(b) for b in inter])) if inter else math.nan
+    )
     batch = runs[0].batch_size
     record["samples_per_s"] = (
         runs[0].world_size * batch * 1000 / record["step_ms"]
@@ -128,7 +156,10 @@ def experiment_record(runs: Sequence[RunSummary], target: float | None) -> dict[
 
 def _display(record: dict[str, Any], n_seeds: int) -> list[str]:
     cells = [_fmt(record[name], ".3g") for name in ("step_ms", "compute_ms", "comm_ms", "wait_ms")]
-    cells += [_fmt(record[name], ".6g") for name in ("bytes_per_step", "bytes_per_step_max", "inter_node_bytes_per_step")]
+    cells += [
+        _fmt(record[name], ".6g")
+        for name in ("bytes_per_step", "bytes_per_step_max", "inter_node_bytes_per_step")
+    ]
     cells.append(_fmt(record["samples_per_s"], ".0f"))
     reached = record["n_reached"]
     time = "never" if not reached else _fmt(record["time_to_target_s"], ".3g")
@@ -143,10 +174,18 @@ def _hardware_slug(key: tuple) -> str:
     digest = hashlib.sha1(repr(key).encode()).hexdigest()[:6]
     if info.get("nodes") is None:
         return _slug(info.get("engine") or "unknown", "hardware", digest)
-    return _slug(info.get("engine"), f"{info['nodes']}x{info.get('ranks_per_node')}".replace(" ", ""), digest)
+    return _slug(
+        info.get("engine"), f"{info['nodes']}x{info.get('ranks_per_node')}".replace(" ", ""), digest
+    )
 
 
-def cost_table(family: Family, key: tuple, runs: Sequence[RunSummary], target: tuple[float | None, str], settings: ReportSettings) -> Table:
+def cost_table(
+    family: Family,
+    key: tuple,
+    runs: Sequence[RunSummary],
+    target: tuple[float | None, str],
+    settings: ReportSettings,
+) -> Table:
     """One family's runs on one hardware: a row per experiment (seeds combined)."""
     experiments = _experiments(runs)
     labels = row_labels(sorted({k[0] for k in experiments}))
@@ -160,11 +199,13 @@ def cost_table(family: Family, key: tuple, runs: Sequence[RunSummary], target: t
         name=_slug(family.name, _hardware_slug(key)),
         title=f"{family.title} -- on {where}",
         caption=(
-            f"{PER_STEP_TEXT} Here {words}. Times compare only within one table (one engine, launch shape, "
+            f"{PER_STEP_TEXT} Here {words}. Times compare only within one table (one "
+            "engine, launch shape, "
             "CPU, GPU, MPI library and link); bytes compare across tables."
         ),
         kind="cost",
-        metric="worst worker's test accuracy per evaluation" + ("" if value is None else f"; target {100 * value:.1f}%"),
+        metric="worst worker's test accuracy per evaluation"
+        + ("" if value is None else f"; target {100 * value:.1f}%"),
         header=["Algorithm", "Topology", "alpha", "lr", "seeds", *COLUMNS],
         rows=[],
     )
@@ -172,7 +213,9 @@ def cost_table(family: Family, key: tuple, runs: Sequence[RunSummary], target: t
     for (row, alpha, lr), group in experiments.items():
         record = experiment_record(group, value)
         label = labels[row]
-        table.rows.append([label, row[2], _num(alpha), _num(lr), str(len(group)), *_display(record, len(group))])
+        table.rows.append(
+            [label, row[2], _num(alpha), _num(lr), str(len(group)), *_display(record, len(group))]
+        )
         table.records.append(
             {
                 **_cell_base(family.base, label, row),
@@ -190,7 +233,9 @@ def cost_table(family: Family, key: tuple, runs: Sequence[RunSummary], target: t
             series += f", alpha={_num(alpha)}"
         if len(lrs_by_row[row]) > 1:
             series += f", lr={_num(lr)}"
-        table.time_curves[series] = [(r.time_s, r.curve) for r in group if r.time_s is not None and r.curve is not None]
+        table.time_curves[series] = [
+            (r.time_s, r.curve) for r in group if r.time_s is not None and r.curve is not None
+        ]
         table.paths.update(r.path for r in group)
     if any(row[1] in COLLECTIVE_ALGOS for row, _, _ in experiments):
         table.notes.append(COLLECTIVE_NOTE)
@@ -208,4 +253,3 @@ def cost_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> list[Ta
         for key in sorted(by_hardware, key=lambda k: hardware_label(dict(k))):
             tables.append(cost_table(family, key, by_hardware[key], target, settings))
     return tables
-

@@ -1,4 +1,5 @@
-"""PNG plots for the report: accuracy over epochs and over wall-clock time, accuracy vs alpha, scaling and quadratics."""
+"""PNG plots for the report: accuracy over epochs and over wall-clock time, accuracy vs alpha,
+scaling and quadratics."""
 
 from __future__ import annotations
 
@@ -43,11 +44,15 @@ CURVES_CAPTION = (
     "(per evaluation; the longest seed alone where the seeds' evaluations differ)"
 )
 TIME_CAPTION = (
-    "line: worst worker's test accuracy per evaluation over wall-clock seconds since training started "
-    "(evaluations included), averaged over seeds (time and accuracy per evaluation; the longest seed alone "
+    "line: worst worker's test accuracy per evaluation over wall-clock seconds since "
+    "training started "
+    "(evaluations included), averaged over seeds (time and accuracy per evaluation; the "
+    "longest seed alone "
     "where the seeds' evaluations differ); dashed: the cost table's target accuracy"
 )
-SERIES_CAPTION = "point: {metric}, mean over seeds; bars: min to max over seeds; diverged seeds left out"
+SERIES_CAPTION = (
+    "point: {metric}, mean over seeds; bars: min to max over seeds; diverged seeds left out"
+)
 
 
 def _mean_curve(curves: Sequence[Curve]) -> Curve:
@@ -94,10 +99,16 @@ def curves_figure(title: str, by_label: dict[str, list[Curve]]):
         curve = _mean_curve(curves)
         style = series_style(index)
         ax.plot(
-            curve.epoch, 100 * curve.mean, label=label, markersize=4,
-            markevery=max(1, len(curve.epoch) // 8), **style,
+            curve.epoch,
+            100 * curve.mean,
+            label=label,
+            markersize=4,
+            markevery=max(1, len(curve.epoch) // 8),
+            **style,
         )
-        ax.fill_between(curve.epoch, 100 * curve.worst, 100 * curve.best, color=style["color"], alpha=0.2)
+        ax.fill_between(
+            curve.epoch, 100 * curve.worst, 100 * curve.best, color=style["color"], alpha=0.2
+        )
     ax.set_xlabel("epoch")
     ax.set_ylabel("test accuracy (%)")
     ax.grid(alpha=0.3)
@@ -120,16 +131,36 @@ def _mean_time_curve(seeds: Sequence[tuple[np.ndarray, Curve]]) -> tuple[np.ndar
 
 
 def time_figure(table: Table):
-    """Worst-worker test accuracy over wall-clock time, one line per cost-table row (TIME_CAPTION)."""
-    family, _, hardware = table.title.partition(" -- ")  # the hardware goes in the caption: it is long
-    fig, ax = _figure(family, f"{hardware}. {TIME_CAPTION[0].upper()}{TIME_CAPTION[1:]}" if hardware else TIME_CAPTION, width=9.5)
+    """Worst-worker test accuracy over wall-clock time, one line per cost-table row
+    (TIME_CAPTION)."""
+    family, _, hardware = table.title.partition(
+        " -- "
+    )  # the hardware goes in the caption: it is long
+    fig, ax = _figure(
+        family,
+        f"{hardware}. {TIME_CAPTION[0].upper()}{TIME_CAPTION[1:]}" if hardware else TIME_CAPTION,
+        width=9.5,
+    )
     for index, (label, seeds) in enumerate(table.time_curves.items()):
         if not seeds:
             continue
         seconds, worst = _mean_time_curve(seeds)
-        ax.plot(seconds, 100 * worst, label=label, markersize=4, markevery=max(1, len(seconds) // 8), **series_style(index))
+        ax.plot(
+            seconds,
+            100 * worst,
+            label=label,
+            markersize=4,
+            markevery=max(1, len(seconds) // 8),
+            **series_style(index),
+        )
     if table.target is not None:
-        ax.axhline(100 * table.target, color="black", linestyle="--", linewidth=0.8, label=f"target {100 * table.target:.1f}%")
+        ax.axhline(
+            100 * table.target,
+            color="black",
+            linestyle="--",
+            linewidth=0.8,
+            label=f"target {100 * table.target:.1f}%",
+        )
     ax.set_xlabel("wall-clock time (s)")
     ax.set_ylabel("worst worker's test accuracy (%)")
     ax.grid(alpha=0.3)
@@ -152,7 +183,11 @@ def plot_curves(table: Table, out_dir: Path) -> list[Path]:
         if not by_label:
             continue
         title = f"{table.title}, alpha={alpha:g}" if alpha is not None else table.title
-        name = f"curves_{table.name}_alpha{alpha:g}.png" if alpha is not None else f"curves_{table.name}.png"
+        name = (
+            f"curves_{table.name}_alpha{alpha:g}.png"
+            if alpha is not None
+            else f"curves_{table.name}.png"
+        )
         paths.append(_save(curves_figure(title, by_label), out_dir / name))
     return paths
 
@@ -179,7 +214,11 @@ def series_figure(
         xs = sorted(points)
         mean, low, high = (np.array([points[x][i] for x in xs]) * scale for i in range(3))
         ax.errorbar(
-            [place[x] for x in xs], mean, yerr=[mean - low, high - mean], capsize=3, label=label,
+            [place[x] for x in xs],
+            mean,
+            yerr=[mean - low, high - mean],
+            capsize=3,
+            label=label,
             **series_style(index),
         )
     if logx:
@@ -213,7 +252,8 @@ def plot_series(
 
 
 def _x_positions(xs: Sequence[float], logx: bool) -> dict[float, float]:
-    """Where each column value goes on the x axis: inf one decade (log) or one step past the largest."""
+    """Where each column value goes on the x axis: inf one decade (log) or one step past the
+    largest."""
     finite = [x for x in xs if np.isfinite(x)]
     top = max(finite) if finite else 1.0
     inf_at = top * 10 if logx else top + (top - min(finite) if len(finite) > 1 else 1.0)

@@ -1,4 +1,5 @@
-"""One finished run reduced to what the report's tables need, by the paper's metric (`ReportSettings`, `summarize`)."""
+"""One finished run reduced to what the report's tables need, by the paper's metric
+(`ReportSettings`, `summarize`)."""
 
 from __future__ import annotations
 
@@ -39,22 +40,28 @@ METRIC_TEXT = {
     "mean": "the mean over workers of each worker's mean test accuracy over the last {w:g} epochs",
 }
 QUADRATIC_TASKS = ("quadratics", "quadratic")
-# Quadratics problem constants (paper appendix "Random quadratics"): each setting gets its own table.
+# Quadratics problem constants (paper appendix "Random quadratics"): each setting gets its own
+# table.
 QUADRATIC_KEYS = ("dim", "mu", "L", "zeta2", "sigma2", "r0")
 # all the report reads: the accuracy tables', then the cost tables'
-DATASETS = tuple(dict.fromkeys(("step", "epoch", "test_accuracy", "suboptimality", "train_loss", *COST_DATASETS)))
+DATASETS = tuple(
+    dict.fromkeys(("step", "epoch", "test_accuracy", "suboptimality", "train_loss", *COST_DATASETS))
+)
 
 
 @dataclass(frozen=True)
 class ReportSettings:
-    """How the report computes its numbers (the command line's --last-epochs, --metric, --target, --split-by,
+    """How the report computes its numbers (the command line's --last-epochs, --metric, --target,
+    --split-by,
     --target-accuracy)."""
 
     last_epochs: float = 5.0
     metric: str = "auto"  # auto | worst | mean
     target: float = 1e-6  # quadratics: suboptimality to reach
     split_by: tuple[str, ...] = ()  # extra config keys that separate tables
-    target_accuracy: float | None = None  # cost tables: the accuracy to reach (None: the family's rule)
+    target_accuracy: float | None = (
+        None  # cost tables: the accuracy to reach (None: the family's rule)
+    )
 
     def metric_for(self, task: str, config: dict[str, Any]) -> str:
         if self.metric != "auto":
@@ -101,14 +108,17 @@ class RunSummary:
     steps_to_target: int | None = None  # quadratics: first step with suboptimality <= target
     curve: Curve | None = None
     at_chance: tuple[int, ...] = ()  # workers whose metric window ends at chance accuracy
-    unstable: tuple[float, float] | None = None  # (first, final) mean train loss of an unstable run (relaympi.results.UNSTABLE_RULE)
+    unstable: tuple[float, float] | None = (
+        None  # (first, final) mean train loss of an unstable run (relaympi.results.UNSTABLE_RULE)
+    )
     # the cost tables' inputs (relaympi.costs): per-step costs, wall time per evaluation, the
     # per-worker batch size, and the hardware and launch shape (sorted (key, value) pairs)
     costs: StepCosts | None = None
     time_s: np.ndarray | None = None
     batch_size: int | None = None
     hardware: tuple[tuple[str, Any], ...] = ()
-    placement: str = "ranks"  # where the topology put the ranks (the resolved --placement; files from before it: rank order)
+    # where the topology put the ranks (the resolved --placement; files from before it: rank order)
+    placement: str = "ranks"
 
     @property
     def converged(self) -> bool:
@@ -178,7 +188,18 @@ def _value_text(value: Any) -> str:
 
 
 # settings with their own field in RunSummary (or in its table family): not repeated in `settings`
-_OWN_FIELDS = ("task", "algo", "topology", "alpha", "lr", "momentum", "optimizer", "seed", "drop_prob", "relay_mode")
+_OWN_FIELDS = (
+    "task",
+    "algo",
+    "topology",
+    "alpha",
+    "lr",
+    "momentum",
+    "optimizer",
+    "seed",
+    "drop_prob",
+    "relay_mode",
+)
 
 
 def _settings(config: dict[str, Any], extra_keys: Sequence[str]) -> tuple[tuple[str, str], ...]:
@@ -262,7 +283,8 @@ def summarize(run: Run, settings: ReportSettings) -> RunSummary:
         optimizer=str(config.get("optimizer") or "sgd"),
         world_size=world_size,
         seed=None if config.get("seed") is None else int(config["seed"]),
-        # a drop probability that cannot apply (allreduce's collective drops nothing) is a reliable run
+        # a drop probability that cannot apply (allreduce's collective drops nothing) is a reliable
+        # run
         drop_prob=_float(experiment_settings(config).get("drop_prob"), 0.0) or 0.0,
         relay_mode=_relay_mode(config),
         extra=extra,
@@ -274,7 +296,9 @@ def summarize(run: Run, settings: ReportSettings) -> RunSummary:
     summary["costs"] = step_costs(data)
     summary["time_s"] = data.get("time_s")
     summary["batch_size"] = _int(config.get("batch_size"))
-    summary["hardware"] = tuple(sorted((k, _hashable(v)) for k, v in hardware(run.provenance, world_size).items()))
+    summary["hardware"] = tuple(
+        sorted((k, _hashable(v)) for k, v in hardware(run.provenance, world_size).items())
+    )
     if "train_loss" in data:
         summary["unstable"] = unstable_loss(data["train_loss"])
     epoch = data.get("epoch")
@@ -289,7 +313,9 @@ def summarize(run: Run, settings: ReportSettings) -> RunSummary:
         if run.status == "completed":
             summary["metric"] = paper_metric(epoch, accuracy, metric_name, settings.last_epochs)
             means = worker_means(epoch, accuracy, settings.last_epochs)
-            summary["at_chance"] = tuple(workers_at_chance(means, _int(run.attrs.get("num_classes"))))
+            summary["at_chance"] = tuple(
+                workers_at_chance(means, _int(run.attrs.get("num_classes")))
+            )
         per_eval = accuracy.reshape(len(accuracy), -1)
         with _quiet():
             summary["curve"] = Curve(

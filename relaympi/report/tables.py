@@ -1,4 +1,5 @@
-"""The paper's tables from run summaries: accuracy, scaling, robustness (one spec each), learning rate, quadratics."""
+"""The paper's tables from run summaries: accuracy, scaling, robustness (one spec each), learning
+rate, quadratics."""
 
 from __future__ import annotations
 
@@ -47,12 +48,19 @@ class Table:
     target: float | None = None  # cost tables: the target accuracy of time_to_target_s
 
     def hold(self, cells: dict[tuple, dict[Any, LrChoice]]) -> None:
-        self.paths.update(r.path for cols in cells.values() for c in cols.values() for cell in c.by_lr.values() for r in cell.runs)
+        self.paths.update(
+            r.path
+            for cols in cells.values()
+            for c in cols.values()
+            for cell in c.by_lr.values()
+            for r in cell.runs
+        )
 
 
 def _series_name(label: str, key: tuple) -> str:
     """A plot's legend entry: one table row (label and topology), never several merged."""
     return f"{label} on {key[2]}"
+
 
 def _num(value: float | None) -> str:
     return "default" if value is None else f"{value:g}"
@@ -85,7 +93,9 @@ class Dimension:
     """A RunSummary field that tables are grouped by or spread across in columns."""
 
     name: str  # the RunSummary attribute
-    part: Callable[[Any], tuple[str, Any]]  # its piece of a table's title, (key, value); value None: left out
+    part: Callable[
+        [Any], tuple[str, Any]
+    ]  # its piece of a table's title, (key, value); value None: left out
     slug: Callable[[Any], str]  # its piece of a table's file name ("": left out)
     label: Callable[[Any], str]  # its column header
 
@@ -119,7 +129,9 @@ class TableSpec:
     column: Dimension
     min_columns: int = 2  # fewer distinct column values: no table
     descending: bool = False  # columns from the largest value
-    lowest_drop: bool = False  # only the family's runs at its lowest drop probability (named in the title)
+    lowest_drop: bool = (
+        False  # only the family's runs at its lowest drop probability (named in the title)
+    )
 
 
 ACCURACY = TableSpec(
@@ -136,7 +148,8 @@ LR_SPEC = dataclasses.replace(ACCURACY, kind="lr", title="Learning rates")
 
 @dataclass(frozen=True)
 class Family:
-    """The classification runs of one table, with its file name, title and the columns its records share."""
+    """The classification runs of one table, with its file name, title and the columns its records
+    share."""
 
     name: str
     title: str
@@ -258,7 +271,9 @@ def _accuracy_like_table(spec: TableSpec, family: Family, settings: ReportSettin
         if spec.kind == "accuracy":
             curves = [r.curve for r in choice.best.runs if r.curve is not None]
             table.curves.setdefault(col, {})[_series_name(label, key)] = curves
-        return cell_record(spec.kind, {**_cell_base(family.base, label, key), column_key: col}, choice)
+        return cell_record(
+            spec.kind, {**_cell_base(family.base, label, key), column_key: col}, choice
+        )
 
     labels = _fill_rows(
         table,
@@ -273,7 +288,8 @@ def _accuracy_like_table(spec: TableSpec, family: Family, settings: ReportSettin
     partial = sum(r["n_diverged"] > 0 and r["n_diverged"] < r["n_seeds"] for r in table.records)
     if partial:
         table.notes.append(
-            f"{partial} cell(s) have diverged seeds: their numbers are over the converged seeds only."
+            f"{partial} cell(s) have diverged seeds: their numbers are over the converged "
+            "seeds only."
         )
     return table
 
@@ -283,11 +299,16 @@ def _warn(table: Table, labels: dict[tuple, str], cells: Cells, column_key: str)
     for key, label in labels.items():  # in the table's row order
         for col, choice in cells[key].items():
             for run in choice.best.runs:
-                where = f"Warning: {label} on {key[2]}, {column_key}={_num(col) if isinstance(col, float) else col}, seed {run.seed}"
+                where = (
+                    f"Warning: {label} on {key[2]}, "
+                    f"{column_key}={_num(col) if isinstance(col, float) else col}, seed {run.seed}"
+                )
                 if run.at_chance:
                     table.notes.append(
-                        f"{where}: worker(s) {', '.join(map(str, run.at_chance))} at chance accuracy "
-                        f"(below {CHANCE_FACTOR:g}/classes; {run.path.name}): the learning rate may not suit this run."
+                        f"{where}: worker(s) {', '.join(map(str, run.at_chance))} at "
+                        "chance accuracy "
+                        f"(below {CHANCE_FACTOR:g}/classes; {run.path.name}): the "
+                        "learning rate may not suit this run."
                     )
                 if run.unstable:
                     table.notes.append(f"{where}: {unstable_text(run.unstable)}; {run.path.name}.")
@@ -305,7 +326,9 @@ def accuracy_like_tables(runs: Sequence[RunSummary], settings: ReportSettings) -
 # ------------------------------------------------------------------------- the other tables
 
 
-def _lr_record(base: dict[str, Any], label: str, key: tuple, alpha: Any, choice: LrChoice) -> dict[str, Any]:
+def _lr_record(
+    base: dict[str, Any], label: str, key: tuple, alpha: Any, choice: LrChoice
+) -> dict[str, Any]:
     record = cell_record("lr", {**_cell_base(base, label, key), "alpha": alpha}, choice)
     record["lr_means"] = " ".join(
         f"{lr:g}:{c.mean:.4f}"
@@ -319,7 +342,8 @@ def _lr_record(base: dict[str, Any], label: str, key: tuple, alpha: Any, choice:
 
 
 def lr_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> list[Table]:
-    """Per (task, world size, drop probability): the best lr of algorithms x alpha, with the grid check."""
+    """Per (task, world size, drop probability): the best lr of algorithms x alpha, with the grid
+    check."""
     tables = []
     for family in spec_families(LR_SPEC, runs):
         row_keys, columns, cells = pivot(family.runs, lambda r: getattr(r, LR_SPEC.column.name))
@@ -328,7 +352,8 @@ def lr_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> list[Tabl
         if LR_SPEC.descending:
             columns = columns[::-1]
         caption = (
-            "Best learning rate per cell (highest mean metric over seeds, preferring learning rates "
+            "Best learning rate per cell (highest mean metric over seeds, preferring "
+            "learning rates "
             "at which no seed diverged); in parentheses the number of converged seeds at it. "
             "* marks a best learning rate at the edge of the grid (not sandwiched between two "
             "worse learning rates): extend the grid."
@@ -347,7 +372,9 @@ def lr_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> list[Tabl
             columns,
             cells,
             format_lr,
-            lambda label, key, alpha, choice, base=family.base: _lr_record(base, label, key, alpha, choice),
+            lambda label, key, alpha, choice, base=family.base: _lr_record(
+                base, label, key, alpha, choice
+            ),
         )
         edges = sum(not choice.sandwiched for cols in cells.values() for choice in cols.values())
         if edges:
@@ -359,7 +386,8 @@ def lr_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> list[Tabl
 
 
 def quadratics_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> list[Table]:
-    """Per (task, problem constants, drop probability): steps to reach the target, algorithms x world size."""
+    """Per (task, problem constants, drop probability): steps to reach the target, algorithms x
+    world size."""
     tables = []
     quadratic = [r for r in runs if r.is_quadratic]
     for (task, drop, extra), family in _families(
@@ -369,7 +397,8 @@ def quadratics_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> l
         parts = [("", task), DROP.part(drop), *extra]
         tuned = any(len(c.by_lr) > 1 for cols in cells.values() for c in cols.values())
         caption = (
-            f"Steps until the averaged model's suboptimality is <= {settings.target:g} (first evaluation "
+            f"Steps until the averaged model's suboptimality is <= {settings.target:g} "
+            "(first evaluation "
             "at or below it); mean over seeds [min, max]"
             + (
                 "; learning rate: the one reaching it in the fewest steps per cell."
@@ -386,13 +415,16 @@ def quadratics_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> l
             title=f"Steps to suboptimality <= {settings.target:g}: {_family_title(parts)}",
             caption=caption,
             kind="quadratics",
-            metric=f"steps until the averaged model's suboptimality is <= {settings.target:g} (seeds that never reach it left out)",
+            metric=f"steps until the averaged model's suboptimality is <= {settings.target:g} "
+            "(seeds that never reach it left out)",
             header=["Algorithm", "Topology", *[WORKERS.label(n) for n in columns]],
             rows=[],
         )
         base = {"task": task, "drop_prob": drop, **dict(extra)}
 
-        def record(label: str, key: tuple, n: Any, choice: LrChoice, base: dict = base) -> dict[str, Any]:
+        def record(
+            label: str, key: tuple, n: Any, choice: LrChoice, base: dict = base
+        ) -> dict[str, Any]:
             fields = {**_cell_base(base, label, key), "world_size": n, "target": settings.target}
             del fields["optimizer"]  # quadratics records leave the optimizer out
             return cell_record("quadratics", fields, choice)

@@ -15,9 +15,13 @@ from relaympi.results.reader import Run, read_run, run_status
 from relaympi.results.schema import RunTopology
 
 # The command's description (its --help): what the run file is.
-DESCRIPTION = "The HDF5 run file: its schema, the writer used by training and the reader used by reports."
+DESCRIPTION = (
+    "The HDF5 run file: its schema, the writer used by training and the reader used by reports."
+)
 
-OWN_TARGET_FRACTION = 0.95  # show's default target: this fraction of the run's own final worst-worker accuracy
+OWN_TARGET_FRACTION = (
+    0.95  # show's default target: this fraction of the run's own final worst-worker accuracy
+)
 
 
 def cost_lines(run: Run, target: float | None = None) -> list[str]:
@@ -30,10 +34,18 @@ def cost_lines(run: Run, target: float | None = None) -> list[str]:
     per_step = costs.step_costs(run.data)
     if per_step is not None:
         parts = [f"step {costs.median([per_step.step_ms]):.3g} ms"]
-        parts += [f"{name[:-3]} {costs.median([v]):.3g} ms" for name, v in per_step.timers_ms.items()]
+        parts += [
+            f"{name[:-3]} {costs.median([v]):.3g} ms" for name, v in per_step.timers_ms.items()
+        ]
         if per_step.bytes_per_step is not None:
-            parts.append(f"bytes/step {np.mean(per_step.bytes_per_step):.4g} (max worker {np.max(per_step.bytes_per_step):.4g})")
-        lines.append(f"cost per step (median over {per_step.intervals} evaluation interval(s) and workers): " + ", ".join(parts))
+            parts.append(
+                f"bytes/step {np.mean(per_step.bytes_per_step):.4g} (max worker "
+                f"{np.max(per_step.bytes_per_step):.4g})"
+            )
+        lines.append(
+            f"cost per step (median over {per_step.intervals} evaluation interval(s) and workers): "
+            + ", ".join(parts)
+        )
     if "test_accuracy" not in run.data or "time_s" not in run.data:
         return lines
     accuracy = run.data["test_accuracy"]
@@ -41,7 +53,10 @@ def cost_lines(run: Run, target: float | None = None) -> list[str]:
         target = costs.own_target(accuracy, OWN_TARGET_FRACTION)
         if target is None:
             return lines
-        what = f"time to {100 * OWN_TARGET_FRACTION:g}% of its own final worst-worker accuracy ({100 * target:.2f}%)"
+        what = (
+            f"time to {100 * OWN_TARGET_FRACTION:g}% of its own final worst-worker accuracy "
+            f"({100 * target:.2f}%)"
+        )
     else:
         what = f"time to worst-worker test accuracy >= {100 * target:.2f}%"
     seconds = costs.time_to_accuracy(run.data["time_s"], accuracy, target)
@@ -52,8 +67,13 @@ def cost_lines(run: Run, target: float | None = None) -> list[str]:
 def topology_lines(topology: RunTopology | None) -> list[str]:
     """`show`'s lines on the topology group: placement, nodes, and per layer its edges."""
     if topology is None:
-        return ["placement: ranks (not recorded: a run file from before --placement, which ran in rank order)"]
-    where = "emulated by --ranks-per-node" if topology.nodes_emulated else "as the ranks were placed"
+        return [
+            "placement: ranks (not recorded: a run file from before --placement, which "
+            "ran in rank order)"
+        ]
+    where = (
+        "emulated by --ranks-per-node" if topology.nodes_emulated else "as the ranks were placed"
+    )
     lines = [
         f"placement: {topology.placement}",
         "topology:",
@@ -118,11 +138,16 @@ def main(argv: list[str] | None = None) -> int:
         "--target-accuracy",
         type=float,
         metavar="ACC",
-        help="print the wall time until the worst worker's test accuracy first reaches ACC (in (0, 1]); "
+        help="print the wall time until the worst worker's test accuracy first reaches ACC (in "
+        "(0, 1]); "
         f"default: {100 * OWN_TARGET_FRACTION:g}%% of the run's own final worst-worker accuracy",
     )
     args = parser.parse_args(argv)
-    if args.command == "show" and args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
+    if (
+        args.command == "show"
+        and args.target_accuracy is not None
+        and not 0 < args.target_accuracy <= 1
+    ):
         show.error(f"--target-accuracy must be in (0, 1], got {args.target_accuracy:g}")
     if args.command == "status":
         for path in args.paths:

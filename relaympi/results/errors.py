@@ -7,7 +7,8 @@ from pathlib import Path
 
 
 class RunFileError(Exception):
-    """A run file that cannot be read: not HDF5, empty, truncated, corrupt or of an unknown schema."""
+    """A run file that cannot be read: not HDF5, empty, truncated, corrupt or of an unknown
+    schema."""
 
     def __init__(self, path: str | os.PathLike, reason: str) -> None:
         super().__init__(f"{path}: {reason}")
@@ -28,4 +29,5 @@ class RunFileWriteError(OSError):
 
 
 class RunInUseError(BlockingIOError):
-    """Refusing to replace a run file that another process is writing (it holds HDF5's file lock)."""
+    """Refusing to replace a run file that another process is writing (it holds HDF5's file
+    lock)."""

@@ -29,7 +29,8 @@ UNSTABLE_RULE = f"final mean train loss > {UNSTABLE_FACTOR:g}x the first recorde
 
 
 def unstable_loss(train_loss: np.ndarray) -> tuple[float, float] | None:
-    """(first, final) mean train loss over workers when the run is unstable (UNSTABLE_RULE), else None.
+    """(first, final) mean train loss over workers when the run is unstable (UNSTABLE_RULE), else
+    None.
 
     ``train_loss`` is a run file's [evals, workers] dataset. The first recorded value is the first
     evaluation whose mean is finite (a classification run records NaN at step 0, before any step);
@@ -48,9 +49,11 @@ def unstable_loss(train_loss: np.ndarray) -> tuple[float, float] | None:
 
 
 def unstable_text(loss: tuple[float, float]) -> str:
-    """How the end summary, `python -m relaympi.results show` and the report flag an unstable run."""
+    """How the end summary, `python -m relaympi.results show` and the report flag an unstable
+    run."""
     first, final = loss
     return (
-        f"unstable: final mean train loss {final:.4g} > {UNSTABLE_FACTOR:g}x the first recorded {first:.4g} "
+        f"unstable: final mean train loss {final:.4g} > {UNSTABLE_FACTOR:g}x the first "
+        f"recorded {first:.4g} "
         "(its numbers depend on the engine's float rounding; try a lower --lr)"
     )

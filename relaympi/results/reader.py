@@ -27,9 +27,11 @@ from relaympi.results.schema import (
 
 def file_kind(path: str | os.PathLike) -> str:
     """What is at ``path``: "missing", "run" (a relaympi run file, of any schema version), "damaged"
-    (empty, or HDF5 that cannot be opened: possibly a run file cut short) or "other" (any other file).
+    (empty, or HDF5 that cannot be opened: possibly a run file cut short) or "other" (any other
+    file).
 
-    A writer replaces "run" files (finished ones only when asked) and "damaged" ones only when asked;
+    A writer replaces "run" files (finished ones only when asked) and "damaged" ones only when
+    asked;
     never "other" files (a problem file, a checkpoint, a text file, ...).
     """
     path = Path(path)
@@ -105,7 +107,8 @@ def _open_for_reading(path: Path) -> h5py.File:
     _precheck(path)
     try:
         try:
-            # locking=False: a live writer holds a lock, and readers must still see its flushed rows.
+            # locking=False: a live writer holds a lock, and readers must still see its flushed
+            # rows.
             return h5py.File(path, "r", locking=False)
         except OSError as error:
             if "locking flag" not in str(error):
@@ -197,7 +200,8 @@ def read_run(path: str | os.PathLike, *, datasets: Iterable[str] | None = None) 
 
 
 def run_status(path: str | os.PathLike) -> str:
-    """ "missing", "corrupt" (unreadable, or not a version-1 run file) or the run's status; reads attrs only."""
+    """ "missing", "corrupt" (unreadable, or not a version-1 run file) or the run's status; reads
+    attrs only."""
     path = Path(path)
     if not path.exists():
         return "missing"

@@ -48,17 +48,24 @@ def complete_rows(datasets: Mapping[str, h5py.Dataset]) -> int:
     return n
 
 
-TOPOLOGY_GROUP = "topology"  # where the ranks were and the graph they ran on (not a per-evaluation dataset)
+TOPOLOGY_GROUP = (
+    "topology"  # where the ranks were and the graph they ran on (not a per-evaluation dataset)
+)
 
 
 @dataclass(frozen=True)
 class RunTopology:
-    """The ``topology`` group: each rank's node and the edges every layer (tree or graph) realized."""
+    """The ``topology`` group: each rank's node and the edges every layer (tree or graph)
+    realized."""
 
     name: str
     placement: str  # "ranks" or "nodes", as the run resolved --placement
-    rank_node: np.ndarray  # [world_size] int64: rank r ran on node rank_node[r] (0, 1, ... by lowest rank)
-    nodes_emulated: bool  # the nodes came from --ranks-per-node, not from where MPI placed the ranks
+    rank_node: (
+        np.ndarray
+    )  # [world_size] int64: rank r ran on node rank_node[r] (0, 1, ... by lowest rank)
+    nodes_emulated: (
+        bool  # the nodes came from --ranks-per-node, not from where MPI placed the ranks
+    )
     edges: tuple[np.ndarray, ...]  # per layer: [m, 2] int64 edges (i < j), sorted
     inter_node_edges: tuple[int, ...]  # per layer: edges whose ends are on different nodes
 

@@ -1,4 +1,5 @@
-"""A full disk while a run file is written: recognizing 'no space left' and the space held in reserve
+"""A full disk while a run file is written: recognizing 'no space left' and the space held in
+reserve
 so that a failing run can still record why it failed."""
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ def no_space(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
     text = str(exc)
-    return "No space left on device" in text or "errno = 28," in text or "Disk quota exceeded" in text
+    return (
+        "No space left on device" in text or "errno = 28," in text or "Disk quota exceeded" in text
+    )
 
 
 class SpaceReserve:

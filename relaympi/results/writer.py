@@ -1,4 +1,5 @@
-"""Writing a run file: one process (rank 0) creates or reopens it and appends a row per evaluation."""
+"""Writing a run file: one process (rank 0) creates or reopens it and appends a row per
+evaluation."""
 
 from __future__ import annotations
 
@@ -100,7 +101,8 @@ def _to_json(value: Mapping[str, Any], name: str) -> str:
 
 
 def _set_attr(attrs: h5py.AttributeManager, name: str, value: Any) -> None:
-    """Store one attribute: str as variable-length UTF-8, numbers as scalars, sequences as arrays."""
+    """Store one attribute: str as variable-length UTF-8, numbers as scalars, sequences as
+    arrays."""
     if isinstance(value, (str, os.PathLike)):
         attrs.create(name, os.fspath(value), dtype=STRING_DTYPE)
     elif isinstance(value, (bool, np.bool_)):
@@ -149,7 +151,9 @@ class RunWriter:
         self._reserve = reserve or SpaceReserve(Path(path).parent)
         self.world_size = int(file.attrs["world_size"])
         run_id = decode_attr(file.attrs.get("run_id"))
-        self.run_id: str | None = run_id if isinstance(run_id, str) else None  # None: a file from before run ids
+        self.run_id: str | None = (
+            run_id if isinstance(run_id, str) else None
+        )  # None: a file from before run ids
         self._datasets: dict[str, h5py.Dataset] = row_datasets(file)
 
     @classmethod
@@ -184,7 +188,9 @@ class RunWriter:
         if kind == "other":
             raise NotARunFileError(f"{path} exists and is not a relaympi run file")
         if kind == "damaged" and not overwrite:
-            raise NotARunFileError(f"{path} exists and cannot be read as a run file (empty or damaged HDF5)")
+            raise NotARunFileError(
+                f"{path} exists and cannot be read as a run file (empty or damaged HDF5)"
+            )
         if not overwrite:
             status = run_status(path)
             if status in FINISHED_STATUSES:
@@ -199,7 +205,9 @@ class RunWriter:
         except OSError as exc:
             reserve.release()
             if no_space(exc):
-                raise RunFileWriteError(f"cannot create the run file {path}: no space left on device") from None
+                raise RunFileWriteError(
+                    f"cannot create the run file {path}: no space left on device"
+                ) from None
             raise
         try:
             attrs = file.attrs
@@ -215,8 +223,12 @@ class RunWriter:
             reserve.release()
             _close_quietly(file)
             if isinstance(exc, (OSError, RuntimeError)) and no_space(exc):
-                path.unlink(missing_ok=True)  # an empty or partial header: no run file is better than a corrupt one
-                raise RunFileWriteError(f"cannot create the run file {path}: no space left on device") from None
+                path.unlink(
+                    missing_ok=True
+                )  # an empty or partial header: no run file is better than a corrupt one
+                raise RunFileWriteError(
+                    f"cannot create the run file {path}: no space left on device"
+                ) from None
             raise
         return cls(file, path, reserve)
 
@@ -297,6 +309,7 @@ class RunWriter:
                 raise ValueError(f"{name!r}: expecting shape {row_shape}, got {value.shape[1:]}")
         if count == 0:
             return
+
         def write() -> None:
             # Write "step" last: a row whose step was not written reads as incomplete.
             for name, dataset in sorted(self._datasets.items(), key=lambda item: item[0] == "step"):
@@ -345,6 +358,7 @@ class RunWriter:
         """Set the run's status (and extra attributes); terminal statuses also record end_time."""
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+
         def write() -> None:
             self._set_attrs(attrs)
             _set_attr(self._file.attrs, "status", status)
@@ -354,7 +368,8 @@ class RunWriter:
         self._write(write, f"status {status}")
 
     def set_topology(self, topology: RunTopology) -> None:
-        """Record where the ranks are and the graph they ran on (the ``topology`` group; replaced if present)."""
+        """Record where the ranks are and the graph they ran on (the ``topology`` group; replaced if
+        present)."""
 
         def write() -> None:
             if TOPOLOGY_GROUP in self._file:
@@ -363,10 +378,14 @@ class RunWriter:
             group.attrs.create("name", topology.name, dtype=STRING_DTYPE)
             group.attrs.create("placement", topology.placement, dtype=STRING_DTYPE)
             group.attrs.create("nodes_emulated", bool(topology.nodes_emulated))
-            group.attrs.create("inter_node_edges", np.asarray(topology.inter_node_edges, dtype=np.int64))
+            group.attrs.create(
+                "inter_node_edges", np.asarray(topology.inter_node_edges, dtype=np.int64)
+            )
             group.create_dataset("rank_node", data=np.asarray(topology.rank_node, dtype=np.int64))
             for layer, edges in enumerate(topology.edges):
-                group.create_dataset(f"edges_{layer}", data=np.asarray(edges, dtype=np.int64).reshape(-1, 2))
+                group.create_dataset(
+                    f"edges_{layer}", data=np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+                )
 
         self._write(write, "the topology")
 
@@ -386,7 +405,10 @@ class RunWriter:
         fit on the device: HDF5 cannot take back a write that ran out of space half-way."""
         needed = _METADATA_MARGIN_BYTES
         for dataset in self._datasets.values():
-            rows, chunk = dataset.chunks[0], int(np.prod(dataset.chunks, dtype=np.int64)) * dataset.dtype.itemsize
+            rows, chunk = (
+                dataset.chunks[0],
+                int(np.prod(dataset.chunks, dtype=np.int64)) * dataset.dtype.itemsize,
+            )
             n = dataset.shape[0]
             needed += (-(-(n + count) // rows) - -(-n // rows)) * chunk
         try:
@@ -395,13 +417,17 @@ class RunWriter:
             return
         if stat.f_bavail * stat.f_frsize < needed:
             self._reserve.release()  # room for the status that records the failure
-            raise RunFileWriteError(f"no space left on device for the next evaluation in the run file {self.path} "
-                                    f"(needs about {needed // 1024} KiB, {stat.f_bavail * stat.f_frsize // 1024} KiB free)")
+            raise RunFileWriteError(
+                f"no space left on device for the next evaluation in the run file {self.path} "
+                f"(needs about {needed // 1024} KiB, "
+                f"{stat.f_bavail * stat.f_frsize // 1024} KiB free)"
+            )
 
     def _write(self, action: Any, what: str, undo: Any = None) -> None:
         """Do ``action`` and flush. When the device is full, release the space reserve and flush
         again (if that fails too, ``undo`` the action and flush), so the file stays readable with
-        the rows and attributes written before; then raise RunFileWriteError: the run cannot go on."""
+        the rows and attributes written before; then raise RunFileWriteError: the run cannot go
+        on."""
         try:
             action()
             self._file.flush()
@@ -419,8 +445,15 @@ class RunWriter:
                     pass
             else:
                 kept = False
-            detail = "" if kept else " (not even the space held in reserve let it finish; the file may be unreadable)"
-            raise RunFileWriteError(f"no space left on device writing {what} to the run file {self.path}{detail}") from None
+            detail = (
+                ""
+                if kept
+                else " (not even the space held in reserve let it finish; the file may be "
+                "unreadable)"
+            )
+            raise RunFileWriteError(
+                f"no space left on device writing {what} to the run file {self.path}{detail}"
+            ) from None
 
     @property
     def num_rows(self) -> int:
@@ -434,7 +467,9 @@ class RunWriter:
                 if not no_space(exc):
                     raise
                 UNCLOSABLE.append(self._file)  # HDF5 crashes freeing it: see unclosable_files()
-                raise RunFileWriteError(f"no space left on device closing the run file {self.path}") from None
+                raise RunFileWriteError(
+                    f"no space left on device closing the run file {self.path}"
+                ) from None
             finally:
                 self._reserve.release()
 

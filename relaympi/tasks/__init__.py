@@ -27,5 +27,13 @@ def get_task_class(name: str) -> type[Task]:
     return TASKS[name]
 
 
-__all__ = ["TASKS", "TASK_NAMES", "ClassificationTask", "Task", "TaskDefaults", "TaskError", "TaskOptions",
-           "get_task_class"]
+__all__ = [
+    "TASKS",
+    "TASK_NAMES",
+    "ClassificationTask",
+    "Task",
+    "TaskDefaults",
+    "TaskError",
+    "TaskOptions",
+    "get_task_class",
+]

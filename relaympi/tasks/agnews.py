@@ -1,4 +1,5 @@
-"""AG News topic classification by fine-tuning a local DistilBERT save (Hugging Face transformers)."""
+"""AG News topic classification by fine-tuning a local DistilBERT save (Hugging Face
+transformers)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 
 
 def model_dir_missing(directory: Path) -> list[str]:
-    """What a saved model folder lacks for this task: config, weights, tokenizer ([] when complete)."""
+    """What a saved model folder lacks for this task: config, weights, tokenizer ([] when
+    complete)."""
     missing = []
     if not (directory / "config.json").is_file():
         missing.append("config.json")
@@ -45,6 +47,8 @@ def model_dir_missing(directory: Path) -> list[str]:
     if not any((directory / name).is_file() for name in TOKENIZER_FILES):
         missing.append("a tokenizer (tokenizer.json or vocab.txt)")
     return missing
+
+
 # Config keys of dropout probabilities across BERT-family configs; all set to 0 (see build_model).
 _DROPOUT_KEYS = (
     "dropout",
@@ -102,7 +106,9 @@ def read_agnews_csv(path: Path) -> tuple[list[str], np.ndarray]:
     Fields are CSV-quoted (commas and doubled quotes inside them); a header row is skipped.
     """
     if not path.is_file():
-        raise TaskError(f"{path} not found; expected {_CSV_HINT}. {fetch_hint('agnews', path.parent)}")
+        raise TaskError(
+            f"{path} not found; expected {_CSV_HINT}. {fetch_hint('agnews', path.parent)}"
+        )
     texts: list[str] = []
     labels: list[int] = []
     with open(path, newline="", encoding="utf-8") as f:
@@ -140,7 +146,8 @@ def check_model_dir(model_dir: Path | None) -> Path:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise TaskError(
-            f"{model_dir} is not a directory; {expected}. {fetch_hint('distilbert', model_dir)} Or {_SAVE_HINT}"
+            f"{model_dir} is not a directory; {expected}. "
+            f"{fetch_hint('distilbert', model_dir)} Or {_SAVE_HINT}"
         )
     missing = model_dir_missing(model_dir)
     if missing:
@@ -181,7 +188,8 @@ class AgNewsTask(ClassificationTask):
 
     name: ClassVar[str] = "agnews"
     # Paper: Adam (0.9, 0.999, 1e-8), constant lr, no warm-up, no weight decay, 5 epochs, 32 per
-    # worker; learning rates tuned per algorithm (appendix table "Tuned learning rates ... AG News").
+    # worker; learning rates tuned per algorithm (appendix table "Tuned learning rates ... AG
+    # News").
     defaults: ClassVar[TaskDefaults] = TaskDefaults(
         epochs=5,
         batch_size=32,
@@ -201,7 +209,8 @@ class AgNewsTask(ClassificationTask):
         super().__init__(options)
         if options.data_dir is None:
             raise TaskError(
-                f"task agnews needs --data-dir DIR with DIR/train.csv and DIR/test.csv ({_CSV_HINT})"
+                "task agnews needs --data-dir DIR with DIR/train.csv and DIR/test.csv "
+                f"({_CSV_HINT})"
             )
         data_dir = Path(options.data_dir)
         self.model_dir = check_model_dir(options.model_dir)

@@ -36,18 +36,22 @@ class TaskDefaults:
     # the learning rates were tuned (by the paper, or our digits grid) for this many workers on each
     # algorithm's default topology; the trainer warns when a default lr runs at another worker count
     lr_tuned_workers: int | None = 16
-    # evaluate this many times per run instead of every eval_every_epochs (tasks whose "epoch" is one step)
+    # evaluate this many times per run instead of every eval_every_epochs (tasks whose "epoch" is
+    # one step)
     evals_per_run: int | None = None
     # (algo, with momentum) -> {alpha: lr}: the paper's tuned rates, one row per table line
     tuned_lr: dict[tuple[str, bool], dict[float, float]] = field(default_factory=dict)
 
     def tuned_lr_for(self, algo: str, momentum: float | None, alpha: float) -> float | None:
-        """The paper's tuned lr for this cell, or None where it has none (momentum None: the task's)."""
+        """The paper's tuned lr for this cell, or None where it has none (momentum None: the
+        task's)."""
         with_momentum = bool(self.momentum if momentum is None else momentum)
         return self.tuned_lr.get((algo, with_momentum), {}).get(alpha)
 
 
-def lr_column(tuned_lr: dict[tuple[str, bool], dict[float, float]], alpha: float) -> dict[str, float]:
+def lr_column(
+    tuned_lr: dict[tuple[str, bool], dict[float, float]], alpha: float
+) -> dict[str, float]:
     """One alpha column of a tuned_lr table per algorithm: its momentum row, where it has one."""
     algos = dict.fromkeys(algo for algo, _ in tuned_lr)
     return {algo: tuned_lr.get((algo, True), tuned_lr.get((algo, False)))[alpha] for algo in algos}
@@ -71,8 +75,11 @@ class TaskError(ValueError):
 
 def too_many_workers(task: str, world_size: int, num_train: int) -> str:
     """The refusal of a run with more workers than training samples (each worker needs one)."""
-    return (f"{world_size} workers cannot share the {num_train} training samples of {task}: every worker needs at least one; "
-            f"use at most {num_train} workers (--workers, or the number of MPI ranks)")
+    return (
+        f"{world_size} workers cannot share the {num_train} training samples of {task}: "
+        "every worker needs at least one; "
+        f"use at most {num_train} workers (--workers, or the number of MPI ranks)"
+    )
 
 
 class Task(ABC):
@@ -86,9 +93,11 @@ class Task(ABC):
 
     name: ClassVar[str]
     defaults: ClassVar[TaskDefaults]
-    # the topology an algorithm runs on for this task when it differs from the algorithm's own default
+    # the topology an algorithm runs on for this task when it differs from the algorithm's own
+    # default
     default_topology_by_algo: ClassVar[dict[str, str]] = {}
-    # the run settings (flag names, as attributes of the run's config) that are this task's own options
+    # the run settings (flag names, as attributes of the run's config) that are this task's own
+    # options
     option_names: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
@@ -114,7 +123,8 @@ class ClassificationTask(Task):
     order is a pure function of (seed, rank, step) and resumes exactly.
     """
 
-    # the number of training samples where the task fixes it (embedded data): a run with more workers
+    # the number of training samples where the task fixes it (embedded data): a run with more
+    # workers
     # is refused before any data loads; other tasks' sizes are known once their data set is read
     train_size: ClassVar[int | None] = None
 
@@ -157,7 +167,8 @@ class ClassificationTask(Task):
             yield self.train_batch(indices, rng)
 
     def loss(self, outputs: Any, targets: Any) -> Any:
-        import torch.nn.functional as F  # lazy: this module (the Task interface) stays torch-free for config checks
+        # lazy: this module (the Task interface) stays torch-free for config checks
+        import torch.nn.functional as F
 
         return F.cross_entropy(outputs, targets)
 

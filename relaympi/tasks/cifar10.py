@@ -107,7 +107,8 @@ class Cifar10Task(ClassificationTask):
     @property
     def train_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(uint8 images [n, *IMAGE_SHAPE], int64 targets [n]) of the training set, in index
-        order: what ``train_batch`` crops, flips and normalizes (the batched engine does it on a device)."""
+        order: what ``train_batch`` crops, flips and normalizes (the batched engine does it on a
+        device)."""
         return self._train_images, self._train_targets
 
     def build_model(self, seed: int) -> torch.nn.Module:
@@ -159,10 +160,14 @@ def crop_flip(
     to keep the host from waiting); output pixel (y, x) of image b is padded pixel
     (top[b] + y, left[b] + x), or (top[b] + y, left[b] + W - 1 - x) when flipped."""
     batch, channels, height, width = images.shape
-    device = images.device  # index tensors where the images are: CPU indices into a GPU tensor would be copied (and wait) per call
+    # index tensors where the images are: CPU indices into a GPU tensor would be copied (and wait)
+    # per call
+    device = images.device
     padded = images.new_zeros((batch, channels, height + 2 * padding, width + 2 * padding))
     padded[:, :, padding : padding + height, padding : padding + width] = images
-    rows = torch.as_tensor(top, device=device)[:, None] + torch.arange(height, device=device)  # [B, H]
+    rows = torch.as_tensor(top, device=device)[:, None] + torch.arange(
+        height, device=device
+    )  # [B, H]
     columns = torch.arange(width, device=device).expand(batch, width)
     columns = torch.where(torch.as_tensor(flip, device=device)[:, None], columns.flip(1), columns)
     columns = columns + torch.as_tensor(left, device=device)[:, None]  # [B, W]
@@ -209,7 +214,9 @@ def load_cifar10(data_dir: Path | str | None) -> tuple[Split, Split]:
         raise TaskError(f"the cifar10 task needs --data-dir. {_where_to_get_it(None)}")
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
-        raise TaskError(f"CIFAR-10 data directory {data_dir} does not exist. {_where_to_get_it(data_dir)}")
+        raise TaskError(
+            f"CIFAR-10 data directory {data_dir} does not exist. {_where_to_get_it(data_dir)}"
+        )
     layouts = [
         (data_dir / BINARY_DIR, BINARY_TRAIN, BINARY_TEST, read_binary_batch),
         (data_dir, BINARY_TRAIN, BINARY_TEST, read_binary_batch),
@@ -360,7 +367,8 @@ class _RestrictedUnpickler(pickle.Unpickler):
         raise TaskError(f"refusing to unpickle {self._path}: it uses persistent ids")
 
     def _latin1_encode(self, text: Any, encoding: Any = None) -> bytes:
-        """_codecs.encode as Python 3 uses it to write bytes in protocol 2 (text, 'latin1'); nothing else."""
+        """_codecs.encode as Python 3 uses it to write bytes in protocol 2 (text, 'latin1'); nothing
+        else."""
         if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
             raise TaskError(
                 f"refusing to unpickle {self._path}: it calls _codecs.encode with "

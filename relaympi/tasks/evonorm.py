@@ -7,7 +7,8 @@ from torch import nn
 
 
 def group_count(channels: int, groups: int = 32) -> int:
-    """The largest group count <= ``groups`` that divides ``channels`` (32 -> 16 for 16 channels)."""
+    """The largest group count <= ``groups`` that divides ``channels`` (32 -> 16 for 16
+    channels)."""
     if channels < 1 or groups < 1:
         raise ValueError(f"channels and groups must be positive, got {channels} and {groups}")
     count = min(groups, channels)
@@ -44,7 +45,10 @@ class EvoNormS0(nn.Module):
             self.register_parameter("v", None)
 
     def extra_repr(self) -> str:
-        return f"{self.channels}, groups={self.groups}, eps={self.eps}, nonlinearity={self.nonlinearity}"
+        return (
+            f"{self.channels}, groups={self.groups}, eps={self.eps}, "
+            f"nonlinearity={self.nonlinearity}"
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4 or x.shape[1] != self.channels:
@@ -101,7 +105,8 @@ class ResNetEvoNorm(nn.Module):
         super().__init__()
         if num_classes < 1 or blocks < 1 or width < 1:
             raise ValueError(
-                f"num_classes, blocks and width must be positive, got {num_classes}, {blocks}, {width}"
+                f"num_classes, blocks and width must be positive, got {num_classes}, "
+                f"{blocks}, {width}"
             )
         if stem == "imagenet":
             self.stem = nn.Sequential(
@@ -135,5 +140,6 @@ class ResNetEvoNorm(nn.Module):
 
 
 def resnet20_evonorm(num_classes: int, stem: str = "imagenet", groups: int = 32) -> ResNetEvoNorm:
-    """ResNet-20 (3 stages x 3 blocks x 2 convs + stem + classifier; widths 16/32/64) with EvoNorm-S0."""
+    """ResNet-20 (3 stages x 3 blocks x 2 convs + stem + classifier; widths 16/32/64) with
+    EvoNorm-S0."""
     return ResNetEvoNorm(num_classes, blocks=3, width=16, stem=stem, groups=groups)

@@ -240,11 +240,15 @@ class ImageNetTask(ClassificationTask):
         for split in ("train", "val"):
             if not (root / split).is_dir():
                 hint = (
-                    " (the official validation images come flat: move them into val/<wnid>/ folders)"
+                    " (the official validation images come flat: move them into "
+                    "val/<wnid>/ folders)"
                     if split == "val"
                     else ""
                 )
-                raise TaskError(f"{root / split} is not a directory; expected {_LAYOUT}{hint}. {fetch_hint('imagenet', root)}")
+                raise TaskError(
+                    f"{root / split} is not a directory; expected {_LAYOUT}{hint}. "
+                    f"{fetch_hint('imagenet', root)}"
+                )
         self._classes = _class_dirs(root / "train")
         if not self._classes:
             raise TaskError(f"{root / 'train'} holds no class folders; expected {_LAYOUT}")

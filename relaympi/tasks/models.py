@@ -8,7 +8,22 @@ import torch
 from torch import nn
 
 # VGG configuration "A" (Simonyan & Zisserman 2015): conv widths, "M" = 2x2 max-pool.
-VGG11_CONFIG: tuple[int | str, ...] = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")  # fmt: skip
+# fmt: skip
+VGG11_CONFIG: tuple[int | str, ...] = (
+    64,
+    "M",
+    128,
+    "M",
+    256,
+    256,
+    "M",
+    512,
+    512,
+    "M",
+    512,
+    512,
+    "M",
+)
 
 # 9,220,480 in the 8 convolutions + 5,130 in Linear(512, 10); tests check it.
 VGG11_NUM_PARAMETERS = 9_225_610

@@ -210,7 +210,8 @@ class ShardSampler:
         indices = np.asarray(indices)
         if indices.ndim != 1 or len(indices) == 0:
             raise ValueError(
-                f"indices must be a non-empty 1-D array (the worker's shard), got shape {indices.shape}"
+                "indices must be a non-empty 1-D array (the worker's shard), got shape "
+                f"{indices.shape}"
             )
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")

@@ -1,4 +1,5 @@
-"""Random quadratics (paper appendix "Random quadratics"): f_i(x) = 1/2 ||A_i x - b_i||^2 with controlled L, mu, zeta^2, r0."""
+"""Random quadratics (paper appendix "Random quadratics"): f_i(x) = 1/2 ||A_i x - b_i||^2 with
+controlled L, mu, zeta^2, r0."""
 
 from __future__ import annotations
 
@@ -45,8 +46,14 @@ class Quadratics:
     sigma2: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.A.ndim != 3 or self.A.shape[1] != self.A.shape[2] or self.b.shape != self.A.shape[:2]:
-            raise ValueError(f"expected A [n,d,d] and b [n,d], got A {self.A.shape} and b {self.b.shape}")
+        if (
+            self.A.ndim != 3
+            or self.A.shape[1] != self.A.shape[2]
+            or self.b.shape != self.A.shape[:2]
+        ):
+            raise ValueError(
+                f"expected A [n,d,d] and b [n,d], got A {self.A.shape} and b {self.b.shape}"
+            )
         self.AtA = np.einsum("nki,nkj->nij", self.A, self.A)
         self.Atb = np.einsum("nki,nk->ni", self.A, self.b)
 
@@ -88,7 +95,10 @@ class Quadratics:
     def summary(self, X: np.ndarray) -> dict[str, float]:
         """The run file's quadratics metrics of all workers' iterates X [n, d]."""
         mean = X.mean(axis=0)
-        return {"suboptimality": self.suboptimality(X), "consensus_distance": float(np.mean(np.sum((X - mean) ** 2, axis=1)))}
+        return {
+            "suboptimality": self.suboptimality(X),
+            "consensus_distance": float(np.mean(np.sum((X - mean) ** 2, axis=1))),
+        }
 
     def heterogeneity(self) -> float:
         g = self.gradients(np.repeat(self.x_star[None], self.num_workers, axis=0))
@@ -110,7 +120,13 @@ def _minimize(A: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.linalg.solve(AtA, Atb)
 
 
-def from_arrays(A: np.ndarray, b: np.ndarray, x_star: np.ndarray | None = None, f_star: float | None = None, sigma2: float = 0.0) -> Quadratics:
+def from_arrays(
+    A: np.ndarray,
+    b: np.ndarray,
+    x_star: np.ndarray | None = None,
+    f_star: float | None = None,
+    sigma2: float = 0.0,
+) -> Quadratics:
     """A problem from its arrays; x* and f* are computed when absent."""
     A, b = np.asarray(A, dtype=np.float64), np.asarray(b, dtype=np.float64)
     x = _minimize(A, b) if x_star is None else np.asarray(x_star, dtype=np.float64)
@@ -127,7 +143,10 @@ def load(path: str | Path, world_size: int | None = None) -> Quadratics:
     try:
         with h5py.File(path, "r") as f:
             if "A" not in f or "b" not in f:
-                raise ValueError(f"problem file {path} must hold datasets 'A' [n,d,d] and 'b' [n,d]; found {sorted(f)}")
+                raise ValueError(
+                    f"problem file {path} must hold datasets 'A' [n,d,d] and 'b' [n,d]; "
+                    f"found {sorted(f)}"
+                )
             A, b = f["A"][()], f["b"][()]
             x_star = f["x_star"][()] if "x_star" in f else None
             f_star = float(f.attrs["f_star"]) if "f_star" in f.attrs else None
@@ -135,12 +154,16 @@ def load(path: str | Path, world_size: int | None = None) -> Quadratics:
     except OSError as exc:
         raise ValueError(f"problem file {path} is not a readable HDF5 file: {exc}") from exc
     if world_size is not None and A.shape[0] != world_size:
-        raise ValueError(f"problem file {path} has {A.shape[0]} local objectives but the run has {world_size} workers")
+        raise ValueError(
+            f"problem file {path} has {A.shape[0]} local objectives but the run has "
+            f"{world_size} workers"
+        )
     return from_arrays(A, b, x_star, f_star, sigma2)
 
 
 def generate(n: int, spec: QuadraticsSpec, seed: int = 0) -> Quadratics:
-    """A random instance following the paper's appendix procedure (with the 1/2 ||A x - b||^2 loss)."""
+    """A random instance following the paper's appendix procedure (with the 1/2 ||A x - b||^2
+    loss)."""
     rng = np.random.default_rng([seed, 0xC0FFEE])
     d = spec.dim
     singular = np.linspace(spec.mu, spec.L, d)
@@ -186,13 +209,26 @@ class QuadraticsTask(Task):
     """
 
     name = "quadratics"
-    defaults = TaskDefaults(epochs=1, batch_size=1, lr=0.1, momentum=0.0, eval_every_epochs=1, lr_tuned_workers=None, evals_per_run=200)
+    defaults = TaskDefaults(
+        epochs=1,
+        batch_size=1,
+        lr=0.1,
+        momentum=0.0,
+        eval_every_epochs=1,
+        lr_tuned_workers=None,
+        evals_per_run=200,
+    )
 
-    option_names: ClassVar[tuple[str, ...]] = ("problem_file", "seed", *(f.name for f in fields(QuadraticsSpec)))
+    option_names: ClassVar[tuple[str, ...]] = (
+        "problem_file",
+        "seed",
+        *(f.name for f in fields(QuadraticsSpec)),
+    )
 
     @classmethod
     def settle(cls, options: dict[str, Any], world_size: int) -> tuple[dict[str, Any], Quadratics]:
-        """The problem to train on, and the options recording what it is (the file's dim, not a default).
+        """The problem to train on, and the options recording what it is (the file's dim, not a
+        default).
 
         Raises ValueError (bad spec or file) for the caller to report as a usage error.
         """
@@ -201,12 +237,17 @@ class QuadraticsTask(Task):
         if problem_file is None:
             given = {k: options[k] for k in spec_keys if options[k] is not None}
             spec = replace(QuadraticsSpec(), **given)
-            return {**options, **{k: getattr(spec, k) for k in spec_keys}}, generate(world_size, spec, options["seed"])
+            return {**options, **{k: getattr(spec, k) for k in spec_keys}}, generate(
+                world_size, spec, options["seed"]
+            )
         problem = load(problem_file, world_size)
         for name, value in (("dim", problem.dim), ("sigma2", problem.sigma2)):
             given = options[name]
             if given is not None and given != value:
-                raise ValueError(f"--{name} {given} conflicts with --problem-file {problem_file}, which has {name} {value:g}; drop --{name}")
+                raise ValueError(
+                    f"--{name} {given} conflicts with --problem-file {problem_file}, "
+                    f"which has {name} {value:g}; drop --{name}"
+                )
         return {**options, "dim": problem.dim, "sigma2": problem.sigma2}, problem
 
     @classmethod
@@ -220,4 +261,9 @@ class QuadraticsTask(Task):
             saved = load(path)
         except Exception:  # noqa: BLE001 - anything unreadable is "another file", never replaced silently
             return False
-        return saved.A.shape == problem.A.shape and np.array_equal(saved.A, problem.A) and np.array_equal(saved.b, problem.b) and saved.sigma2 == problem.sigma2
+        return (
+            saved.A.shape == problem.A.shape
+            and np.array_equal(saved.A, problem.A)
+            and np.array_equal(saved.b, problem.b)
+            and saved.sigma2 == problem.sigma2
+        )

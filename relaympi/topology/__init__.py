@@ -1,4 +1,5 @@
-"""Pure graph topologies for decentralized learning: graphs, spanning trees, schedules, gossip weights."""
+"""Pure graph topologies for decentralized learning: graphs, spanning trees, schedules, gossip
+weights."""
 
 from .core import Topology, coordinate_blocks
 from .errors import TopologyError

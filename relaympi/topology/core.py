@@ -31,7 +31,14 @@ from .spectra import (
     tree_extremes,
 )
 
-__all__ = ["GENERAL_DIAMETER_MAX_WORK", "PLACEMENTS", "LayerFacts", "Topology", "as_world_size", "node_labels"]
+__all__ = [
+    "GENERAL_DIAMETER_MAX_WORK",
+    "PLACEMENTS",
+    "LayerFacts",
+    "Topology",
+    "as_world_size",
+    "node_labels",
+]
 
 # How a topology was built: "ranks" in rank order (the paper's), "nodes" node-aware
 # (relaympi.topology.placement).
@@ -60,9 +67,13 @@ def node_labels(nodes: Sequence[Any], world_size: int) -> np.ndarray:
 
     nodes: one node id per rank (any hashable: a host name, an int)."""
     if isinstance(nodes, (str, bytes)) or not hasattr(nodes, "__len__"):
-        raise TopologyError(f"nodes must be a sequence of one node id per rank, got {type(nodes).__name__}")
+        raise TopologyError(
+            f"nodes must be a sequence of one node id per rank, got {type(nodes).__name__}"
+        )
     if len(nodes) != world_size:
-        raise TopologyError(f"nodes must give the node of each of the {world_size} ranks, got {len(nodes)} entries")
+        raise TopologyError(
+            f"nodes must give the node of each of the {world_size} ranks, got {len(nodes)} entries"
+        )
     if isinstance(nodes, np.ndarray) and nodes.dtype.kind in "iu":
         _, first, inverse = np.unique(nodes, return_index=True, return_inverse=True)
         rank_of_node = np.empty(len(first), dtype=np.int64)
@@ -85,7 +96,9 @@ class LayerFacts:
     """
 
     family: str  # the closed form's name, e.g. "ring"
-    vertex_transitive: bool = False  # every rank sees the same graph: diameter = eccentricity of rank 0
+    vertex_transitive: bool = (
+        False  # every rank sees the same graph: diameter = eccentricity of rank 0
+    )
     eigenvalues: Callable[[], np.ndarray] | None = None  # all n Metropolis-Hastings eigenvalues
 
 
@@ -125,7 +138,9 @@ class Topology:
         placement: str = "ranks",
     ) -> None:
         if not isinstance(placement, str) or placement not in PLACEMENTS:
-            raise TopologyError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+            raise TopologyError(
+                f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}"
+            )
         if not isinstance(name, str) or not name:
             raise TopologyError(f"topology name must be a non-empty string, got {name!r}")
         world_size = as_world_size(world_size)
@@ -139,8 +154,14 @@ class Topology:
         facts = tuple(facts) if facts is not None else (None,) * len(edges)
         if len(facts) != len(edges):
             raise TopologyError(f"expecting {len(edges)} layer facts, got {len(facts)}")
-        for key, value in (("name", name), ("world_size", world_size), ("placement", placement), ("_edges", edges),
-                           ("_facts", facts), ("_cache", {})):
+        for key, value in (
+            ("name", name),
+            ("world_size", world_size),
+            ("placement", placement),
+            ("_edges", edges),
+            ("_facts", facts),
+            ("_cache", {}),
+        ):
             object.__setattr__(self, key, value)
         for k, (_, adjacency) in enumerate(canonical):
             self._cache[("adjacency", k)] = adjacency
@@ -166,7 +187,10 @@ class Topology:
 
     def __repr__(self) -> str:
         placed = f", placement={self.placement!r}" if self.placement != "ranks" else ""
-        return f"Topology(name={self.name!r}, world_size={self.world_size}, num_layers={self.num_layers}{placed})"
+        return (
+            f"Topology(name={self.name!r}, world_size={self.world_size}, "
+            f"num_layers={self.num_layers}{placed})"
+        )
 
     # -- structure ------------------------------------------------------------------------
 
@@ -177,7 +201,8 @@ class Topology:
 
     @property
     def layers(self) -> tuple[nx.Graph, ...]:
-        """The layers as frozen networkx graphs (nodes 0..n-1 in order, edges sorted); built on first use."""
+        """The layers as frozen networkx graphs (nodes 0..n-1 in order, edges sorted); built on
+        first use."""
         if "layers" not in self._cache:
             graphs = []
             for edges in self._edges:
@@ -210,7 +235,8 @@ class Topology:
         return self._cache[key]
 
     def _adjacency(self, layer: int) -> csr_matrix:
-        """Symmetric CSR adjacency of a layer; row r's column indices are r's neighbours, ascending."""
+        """Symmetric CSR adjacency of a layer; row r's column indices are r's neighbours,
+        ascending."""
         return self._cache[("adjacency", layer)]  # built with the edges
 
     def degrees(self, layer: int = 0) -> np.ndarray:
@@ -221,7 +247,9 @@ class Topology:
         """Neighbours of rank in the given layer, sorted ascending."""
         adjacency = self._adjacency(self._layer(layer))
         rank = self._rank(rank)
-        return tuple(adjacency.indices[adjacency.indptr[rank] : adjacency.indptr[rank + 1]].tolist())
+        return tuple(
+            adjacency.indices[adjacency.indptr[rank] : adjacency.indptr[rank + 1]].tolist()
+        )
 
     def degree(self, rank: int, layer: int = 0) -> int:
         """Number of neighbours of rank in the given layer."""
@@ -267,7 +295,10 @@ class Topology:
         facts = self._facts[layer]
         if facts is not None and facts.vertex_transitive:
             return "transitive"
-        if self.world_size * (self.world_size + len(self._edges[layer])) <= GENERAL_DIAMETER_MAX_WORK:
+        if (
+            self.world_size * (self.world_size + len(self._edges[layer]))
+            <= GENERAL_DIAMETER_MAX_WORK
+        ):
             return "all-pairs"
         return None
 
@@ -322,7 +353,8 @@ class Topology:
         return coordinate_blocks(numel, self.num_layers)
 
     def models_per_step(self, rank: int) -> float:
-        """Models sent by rank per step: each layer carries 1/num_layers of the model to each neighbour."""
+        """Models sent by rank per step: each layer carries 1/num_layers of the model to each
+        neighbour."""
         return sum(self.degree(rank, k) for k in range(self.num_layers)) / self.num_layers
 
     def max_models_per_step(self) -> float:
@@ -331,7 +363,8 @@ class Topology:
         return float(total.max() / self.num_layers)
 
     def inter_node_edges(self, nodes: Any) -> list[int]:
-        """Per layer, the edges whose two ranks are on different nodes (nodes: one node id per rank)."""
+        """Per layer, the edges whose two ranks are on different nodes (nodes: one node id per
+        rank)."""
         labels = self._node_labels(nodes)
         return [int((labels[e[:, 0]] != labels[e[:, 1]]).sum()) for e in self._edges]
 
@@ -355,7 +388,8 @@ class Topology:
     def gossip_extremes(self, layer: int = 0) -> GossipExtremes:
         """Spectral gap and smallest eigenvalue of the layer's Metropolis-Hastings matrix.
 
-        A closed form where the generator knows one; otherwise the rule of relaympi.topology.spectra:
+        A closed form where the generator knows one; otherwise the rule of
+        relaympi.topology.spectra:
         dense eigvalsh up to DENSE_SPECTRUM_MAX_RANKS, inertia counts for trees of height (from
         rank 0) up to TREE_INERTIA_MAX_HEIGHT, sparse Lanczos up to SPARSE_SPECTRUM_MAX_RANKS,
         above that None with the reason.
@@ -393,7 +427,9 @@ class Topology:
         if hops.max() <= TREE_INERTIA_MAX_HEIGHT:
             return 0
         end = int(np.argmax(hops))
-        _, parent = csgraph.breadth_first_order(adjacency, end, directed=True, return_predecessors=True)
+        _, parent = csgraph.breadth_first_order(
+            adjacency, end, directed=True, return_predecessors=True
+        )
         from_end = bfs_hops(adjacency, end)
         rank = int(np.argmax(from_end))  # the far end of a longest path
         for _ in range(int(from_end[rank]) // 2):  # walk half of it back
@@ -409,7 +445,8 @@ class Topology:
         A quantity that is too costly at this size is None, and "not_computed" (present only
         then) maps its key to the reason. edge_arrays=True gives each layer's edges as its
         read-only [m, 2] array instead of a list of pairs (~140 bytes of Python objects per
-        edge). What the algorithms make of a topology is theirs to say (``python -m relaympi.topology``).
+        edge). What the algorithms make of a topology is theirs to say (``python -m
+        relaympi.topology``).
         """
         per_layer = range(self.num_layers)
         edges = [self._edges[k] if edge_arrays else self._edges[k].tolist() for k in per_layer]
@@ -420,7 +457,8 @@ class Topology:
         else:
             diameter = None
             reasons["diameter"] = (
-                f"not computed: BFS from every rank takes n (n + m) > {GENERAL_DIAMETER_MAX_WORK} steps"
+                "not computed: BFS from every rank takes n (n + m) > "
+                f"{GENERAL_DIAMETER_MAX_WORK} steps"
             )
         for key in ("spectral_gap", "min_eigenvalue"):
             missing = [e.reason for e in extremes if getattr(e, key) is None]
@@ -449,5 +487,9 @@ class Topology:
         return summary
 
 
-def _rebuild(name: str, world_size: int, edges: tuple, facts: tuple, placement: str = "ranks") -> Topology:
-    return Topology(name, world_size, tuple(np.array(e) for e in edges), facts=facts, placement=placement)
+def _rebuild(
+    name: str, world_size: int, edges: tuple, facts: tuple, placement: str = "ranks"
+) -> Topology:
+    return Topology(
+        name, world_size, tuple(np.array(e) for e in edges), facts=facts, placement=placement
+    )

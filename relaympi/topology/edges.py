@@ -13,7 +13,9 @@ from scipy.sparse import csgraph, csr_matrix
 from .errors import TopologyError
 
 
-def canonical_edges(layer: Any, world_size: int, name: str, index: int) -> tuple[np.ndarray, csr_matrix]:
+def canonical_edges(
+    layer: Any, world_size: int, name: str, index: int
+) -> tuple[np.ndarray, csr_matrix]:
     """The edges of a layer (a networkx graph or an [m, 2] integer array) as a sorted, read-only
     [m, 2] int64 array with i < j in every row, and its adjacency (adjacency_of); checks ranks,
     self-loops and connectivity."""
@@ -70,7 +72,9 @@ def adjacency_of(world_size: int, edges: np.ndarray) -> csr_matrix:
     """Symmetric 0/1 adjacency of the edges (row r's columns: r's neighbours, ascending)."""
     rows = np.concatenate([edges[:, 0], edges[:, 1]])
     cols = np.concatenate([edges[:, 1], edges[:, 0]])
-    adjacency = csr_matrix((np.ones(rows.size, dtype=np.int8), (rows, cols)), shape=(world_size, world_size))
+    adjacency = csr_matrix(
+        (np.ones(rows.size, dtype=np.int8), (rows, cols)), shape=(world_size, world_size)
+    )
     adjacency.sort_indices()
     return adjacency
 

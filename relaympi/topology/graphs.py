@@ -55,10 +55,13 @@ def ring(world_size: int) -> Topology:
     n = as_world_size(world_size, what="ring world_size", minimum=-(2**62))
     if n < 3:  # one message for every n below the minimum
         raise TopologyError(
-            f"ring world_size must be >= 3, got {n} (with 2 ranks a ring degenerates to a chain: use 'chain')"
+            f"ring world_size must be >= 3, got {n} (with 2 ranks a ring degenerates to a "
+            "chain: use 'chain')"
         )
     ranks = np.arange(n)
-    facts = LayerFacts("ring", vertex_transitive=True, eigenvalues=partial(circulant_spectrum, n, (1,)))
+    facts = LayerFacts(
+        "ring", vertex_transitive=True, eigenvalues=partial(circulant_spectrum, n, (1,))
+    )
     return Topology("ring", n, (_pairs(ranks, (ranks + 1) % n),), facts=(facts,))
 
 
@@ -149,9 +152,14 @@ def hypercube(world_size: int) -> Topology:
     bits = n.bit_length() - 1
     ranks = np.arange(n)
     edges = np.concatenate(
-        [_pairs(ranks[ranks & (1 << b) == 0], ranks[ranks & (1 << b) == 0] | (1 << b)) for b in range(bits)]
+        [
+            _pairs(ranks[ranks & (1 << b) == 0], ranks[ranks & (1 << b) == 0] | (1 << b))
+            for b in range(bits)
+        ]
     )
-    facts = LayerFacts("hypercube", vertex_transitive=True, eigenvalues=partial(hypercube_spectrum, n))
+    facts = LayerFacts(
+        "hypercube", vertex_transitive=True, eigenvalues=partial(hypercube_spectrum, n)
+    )
     return Topology("hypercube", n, (edges,), facts=(facts,))
 
 
@@ -251,6 +259,7 @@ def from_edge_list(path: str | Path, world_size: int) -> Topology:
     if n > 1 and unused:
         shown = ", ".join(map(str, unused[:10])) + (", ..." if len(unused) > 10 else "")
         raise TopologyError(
-            f"edge list {str(path)!r} leaves ranks {shown} without any edge; the graph must connect all {n} ranks"
+            f"edge list {str(path)!r} leaves ranks {shown} without any edge; the graph "
+            f"must connect all {n} ranks"
         )
     return Topology(f"edge-list:{path}", n, (np.array(edges, dtype=np.int64).reshape(-1, 2),))

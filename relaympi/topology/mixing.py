@@ -19,12 +19,14 @@ def metropolis_hastings(graph: nx.Graph) -> np.ndarray:
     """
     if not isinstance(graph, nx.Graph) or graph.is_directed() or graph.is_multigraph():
         raise TopologyError(
-            f"metropolis_hastings needs an undirected simple networkx.Graph, got {type(graph).__name__}"
+            "metropolis_hastings needs an undirected simple networkx.Graph, got "
+            f"{type(graph).__name__}"
         )
     n = graph.number_of_nodes()
     if set(graph.nodes) != set(range(n)):
         raise TopologyError(
-            f"metropolis_hastings needs nodes exactly 0..{n - 1}, got {sorted(graph.nodes, key=repr)[:8]}..."
+            f"metropolis_hastings needs nodes exactly 0..{n - 1}, got "
+            f"{sorted(graph.nodes, key=repr)[:8]}..."
         )
     if nx.number_of_selfloops(graph):
         raise TopologyError("metropolis_hastings needs a graph without self-loops")
@@ -33,7 +35,8 @@ def metropolis_hastings(graph: nx.Graph) -> np.ndarray:
 
 
 def dense_metropolis_hastings(world_size: int, edges: np.ndarray) -> np.ndarray:
-    """metropolis_hastings of the graph with these edges (an [m, 2] integer array) over ranks 0..n-1."""
+    """metropolis_hastings of the graph with these edges (an [m, 2] integer array) over ranks
+    0..n-1."""
     n = world_size
     degree = np.bincount(edges.ravel(), minlength=n).astype(np.int64)
     weights = np.zeros((n, n), dtype=np.float64)

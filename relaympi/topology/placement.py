@@ -59,6 +59,7 @@ from .errors import TopologyError
 
 __all__ = ["PLACEMENTS", "check_placement", "node_labels", "node_major_order", "nodes_of", "place"]
 
+
 def check_placement(placement: Any) -> str:
     """placement itself if it is one of PLACEMENTS, else TopologyError naming the allowed ones."""
     if not isinstance(placement, str) or placement not in PLACEMENTS:
@@ -76,7 +77,8 @@ def nodes_of(world_size: int, ranks_per_node: int) -> tuple[int, ...]:
 
 
 def node_major_order(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(order, sizes): order[p] is the rank at node-major position p; sizes[m] the ranks of node m."""
+    """(order, sizes): order[p] is the rank at node-major position p; sizes[m] the ranks of node
+    m."""
     return np.argsort(labels, kind="stable"), np.bincount(labels)
 
 
@@ -91,12 +93,16 @@ def _nested_heap(order: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     inside = local >= 1
     j = local[inside]
     heap_parent = (j - 1) // 2
-    relay_parent = np.where(j <= 2, j - 1, (j - 3) // 2 + 2)  # 0 - 1 - 2, then a heap rooted at local 2
+    relay_parent = np.where(
+        j <= 2, j - 1, (j - 3) // 2 + 2
+    )  # 0 - 1 - 2, then a heap rooted at local 2
     parent_local = np.where(relays[node[inside]], relay_parent, heap_parent)
     intra = np.stack([starts[node[inside]] + parent_local, np.flatnonzero(inside)], axis=1)
     child = np.arange(1, node_count)
     parent = (child - 1) // 2
-    attach = np.minimum((child - 1) % 2, sizes[parent] - 1)  # first child node at local 0, second at 1
+    attach = np.minimum(
+        (child - 1) % 2, sizes[parent] - 1
+    )  # first child node at local 0, second at 1
     inter = np.stack([starts[parent] + attach, starts[child]], axis=1)
     return order[np.concatenate([intra, inter])]
 
@@ -109,10 +115,14 @@ def _contiguous(labels: np.ndarray) -> bool:
     return bool((np.diff(labels) >= 0).all())  # labels number nodes by their lowest rank
 
 
-_GIVEN_RANK_BY_RANK = "its edges are given rank by rank, so there is nothing to place; use placement 'ranks'"
+_GIVEN_RANK_BY_RANK = (
+    "its edges are given rank by rank, so there is nothing to place; use placement 'ranks'"
+)
 
 
-def place(name: str, world_size: int, nodes: Sequence[Any], base: Topology | None = None) -> Topology:
+def place(
+    name: str, world_size: int, nodes: Sequence[Any], base: Topology | None = None
+) -> Topology:
     """The node-aware topology `name` (rules in the module docstring) over the given nodes.
 
     base: the rank-order topology of the same name (the registry builds it first, so that every
@@ -141,14 +151,21 @@ def place(name: str, world_size: int, nodes: Sequence[Any], base: Topology | Non
         largest = int(np.argmax(sizes))  # the first node of the largest size
         hub = int(order[sizes[:largest].sum()])
         others = np.delete(np.arange(n), hub)
-        return Topology(name, n, (np.stack([np.full(n - 1, hub), others], axis=1),),
-                        facts=facts, placement="nodes")
+        return Topology(
+            name,
+            n,
+            (np.stack([np.full(n - 1, hub), others], axis=1),),
+            facts=facts,
+            placement="nodes",
+        )
     if name == "exponential":
         if not _contiguous(labels):
             first = int(np.flatnonzero(np.diff(labels) < 0)[0]) + 1
             raise TopologyError(
-                "placement 'nodes' for exponential needs every node's ranks contiguous (block placement): "
-                f"SGP's schedule sends rank i to i - 2^k in rank order, but rank {first} is on an earlier node "
+                "placement 'nodes' for exponential needs every node's ranks contiguous "
+                "(block placement): "
+                f"SGP's schedule sends rank i to i - 2^k in rank order, but rank {first} "
+                "is on an earlier node "
                 f"than rank {first - 1}; launch with block placement or use placement 'ranks'"
             )
         return Topology(name, n, base._edges, facts=facts, placement="nodes")

@@ -47,26 +47,33 @@ def _social_network_tree(world_size: int, root: int | None) -> Topology:
     return Topology("social-network-tree", tree.world_size, tree.layers)
 
 
-# name -> the topology over world_size ranks; TOPOLOGY_NAMES in this order (the command lines' lists)
-TOPOLOGIES: Registry[Callable[[int], Topology]] = Registry("topology", {
-    "ring": ring,
-    "chain": chain,
-    "star": star,
-    "binary-tree": binary_tree,
-    "double-binary-trees": double_binary_trees,
-    "fully-connected": fully_connected,
-    "hypercube": hypercube,
-    "social-network": _social_network,
-    "social-network-tree": lambda world_size: _social_network_tree(world_size, None),  # build(): root
-    "exponential": exponential,
-}, error=TopologyError)
+# name -> the topology over world_size ranks; TOPOLOGY_NAMES in this order (the command lines'
+# lists)
+TOPOLOGIES: Registry[Callable[[int], Topology]] = Registry(
+    "topology",
+    {
+        "ring": ring,
+        "chain": chain,
+        "star": star,
+        "binary-tree": binary_tree,
+        "double-binary-trees": double_binary_trees,
+        "fully-connected": fully_connected,
+        "hypercube": hypercube,
+        "social-network": _social_network,
+        "social-network-tree": lambda world_size: _social_network_tree(
+            world_size, None
+        ),  # build(): root
+        "exponential": exponential,
+    },
+    error=TopologyError,
+)
 TOPOLOGY_NAMES = TOPOLOGIES.names
 
 
 def _allowed() -> str:
     return (
-        ", ".join(TOPOLOGY_NAMES)
-        + f", {EDGE_LIST} (with an edge list file), {EDGE_LIST}:<file>, {SPANNING_TREE_PREFIX}<name>"
+        ", ".join(TOPOLOGY_NAMES) + f", {EDGE_LIST} (with an edge list file), {EDGE_LIST}:<file>, "
+        f"{SPANNING_TREE_PREFIX}<name>"
     )
 
 
@@ -102,7 +109,12 @@ def build(
                 f"to emulate nodes); placements: {', '.join(PLACEMENTS)}"
             )
         base = build(name, world_size, root=root, edge_list=edge_list)
-        return place(base.name if not base.name.startswith(EDGE_LIST) else EDGE_LIST, base.world_size, nodes, base)
+        return place(
+            base.name if not base.name.startswith(EDGE_LIST) else EDGE_LIST,
+            base.world_size,
+            nodes,
+            base,
+        )
     if not isinstance(name, str):
         raise TopologyError(f"topology name must be a string, got {name!r}; allowed: {_allowed()}")
     if name.startswith(SPANNING_TREE_PREFIX):

@@ -41,7 +41,8 @@ class ExponentialSchedule:
             )
         if world_size < 2 or not is_power_of_two(int(world_size)):
             raise TopologyError(
-                f"the exponential schedule needs a power of two world_size (2, 4, 8, 16, ...), got {world_size}"
+                "the exponential schedule needs a power of two world_size (2, 4, 8, 16, "
+                f"...), got {world_size}"
             )
         self.world_size = int(world_size)
         self.period = self.world_size.bit_length() - 1  # log2 n
@@ -72,11 +73,13 @@ class ExponentialSchedule:
         return (self._rank(rank) - self.offset(round)) % self.world_size
 
     def recv_peer(self, round: int, rank: int) -> int:
-        """The rank that `rank` receives from and averages with in this round: rank + offset (mod n)."""
+        """The rank that `rank` receives from and averages with in this round: rank + offset (mod
+        n)."""
         return (self._rank(rank) + self.offset(round)) % self.world_size
 
     def mixing_matrix(self, round: int) -> np.ndarray:
-        """W of this round: x_i <- (x_i + x_{i+o}) / 2, i.e. W[i, i] = W[i, i+o] = 1/2 (doubly stochastic)."""
+        """W of this round: x_i <- (x_i + x_{i+o}) / 2, i.e. W[i, i] = W[i, i+o] = 1/2 (doubly
+        stochastic)."""
         n = self.world_size
         ranks = np.arange(n)
         weights = np.zeros((n, n), dtype=np.float64)
@@ -96,7 +99,10 @@ class ExponentialSchedule:
         """union_graph's pairs (i, i + 2^k mod n) as an [n log2 n, 2] array (with repeats)."""
         ranks = np.arange(self.world_size, dtype=np.int64)
         return np.concatenate(
-            [np.stack([ranks, (ranks + 2**k) % self.world_size], axis=1) for k in range(self.period)]
+            [
+                np.stack([ranks, (ranks + 2**k) % self.world_size], axis=1)
+                for k in range(self.period)
+            ]
         )
 
     def union_graph(self) -> nx.Graph:

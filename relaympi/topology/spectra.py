@@ -67,7 +67,8 @@ _ROUNDS = 26  # 2 / 4^26 < 1e-15
 
 @dataclass(frozen=True)
 class GossipExtremes:
-    """Spectral gap 1 - (second largest |eigenvalue|) and smallest eigenvalue, or why they are not known."""
+    """Spectral gap 1 - (second largest |eigenvalue|) and smallest eigenvalue, or why they are not
+    known."""
 
     spectral_gap: float | None
     min_eigenvalue: float | None
@@ -88,15 +89,19 @@ def extremes_of(eigenvalues: np.ndarray) -> GossipExtremes:
 
 
 def circulant_spectrum(world_size: int, offsets: tuple[int, ...]) -> np.ndarray:
-    """MH eigenvalues of the circulant graph i ~ i + s (mod n), s in offsets (a symmetric set, 0 excluded)."""
+    """MH eigenvalues of the circulant graph i ~ i + s (mod n), s in offsets (a symmetric set, 0
+    excluded)."""
     n = world_size
     shifts = sorted({s % n for s in offsets} | {-s % n for s in offsets})
     j = np.arange(n, dtype=np.float64)
     adjacency = np.zeros(n)
     for s in shifts:
-        adjacency += np.cos(2.0 * np.pi * ((j * s) % n) / n)  # j s mod n keeps the angle small and exact
+        adjacency += np.cos(
+            2.0 * np.pi * ((j * s) % n) / n
+        )  # j s mod n keeps the angle small and exact
     eigenvalues = (1.0 + adjacency) / (1.0 + len(shifts))
-    # cos() is exact only to rounding: a ring of 3 has eigenvalue (1 + 2 cos(2 pi/3)) / 3 = 0, computed
+    # cos() is exact only to rounding: a ring of 3 has eigenvalue (1 + 2 cos(2 pi/3)) / 3 = 0,
+    # computed
     # as -7e-17. Nonzero eigenvalues of these graphs stay far above 1e-13 for any n below 1e8.
     eigenvalues[np.abs(eigenvalues) < 1e-13] = 0.0
     return np.sort(eigenvalues)
@@ -108,7 +113,9 @@ def chain_spectrum(world_size: int) -> np.ndarray:
     if n == 2:
         return np.array([0.0, 1.0])
     eigenvalues = (1.0 + 2.0 * np.cos(np.pi * np.arange(n) / n)) / 3.0
-    eigenvalues[np.abs(eigenvalues) < 1e-13] = 0.0  # cos(2 pi / 3) = -1/2 to rounding, as for circulants
+    eigenvalues[np.abs(eigenvalues) < 1e-13] = (
+        0.0  # cos(2 pi / 3) = -1/2 to rounding, as for circulants
+    )
     return np.sort(eigenvalues)
 
 
@@ -142,13 +149,16 @@ def sparse_metropolis_hastings(world_size: int, edges: np.ndarray) -> csr_matrix
     i, j = edges[:, 0], edges[:, 1]
     degree = np.bincount(np.concatenate([i, j]), minlength=n)
     w = 1.0 / (1.0 + np.maximum(degree[i], degree[j]))
-    off = csr_matrix((np.concatenate([w, w]), (np.concatenate([i, j]), np.concatenate([j, i]))), shape=(n, n))
+    off = csr_matrix(
+        (np.concatenate([w, w]), (np.concatenate([i, j]), np.concatenate([j, i]))), shape=(n, n)
+    )
     diagonal = 1.0 - np.asarray(off.sum(axis=1)).ravel()
     return (off + csr_matrix((diagonal, (np.arange(n), np.arange(n))), shape=(n, n))).tocsc()
 
 
 def sparse_extremes(world_size: int, edges: np.ndarray) -> GossipExtremes:
-    """Gap and smallest eigenvalue by Lanczos (n > 2), or a reason when it does not converge quickly.
+    """Gap and smallest eigenvalue by Lanczos (n > 2), or a reason when it does not converge
+    quickly.
 
     Shift-invert around -1 finds the smallest eigenvalue (> -1: every MH diagonal entry is
     positive); around 1 + 1e-3/n, the two largest (1, simple on a connected graph, and lambda_2).
@@ -157,14 +167,36 @@ def sparse_extremes(world_size: int, edges: np.ndarray) -> GossipExtremes:
     """
     n = world_size
     matrix = sparse_metropolis_hastings(n, edges)
-    start = np.cos(np.arange(n) * 0.7) + 1.5  # deterministic, not orthogonal to any eigenvector in practice
+    start = (
+        np.cos(np.arange(n) * 0.7) + 1.5
+    )  # deterministic, not orthogonal to any eigenvector in practice
     try:
-        lowest = eigsh(matrix, k=1, sigma=-1.0 - 1e-3, which="LM", v0=start, tol=_LANCZOS_TOLERANCE,
-                       maxiter=LANCZOS_MAX_ITERATIONS, return_eigenvectors=False)
-        top = eigsh(matrix, k=2, sigma=1.0 + 1e-3 / n, which="LM", v0=start, tol=_LANCZOS_TOLERANCE,
-                    maxiter=LANCZOS_MAX_ITERATIONS, return_eigenvectors=False)
+        lowest = eigsh(
+            matrix,
+            k=1,
+            sigma=-1.0 - 1e-3,
+            which="LM",
+            v0=start,
+            tol=_LANCZOS_TOLERANCE,
+            maxiter=LANCZOS_MAX_ITERATIONS,
+            return_eigenvectors=False,
+        )
+        top = eigsh(
+            matrix,
+            k=2,
+            sigma=1.0 + 1e-3 / n,
+            which="LM",
+            v0=start,
+            tol=_LANCZOS_TOLERANCE,
+            maxiter=LANCZOS_MAX_ITERATIONS,
+            return_eigenvectors=False,
+        )
     except (ArpackNoConvergence, ArpackError):
-        return GossipExtremes(None, None, f"not computed: sparse Lanczos did not converge in {LANCZOS_MAX_ITERATIONS} iterations")
+        return GossipExtremes(
+            None,
+            None,
+            f"not computed: sparse Lanczos did not converge in {LANCZOS_MAX_ITERATIONS} iterations",
+        )
     lowest = float(lowest.min())
     second = float(np.sort(top)[0])
     return GossipExtremes(float(1.0 - max(second, abs(lowest))), lowest)
@@ -173,18 +205,19 @@ def sparse_extremes(world_size: int, edges: np.ndarray) -> GossipExtremes:
 def not_computed(world_size: int) -> GossipExtremes:
     """What a summary says about a graph with no closed form above SPARSE_SPECTRUM_MAX_RANKS."""
     return GossipExtremes(
-        None, None,
+        None,
+        None,
         f"not computed for n > {SPARSE_SPECTRUM_MAX_RANKS} (no closed form, not a tree of height "
         f"<= {TREE_INERTIA_MAX_HEIGHT}; sparse Lanczos converges slowly beyond)",
     )
 
 
-
 # -- trees: Sylvester's law of inertia ------------------------------------------------------
 
 
-
-def tree_extremes(world_size: int, edges: np.ndarray, parent: np.ndarray, depth: np.ndarray) -> GossipExtremes:
+def tree_extremes(
+    world_size: int, edges: np.ndarray, parent: np.ndarray, depth: np.ndarray
+) -> GossipExtremes:
     """Gap and smallest eigenvalue of a tree's MH matrix W by counting eigenvalues below shifts.
 
     Eliminating leaves first, W - s I = L D L^T with D_v = W_vv - s - sum_{children c} W_vc^2 / D_c
@@ -203,7 +236,8 @@ def tree_extremes(world_size: int, edges: np.ndarray, parent: np.ndarray, depth:
     child = np.where(parent[i] == j, i, j)  # the endpoint farther from the root
     to_parent = np.zeros(n)
     to_parent[child] = w**2  # W_{c, parent(c)}^2 per child c
-    levels = []  # per depth, deepest first: ranks sorted by parent, and where each parent's run starts
+    # per depth, deepest first: ranks sorted by parent, and where each parent's run starts
+    levels = []
     for d in range(int(depth.max()), -1, -1):
         ranks = np.flatnonzero(depth == d)
         ranks = ranks[np.argsort(parent[ranks], kind="stable")]

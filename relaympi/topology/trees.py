@@ -1,4 +1,5 @@
-"""Spanning trees in the style of the Spanning Tree Protocol: elect a root, follow shortest paths to it."""
+"""Spanning trees in the style of the Spanning Tree Protocol: elect a root, follow shortest paths to
+it."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def spanning_tree(graph_or_topology: Topology | nx.Graph, root: int | None = Non
     )
     if base.num_layers != 1:
         raise TopologyError(
-            f"spanning_tree needs a single-layer topology, got {base.name!r} with {base.num_layers} layers"
+            f"spanning_tree needs a single-layer topology, got {base.name!r} with "
+            f"{base.num_layers} layers"
         )
     n = base.world_size
     if root is None:

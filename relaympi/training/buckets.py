@@ -1,5 +1,6 @@
 """Gradient buckets: the flat model cut into contiguous ranges that backward finishes one after the
-other, each handed to the algorithm (``Algorithm.ready``) as soon as its gradient is final (--overlap).
+other, each handed to the algorithm (``Algorithm.ready``) as soon as its gradient is final
+(--overlap).
 
 Backward computes the last layers first, and their parameters sit at the high end of the flat
 buffer (relaympi.flat), so buckets are cut from the end: bucket 0 holds the last parameters. A
@@ -29,6 +30,7 @@ import torch
 
 Deliver = Callable[[int, int], None]
 
+
 def cut_buckets(ranges: list[tuple[int, int]], bucket_elements: int) -> list[tuple[int, int]]:
     """Contiguous buckets from parameters' flat ranges (ascending, adjacent, covering [0, numel)),
     cut from the end: each bucket takes parameters until it holds at least ``bucket_elements``;
@@ -48,22 +50,31 @@ def cut_buckets(ranges: list[tuple[int, int]], bucket_elements: int) -> list[tup
 class GradientBuckets:
     """Delivers ``grad``'s buckets to a callback while backward runs (``delivering``).
 
-    ``params``: the model's trainable parameters whose ``.grad`` are views of ``grad`` (flatten_module),
+    ``params``: the model's trainable parameters whose ``.grad`` are views of ``grad``
+    (flatten_module),
     or none (a workload without autograd: one bucket, delivered when the gradient is done).
     ``progress``: called from every hook (e.g. the communicator's progress, so transfers started for
     earlier buckets move while backward computes). ``any_thread``: hooks on another thread than the
     one in ``delivering`` deliver and progress too (default: they only mark their bucket final).
     """
 
-    def __init__(self, grad: torch.Tensor, params: list[torch.nn.Parameter], bucket_mb: float,
-                 progress: Callable[[], None] | None = None, any_thread: bool = False):
+    def __init__(
+        self,
+        grad: torch.Tensor,
+        params: list[torch.nn.Parameter],
+        bucket_mb: float,
+        progress: Callable[[], None] | None = None,
+        any_thread: bool = False,
+    ):
         if not bucket_mb > 0:
             raise ValueError(f"bucket size must be > 0 MiB, got {bucket_mb}")
         self.numel = grad.numel()
         self.progress = progress or (lambda: None)
         bucket_elements = max(1, int(bucket_mb * 2**20) // grad.element_size())
         owners = _flat_ranges(grad, params)
-        self.buckets = cut_buckets([r for r, _ in owners], bucket_elements) if owners else [(0, self.numel)]
+        self.buckets = (
+            cut_buckets([r for r, _ in owners], bucket_elements) if owners else [(0, self.numel)]
+        )
         self._bucket_of: dict[int, int] = {}  # id(param) -> its bucket
         self._waiting = [0] * len(self.buckets)  # parameters not final yet, per bucket
         self._members: list[list[int]] = [[] for _ in self.buckets]
@@ -85,7 +96,8 @@ class GradientBuckets:
 
     @contextmanager
     def delivering(self, deliver: Deliver) -> Iterator[None]:
-        """Within the block, each bucket goes to ``deliver(lo, hi)`` once its gradient is final; on leaving
+        """Within the block, each bucket goes to ``deliver(lo, hi)`` once its gradient is final; on
+        leaving
         it, every bucket not delivered yet (unused parameters, no autograd) goes, in order."""
         self._deliver, self._next, self._owner = deliver, 0, threading.get_ident()
         self._final = [False] * len(self.buckets)
@@ -98,15 +110,22 @@ class GradientBuckets:
             self._deliver = None
 
     def _hook(self, param: torch.Tensor) -> None:
-        if self._deliver is None:  # a backward outside a step (none in training): nothing to deliver
+        if (
+            self._deliver is None
+        ):  # a backward outside a step (none in training): nothing to deliver
             return
         key = id(param)
         if key in self._done:  # a second backward into the same grad: not final at the first one
-            raise RuntimeError("a parameter's gradient was accumulated twice in one step; --overlap needs one backward per step")
+            raise RuntimeError(
+                "a parameter's gradient was accumulated twice in one step; --overlap "
+                "needs one backward per step"
+            )
         self._done.add(key)
         index = self._bucket_of[key]
         self._waiting[index] -= 1
-        here = self.any_thread or threading.get_ident() == self._owner  # else delivered when backward returns
+        here = (
+            self.any_thread or threading.get_ident() == self._owner
+        )  # else delivered when backward returns
         if self._waiting[index] == 0:
             self._final[index] = True
             while here and self._next < len(self.buckets) and self._final[self._next]:
@@ -128,22 +147,31 @@ class GradientBuckets:
 
 
 def _flat_ranges(grad: torch.Tensor, params: list[Any]) -> list[tuple[tuple[int, int], Any]]:
-    """((lo, hi), param) of every parameter whose .grad is a view of ``grad``, ascending; they must tile
+    """((lo, hi), param) of every parameter whose .grad is a view of ``grad``, ascending; they must
+    tile
     [0, numel) (flatten_module's layout), else ValueError."""
     base = grad.untyped_storage().data_ptr() + grad.storage_offset() * grad.element_size()
     owners = []
     for p in params:
         g = p.grad
         if g is None or g.untyped_storage().data_ptr() != grad.untyped_storage().data_ptr():
-            raise ValueError("every parameter's .grad must be a view of the flat gradient (relaympi.flat.flatten_module)")
+            raise ValueError(
+                "every parameter's .grad must be a view of the flat gradient "
+                "(relaympi.flat.flatten_module)"
+            )
         lo = (g.data_ptr() - base) // grad.element_size()
         owners.append(((lo, lo + g.numel()), p))
     owners.sort(key=lambda o: o[0])
     end = 0
     for (lo, hi), _ in owners:
         if lo != end:
-            raise ValueError(f"parameters' gradients must tile the flat gradient; a gap or overlap at element {end}")
+            raise ValueError(
+                "parameters' gradients must tile the flat gradient; a gap or overlap at "
+                f"element {end}"
+            )
         end = hi
     if owners and end != grad.numel():
-        raise ValueError(f"parameters' gradients cover {end} of the flat gradient's {grad.numel()} elements")
+        raise ValueError(
+            f"parameters' gradients cover {end} of the flat gradient's {grad.numel()} elements"
+        )
     return owners

@@ -1,4 +1,5 @@
-"""Per-rank checkpoints: written atomically (nothing partial is ever left), loaded safely (torch.load with weights_only=True)."""
+"""Per-rank checkpoints: written atomically (nothing partial is ever left), loaded safely
+(torch.load with weights_only=True)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ def _write_atomically(target: Path, data: bytes) -> None:
         os.replace(tmp, target)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise CheckpointWriteError(f"cannot write the checkpoint {target}: {exc.strerror or exc}") from None
+        raise CheckpointWriteError(
+            f"cannot write the checkpoint {target}: {exc.strerror or exc}"
+        ) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -52,7 +55,9 @@ def save(directory: Path, rank: int, step: int, state: dict[str, Any]) -> None:
     """Write rank's state for ``step`` (atomic rename; older files stay until prune())."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()  # serialized in memory first: a full disk fails a plain write, with its errno
+    buffer = (
+        io.BytesIO()
+    )  # serialized in memory first: a full disk fails a plain write, with its errno
     torch.save({"format_version": FORMAT_VERSION, "step": step, **state}, buffer)
     _write_atomically(_path(directory, rank, step), buffer.getbuffer().tobytes())
 
@@ -68,13 +73,17 @@ def load(directory: Path, rank: int, step: int) -> dict[str, Any]:
     """This rank's checkpoint of ``step`` (the step meta.json names)."""
     path = _path(Path(directory), rank, step)
     if not path.exists():
-        raise CheckpointError(f"checkpoint directory {directory} names step {step} but {path.name} is missing")
+        raise CheckpointError(
+            f"checkpoint directory {directory} names step {step} but {path.name} is missing"
+        )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the same error to the user
         raise CheckpointError(f"checkpoint {path} cannot be loaded safely: {exc}") from exc
     if state.get("format_version") != FORMAT_VERSION or state.get("step") != step:
-        raise CheckpointError(f"checkpoint {path} has format {state.get('format_version')}, expected {FORMAT_VERSION}")
+        raise CheckpointError(
+            f"checkpoint {path} has format {state.get('format_version')}, expected {FORMAT_VERSION}"
+        )
     return state
 
 

@@ -25,7 +25,8 @@ _MESSAGE_PASSING = "message passing (backend local or mpi)"
 
 
 def resume_key(cfg: RunConfig) -> dict[str, Any]:
-    """The config fields that must match for a checkpoint to be resumed (all but config.RESUME_FREE_KEYS)."""
+    """The config fields that must match for a checkpoint to be resumed (all but
+    config.RESUME_FREE_KEYS)."""
     d = cfg.to_dict()
     for key in RESUME_FREE_KEYS:
         d.pop(key, None)
@@ -40,14 +41,27 @@ class Checkpoints:
     None is message passing, whose checkpoints any backend of it resumes.
     """
 
-    def __init__(self, cfg: RunConfig, out: Path, rank: int, world_size: int, barrier: Callable[[], None] | None = None, engine: str | None = None,
-                 nodes: Sequence[int] = ()):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        out: Path,
+        rank: int,
+        world_size: int,
+        barrier: Callable[[], None] | None = None,
+        engine: str | None = None,
+        nodes: Sequence[int] = (),
+    ):
         self.cfg, self.out, self.rank, self.world_size = cfg, out, rank, world_size
         self.barrier = barrier or (lambda: None)
         self.engine = engine
-        # placed by node, the trees follow the nodes, and so does the all-reduce's tree (its stage order):
+        # placed by node, the trees follow the nodes, and so does the all-reduce's tree (its stage
+        # order):
         # a resume must find the ranks on the same nodes
-        self.nodes = [int(node) for node in nodes] if cfg.placement == "nodes" or cfg.algo == "allreduce" else None
+        self.nodes = (
+            [int(node) for node in nodes]
+            if cfg.placement == "nodes" or cfg.algo == "allreduce"
+            else None
+        )
         self.directory = cfg.checkpoint_dir
         self.owner: dict[str, Any] = {}  # rank 0: the run file this run writes (see claim())
 
@@ -62,7 +76,14 @@ class Checkpoints:
         if self.rank == 0:
             engine = {"engine": self.engine} if self.engine else {}
             nodes = {"nodes": self.nodes} if self.nodes is not None else {}
-            meta = {"step": step, "world_size": self.world_size, **engine, **nodes, "config": resume_key(self.cfg), "owner": self.owner}
+            meta = {
+                "step": step,
+                "world_size": self.world_size,
+                **engine,
+                **nodes,
+                "config": resume_key(self.cfg),
+                "owner": self.owner,
+            }
             checkpoint_files.write_meta(self.directory, meta)
         self.barrier()
         checkpoint_files.prune(self.directory, self.rank, step)
@@ -78,18 +99,24 @@ class Checkpoints:
     def check_shared(self, hosts: list[str]) -> None:
         """Rank 0, after every rank's mark_host: refuse a folder that some node's ranks write
         where rank 0 cannot read (each node's own disk): a resume there would mix steps."""
-        missing = sorted({h for h in hosts if not (self.directory / self._HOST_MARK.format(h)).exists()})
+        missing = sorted(
+            {h for h in hosts if not (self.directory / self._HOST_MARK.format(h)).exists()}
+        )
         for host in set(hosts) - set(missing):
             (self.directory / self._HOST_MARK.format(host)).unlink(missing_ok=True)
         if missing:
             raise ConfigError(
-                f"--checkpoint-dir {self.directory} is not shared between the run's nodes: rank 0 on {hosts[0]} cannot see "
-                f"what the ranks on {', '.join(missing)} write there; give a folder on a filesystem every node mounts "
-                "(e.g. under $HOME or the cluster's shared scratch), not a node-local disk such as /tmp"
+                f"--checkpoint-dir {self.directory} is not shared between the run's "
+                f"nodes: rank 0 on {hosts[0]} cannot see "
+                f"what the ranks on {', '.join(missing)} write there; give a folder on a "
+                "filesystem every node mounts "
+                "(e.g. under $HOME or the cluster's shared scratch), not a node-local "
+                "disk such as /tmp"
             )
 
     def claim(self, run_id: str | None) -> None:
-        """Rank 0, once the run file is open: the checkpoints it saves belong to that file (its path and run_id)."""
+        """Rank 0, once the run file is open: the checkpoints it saves belong to that file (its path
+        and run_id)."""
         self.owner = {"out": str(Path(self.out).resolve()), "run_id": run_id}
 
     def resumable(self, eval_every: int) -> bool:
@@ -107,16 +134,30 @@ class Checkpoints:
         step, owner = int(meta["step"]), meta.get("owner") or {}
         out = Path(self.out)
         if owner.get("out") and owner["out"] != str(out.resolve()):
-            return self._refuse(f"--checkpoint-dir {self.directory} holds the checkpoint (step {step}) of another run, the one writing "
-                                f"{owner['out']}; give this run its own --checkpoint-dir (or resume that run with its --out)")
+            return self._refuse(
+                f"--checkpoint-dir {self.directory} holds the checkpoint (step {step}) of "
+                "another run, the one writing "
+                f"{owner['out']}; give this run its own --checkpoint-dir (or resume that "
+                "run with its --out)"
+            )
         status = run_status(out)
         if status in FINISHED_STATUSES and not self.cfg.overwrite:
             return False  # the writer refuses the finished file with a clear message
         if status not in RESUMABLE_STATUSES:
             if status == "missing":
-                log.warning("ignoring the checkpoint in %s: %s is missing, so the run starts from step 0", self.directory, out)
+                log.warning(
+                    "ignoring the checkpoint in %s: %s is missing, so the run starts from step 0",
+                    self.directory,
+                    out,
+                )
             else:
-                log.warning("discarding the checkpoint in %s: %s is %s and --overwrite replaces it, so the run starts from step 0", self.directory, out, status)
+                log.warning(
+                    "discarding the checkpoint in %s: %s is %s and --overwrite replaces "
+                    "it, so the run starts from step 0",
+                    self.directory,
+                    out,
+                    status,
+                )
             checkpoint_files.forget(self.directory)
             return False
         try:
@@ -124,27 +165,40 @@ class Checkpoints:
         except RunFileError as exc:
             return self._refuse(f"cannot resume into {out}: {exc.reason}")
         if owner.get("run_id") and run.attrs.get("run_id") != owner["run_id"]:
-            return self._refuse(f"the checkpoint in {self.directory} (step {step}) was saved by another run than the one in {out} "
-                                f"(run_id {owner['run_id']} vs {run.attrs.get('run_id')})")
+            return self._refuse(
+                f"the checkpoint in {self.directory} (step {step}) was saved by another "
+                f"run than the one in {out} "
+                f"(run_id {owner['run_id']} vs {run.attrs.get('run_id')})"
+            )
         steps = run.data.get("step")
         last = int(steps[-1]) if steps is not None and len(steps) else None
-        needed = (step - 1) // eval_every * eval_every if step > 0 else 0  # the last evaluation before the checkpoint's step
+        needed = (
+            (step - 1) // eval_every * eval_every if step > 0 else 0
+        )  # the last evaluation before the checkpoint's step
         if last is None or last < needed:
             at = f"end at step {last}" if last is not None else "are empty"
-            return self._refuse(f"the checkpoint in {self.directory} is of step {step}, but the evaluations in {out} {at} "
-                                f"(step {needed} is missing): resuming would leave a gap in the run file")
+            return self._refuse(
+                f"the checkpoint in {self.directory} is of step {step}, but the "
+                f"evaluations in {out} {at} "
+                f"(step {needed} is missing): resuming would leave a gap in the run file"
+            )
         return True
 
     def _refuse(self, reason: str) -> bool:
-        """A checkpoint that cannot resume this run: an error, or with --overwrite discarded (the run starts from step 0)."""
+        """A checkpoint that cannot resume this run: an error, or with --overwrite discarded (the
+        run starts from step 0)."""
         if not self.cfg.overwrite:
-            raise ConfigError(f"{reason}; or pass --overwrite to discard the checkpoint and start this run from step 0")
+            raise ConfigError(
+                f"{reason}; or pass --overwrite to discard the checkpoint and start this "
+                "run from step 0"
+            )
         log.warning("discarding the checkpoint in %s (--overwrite): %s", self.directory, reason)
         checkpoint_files.forget(self.directory)
         return False
 
     def load(self) -> tuple[int, dict[str, Any] | None]:
-        """(step, this rank's state) of the checkpoint meta.json names; (0, None) when there is none."""
+        """(step, this rank's state) of the checkpoint meta.json names; (0, None) when there is
+        none."""
         if self.directory is None:
             return 0, None
         meta = checkpoint_files.read_meta(self.directory)
@@ -154,15 +208,28 @@ class Checkpoints:
         saved, current = meta.get("config") or {}, resume_key(self.cfg)
         differences = []
         if meta.get("engine") != self.engine:
-            differences.append(f"engine {meta.get('engine') or _MESSAGE_PASSING} vs {self.engine or _MESSAGE_PASSING}")
+            differences.append(
+                f"engine {meta.get('engine') or _MESSAGE_PASSING} vs "
+                f"{self.engine or _MESSAGE_PASSING}"
+            )
         if meta.get("world_size") != n:
             differences.append(f"world size {meta.get('world_size')} vs {n}")
-        elif meta.get("nodes") is not None and self.nodes is not None and meta["nodes"] != self.nodes:
-            differences.append(f"each rank's node {meta['nodes']} vs {self.nodes} (--placement nodes builds the trees from them, --algo allreduce the order of its sum)")
-        differences += [f"{k} {saved.get(k)!r} vs {current.get(k)!r}" for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
+        elif (
+            meta.get("nodes") is not None and self.nodes is not None and meta["nodes"] != self.nodes
+        ):
+            differences.append(
+                f"each rank's node {meta['nodes']} vs {self.nodes} (--placement nodes "
+                "builds the trees from them, --algo allreduce the order of its sum)"
+            )
+        differences += [
+            f"{k} {saved.get(k)!r} vs {current.get(k)!r}"
+            for k in sorted(set(saved) | set(current))
+            if saved.get(k) != current.get(k)
+        ]
         if differences:
             raise ConfigError(
-                f"checkpoint in {self.directory} belongs to a different run (checkpoint vs this command: {'; '.join(differences)}); "
+                f"checkpoint in {self.directory} belongs to a different run (checkpoint "
+                f"vs this command: {'; '.join(differences)}); "
                 "use another --checkpoint-dir or delete it"
             )
         step = int(meta["step"])

@@ -24,7 +24,11 @@ class HostClock:
     compute and communication needs it)."""
 
     def __init__(self, x: torch.Tensor | None):
-        self._sync = (lambda: torch.cuda.synchronize(x.device)) if x is not None and x.is_cuda else (lambda: None)
+        self._sync = (
+            (lambda: torch.cuda.synchronize(x.device))
+            if x is not None and x.is_cuda
+            else (lambda: None)
+        )
 
     def mark(self) -> float:
         self._sync()

@@ -41,17 +41,35 @@ class Timers:
 
 def row_header(schedule: Schedule, step: int, elapsed: float) -> dict[str, float]:
     """The run file's per-evaluation values that are the same for every worker."""
-    return {"step": step, "epoch": schedule.epoch_at(step), "time_s": elapsed, "lr": schedule.lr_at(step)}
+    return {
+        "step": step,
+        "epoch": schedule.epoch_at(step),
+        "time_s": elapsed,
+        "lr": schedule.lr_at(step),
+    }
 
 
 def device_memory(x: torch.Tensor) -> dict[str, float]:
-    """The peak GPU memory of ``x``'s device (the run file's gpu_max_memory_bytes), nothing on a CPU."""
-    return {"gpu_max_memory_bytes": float(torch.cuda.max_memory_allocated(x.device))} if x.is_cuda else {}
+    """The peak GPU memory of ``x``'s device (the run file's gpu_max_memory_bytes), nothing on a
+    CPU."""
+    return (
+        {"gpu_max_memory_bytes": float(torch.cuda.max_memory_allocated(x.device))}
+        if x.is_cuda
+        else {}
+    )
 
 
-def worker_record(workload: Workload, train_loss: float, bytes_sent: float, timers: Timers) -> dict[str, float]:
+def worker_record(
+    workload: Workload, train_loss: float, bytes_sent: float, timers: Timers
+) -> dict[str, float]:
     """This worker's values at an evaluation, by column name (the same names on every worker)."""
-    return {"train_loss": train_loss, **workload.evaluate(), "bytes_sent": bytes_sent, **timers.record(), **device_memory(workload.x)}
+    return {
+        "train_loss": train_loss,
+        **workload.evaluate(),
+        "bytes_sent": bytes_sent,
+        **timers.record(),
+        **device_memory(workload.x),
+    }
 
 
 def gather_record(comm: Communicator, record: dict[str, float]) -> dict[str, np.ndarray] | None:
@@ -68,11 +86,26 @@ class Evaluator:
     def __init__(self, comm: Communicator, plan: Plan, schedule: Schedule, workload: Workload):
         self.comm, self.plan, self.schedule, self.workload = comm, plan, schedule, workload
 
-    def evaluate(self, step: int, train_loss: float, bytes_sent: float, timers: Timers, elapsed: float, writer: Any) -> dict[str, Any] | None:
-        """Collective: every rank calls it at the same steps. Rank 0 appends the row to ``writer`` (its
+    def evaluate(
+        self,
+        step: int,
+        train_loss: float,
+        bytes_sent: float,
+        timers: Timers,
+        elapsed: float,
+        writer: Any,
+    ) -> dict[str, Any] | None:
+        """Collective: every rank calls it at the same steps. Rank 0 appends the row to ``writer``
+        (its
         RunWriter) and returns it."""
-        columns = gather_record(self.comm, worker_record(self.workload, train_loss, bytes_sent, timers))
-        params = self.comm.gather_rows(self.workload.x.detach().cpu().numpy()) if self.workload.reports_params else None
+        columns = gather_record(
+            self.comm, worker_record(self.workload, train_loss, bytes_sent, timers)
+        )
+        params = (
+            self.comm.gather_rows(self.workload.x.detach().cpu().numpy())
+            if self.workload.reports_params
+            else None
+        )
         if self.comm.rank != 0:
             return None
         row: dict[str, Any] = {**row_header(self.schedule, step, elapsed), **columns}
@@ -84,7 +117,14 @@ class Evaluator:
         return row
 
 
-def log_line(row: dict[str, Any], schedule: Schedule, start_step: int, t0: float, elapsed: float, samples_per_step: int) -> str:
+def log_line(
+    row: dict[str, Any],
+    schedule: Schedule,
+    start_step: int,
+    t0: float,
+    elapsed: float,
+    samples_per_step: int,
+) -> str:
     """The progress line of one evaluation."""
     step, total = row["step"], schedule.total_steps
     done = max(step - start_step, 1)

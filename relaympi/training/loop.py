@@ -35,7 +35,9 @@ log = logging.getLogger("relaympi.train")
 # errors in what the user asked for (exit status 2), as opposed to failures of the run
 USAGE_ERRORS: tuple[type[BaseException], ...] = (ConfigError, TaskError, CheckpointError)
 
-STOP = threading.Event()  # set by SIGTERM/SIGUSR1/SIGINT: checkpoint at the next step boundary and exit
+STOP = (
+    threading.Event()
+)  # set by SIGTERM/SIGUSR1/SIGINT: checkpoint at the next step boundary and exit
 
 FAULT_ENV = "RELAYMPI_INJECT_FAILURE"
 SIGNAL_ENV = "RELAYMPI_INJECT_SIGNAL"
@@ -66,7 +68,8 @@ def device_for(cfg: RunConfig, rank: int) -> str:
 
 
 def fault_injection() -> tuple[int, int] | None:
-    """RELAYMPI_INJECT_FAILURE=RANK:STEP makes that rank raise at that step (to test failure handling)."""
+    """RELAYMPI_INJECT_FAILURE=RANK:STEP makes that rank raise at that step (to test failure
+    handling)."""
     value = os.environ.get(FAULT_ENV, "")
     if not value:
         return None
@@ -135,7 +138,10 @@ class TrainingLoop(ABC):
     def check_injection(self, world_size: int) -> None:
         """Refuse a RELAYMPI_INJECT_FAILURE that names no worker of the run."""
         if self.inject is not None and not 0 <= self.inject[0] < world_size:
-            raise ConfigError(f"{FAULT_ENV} names {self.worker_noun} {self.inject[0]}, but the run has {self.worker_noun}s 0..{world_size - 1}")
+            raise ConfigError(
+                f"{FAULT_ENV} names {self.worker_noun} {self.inject[0]}, but the run has "
+                f"{self.worker_noun}s 0..{world_size - 1}"
+            )
 
     @property
     @abstractmethod
@@ -157,7 +163,8 @@ class TrainingLoop(ABC):
 
     @abstractmethod
     def gradient(self, step: int) -> float | np.ndarray:
-        """Compute the gradient of step ``step``; return its loss (one per worker this process runs)."""
+        """Compute the gradient of step ``step``; return its loss (one per worker this process
+        runs)."""
 
     @abstractmethod
     def algorithm_step(self, step: int, lr: float) -> None:
@@ -192,10 +199,16 @@ class TrainingLoop(ABC):
             if state is not None:
                 self.restore(state)
         if self.is_root and self.start_step:
-            log.info("resuming from the checkpoint of step %d in %s", self.start_step, self.plan.cfg.checkpoint_dir)
+            log.info(
+                "resuming from the checkpoint of step %d in %s",
+                self.start_step,
+                self.plan.cfg.checkpoint_dir,
+            )
 
         def open_writer() -> None:
-            self.writer = self.writer_factory(self.start_step, hosts, self.transport(), self.schedule.total_steps)
+            self.writer = self.writer_factory(
+                self.start_step, hosts, self.transport(), self.schedule.total_steps
+            )
 
         self.on_root_agreed(open_writer)
         if self.writer is not None:
@@ -225,7 +238,10 @@ class TrainingLoop(ABC):
     def injected_failure(self, step: int) -> str | None:
         """The message of a failure RELAYMPI_INJECT_FAILURE asks for at this step, else None."""
         if self.inject is not None and self.inject[1] == step and self.inject[0] in self.workers:
-            return f"injected failure on {self.worker_noun} {self.inject[0]} at step {step} ({FAULT_ENV})"
+            return (
+                f"injected failure on {self.worker_noun} {self.inject[0]} at step {step} "
+                f"({FAULT_ENV})"
+            )
         return None
 
     def elapsed(self) -> float:
@@ -237,8 +253,15 @@ class TrainingLoop(ABC):
             "loss_sum": torch.as_tensor(self.loss_sum, dtype=torch.float64).clone(),
             "loss_count": torch.tensor(self.loss_count),
             "timers": torch.tensor([*self.timers.to_list(), self.elapsed()], dtype=torch.float64),
-            **({"eval_train_loss": torch.as_tensor(self.last_train_loss, dtype=torch.float64).clone()}
-               if self.loss_count == 0 and self.last_train_loss is not None else {}),
+            **(
+                {
+                    "eval_train_loss": torch.as_tensor(
+                        self.last_train_loss, dtype=torch.float64
+                    ).clone()
+                }
+                if self.loss_count == 0 and self.last_train_loss is not None
+                else {}
+            ),
         }
 
     def restore_common(self, state: dict[str, Any]) -> None:
@@ -252,23 +275,38 @@ class TrainingLoop(ABC):
             self.last_train_loss = float(loss) if loss.ndim == 0 else loss.copy()
 
     def train_loss(self, current: Callable[[], float | np.ndarray]) -> float | np.ndarray:
-        """The mean training loss since the last evaluation (``current()`` before any step), then reset."""
+        """The mean training loss since the last evaluation (``current()`` before any step), then
+        reset."""
         if self.loss_count:
             loss = self.loss_sum / self.loss_count
         elif self.last_train_loss is not None:  # evaluating again where a checkpoint resumed
             loss = self.last_train_loss
         else:
             loss = current()
-        self.loss_sum, self.loss_count = (np.zeros_like(self.loss_sum) if isinstance(self.loss_sum, np.ndarray) else 0.0), 0
+        self.loss_sum, self.loss_count = (
+            (np.zeros_like(self.loss_sum) if isinstance(self.loss_sum, np.ndarray) else 0.0),
+            0,
+        )
         self.last_train_loss = loss
         return loss
 
     def log_evaluation(self, row: dict[str, Any], workers: int) -> None:
-        log.info(log_line(row, self.schedule, self.start_step, self.t0, self.elapsed(), self.plan.cfg.batch_size * workers))
+        log.info(
+            log_line(
+                row,
+                self.schedule,
+                self.start_step,
+                self.t0,
+                self.elapsed(),
+                self.plan.cfg.batch_size * workers,
+            )
+        )
 
     def run(self) -> str:
-        """Train to the end; return the run's status (completed, diverged or preempted). A failure is
-        recorded in the run file (the root) or reported to the root (other ranks), then re-raised."""
+        """Train to the end; return the run's status (completed, diverged or preempted). A failure
+        is
+        recorded in the run file (the root) or reported to the root (other ranks), then
+        re-raised."""
         try:
             return self._run()
         except BaseException as exc:
@@ -293,15 +331,27 @@ class TrainingLoop(ABC):
             if stop.status == "preempted" and self.checkpoints.enabled:
                 self.checkpoints.save(stop.step, self.state())
             if self.is_root:
-                attrs = {"stopped_step": stop.step, "stopped_epoch": schedule.epoch_at(stop.step), "checkpoint_saved": self.checkpoints.enabled}
+                attrs = {
+                    "stopped_step": stop.step,
+                    "stopped_epoch": schedule.epoch_at(stop.step),
+                    "checkpoint_saved": self.checkpoints.enabled,
+                }
                 if stop.status == "diverged":
-                    attrs = {"diverged_step": stop.step, "diverged_epoch": schedule.epoch_at(stop.step)}
+                    attrs = {
+                        "diverged_step": stop.step,
+                        "diverged_epoch": schedule.epoch_at(stop.step),
+                    }
                 self.writer.set_status(stop.status, **attrs)
             return stop.status
         if bar is not None:
             bar.close()
         if self.is_root:
-            self.writer.set_status("completed", total_steps=schedule.total_steps, time_compute_s=self.timers.compute, time_comm_s=self.timers.comm)
+            self.writer.set_status(
+                "completed",
+                total_steps=schedule.total_steps,
+                time_compute_s=self.timers.compute,
+                time_comm_s=self.timers.comm,
+            )
         return "completed"
 
     def _steps(self, bar: Any) -> None:
@@ -319,13 +369,21 @@ class TrainingLoop(ABC):
                 timers.eval += time.perf_counter() - t_eval
             if step == schedule.total_steps:
                 break
-            if self.checkpoints.enabled and step > self.start_step and step % schedule.checkpoint_every == 0:
+            if (
+                self.checkpoints.enabled
+                and step > self.start_step
+                and step % schedule.checkpoint_every == 0
+            ):
                 self._settle_or_stop(pending)  # never checkpoint past a diverged step
                 self.checkpoints.save(step, self.state())
             failure = self.injected_failure(step)
             if failure is not None:
                 raise RuntimeError(failure)
-            if self.inject_signal is not None and self.is_root and step + 1 == self.inject_signal[1]:
+            if (
+                self.inject_signal is not None
+                and self.is_root
+                and step + 1 == self.inject_signal[1]
+            ):
                 os.kill(os.getpid(), self.inject_signal[0])
                 self.stop.wait(10.0)  # the handler runs in the main thread: stop at this very step
             t = clock.mark()
@@ -345,11 +403,19 @@ class TrainingLoop(ABC):
             stopping, diverged = self.agree(stop, bad_step is not None)
             timers.sync += time.perf_counter() - t_sync
             if diverged:
-                raise Stopped("diverged", step if bad_step is None else bad_step, "non-finite loss or model")
+                raise Stopped(
+                    "diverged", step if bad_step is None else bad_step, "non-finite loss or model"
+                )
             if stopping and step < schedule.total_steps:
                 raise Stopped("preempted", step)
             if logs:
-                log.info("step %d/%d loss %.4f lr %.4g", step, schedule.total_steps, self._last_loss, schedule.lr_at(step))
+                log.info(
+                    "step %d/%d loss %.4f lr %.4g",
+                    step,
+                    schedule.total_steps,
+                    self._last_loss,
+                    schedule.lr_at(step),
+                )
         if not bool(torch.isfinite(x).all()):
             raise Stopped("diverged", step, "non-finite model")
 
@@ -362,7 +428,9 @@ class TrainingLoop(ABC):
         if not pending:
             return None
         if isinstance(pending[0].loss, torch.Tensor):
-            losses = list(torch.stack([p.loss for p in pending]).cpu().numpy())  # one synchronization
+            losses = list(
+                torch.stack([p.loss for p in pending]).cpu().numpy()
+            )  # one synchronization
         else:
             losses = [p.loss for p in pending]
         clock, bad_step = self._clock, None
@@ -381,7 +449,8 @@ class TrainingLoop(ABC):
         return bad_step
 
     def _settle_or_stop(self, pending: list[Pending]) -> None:
-        """Settle before the evaluation, a checkpoint or the end reads the model (deferred checks only:
+        """Settle before the evaluation, a checkpoint or the end reads the model (deferred checks
+        only:
         with one step pending at most, every step was settled already)."""
         if pending:
             bad_step = self._settle(pending)

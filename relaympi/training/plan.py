@@ -2,7 +2,8 @@
 
 ``resolve`` is cheap (no data is read, no engine is loaded), so job scripts can validate a
 configuration before they submit it; what an engine refuses is its own check
-(relaympi.engines: ``engine_for(backend).check(plan)``). The step schedule depends on the size of the training set, which only a loaded
+(relaympi.engines: ``engine_for(backend).check(plan)``). The step schedule depends on the size of
+the training set, which only a loaded
 task knows; ``Plan.schedule`` derives it, a pure function of the plan and that size.
 """
 
@@ -74,11 +75,16 @@ class Plan:
     algorithm_options: Options  # the algorithm's own
     lr: float  # the base learning rate, RelaySGD's lr correction applied
     drops: DropPolicy  # the simulated message loss every engine applies (--drop-prob, --seed)
-    task_options: TaskOptions  # what the run tells its task; the device is --device's (an engine sets each worker's)
+    # what the run tells its task; the device is --device's (an engine sets each worker's)
+    task_options: TaskOptions
     problem: Any = None  # the run-level problem the task settled on (quadratics), else None
     lr_warning: str | None = None  # a default lr used at a worker count it was not tuned for
-    notices: tuple[str, ...] = ()  # flags given that this run resolved away (e.g. --progress-thread where --overlap is off)
-    # each rank's node (0, 1, ... by each node's lowest rank): as MPI placed the ranks, or emulated (--ranks-per-node)
+    notices: tuple[
+        str, ...
+        # flags given that this run resolved away (e.g. --progress-thread where --overlap is off)
+    ] = ()
+    # each rank's node (0, 1, ... by each node's lowest rank): as MPI placed the ranks, or emulated
+    # (--ranks-per-node)
     nodes: tuple[int, ...] = ()
 
     def warn(self) -> None:
@@ -114,12 +120,16 @@ class Plan:
 
 
 def _steps_in(epochs: float, steps_per_epoch: int) -> int:
-    """Steps to run ``epochs`` epochs (a last, partial epoch counts; at least one), in the decimal the
-    user wrote: 1.1 epochs of 90 steps are 99 steps, not the 100 that float's 1.1 * 90 = 99.00000000000001 gives."""
+    """Steps to run ``epochs`` epochs (a last, partial epoch counts; at least one), in the decimal
+    the
+    user wrote: 1.1 epochs of 90 steps are 99 steps, not the 100 that float's 1.1 * 90 =
+    99.00000000000001 gives."""
     return max(1, math.ceil(Fraction(repr(float(epochs))) * steps_per_epoch))
 
 
-def run_nodes(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None) -> tuple[int, ...]:
+def run_nodes(
+    cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None
+) -> tuple[int, ...]:
     """Each rank's node: rank // --ranks-per-node where given (emulated), else ``nodes`` (the
     Communicator's, as MPI placed the ranks), else one node (every worker in this process)."""
     if cfg.ranks_per_node is not None:
@@ -153,38 +163,62 @@ def overlap_pays(model_bytes: int | None, bucket_mb: float) -> bool:
     return model_bytes is None or model_bytes > OVERLAP_MIN_BUCKETS * bucket_mb * 2**20
 
 
-def resolve_overlap(cfg: RunConfig, nodes: Sequence[int],
-                    model_bytes: int | None = None) -> dict[str, bool]:
-    """--overlap and --progress-thread as they run. --overlap by default: on for MPI ranks on more than
+def resolve_overlap(
+    cfg: RunConfig, nodes: Sequence[int], model_bytes: int | None = None
+) -> dict[str, bool]:
+    """--overlap and --progress-thread as they run. --overlap by default: on for MPI ranks on more
+    than
     one node on the CPU, where the step's transfers cross a wire that backward can hide (measured
     faster, README "Overlap"), for a model of more than one bucket (``overlap_pays``;
     ``model_bytes`` from the task, None where it cannot tell); off on one node, where the transfers
     are copies the ranks make themselves (nothing to hide them behind: measured 0.91-1.07x), and on
     GPUs (refused: it hung in its one check).
-    --progress-thread: only where MPI overlaps (given on one node, where auto turns --overlap off, it has
+    --progress-thread: only where MPI overlaps (given on one node, where auto turns --overlap off,
+    it has
     nothing to progress)."""
     overlap = cfg.overlap
     if overlap is None:
         across_nodes = cfg.backend == "mpi" and len(set(nodes)) > 1
-        overlap = (across_nodes and not cfg.device.startswith("cuda")
-                   and overlap_pays(model_bytes, cfg.bucket_size))
-    return {"overlap": bool(overlap), "progress_thread": bool(cfg.progress_thread and overlap and cfg.backend == "mpi")}
+        overlap = (
+            across_nodes
+            and not cfg.device.startswith("cuda")
+            and overlap_pays(model_bytes, cfg.bucket_size)
+        )
+    return {
+        "overlap": bool(overlap),
+        "progress_thread": bool(cfg.progress_thread and overlap and cfg.backend == "mpi"),
+    }
 
 
 def overlap_notices(asked: RunConfig, resolved: RunConfig) -> tuple[str, ...]:
-    """Flags of --overlap given for a run where it resolved off (by default on one node): they do nothing."""
-    if resolved.overlap or asked.overlap is not None:  # overlapping, or --no-overlap given (the flags are refused then)
+    """Flags of --overlap given for a run where it resolved off (by default on one node): they do
+    nothing."""
+    if (
+        resolved.overlap or asked.overlap is not None
+    ):  # overlapping, or --no-overlap given (the flags are refused then)
         return ()
-    why = ("--overlap is off in this run (its default on one node, for a model within one "
-           "--bucket-size bucket, on --backend local and with --device cuda; pass --overlap to "
-           "overlap)")
-    given = [flag for flag, on in (("--progress-thread", asked.progress_thread),
-                                   ("--bucket-size", asked.bucket_size != RunConfig.bucket_size),
-                                   ("--progress-interval", asked.progress_interval != RunConfig.progress_interval)) if on]
-    return (f"{', '.join(given)} do{'es' if len(given) == 1 else ''} nothing: {why}",) if given else ()
+    why = (
+        "--overlap is off in this run (its default on one node, for a model within one "
+        "--bucket-size bucket, on --backend local and with --device cuda; pass --overlap to "
+        "overlap)"
+    )
+    given = [
+        flag
+        for flag, on in (
+            ("--progress-thread", asked.progress_thread),
+            ("--bucket-size", asked.bucket_size != RunConfig.bucket_size),
+            ("--progress-interval", asked.progress_interval != RunConfig.progress_interval),
+        )
+        if on
+    ]
+    return (
+        (f"{', '.join(given)} do{'es' if len(given) == 1 else ''} nothing: {why}",) if given else ()
+    )
 
 
-def placed_topology(name: str, world_size: int, placement: str, nodes: Sequence[int]) -> tuple[str, Topology]:
+def placed_topology(
+    name: str, world_size: int, placement: str, nodes: Sequence[int]
+) -> tuple[str, Topology]:
     """(the placement used, the topology): --placement resolved over ``nodes``. An "auto" that would
     place by node a topology that cannot be (an edge list, the social network) keeps rank order;
     an explicit "nodes" there is an error (TopologyError)."""
@@ -195,7 +229,9 @@ def placed_topology(name: str, world_size: int, placement: str, nodes: Sequence[
         except TopologyError:
             if placement != "auto":
                 raise
-            resolved = "ranks"  # the rank-order build below says so if the topology is wrong in itself
+            resolved = (
+                "ranks"  # the rank-order build below says so if the topology is wrong in itself
+            )
     return resolved, build(name, world_size)
 
 
@@ -213,42 +249,66 @@ def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None)
         raise ConfigError(str(exc)) from exc
     defaults = task.defaults
     cfg = _with_data_dirs(cfg)
-    topo_name = cfg.topology or task.default_topology_by_algo.get(cfg.algo) or default_topology(cfg.algo)
+    topo_name = (
+        cfg.topology or task.default_topology_by_algo.get(cfg.algo) or default_topology(cfg.algo)
+    )
     try:
         placement, topology = placed_topology(topo_name, world_size, cfg.placement, nodes)
     except TopologyError as exc:
-        hint = "; one worker is the centralized baseline: --algo allreduce" if world_size == 1 else ""
+        hint = (
+            "; one worker is the centralized baseline: --algo allreduce" if world_size == 1 else ""
+        )
         where = " and --placement nodes" if cfg.placement == "nodes" else ""
-        raise ConfigError(f"topology {topo_name!r} with {world_size} workers{where}: {exc}{hint}") from exc
+        raise ConfigError(
+            f"topology {topo_name!r} with {world_size} workers{where}: {exc}{hint}"
+        ) from exc
     asked = cfg
     cfg = replace(cfg, placement=placement)
     lr_warning = None
     tuned = defaults.lr_tuned_workers
     if cfg.lr is None and tuned and world_size != tuned:
-        lr_warning = (f"the default lr of {cfg.task}/{cfg.algo} was tuned for {tuned} workers; this run has {world_size}, "
-                      "so it may not converge (a worker at chance accuracy): pass --lr, e.g. from a sweep (jobs/sweep_lr.sh)")
+        lr_warning = (
+            f"the default lr of {cfg.task}/{cfg.algo} was tuned for {tuned} workers; this "
+            f"run has {world_size}, "
+            "so it may not converge (a worker at chance accuracy): pass --lr, e.g. from a "
+            "sweep (jobs/sweep_lr.sh)"
+        )
     cfg = replace(
         cfg,
         topology=topo_name,
         lr=cfg.lr if cfg.lr is not None else defaults.lr_by_algo.get(cfg.algo, defaults.lr),
-        # an algorithm that needs momentum (quasi-global momentum) gets 0.9 where the task's default is 0
-        momentum=cfg.momentum if cfg.momentum is not None else (0.9 if algorithm.needs_momentum and not defaults.momentum else defaults.momentum),
+        # an algorithm that needs momentum (quasi-global momentum) gets 0.9 where the task's default
+        # is 0
+        momentum=cfg.momentum
+        if cfg.momentum is not None
+        else (0.9 if algorithm.needs_momentum and not defaults.momentum else defaults.momentum),
         optimizer=cfg.optimizer or defaults.optimizer,
         weight_decay=cfg.weight_decay if cfg.weight_decay is not None else defaults.weight_decay,
         batch_size=cfg.batch_size or defaults.batch_size,
-        warmup_epochs=cfg.warmup_epochs if cfg.warmup_epochs is not None else defaults.warmup_epochs,
+        warmup_epochs=cfg.warmup_epochs
+        if cfg.warmup_epochs is not None
+        else defaults.warmup_epochs,
         milestones=cfg.milestones if cfg.milestones is not None else defaults.milestones,
     )
     if cfg.steps is None and cfg.epochs is None:
         cfg = replace(cfg, epochs=defaults.epochs)
     try:
-        optimizer = OptimizerConfig(name=cfg.optimizer, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
+        optimizer = OptimizerConfig(
+            name=cfg.optimizer,
+            momentum=cfg.momentum,
+            nesterov=cfg.nesterov,
+            weight_decay=cfg.weight_decay,
+        )
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     # the algorithm's options as they run, recorded in the run file (relay: the relay_mode that ran)
-    cfg = replace(cfg, **{k: v for k, v in vars(algorithm_options(cfg)).items() if getattr(cfg, k) is None})
+    cfg = replace(
+        cfg, **{k: v for k, v in vars(algorithm_options(cfg)).items() if getattr(cfg, k) is None}
+    )
     try:
-        settled, problem = task.settle({name: getattr(cfg, name) for name in task.option_names}, world_size)
+        settled, problem = task.settle(
+            {name: getattr(cfg, name) for name in task.option_names}, world_size
+        )
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     cfg = replace(cfg, **settled)
@@ -259,10 +319,24 @@ def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None)
         check_combination(cfg.algo, topology, optimizer, options)
     except AlgorithmError as exc:
         raise ConfigError(str(exc)) from exc
-    lr = float(cfg.lr) * (lr_correction(topology) if cfg.relay_lr_correction else 1.0)  # validate() refused it for other algorithms
-    return Plan(cfg=cfg, world_size=world_size, topology=topology, task=task, optimizer=optimizer, algorithm_options=options,
-                lr=lr, drops=DropPolicy(cfg.drop_prob, cfg.seed), task_options=task_options(cfg), problem=problem, lr_warning=lr_warning, notices=notices,
-                nodes=nodes)
+    lr = float(cfg.lr) * (
+        lr_correction(topology) if cfg.relay_lr_correction else 1.0
+    )  # validate() refused it for other algorithms
+    return Plan(
+        cfg=cfg,
+        world_size=world_size,
+        topology=topology,
+        task=task,
+        optimizer=optimizer,
+        algorithm_options=options,
+        lr=lr,
+        drops=DropPolicy(cfg.drop_prob, cfg.seed),
+        task_options=task_options(cfg),
+        problem=problem,
+        lr_warning=lr_warning,
+        notices=notices,
+        nodes=nodes,
+    )
 
 
 def _with_data_dirs(cfg: RunConfig) -> RunConfig:
@@ -284,18 +358,28 @@ def algorithm_options(cfg: RunConfig) -> Options:
 
 
 def task_options(cfg: RunConfig) -> TaskOptions:
-    """What the run's config tells a task (on --device as given: an engine replaces it by each worker's)."""
+    """What the run's config tells a task (on --device as given: an engine replaces it by each
+    worker's)."""
     return TaskOptions(
-        data_dir=cfg.data_dir, model_dir=cfg.model_dir, seed=cfg.seed, eval_batch_size=cfg.eval_batch_size,
-        num_loader_workers=TaskOptions.num_loader_workers if cfg.loader_workers is None else cfg.loader_workers, device=cfg.device,
+        data_dir=cfg.data_dir,
+        model_dir=cfg.model_dir,
+        seed=cfg.seed,
+        eval_batch_size=cfg.eval_batch_size,
+        num_loader_workers=TaskOptions.num_loader_workers
+        if cfg.loader_workers is None
+        else cfg.loader_workers,
+        device=cfg.device,
     )
 
 
 def default_out(cfg: RunConfig, world_size: int) -> Path:
-    """results/<task>-<algo>-<topology>[-nodes]-n<N>-a<alpha>-s<seed>.h5: a plain file name directly in results/
+    """results/<task>-<algo>-<topology>[-nodes]-n<N>-a<alpha>-s<seed>.h5: a plain file name directly
+    in results/
     (``-nodes``: placed by node, so that it never replaces the same run in rank order)."""
     placed = "-nodes" if cfg.placement == "nodes" else ""
-    return Path("results") / f"{cfg.task}-{cfg.algo}-{_topology_slug(cfg.topology)}{placed}-n{world_size}-a{cfg.alpha:g}-s{cfg.seed}.h5"
+    topology = _topology_slug(cfg.topology)
+    name = f"{cfg.task}-{cfg.algo}-{topology}{placed}-n{world_size}-a{cfg.alpha:g}-s{cfg.seed}.h5"
+    return Path("results") / name
 
 
 def _topology_slug(name: str) -> str:

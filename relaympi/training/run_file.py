@@ -1,4 +1,5 @@
-"""The run file of a training run: rank 0 creates (or reopens) it, and the command prints its summary."""
+"""The run file of a training run: rank 0 creates (or reopens) it, and the command prints its
+summary."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ WRITE_ERRORS = (RunFileWriteError, CheckpointWriteError)
 
 
 def record_failure(writer: RunWriter, exc: BaseException) -> None:
-    """Set the run file's status to failed with the error (and its traceback, unless it is a write error)."""
+    """Set the run file's status to failed with the error (and its traceback, unless it is a write
+    error)."""
     import traceback
 
     extra = {} if isinstance(exc, WRITE_ERRORS) else {"traceback": traceback.format_exc()[-20000:]}
@@ -48,7 +50,8 @@ def record_failure(writer: RunWriter, exc: BaseException) -> None:
 
 
 def close_quietly(writer: RunWriter) -> None:
-    """Close the run file; a failure to (the disk is full) is logged, not raised over the run's own error."""
+    """Close the run file; a failure to (the disk is full) is logged, not raised over the run's own
+    error."""
     try:
         writer.close()
     except RunFileWriteError as exc:
@@ -60,11 +63,16 @@ def check_out(out: Path, overwrite: bool) -> None:
     replaces only run files (a finished one, or a damaged one, only with --overwrite)."""
     kind = file_kind(out)
     if kind == "other":
-        raise ConfigError(f"--out {out} exists and is not a relaympi run file; --out replaces only run files (even with --overwrite): "
-                          "choose another --out, or move that file away")
+        raise ConfigError(
+            f"--out {out} exists and is not a relaympi run file; --out replaces only run "
+            "files (even with --overwrite): "
+            "choose another --out, or move that file away"
+        )
     if kind == "damaged" and not overwrite:
-        raise ConfigError(f"--out {out} exists but cannot be read as a run file (empty or damaged HDF5); "
-                          "pass --overwrite to replace it, or choose another --out")
+        raise ConfigError(
+            f"--out {out} exists but cannot be read as a run file (empty or damaged HDF5); "
+            "pass --overwrite to replace it, or choose another --out"
+        )
     if kind == "run" and not overwrite and run_status(out) in FINISHED_STATUSES:
         raise ConfigError(f"{out} already holds a finished run; pass --overwrite to replace it")
 
@@ -72,38 +80,61 @@ def check_out(out: Path, overwrite: bool) -> None:
 def writer_factory(plan: Plan, out: Path, command: str) -> Any:
     """Rank 0's run file: reopened to resume an unfinished run, else created."""
 
-    def make(start_step: int, hosts: list[str], transport: dict[str, Any], total_steps: int) -> RunWriter:
+    def make(
+        start_step: int, hosts: list[str], transport: dict[str, Any], total_steps: int
+    ) -> RunWriter:
         try:
             if start_step > 0 and run_status(out) in RESUMABLE_STATUSES:
                 return RunWriter.reopen(out, resume_step=start_step - 1)
             writer = RunWriter.create(
-                out, config=plan.cfg.to_dict() | {"world_size": plan.world_size, "lr_effective": plan.lr, "total_steps": total_steps},
-                provenance=provenance.collect(transport, hosts, command=command), world_size=plan.world_size, overwrite=plan.cfg.overwrite,
+                out,
+                config=plan.cfg.to_dict()
+                | {
+                    "world_size": plan.world_size,
+                    "lr_effective": plan.lr,
+                    "total_steps": total_steps,
+                },
+                provenance=provenance.collect(transport, hosts, command=command),
+                world_size=plan.world_size,
+                overwrite=plan.cfg.overwrite,
             )
             writer.set_topology(run_topology(plan))
             return writer
         except NotARunFileError as exc:
-            raise ConfigError(f"--out {exc}; --out replaces only run files: choose another --out") from exc
+            raise ConfigError(
+                f"--out {exc}; --out replaces only run files: choose another --out"
+            ) from exc
         except RunFileWriteError:
             raise  # a full disk is a failure of the run, not a usage error
         except RunExistsError as exc:
-            raise ConfigError(f"{out} already holds a finished run; pass --overwrite to replace it") from exc
+            raise ConfigError(
+                f"{out} already holds a finished run; pass --overwrite to replace it"
+            ) from exc
         except OSError as exc:
-            # a live run holds HDF5's lock: RunWriter.create probes it (RunInUseError, a BlockingIOError) before
+            # a live run holds HDF5's lock: RunWriter.create probes it (RunInUseError, a
+            # BlockingIOError) before
             # h5py would truncate the file; reopen fails on the lock without writing
             if isinstance(exc, BlockingIOError) or "lock" in str(exc).lower():
-                raise ConfigError(f"{out} is being written by another run; give this run another --out, or wait for that one to end") from exc
-            raise ConfigError(f"cannot write the run file --out {out}: {exc}; choose a writable path") from exc
+                raise ConfigError(
+                    f"{out} is being written by another run; give this run another --out, "
+                    "or wait for that one to end"
+                ) from exc
+            raise ConfigError(
+                f"cannot write the run file --out {out}: {exc}; choose a writable path"
+            ) from exc
 
     return make
 
 
 def run_topology(plan: Plan) -> RunTopology:
-    """What the run file records of the plan's topology: each rank's node and every layer's edges."""
+    """What the run file records of the plan's topology: each rank's node and every layer's
+    edges."""
     topology = plan.topology
     nodes = plan.nodes or (0,) * plan.world_size
     return RunTopology(
-        name=topology.name, placement=plan.cfg.placement, rank_node=np.asarray(nodes, dtype=np.int64),
+        name=topology.name,
+        placement=plan.cfg.placement,
+        rank_node=np.asarray(nodes, dtype=np.int64),
         nodes_emulated=plan.cfg.ranks_per_node is not None,
         edges=tuple(topology.edge_array(layer) for layer in range(topology.num_layers)),
         inter_node_edges=tuple(int(count) for count in topology.inter_node_edges(nodes)),
@@ -111,10 +142,15 @@ def run_topology(plan: Plan) -> RunTopology:
 
 
 def topology_text(topology: RunTopology | None) -> str:
-    """' | placement nodes (2 emulated nodes)': the placement the run used (nothing for older files)."""
+    """' | placement nodes (2 emulated nodes)': the placement the run used (nothing for older
+    files)."""
     if topology is None:
         return ""
-    emulated = f" ({topology.num_nodes} emulated node{'s' if topology.num_nodes != 1 else ''})" if topology.nodes_emulated else ""
+    emulated = (
+        f" ({topology.num_nodes} emulated node{'s' if topology.num_nodes != 1 else ''})"
+        if topology.nodes_emulated
+        else ""
+    )
     return f" | placement {topology.placement}{emulated}"
 
 
@@ -123,7 +159,10 @@ def placement_text(world_size: Any, provenance: dict[str, Any]) -> str:
     nodes = provenance.get("nodes")
     if not world_size or not nodes:
         return ""
-    return f" | {int(world_size)} worker{'s' if int(world_size) != 1 else ''} on {nodes} node{'s' if nodes != 1 else ''}"
+    return (
+        f" | {int(world_size)} worker{'s' if int(world_size) != 1 else ''} on {nodes} "
+        f"node{'s' if nodes != 1 else ''}"
+    )
 
 
 def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) -> None:
@@ -137,34 +176,58 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
     line = f"{status}: {out}"
     if status == "preempted":
         at = run.attrs.get("stopped_step", "?")
-        line += (f" | stopped at step {at}; checkpoint saved in {checkpoint_dir}: run the same command again to resume" if checkpoint_dir is not None
-                 else f" | stopped at step {at}; no checkpoint (no --checkpoint-dir): a rerun starts over")
+        line += (
+            f" | stopped at step {at}; checkpoint saved in {checkpoint_dir}: run the same "
+            "command again to resume"
+            if checkpoint_dir is not None
+            else f" | stopped at step {at}; no checkpoint (no --checkpoint-dir): a rerun "
+            "starts over"
+        )
     # only a completed run has a final model; otherwise say where it stopped
     steps = run.data.get("step")
-    at = f"at step {int(steps[-1])} (not final: {status})" if steps is not None and len(steps) else f"(not final: {status})"
+    at = (
+        f"at step {int(steps[-1])} (not final: {status})"
+        if steps is not None and len(steps)
+        else f"(not final: {status})"
+    )
     final = {"test": "final test accuracy", "sub": "final suboptimality"}
     if status != "completed":
         final = {"test": f"test accuracy {at}", "sub": f"suboptimality {at}"}
     if "test_accuracy" in run.data and len(run.data["test_accuracy"]):
         acc = run.data["test_accuracy"][-1]
-        line += f" | {final['test']}: worst worker {np.min(acc):.4f}, mean {np.mean(acc):.4f}, best {np.max(acc):.4f}"
+        line += (
+            f" | {final['test']}: worst worker {np.min(acc):.4f}, mean {np.mean(acc):.4f}, "
+            f"best {np.max(acc):.4f}"
+        )
         epoch = run.data["epoch"]
-        window = (epoch > epoch[-1] - 5) & (epoch > 0)  # the paper's last-5-epochs window, as the report uses it
+        window = (epoch > epoch[-1] - 5) & (
+            epoch > 0
+        )  # the paper's last-5-epochs window, as the report uses it
         if window.any():
             acc = run.data["test_accuracy"][window].mean(axis=0)
-            line += f" | last 5 epochs (paper metric): worst worker {acc.min():.4f}, mean {acc.mean():.4f}"
+            line += (
+                f" | last 5 epochs (paper metric): worst worker {acc.min():.4f}, mean "
+                f"{acc.mean():.4f}"
+            )
         num_classes = run.attrs.get("num_classes")
         chance = workers_at_chance(acc, num_classes)
         if chance:
             line += (
-                f" | WARNING: worker(s) {', '.join(map(str, chance))} at chance accuracy (< {CHANCE_FACTOR / num_classes:.0%}); "
+                f" | WARNING: worker(s) {', '.join(map(str, chance))} at chance accuracy "
+                f"(< {CHANCE_FACTOR / num_classes:.0%}); "
                 "check the learning rate (the defaults were tuned for 16 workers)"
             )
     if "suboptimality" in run.data and len(run.data["suboptimality"]):
         line += f" | {final['sub']} {run.data['suboptimality'][-1]:.3e}"
-    line += placement_text(run.attrs.get("world_size"), run.provenance) + topology_text(run.topology)
-    if run.config.get("overlap"):  # the default across nodes: say so, it sets the timers' meaning (README "Overlap")
-        ran = run.provenance.get("transport_progress_thread", run.config.get("progress_thread"))  # False where MPI lacked THREAD_MULTIPLE
+    line += placement_text(run.attrs.get("world_size"), run.provenance) + topology_text(
+        run.topology
+    )
+    if run.config.get(
+        "overlap"
+    ):  # the default across nodes: say so, it sets the timers' meaning (README "Overlap")
+        ran = run.provenance.get(
+            "transport_progress_thread", run.config.get("progress_thread")
+        )  # False where MPI lacked THREAD_MULTIPLE
         line += " | overlap" + (" with a progress thread" if ran else "")
     unstable = unstable_loss(run.data["train_loss"]) if "train_loss" in run.data else None
     if unstable:

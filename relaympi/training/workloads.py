@@ -54,7 +54,8 @@ class Workload(ABC):
         """This worker's own evaluation metrics, by name (the same names on every worker)."""
 
     def current_loss(self) -> float:
-        """The training loss at the current model, before any step was taken (NaN: not known cheaply)."""
+        """The training loss at the current model, before any step was taken (NaN: not known
+        cheaply)."""
         return math.nan
 
     def summarize(self, X: np.ndarray) -> dict[str, Any]:
@@ -66,8 +67,11 @@ _SHARED: dict[tuple, Any] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def _shared(key: tuple, make: Callable[[], Any], kept_errors: tuple[type[BaseException], ...] = ()) -> Any:
-    """One instance per process of read-only setup (data sets, partitions), shared by in-process ranks.
+def _shared(
+    key: tuple, make: Callable[[], Any], kept_errors: tuple[type[BaseException], ...] = ()
+) -> Any:
+    """One instance per process of read-only setup (data sets, partitions), shared by in-process
+    ranks.
 
     An error of a ``kept_errors`` type is shared too: the other ranks raise it at once instead of
     repeating the work (a Dirichlet draw that fails takes seconds; 1000 ranks would each redo it).
@@ -89,35 +93,51 @@ def build_workload(plan: Plan, rank: int, device: str) -> Workload:
         return model_workload(plan.task, plan, rank, device)
     if issubclass(plan.task, QuadraticsTask):
         return QuadraticWorkload(plan.problem, plan.cfg.seed, rank)
-    raise TypeError(f"no workload for task class {plan.task.__name__}: a classification task or the quadratics")
+    raise TypeError(
+        f"no workload for task class {plan.task.__name__}: a classification task or the quadratics"
+    )
 
 
-def model_workload(task_cls: type[ClassificationTask], plan: Plan, rank: int, device: str) -> ModelWorkload:
-    """Worker ``rank``'s model on its Dirichlet shard; the data set and partition are loaded once per process."""
+def model_workload(
+    task_cls: type[ClassificationTask], plan: Plan, rank: int, device: str
+) -> ModelWorkload:
+    """Worker ``rank``'s model on its Dirichlet shard; the data set and partition are loaded once
+    per process."""
     cfg = plan.cfg
     options = replace(plan.task_options, device=device)
     task = _shared(("task", cfg.task, options), lambda: task_cls(options))
-    parts = _shared(("parts", cfg.task, options, plan.world_size, cfg.alpha), lambda: run_partition(task, plan), kept_errors=(TaskError,))
+    parts = _shared(
+        ("parts", cfg.task, options, plan.world_size, cfg.alpha),
+        lambda: run_partition(task, plan),
+        kept_errors=(TaskError,),
+    )
     return ModelWorkload(task, plan, rank, device, parts[rank])
 
 
 def run_partition(task: ClassificationTask, plan: Plan) -> list[np.ndarray]:
-    """The run's Dirichlet shards, one per worker; a split the data cannot give is a usage error (TaskError)."""
+    """The run's Dirichlet shards, one per worker; a split the data cannot give is a usage error
+    (TaskError)."""
     cfg, labels = plan.cfg, task.train_labels
     if plan.world_size > len(labels):
         raise TaskError(too_many_workers(cfg.task, plan.world_size, len(labels)))
     try:
         return dirichlet_partition(labels, plan.world_size, cfg.alpha, cfg.seed)
     except PartitionError as exc:
-        # Lin et al.'s draw is random: with few samples per worker no draw may meet its half-share rule
-        raise TaskError(f"--alpha {cfg.alpha:g} with {plan.world_size} workers on the {len(labels)} training samples of {cfg.task} "
-                        f"(--seed {cfg.seed}): {exc}; --alpha inf splits iid") from exc
+        # Lin et al.'s draw is random: with few samples per worker no draw may meet its half-share
+        # rule
+        raise TaskError(
+            f"--alpha {cfg.alpha:g} with {plan.world_size} workers on the {len(labels)} "
+            f"training samples of {cfg.task} "
+            f"(--seed {cfg.seed}): {exc}; --alpha inf splits iid"
+        ) from exc
 
 
 class ModelWorkload(Workload):
     """A classification task's model; parameters and gradients live in flat buffers."""
 
-    def __init__(self, task: ClassificationTask, plan: Plan, rank: int, device: str, shard: np.ndarray):
+    def __init__(
+        self, task: ClassificationTask, plan: Plan, rank: int, device: str, shard: np.ndarray
+    ):
         cfg, world_size, batch_size = plan.cfg, plan.world_size, plan.cfg.batch_size
         self.task, self.rank, self.world_size = task, rank, world_size
         self.num_classes = int(task.num_classes)
@@ -135,16 +155,20 @@ class ModelWorkload(Workload):
         self._next_step = -1
 
     def gradient(self, step: int) -> float:
-        """Fill self.grad with the minibatch gradient at step ``step``; return the minibatch loss."""
+        """Fill self.grad with the minibatch gradient at step ``step``; return the minibatch
+        loss."""
         if self._batches is None or step != self._next_step:
             self._batches = self.task.train_batches(
-                (self.sampler.batch(s) for s in range(step, 1 << 62)), (self.sampler.rng(s) for s in range(step, 1 << 62))
+                (self.sampler.batch(s) for s in range(step, 1 << 62)),
+                (self.sampler.rng(s) for s in range(step, 1 << 62)),
             )
         inputs, targets = next(self._batches)
         self._next_step = step + 1
         self.model.train()
         self.grad.zero_()
-        loss = self.task.loss(self.task.forward(self.model, _to(inputs, self.device)), _to(targets, self.device))
+        loss = self.task.loss(
+            self.task.forward(self.model, _to(inputs, self.device)), _to(targets, self.device)
+        )
         loss.backward()
         return float(loss.detach())
 
@@ -156,7 +180,9 @@ class ModelWorkload(Workload):
         for inputs, targets in self.task.test_batches(self.eval_batch_size):
             targets = _to(targets, self.device)
             outputs = self.task.forward(self.model, _to(inputs, self.device))
-            total_loss += float(torch.nn.functional.cross_entropy(outputs, targets, reduction="sum"))
+            total_loss += float(
+                torch.nn.functional.cross_entropy(outputs, targets, reduction="sum")
+            )
             correct += int((outputs.argmax(dim=1) == targets).sum())
             count += int(targets.shape[0])
         return {"test_loss": total_loss / max(count, 1), "test_accuracy": correct / max(count, 1)}

@@ -1,4 +1,5 @@
-"""Every worker's training batch of a step, stacked [N, B, ...]: the same samples and augmentation as the other backends.
+"""Every worker's training batch of a step, stacked [N, B, ...]: the same samples and augmentation
+as the other backends.
 
 Worker r's batch at step s is ``ShardSampler(shard_r, B, seed, r).batch(s)``, augmented with
 ``.rng(s)``, exactly as ``ModelWorkload`` draws it. CIFAR-10 batches are assembled for all
@@ -22,18 +23,28 @@ from relaympi.tasks.partition import ShardSampler, steps_per_epoch
 class BatchedData:
     """Batches of N workers with Dirichlet shards ``parts`` (from ``dirichlet_partition``)."""
 
-    def __init__(self, task: Task, parts: list[np.ndarray], batch_size: int, seed: int, device: torch.device | str):
+    def __init__(
+        self,
+        task: Task,
+        parts: list[np.ndarray],
+        batch_size: int,
+        seed: int,
+        device: torch.device | str,
+    ):
         self.task = task
         self.world_size = len(parts)
         self.batch_size = batch_size
         self.device = torch.device(device)
-        self.samplers = [ShardSampler(part, batch_size, seed, rank) for rank, part in enumerate(parts)]
+        self.samplers = [
+            ShardSampler(part, batch_size, seed, rank) for rank, part in enumerate(parts)
+        ]
         self.steps_per_epoch = steps_per_epoch(len(task.train_labels), self.world_size, batch_size)
         self._images = self._targets = None
         # digits batches are rows gathered by index, no augmentation: one gather serves all workers
         self._gather_only = isinstance(task, DigitsTask)
         if isinstance(task, cifar10.Cifar10Task):
-            # the task keeps its training set as uint8 tensors in host memory; one device copy serves all workers
+            # the task keeps its training set as uint8 tensors in host memory; one device copy
+            # serves all workers
             images, targets = task.train_tensors
             self._images, self._targets = images.to(self.device), targets.to(self.device)
 
@@ -43,10 +54,18 @@ class BatchedData:
             return self._image_batch(step)
         if self._gather_only:
             indices = np.concatenate([sampler.batch(step) for sampler in self.samplers])
-            inputs, targets = self.task.train_batch(indices, self.samplers[0].rng(step))  # DigitsTask ignores the rng
-            inputs, targets = inputs.view(self.world_size, self.batch_size, *inputs.shape[1:]), targets.view(self.world_size, -1)
+            inputs, targets = self.task.train_batch(
+                indices, self.samplers[0].rng(step)
+            )  # DigitsTask ignores the rng
+            inputs, targets = (
+                inputs.view(self.world_size, self.batch_size, *inputs.shape[1:]),
+                targets.view(self.world_size, -1),
+            )
             return to_device(inputs, None, self.device), to_device(targets, None, self.device)
-        pairs = [self.task.train_batch(sampler.batch(step), sampler.rng(step)) for sampler in self.samplers]
+        pairs = [
+            self.task.train_batch(sampler.batch(step), sampler.rng(step))
+            for sampler in self.samplers
+        ]
         inputs = torch.stack([inputs for inputs, _ in pairs])
         targets = torch.stack([targets for _, targets in pairs])
         return to_device(inputs, None, self.device), to_device(targets, None, self.device)
@@ -55,7 +74,10 @@ class BatchedData:
         n, b = self.world_size, self.batch_size
         indices = np.concatenate([sampler.batch(step) for sampler in self.samplers])
         draws = [cifar10.draw_crop_flip(sampler.rng(step), b) for sampler in self.samplers]
-        top, left, flip = (to_device(np.concatenate(column), None, self.device) for column in zip(*draws, strict=True))
+        top, left, flip = (
+            to_device(np.concatenate(column), None, self.device)
+            for column in zip(*draws, strict=True)
+        )
         index = to_device(indices, None, self.device)
         images = cifar10.crop_flip(self._images[index], top, left, flip)
         inputs = cifar10.normalize(images)

@@ -30,12 +30,18 @@ def unsupported_reason(task_class: type, module: nn.Module | None = None) -> str
     """Why a task's model cannot run as vmapped stacked copies, or None when it can (``module``
     None: what the class alone tells, before any data or model is loaded)."""
     if _overrides(task_class, "forward"):
-        return f"its model takes structured inputs ({task_class.__name__}.forward), which differ in shape between workers"
+        return (
+            f"its model takes structured inputs ({task_class.__name__}.forward), which differ "
+            "in shape between workers"
+        )
     if module is None:
         return None
     for name, sub in module.named_modules():
         if isinstance(sub, nn.modules.batchnorm._BatchNorm) and sub.track_running_stats:
-            return f"its module {name!r} ({type(sub).__name__}) updates running statistics in every forward pass"
+            return (
+                f"its module {name!r} ({type(sub).__name__}) updates running statistics in "
+                "every forward pass"
+            )
         if isinstance(sub, nn.modules.dropout._DropoutNd) and sub.p > 0:
             return f"its module {name!r} draws dropout masks from torch's global random generator"
     if any(p.dtype != torch.float32 for p in module.parameters()):
@@ -44,11 +50,18 @@ def unsupported_reason(task_class: type, module: nn.Module | None = None) -> str
 
 
 def _plain_layers(module: nn.Module) -> list[nn.Module] | None:
-    """The Linear and ReLU layers of an nn.Sequential(Flatten(), Linear/ReLU, ...) (the digits MLP), else None."""
+    """The Linear and ReLU layers of an nn.Sequential(Flatten(), Linear/ReLU, ...) (the digits MLP),
+    else None."""
     layers = list(module) if type(module) is nn.Sequential else []
-    if not layers or type(layers[0]) is not nn.Flatten or (layers[0].start_dim, layers[0].end_dim) != (1, -1):
+    if (
+        not layers
+        or type(layers[0]) is not nn.Flatten
+        or (layers[0].start_dim, layers[0].end_dim) != (1, -1)
+    ):
         return None
-    if not all(type(layer) in (nn.Linear, nn.ReLU) for layer in layers[1:]) or not all(p.requires_grad for p in module.parameters()):
+    if not all(type(layer) in (nn.Linear, nn.ReLU) for layer in layers[1:]) or not all(
+        p.requires_grad for p in module.parameters()
+    ):
         return None
     return layers[1:]
 
@@ -57,20 +70,27 @@ def refuse_unsupported(task_class: type, module: nn.Module | None = None) -> Non
     """ConfigError (exit 2) naming the backends that run the task, if this one cannot."""
     reason = unsupported_reason(task_class, module)
     if reason is not None:
-        raise ConfigError(f"--backend batched cannot run task {task_class.name!r}: {reason}; run it with --backend local --workers N, or under mpirun")
+        raise ConfigError(
+            f"--backend batched cannot run task {task_class.name!r}: {reason}; run it "
+            "with --backend local --workers N, or under mpirun"
+        )
 
 
 class BatchedModel:
-    """N copies of ``task.build_model(seed)`` held as X [N, d]; gradients and evaluation for all at once.
+    """N copies of ``task.build_model(seed)`` held as X [N, d]; gradients and evaluation for all at
+    once.
 
     Buffers (constants such as a normalization layer's mean) are shared by every worker, which
     is exact because ``unsupported_reason`` refuses modules that change buffers in forward.
     """
 
-    def __init__(self, task: Task, seed: int, device: torch.device | str, autocast: torch.dtype | None = None):
+    def __init__(
+        self, task: Task, seed: int, device: torch.device | str, autocast: torch.dtype | None = None
+    ):
         self.task = task
         self.device = torch.device(device)
-        self.autocast = autocast  # dtype of the training forward and backward under torch.autocast (None: float32)
+        # dtype of the training forward and backward under torch.autocast (None: float32)
+        self.autocast = autocast
         self.module = task.build_model(seed).to(self.device)
         refuse_unsupported(type(task), self.module)
         named = [(name, p) for name, p in self.module.named_parameters() if p.requires_grad]
@@ -97,13 +117,17 @@ class BatchedModel:
     def parameters(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """One worker's row as named parameter views (split, so backward is one concatenation)."""
         pieces = torch.split(x, self.sizes)
-        return {name: piece.view(shape) for name, piece, shape in zip(self.names, pieces, self.shapes, strict=True)}
+        return {
+            name: piece.view(shape)
+            for name, piece, shape in zip(self.names, pieces, self.shapes, strict=True)
+        }
 
     def _forward(self, x: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         return functional_call(self.module, {**self.parameters(x), **self.buffers}, (inputs,))
 
     def outputs(self, X: torch.Tensor, inputs: torch.Tensor, shared: bool = False) -> torch.Tensor:
-        """Every worker's logits [N, B, classes] for its own inputs [N, B, ...] (``shared``: one batch [B, ...] for all)."""
+        """Every worker's logits [N, B, classes] for its own inputs [N, B, ...] (``shared``: one
+        batch [B, ...] for all)."""
         if self._layers is None:
             return (self._shared_outputs if shared else self._outputs)(X, inputs)
         h = inputs.expand(X.shape[0], *inputs.shape) if shared else inputs
@@ -114,12 +138,20 @@ class BatchedModel:
         for layer in self._layers:
             if isinstance(layer, nn.ReLU):
                 h = torch.relu(h)
-            elif isinstance(layer, nn.Linear):  # parameters in named_parameters order: weight, then bias
+            elif isinstance(
+                layer, nn.Linear
+            ):  # parameters in named_parameters order: weight, then bias
                 weight = next(params).view(n, *layer.weight.shape)
-                h = torch.bmm(weight, h) if layer.bias is None else torch.baddbmm(next(params).view(n, -1, 1), weight, h)
+                h = (
+                    torch.bmm(weight, h)
+                    if layer.bias is None
+                    else torch.baddbmm(next(params).view(n, -1, 1), weight, h)
+                )
         return h.transpose(1, 2)
 
-    def gradients(self, X: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def gradients(
+        self, X: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(G [N, d], losses [N]): each worker's minibatch gradient and loss at its row of X.
 
         ``inputs`` [N, B, ...] and ``targets`` [N, B] hold each worker's own batch. Worker i's
@@ -128,22 +160,35 @@ class BatchedModel:
         """
         self.module.train()
         X = X.detach().requires_grad_()
-        with torch.enable_grad(), torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
-            losses = self._losses(self.outputs(X, inputs), targets).to(X.dtype)  # autocast may leave bf16
+        with (
+            torch.enable_grad(),
+            torch.autocast(
+                self.device.type,
+                dtype=self.autocast or torch.bfloat16,
+                enabled=self.autocast is not None,
+            ),
+        ):
+            losses = self._losses(self.outputs(X, inputs), targets).to(
+                X.dtype
+            )  # autocast may leave bf16
             (G,) = torch.autograd.grad(losses.sum(), X)
         return G, losses.detach()
 
     def _losses(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Each worker's task loss [N] of outputs [N, B, classes] (cross-entropy outside vmap: faster)."""
+        """Each worker's task loss [N] of outputs [N, B, classes] (cross-entropy outside vmap:
+        faster)."""
         if not self._default_loss:
             return vmap(self.task.loss)(outputs, targets)
         n, b = outputs.shape[:2]
-        flat = nn.functional.cross_entropy(outputs.reshape(n * b, -1), targets.reshape(n * b), reduction="none")
+        flat = nn.functional.cross_entropy(
+            outputs.reshape(n * b, -1), targets.reshape(n * b), reduction="none"
+        )
         return flat.view(n, b).mean(dim=1)
 
     @torch.no_grad()
     def evaluate(self, X: torch.Tensor, batches: Any) -> dict[str, torch.Tensor]:
-        """Every worker's own model on the full test set: per-worker test_loss and test_accuracy [N]."""
+        """Every worker's own model on the full test set: per-worker test_loss and test_accuracy
+        [N]."""
         self.module.eval()
         n = X.shape[0]
         loss_sum = torch.zeros(n, dtype=torch.float64, device=X.device)
@@ -155,7 +200,9 @@ class BatchedModel:
             for lo in range(0, n, group):
                 outputs = self.outputs(X[lo : lo + group], inputs, shared=True)  # [g, b, classes]
                 g, b = outputs.shape[:2]
-                losses = nn.functional.cross_entropy(outputs.reshape(g * b, -1), targets.repeat(g), reduction="none").view(g, b)
+                losses = nn.functional.cross_entropy(
+                    outputs.reshape(g * b, -1), targets.repeat(g), reduction="none"
+                ).view(g, b)
                 loss_sum[lo : lo + g] += losses.sum(dim=1, dtype=torch.float64)
                 correct[lo : lo + g] += (outputs.argmax(dim=2) == targets).sum(dim=1)
             count += int(targets.shape[0])

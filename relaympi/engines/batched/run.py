@@ -1,4 +1,5 @@
-"""The batched engine (``--backend batched``): N workers as one batched computation, one HDF5 run file.
+"""The batched engine (``--backend batched``): N workers as one batched computation, one HDF5 run
+file.
 
 The steps, start, checkpoints, injected failures and ending of a run are relaympi.training.loop's
 TrainingLoop, shared with message passing; this module says how all workers compute gradients,
@@ -32,10 +33,10 @@ import torch
 
 from relaympi.batched.algorithms import make_batched_algorithm
 from relaympi.batched.optim import BatchedOptimizer
-from relaympi.engines.batched.threads import choose_threads, times_threads
 from relaympi.config import ConfigError
 from relaympi.engines.batched.data import BatchedData
 from relaympi.engines.batched.models import BatchedModel, refuse_unsupported
+from relaympi.engines.batched.threads import choose_threads, times_threads
 from relaympi.tasks.quadratics import QuadraticsTask
 from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.evaluation import device_memory, row_header
@@ -56,7 +57,9 @@ class ModelEngine:
     def __init__(self, plan: Plan, device: torch.device):
         cfg = plan.cfg
         options = replace(plan.task_options, device=str(device))
-        self.task = plan.task(options)  # resolve refused tasks this engine cannot run, before any data loads
+        self.task = plan.task(
+            options
+        )  # resolve refused tasks this engine cannot run, before any data loads
         self.model = BatchedModel(self.task, cfg.seed, device, autocast=AUTOCAST[cfg.autocast])
         parts = run_partition(self.task, plan)
         self.data = BatchedData(self.task, parts, cfg.batch_size, cfg.seed, device)
@@ -70,7 +73,9 @@ class ModelEngine:
         return self.model.gradients(self.X, inputs, targets)
 
     def current_losses(self) -> np.ndarray:
-        return np.full(self.X.shape[0], math.nan)  # no loss before the first step (as ModelWorkload)
+        return np.full(
+            self.X.shape[0], math.nan
+        )  # no loss before the first step (as ModelWorkload)
 
     def metrics(self) -> dict[str, Any]:
         result = self.model.evaluate(self.X, self.task.test_batches(self.eval_batch_size))
@@ -90,7 +95,9 @@ class QuadraticEngine:
     def gradient(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         G = torch.bmm(self.AtA, self.X.unsqueeze(2)).squeeze(2).sub_(self.Atb)
         if self.problem.sigma2:
-            noise = np.stack([self.problem.noise(self.seed, step, rank) for rank in range(self.X.shape[0])])
+            noise = np.stack(
+                [self.problem.noise(self.seed, step, rank) for rank in range(self.X.shape[0])]
+            )
             G.add_(torch.from_numpy(noise).to(G.device))
         return G, torch.from_numpy(self.current_losses())
 
@@ -123,12 +130,21 @@ def check_lag(device: torch.device) -> int:
 def run(plan: Plan, out: Path, command: str, comm: Any = None) -> str:
     """relaympi.engines' entry: every worker in this process (a Communicator has no use here)."""
     if comm is not None:
-        raise ConfigError("--backend batched runs every worker in one process: it takes no MPI communicator")
+        raise ConfigError(
+            "--backend batched runs every worker in one process: it takes no MPI communicator"
+        )
     return run_batched(plan, out, command)
 
 
-def run_batched(plan: Plan, out: Path, command: str, *, stop: threading.Event = STOP, make_optimizer: Callable = BatchedOptimizer,
-                make_algorithm: Callable = make_batched_algorithm) -> str:
+def run_batched(
+    plan: Plan,
+    out: Path,
+    command: str,
+    *,
+    stop: threading.Event = STOP,
+    make_optimizer: Callable = BatchedOptimizer,
+    make_algorithm: Callable = make_batched_algorithm,
+) -> str:
     """Train all of ``plan``'s workers in this process; return the final status
     ("completed", "diverged", "preempted"). A failure is recorded in the run file, then re-raised.
 
@@ -148,7 +164,15 @@ class BatchedRun(TrainingLoop):
     is_root = True
     worker_noun = "worker"
 
-    def __init__(self, plan: Plan, out: Path, command: str, make_optimizer: Callable, make_algorithm: Callable, stop: threading.Event):
+    def __init__(
+        self,
+        plan: Plan,
+        out: Path,
+        command: str,
+        make_optimizer: Callable,
+        make_algorithm: Callable,
+        stop: threading.Event,
+    ):
         super().__init__(writer_factory(plan, out, command), stop)
         cfg = plan.cfg
         self.plan, self.out = plan, Path(out)
@@ -160,7 +184,14 @@ class BatchedRun(TrainingLoop):
             self.num_classes = int(self.engine.task.num_classes)
         self.schedule = plan.schedule(self.engine.steps_per_epoch)
         self.optimizer = make_optimizer(plan.optimizer, self.engine.X)
-        self.algorithm = make_algorithm(cfg.algo, plan.topology, self.optimizer, self.engine.X, plan.algorithm_options, plan.drops)
+        self.algorithm = make_algorithm(
+            cfg.algo,
+            plan.topology,
+            self.optimizer,
+            self.engine.X,
+            plan.algorithm_options,
+            plan.drops,
+        )
         self.checkpoints = Checkpoints(cfg, self.out, 0, self.n, engine=BACKEND, nodes=plan.nodes)
         self.check_lag = check_lag(self.device)
         self.loss_sum = np.zeros(self.n)
@@ -205,7 +236,10 @@ class BatchedRun(TrainingLoop):
     def evaluate(self, step: int) -> None:
         train_loss = self.train_loss(self.engine.current_losses)
         # one process runs every worker: each worker's column holds the process's times and memory
-        shared = {name: np.full(self.n, value) for name, value in {**self.timers.record(), **device_memory(self.engine.X)}.items()}
+        shared = {
+            name: np.full(self.n, value)
+            for name, value in {**self.timers.record(), **device_memory(self.engine.X)}.items()
+        }
         row = {
             **row_header(self.schedule, step, self.elapsed()),
             "train_loss": np.asarray(train_loss, dtype=np.float64),
@@ -217,6 +251,8 @@ class BatchedRun(TrainingLoop):
         self.log_evaluation(row, self.n)
 
     def _bytes_per_worker(self) -> np.ndarray:
-        """Bytes each worker sent so far ([N], or [N, N] by destination as Communicator.bytes_sent, summed)."""
-        return np.asarray(self.algorithm.bytes_sent, dtype=np.float64).reshape(self.n, -1).sum(axis=1)
-
+        """Bytes each worker sent so far ([N], or [N, N] by destination as Communicator.bytes_sent,
+        summed)."""
+        return (
+            np.asarray(self.algorithm.bytes_sent, dtype=np.float64).reshape(self.n, -1).sum(axis=1)
+        )

@@ -1,4 +1,5 @@
-"""Random-quadratics studies of the paper: tuned steps to a target suboptimality, spanning trees, mean estimation.
+"""Random-quadratics studies of the paper: tuned steps to a target suboptimality, spanning trees,
+mean estimation.
 
     python -m relaympi.studies.quadratics STUDY [--quick] [--out DIR] [--seed S] [--max-steps N]
 

@@ -1,4 +1,5 @@
-"""Appendix "RelaySum for distributed mean estimation": RelaySum on a chain vs gossip on a ring, MSE over T."""
+"""Appendix "RelaySum for distributed mean estimation": RelaySum on a chain vs gossip on a ring, MSE
+over T."""
 
 from __future__ import annotations
 
@@ -48,8 +49,12 @@ def study_dme(s: DmeSettings, seed: int) -> StudyResult:
         for start in range(0, s.repetitions, s.chunk):
             reps = min(s.chunk, s.repetitions - start)
             samples = rng.normal(s.mean, 1.0, size=(reps, T, n))
-            relay_sq += _squared_errors(relaysum_dme_estimates(samples, chain, s.checkpoints), s.mean)
-            gossip_sq += _squared_errors(gossip_dme_estimates(samples, mixing, s.checkpoints), s.mean)
+            relay_sq += _squared_errors(
+                relaysum_dme_estimates(samples, chain, s.checkpoints), s.mean
+            )
+            gossip_sq += _squared_errors(
+                gossip_dme_estimates(samples, mixing, s.checkpoints), s.mean
+            )
         relay_mse, gossip_mse = relay_sq / s.repetitions, gossip_sq / s.repetitions
         e_bar = float(effective_delays(chain, 0).mean())
         for k, steps in enumerate(s.checkpoints):
@@ -103,8 +108,8 @@ def study_dme(s: DmeSettings, seed: int) -> StudyResult:
             cell,
         )
         result.tables.append(
-            table
-            + f"\n(MSE: measured over {s.repetitions} repetitions, samples ~ N({s.mean:g}, 1); exact: its expectation;"
+            table + f"\n(MSE: measured over {s.repetitions} repetitions, samples ~ N({s.mean:g}, "
+            "1); exact: its expectation;"
             f" T_eff = T - {e_bar:.3f}, the mean effective delay on the chain)"
         )
     result.findings = _findings(result.rows, s)
@@ -120,7 +125,8 @@ def _findings(rows: list[dict[str, Any]], s: DmeSettings) -> list[Finding]:
         if ratios:
             findings.append(
                 Finding(
-                    f"n={n}: RelaySum MSE ~ 1/(n (T - mean delay)) = O(1/(nT)) (within 20% for T >= 2n)",
+                    f"n={n}: RelaySum MSE ~ 1/(n (T - mean delay)) = O(1/(nT)) (within "
+                    "20% for T >= 2n)",
                     all(0.8 <= q <= 1.2 for q in ratios),
                     "MSE / ideal "
                     + "/".join(f"{q:.2f}" for q in ratios)
@@ -130,7 +136,8 @@ def _findings(rows: list[dict[str, Any]], s: DmeSettings) -> list[Finding]:
         later = [r for r in ours if r["T"] >= 2]
         findings.append(
             Finding(
-                f"n={n}: RelaySum has a lower expected MSE than the gossip baseline at every T >= 2",
+                f"n={n}: RelaySum has a lower expected MSE than the gossip baseline at "
+                "every T >= 2",
                 all(r["relay_expected_mse"] < r["gossip_expected_mse"] for r in later),
                 "gossip/RelaySum: exact "
                 + "/".join(
@@ -141,16 +148,19 @@ def _findings(rows: list[dict[str, Any]], s: DmeSettings) -> list[Finding]:
                 + f" at T={'/'.join(str(r['T']) for r in later)}",
             )
         )
-        # gossip needs about the mixing time (~n^2 on a ring) to reach O(1/(nT)); RelaySum the diameter
+        # gossip needs about the mixing time (~n^2 on a ring) to reach O(1/(nT)); RelaySum the
+        # diameter
         reach = {}
         for key in ("relay_mse", "gossip_mse"):
             reach[key] = next((r["T"] for r in ours if n * r["T"] * r[key] <= 1.25), None)
         findings.append(
             Finding(
-                f"n={n}: RelaySum gets within 25% of 1/(nT) much earlier than gossip (>= 2x fewer steps)",
+                f"n={n}: RelaySum gets within 25% of 1/(nT) much earlier than gossip (>= "
+                "2x fewer steps)",
                 reach["relay_mse"] is not None
                 and (reach["gossip_mse"] is None or reach["gossip_mse"] >= 2 * reach["relay_mse"]),
-                f"first T with n T MSE <= 1.25: RelaySum {reach['relay_mse']}, gossip {reach['gossip_mse']}",
+                f"first T with n T MSE <= 1.25: RelaySum {reach['relay_mse']}, gossip "
+                f"{reach['gossip_mse']}",
             )
         )
     return findings

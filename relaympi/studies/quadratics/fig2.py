@@ -1,4 +1,5 @@
-"""Figure 2: tuned steps to a target suboptimality as the number of workers grows (ring, trees, exponential)."""
+"""Figure 2: tuned steps to a target suboptimality as the number of workers grows (ring, trees,
+exponential)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,14 @@ from relaympi.topology import build
 class Fig2Settings:
     problem: ProblemSettings = ProblemSettings()
     n_values: tuple[int, ...] = (4, 8, 16, 32, 64)
-    # The figure's two panels differ in heterogeneity; the text gives no values. zeta2 = 0 makes every
-    # worker's own optimum x*, so no communication is needed at all; 1 and 10 are heterogeneous panels.
+    # The figure's two panels differ in heterogeneity; the text gives no values. zeta2 = 0 makes
+    # every
+    # worker's own optimum x*, so no communication is needed at all; 1 and 10 are heterogeneous
+    # panels.
     zeta2_values: tuple[float, ...] = (0.0, 1.0, 10.0)
-    search: SearchConfig = SearchConfig(target=1e-6)  # target suboptimality, learning-rate search, step cap
+    search: SearchConfig = SearchConfig(
+        target=1e-6
+    )  # target suboptimality, learning-rate search, step cap
 
 
 def _methods(n: int) -> list[Method]:
@@ -60,7 +65,8 @@ def study_fig2(s: Fig2Settings) -> StudyResult:
         titles = (f"steps to {s.search.target:g}, zeta2={zeta2:g}", f"tuned lr, zeta2={zeta2:g}")
         result.tables += tuned_tables(result.rows, titles, labels, columns, zeta2=zeta2)
     result.tables.append(
-        f"{EXACT_DIFFUSION_MARK}: D2 with (W+I)/2 (MH matrix has smallest eigenvalue < -1/3); n.r.: not reached within {s.search.max_steps} steps, lowest suboptimality shown"
+        f"{EXACT_DIFFUSION_MARK}: D2 with (W+I)/2 (MH matrix has smallest eigenvalue < "
+        f"-1/3); n.r.: not reached within {s.search.max_steps} steps, lowest suboptimality shown"
     )
     result.findings = _findings(result.rows, s)
     return result
@@ -85,7 +91,9 @@ def _findings(rows: list[dict[str, Any]], s: Fig2Settings) -> list[Finding]:
             Finding(
                 f"{label}: steps grow ~log n (zeta2={z_max:g})",
                 exponent is not None and exponent < 0.35,
-                f"steps {show(label, z_max)} for n={'/'.join(map(str, ns))}; log-log slope {exponent if exponent is None else round(exponent, 2)}, linear growth has 1",
+                f"steps {show(label, z_max)} for n={'/'.join(map(str, ns))}; log-log "
+                f"slope {exponent if exponent is None else round(exponent, 2)}, linear "
+                "growth has 1",
             )
         )
     for label in ("RelaySGD chain", "D2 ring"):
@@ -93,9 +101,11 @@ def _findings(rows: list[dict[str, Any]], s: Fig2Settings) -> list[Finding]:
         exponent = log_log_slope(large, steps)
         findings.append(
             Finding(
-                f"{label}: steps grow ~linearly (or faster) in n on heterogeneous data (zeta2={z_max:g})",
+                f"{label}: steps grow ~linearly (or faster) in n on heterogeneous data "
+                f"(zeta2={z_max:g})",
                 exponent is not None and exponent >= 0.7,
-                f"steps {'/'.join(map(fmt, steps))} for n={'/'.join(map(str, large))}; log-log slope {exponent if exponent is None else round(exponent, 2)}",
+                f"steps {'/'.join(map(fmt, steps))} for n={'/'.join(map(str, large))}; "
+                f"log-log slope {exponent if exponent is None else round(exponent, 2)}",
             )
         )
         if len(hetero) >= 2:
@@ -109,7 +119,8 @@ def _findings(rows: list[dict[str, Any]], s: Fig2Settings) -> list[Finding]:
                 worst = max(worst, ratio or math.inf)
             findings.append(
                 Finding(
-                    f"{label}: steps independent of heterogeneity (zeta2 in {'/'.join(f'{z:g}' for z in hetero)}, within 15%)",
+                    f"{label}: steps independent of heterogeneity (zeta2 in "
+                    f"{'/'.join(f'{z:g}' for z in hetero)}, within 15%)",
                     ok,
                     "; ".join(
                         f"n={n}: "
@@ -120,17 +131,20 @@ def _findings(rows: list[dict[str, Any]], s: Fig2Settings) -> list[Finding]:
                 )
             )
     if 0.0 in s.zeta2_values and hetero:
-        # zeta2 = 0 makes x* every worker's own optimum: no communication needed, so no growth with n
+        # zeta2 = 0 makes x* every worker's own optimum: no communication needed, so no growth with
+        # n
         homogeneous = series("RelaySGD chain", 0.0)
         heterogeneous = series("RelaySGD chain", max(hetero))
         findings.append(
             Finding(
-                f"RelaySGD chain: zeta2=0 (no communication needed) takes no more steps than zeta2={max(hetero):g}",
+                "RelaySGD chain: zeta2=0 (no communication needed) takes no more steps "
+                f"than zeta2={max(hetero):g}",
                 all(
                     a is not None and (b is None or a <= b)
                     for a, b in zip(homogeneous, heterogeneous, strict=True)
                 ),
-                f"{show('RelaySGD chain', 0.0)} vs {show('RelaySGD chain', max(hetero))} for n={'/'.join(map(str, ns))}",
+                f"{show('RelaySGD chain', 0.0)} vs {show('RelaySGD chain', max(hetero))} "
+                f"for n={'/'.join(map(str, ns))}",
             )
         )
     n_max = ns[-1]
@@ -141,7 +155,8 @@ def _findings(rows: list[dict[str, Any]], s: Fig2Settings) -> list[Finding]:
         )
         findings.append(
             Finding(
-                f"{base}: a binary tree does not help it much compared with a ring (n={n_max}, zeta2={z_max:g})",
+                f"{base}: a binary tree does not help it much compared with a ring "
+                f"(n={n_max}, zeta2={z_max:g})",
                 ring is not None and (tree is None or tree >= 0.5 * ring),
                 f"ring {fmt(ring)}, binary tree {fmt(tree)} steps",
             )
@@ -152,7 +167,8 @@ def _findings(rows: list[dict[str, Any]], s: Fig2Settings) -> list[Finding]:
     )
     findings.append(
         Finding(
-            f"RelaySGD (chain) and D2 (ring) scale significantly better than GT (ring) (n={n_max}, zeta2={z_max:g}, >= 2x fewer steps)",
+            "RelaySGD (chain) and D2 (ring) scale significantly better than GT (ring) "
+            f"(n={n_max}, zeta2={z_max:g}, >= 2x fewer steps)",
             relay is not None and d2 is not None and (gt is None or gt >= 2 * max(relay, d2)),
             f"RelaySGD {fmt(relay)}, D2 {fmt(d2)}, GT {fmt(gt)} steps",
         )
@@ -168,17 +184,20 @@ def _findings(rows: list[dict[str, Any]], s: Fig2Settings) -> list[Finding]:
             f"RelaySGD {fmt(tree_relay)}, D2 {fmt(tree_d2)} steps",
         )
     )
-    # With n <= 4 the schedule's log2(n) <= 2 rounds per step average exactly: SGP is all-reduce there.
+    # With n <= 4 the schedule's log2(n) <= 2 rounds per step average exactly: SGP is all-reduce
+    # there.
     gossiping = [n for n in ns if n > 4]
     if len(gossiping) >= 2:
         sgp = [steps_of(rows, method="SGP exponential", zeta2=z_max, n=n) for n in gossiping]
         exponent = log_log_slope(gossiping, sgp)
         findings.append(
             Finding(
-                f"SGP (exponential): steps do not consistently grow with n (zeta2={z_max:g}, n > 4)",
+                "SGP (exponential): steps do not consistently grow with n "
+                f"(zeta2={z_max:g}, n > 4)",
                 exponent is not None
                 and (exponent < 0.3 or any(b < a for a, b in zip(sgp, sgp[1:], strict=False))),
-                f"steps {'/'.join(map(fmt, sgp))} for n={'/'.join(map(str, gossiping))}; log-log slope {exponent if exponent is None else round(exponent, 2)}",
+                f"steps {'/'.join(map(fmt, sgp))} for n={'/'.join(map(str, gossiping))}; "
+                f"log-log slope {exponent if exponent is None else round(exponent, 2)}",
             )
         )
     z_min = min(s.zeta2_values)
@@ -192,7 +211,8 @@ def _findings(rows: list[dict[str, Any]], s: Fig2Settings) -> list[Finding]:
         ]
         findings.append(
             Finding(
-                f"SGP needs more steps with more heterogeneity (zeta2={z_min:g} vs {z_max:g}, every n > 4)",
+                f"SGP needs more steps with more heterogeneity (zeta2={z_min:g} vs "
+                f"{z_max:g}, every n > 4)",
                 all(a is not None and (b is None or b > a) for a, b in pairs),
                 "; ".join(
                     f"n={n}: {fmt(a)} vs {fmt(b)}"

@@ -1,4 +1,5 @@
-"""Appendix "Independence of heterogeneity" (n = 32 ring, RelaySGD on a chain) and "Star topology"."""
+"""Appendix "Independence of heterogeneity" (n = 32 ring, RelaySGD on a chain) and "Star
+topology"."""
 
 from __future__ import annotations
 
@@ -55,14 +56,19 @@ def study_heterogeneity(s: HeterogeneitySettings) -> StudyResult:
             problem = make_problem(s.n, s.problem, zeta2, sigma2, s.search.seed)
             for method in methods:
                 context = f"{name} sigma2={sigma2:g} zeta2={zeta2:g}"
-                add_tuned(result, problem, method, s.search, context, n=s.n, zeta2=zeta2, sigma2=sigma2)
+                add_tuned(
+                    result, problem, method, s.search, context, n=s.n, zeta2=zeta2, sigma2=sigma2
+                )
     labels = [m.label for m in methods]
     columns = {f"zeta2={z:g}": {"zeta2": z} for z in s.zeta2_values}
     for sigma2 in s.sigma2_values:
         noise = f"sigma2={sigma2:g}" + (
             f" ({s.search.noise_seeds} noise streams)" if sigma2 > 0 else ""
         )
-        titles = (f"n={s.n} {s.topology}, steps to {s.search.target:g}, {noise}", f"tuned lr, {noise}")
+        titles = (
+            f"n={s.n} {s.topology}, steps to {s.search.target:g}, {noise}",
+            f"tuned lr, {noise}",
+        )
         result.tables += tuned_tables(result.rows, titles, labels, columns, sigma2=sigma2)
     result.tables.append(
         f"n.r.: not reached within {s.search.max_steps} steps, lowest suboptimality shown"
@@ -83,7 +89,8 @@ def _findings(
         def steps(label: str, zeta2: float, v: float = sigma2) -> int | None:
             return steps_of(rows, method=label, sigma2=v, zeta2=zeta2)
 
-        # zeta2 = 0 makes x* every worker's own optimum (no communication needed): also compare zeta2 > 0 alone
+        # zeta2 = 0 makes x* every worker's own optimum (no communication needed): also compare
+        # zeta2 > 0 alone
         groups = [s.zeta2_values]
         positive = tuple(z for z in s.zeta2_values if z > 0)
         if len(positive) >= 2 and len(positive) < len(s.zeta2_values):
@@ -94,7 +101,8 @@ def _findings(
                 ok, ratio = ratio_within(values, 0.10)
                 findings.append(
                     Finding(
-                        f"{label}: same steps for every zeta2 in {'/'.join(f'{z:g}' for z in group)} (within 10%, {variant})",
+                        f"{label}: same steps for every zeta2 in "
+                        f"{'/'.join(f'{z:g}' for z in group)} (within 10%, {variant})",
                         ok,
                         "/".join(map(fmt, values))
                         + ("" if ratio is None else f"; max/min {ratio:.2f}"),
@@ -103,7 +111,8 @@ def _findings(
         low, high = steps(dpsgd, z_min), steps(dpsgd, z_max)
         findings.append(
             Finding(
-                f"{dpsgd}: markedly more steps at zeta2={z_max:g} than at {z_min:g} (>= 2x or not reached, {variant})",
+                f"{dpsgd}: markedly more steps at zeta2={z_max:g} than at {z_min:g} (>= "
+                f"2x or not reached, {variant})",
                 low is not None and (high is None or high >= 2 * low),
                 f"{fmt(low)} vs {fmt(high)}",
             )

@@ -1,4 +1,5 @@
-"""Appendix "Learning-rate correction", measured: RelaySGD's 1/(alpha n) on the matrix engine vs lr_correction()."""
+"""Appendix "Learning-rate correction", measured: RelaySGD's 1/(alpha n) on the matrix engine vs
+lr_correction()."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ class LrCorrectionMeasurement:
 def measure_lr_correction(
     topology: Topology, tolerance: float = 1e-10, max_steps: int = 200_000
 ) -> LrCorrectionMeasurement:
-    """Measure RelaySGD's learning-rate correction on the matrix engine (appendix "Learning-rate correction").
+    """Measure RelaySGD's learning-rate correction on the matrix engine (appendix "Learning-rate
+    correction").
 
     Every worker holds one coordinate per layer at 0 and runs zero updates until the relay is in
     steady state (after tau_max steps every message has arrived once, so workers divide by n),
@@ -117,9 +119,11 @@ def study_lr_correction(s: LrCorrectionSettings) -> StudyResult:
         tree = [find(result.rows, topology="binary-tree", n=n)["measured"] for n in s.n_values]
         result.findings.append(
             Finding(
-                "the correction grows ~linearly in n on a chain and ~logarithmically on a binary tree",
+                "the correction grows ~linearly in n on a chain and ~logarithmically on a "
+                "binary tree",
                 chain[-1] / chain[0] > tree[-1] / tree[0],
-                f"chain {'/'.join(f'{v:.2f}' for v in chain)}, binary tree {'/'.join(f'{v:.2f}' for v in tree)} for n={'/'.join(map(str, s.n_values))}",
+                f"chain {'/'.join(f'{v:.2f}' for v in chain)}, binary tree "
+                f"{'/'.join(f'{v:.2f}' for v in tree)} for n={'/'.join(map(str, s.n_values))}",
             )
         )
     return result

@@ -1,4 +1,5 @@
-"""Figure 3: RelaySGD on spanning trees of the Davis Southern Women graph vs D² / DP-SGD on the graph."""
+"""Figure 3: RelaySGD on spanning trees of the Davis Southern Women graph vs D² / DP-SGD on the
+graph."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from relaympi.topology import build, spanning_tree
 
 @dataclass(frozen=True)
 class SocialSettings:
-    """Figure 3: RelaySGD on spanning trees of the Davis Southern Women graph vs D² / DP-SGD on the graph."""
+    """Figure 3: RelaySGD on spanning trees of the Davis Southern Women graph vs D² / DP-SGD on the
+    graph."""
 
     problem: ProblemSettings = ProblemSettings(r0=1.0)
     zeta2: float = 0.1
-    # the paper's noise level, and a noise-free variant (at sigma2 = 0.1 the noise sets every method's lr)
+    # the paper's noise level, and a noise-free variant (at sigma2 = 0.1 the noise sets every
+    # method's lr)
     sigma2_values: tuple[float, ...] = (0.1, 0.0)
     roots: tuple[int, ...] = (0, 7, 14, 21, 28)  # Spanning Tree Protocol roots: one tree each
     search: SearchConfig = SearchConfig(target=1e-5, noise_seeds=8)
@@ -89,14 +92,16 @@ def study_social(s: SocialSettings) -> StudyResult:
         )
         result.tables.append(
             grid(
-                f"social network (32 nodes), zeta2={s.zeta2:g}, {noise}, steps to {s.search.target:g}",
+                f"social network (32 nodes), zeta2={s.zeta2:g}, {noise}, steps to "
+                f"{s.search.target:g}",
                 [m.label for m, _ in methods],
                 columns,
                 cell,
             )
         )
     result.tables.append(
-        f"bytes/step = edges x 2 directions x d={d} x 8 bytes (float64 models); +counters adds RelaySGD's 8-byte counter per message"
+        f"bytes/step = edges x 2 directions x d={d} x 8 bytes (float64 models); +counters "
+        "adds RelaySGD's 8-byte counter per message"
     )
     result.findings = [
         f
@@ -115,13 +120,16 @@ def _findings(rows: list[dict[str, Any]], s: SocialSettings, sigma2: float) -> l
     tree_steps = [r["steps"] if r["reached"] else None for r in trees]
     return [
         Finding(
-            f"RelaySGD on every spanning tree is as fast as D2 on the full graph (within 25% or 2 steps, sigma2={sigma2:g})",
+            "RelaySGD on every spanning tree is as fast as D2 on the full graph (within "
+            f"25% or 2 steps, sigma2={sigma2:g})",
             d2_steps is not None
             and all(t is not None and t <= max(1.25 * d2_steps, d2_steps + 2) for t in tree_steps),
-            f"trees {'/'.join(map(fmt, tree_steps))} (roots {'/'.join(map(str, s.roots))}), D2 {fmt(d2_steps)}",
+            f"trees {'/'.join(map(fmt, tree_steps))} (roots "
+            f"{'/'.join(map(str, s.roots))}), D2 {fmt(d2_steps)}",
         ),
         Finding(
-            f"RelaySGD on spanning trees is significantly faster than DP-SGD on the full graph (>= 1.5x fewer steps, sigma2={sigma2:g})",
+            "RelaySGD on spanning trees is significantly faster than DP-SGD on the full "
+            f"graph (>= 1.5x fewer steps, sigma2={sigma2:g})",
             all(t is not None and (dp_steps is None or dp_steps >= 1.5 * t) for t in tree_steps),
             f"trees {'/'.join(map(fmt, tree_steps))}, DP-SGD {steps_cell(dpsgd)}",
         ),
@@ -130,7 +138,9 @@ def _findings(rows: list[dict[str, Any]], s: SocialSettings, sigma2: float) -> l
             Finding(
                 "a spanning tree communicates less per step than the full graph",
                 all(r["bytes_per_step_with_counters"] < d2["bytes_per_step"] for r in trees),
-                f"tree {trees[0]['bytes_per_step_with_counters']} B/step (with counters) vs full graph {d2['bytes_per_step']} B/step ({trees[0]['edges']} vs {d2['edges']} edges)",
+                f"tree {trees[0]['bytes_per_step_with_counters']} B/step (with counters) "
+                f"vs full graph {d2['bytes_per_step']} B/step ({trees[0]['edges']} vs "
+                f"{d2['edges']} edges)",
             )
         ]
         if sigma2 == s.sigma2_values[0]

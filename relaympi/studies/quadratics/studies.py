@@ -1,4 +1,5 @@
-"""The table of studies: each one's settings (the paper's, or the reduced --quick ones) and how it runs."""
+"""The table of studies: each one's settings (the paper's, or the reduced --quick ones) and how it
+runs."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ QUICK_SEARCH = {"grid_points": 10, "rounds": 1, "round_points": 5, "max_steps": 
 
 @dataclass(frozen=True)
 class Study:
-    """One study: the paper's settings, the changes --quick makes to them, and its run (settings, seed)."""
+    """One study: the paper's settings, the changes --quick makes to them, and its run (settings,
+    seed)."""
 
     settings: Any
     quick: dict[str, Any]

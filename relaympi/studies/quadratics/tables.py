@@ -52,14 +52,16 @@ def fmt(steps: int | None) -> str:
 
 
 def log_log_slope(ns: Sequence[int], steps: Sequence[int | None]) -> float | None:
-    """Slope of log(steps) against log(n) (least squares); None if some setting did not reach the target."""
+    """Slope of log(steps) against log(n) (least squares); None if some setting did not reach the
+    target."""
     if any(s is None for s in steps) or len(ns) < 2:
         return None
     return float(np.polyfit(np.log(ns), np.log(np.asarray(steps, dtype=float)), 1)[0])
 
 
 def ratio_within(values: Sequence[int | None], tolerance: float) -> tuple[bool, float | None]:
-    """Whether max/min <= 1 + tolerance, and the ratio (None if some setting did not reach the target)."""
+    """Whether max/min <= 1 + tolerance, and the ratio (None if some setting did not reach the
+    target)."""
     if not values or any(v is None for v in values):
         return False, None
     ratio = max(values) / min(values)

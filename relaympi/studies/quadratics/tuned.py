@@ -1,4 +1,5 @@
-"""What the optimization studies share: their problems, one tuned run per (method, setting), its row and tables.
+"""What the optimization studies share: their problems, one tuned run per (method, setting), its row
+and tables.
 
 Each study tunes a constant learning rate per (method, setting) with tuning.tune, logs it,
 stores it as a row (tuned_row), and prints two tables over its settings: steps to the target
@@ -19,12 +20,15 @@ from relaympi.tasks.quadratics import Quadratics, QuadraticsSpec, generate
 
 log = logging.getLogger("relaympi.studies.quadratics")
 
-EXACT_DIFFUSION_MARK = "+"  # table marker: D² ran with (W + I) / 2 because W's smallest eigenvalue is < -1/3
+EXACT_DIFFUSION_MARK = (
+    "+"  # table marker: D² ran with (W + I) / 2 because W's smallest eigenvalue is < -1/3
+)
 
 
 @dataclass(frozen=True)
 class ProblemSettings:
-    """Random quadratics of the paper's appendix; the global optimum is x* with ||x*|| = r0, x(0) = 0."""
+    """Random quadratics of the paper's appendix; the global optimum is x* with ||x*|| = r0, x(0) =
+    0."""
 
     dim: int = 10  # even, so double binary trees relay the same number of coordinates on each tree
     mu: float = 0.5  # smallest singular value of every A_i (Hessian eigenvalues >= mu^2)
@@ -62,7 +66,8 @@ def add_tuned(
     context: str,
     **setting: Any,
 ) -> Row:
-    """Tune ``method`` on ``problem``, log it under ``context``, and add its row (returned) to ``result``."""
+    """Tune ``method`` on ``problem``, log it under ``context``, and add its row (returned) to
+    ``result``."""
     tuned = tune(problem, method, search)
     log.info(
         "%s %s: %s steps (lr %.3g, %.1fs)",
@@ -78,7 +83,8 @@ def add_tuned(
 
 
 def steps_cell(row: Row | None) -> str:
-    """Steps to the target, or "n.r." with the lowest suboptimality reached; marked for D² with (W + I) / 2."""
+    """Steps to the target, or "n.r." with the lowest suboptimality reached; marked for D² with (W +
+    I) / 2."""
     if row is None:
         return "-"
     mark = EXACT_DIFFUSION_MARK if row.get("d2_exact_diffusion") else ""
@@ -94,7 +100,8 @@ def tuned_tables(
     columns: Mapping[str, Mapping[str, Any]],
     **fixed: Any,
 ) -> list[str]:
-    """Two tables, methods x ``columns`` (column label -> the settings it matches): steps to the target, tuned lr.
+    """Two tables, methods x ``columns`` (column label -> the settings it matches): steps to the
+    target, tuned lr.
 
     ``titles`` are the steps table's and the lr table's; ``fixed`` are settings every cell matches.
     """

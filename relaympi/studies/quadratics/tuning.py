@@ -1,4 +1,5 @@
-"""Learning-rate tuning on random quadratics: batched matrix-engine runs and a log-scale bracketing search."""
+"""Learning-rate tuning on random quadratics: batched matrix-engine runs and a log-scale bracketing
+search."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ class Method:
 
 
 def d2_method(label: str, topology: Topology) -> Method:
-    """D² on ``topology`` with MH weights, or with (W + I) / 2 where D² may not gossip with W (d2_allows)."""
+    """D² on ``topology`` with MH weights, or with (W + I) / 2 where D² may not gossip with W
+    (d2_allows)."""
     lowest = min_eigenvalue(topology.mixing_matrix(0))
     return Method(label, "d2", topology, d2_exact_diffusion=not d2_allows(lowest))
 
@@ -90,7 +92,8 @@ class BatchResult:
 
 
 def suboptimality_batch(problem: Quadratics, X: np.ndarray) -> np.ndarray:
-    """f(x_bar) - f* for each of B models stacked as X [n, B, d]: exactly 1/2 e^T H e with H = mean A_i^T A_i."""
+    """f(x_bar) - f* for each of B models stacked as X [n, B, d]: exactly 1/2 e^T H e with H = mean
+    A_i^T A_i."""
     error = X.mean(axis=0) - problem.x_star  # [B, d]
     hessian = problem.AtA.mean(axis=0)
     return 0.5 * np.einsum("bi,ij,bj->b", error, hessian, error)
@@ -118,7 +121,8 @@ def run_batch(
     K, S = lrs.size, (noise_seeds if problem.sigma2 > 0 else 1)
     if method.topology.world_size != n:
         raise ValueError(
-            f"topology {method.topology.name!r} has {method.topology.world_size} workers, the problem {n}"
+            f"topology {method.topology.name!r} has {method.topology.world_size} workers, "
+            f"the problem {n}"
         )
     width = K * S * d
     engine = make_matrix_algorithm(
@@ -181,7 +185,8 @@ class Tuned:
     label: str
     lr: float
     steps: int | None  # steps to target at lr; None: not reached within max_steps
-    best_suboptimality: float  # lowest suboptimality reached at lr within the steps run (the plateau if not reached)
+    # lowest suboptimality reached at lr within the steps run (the plateau if not reached)
+    best_suboptimality: float
     at_boundary: bool  # the best learning rate was at an edge of the initial range
     curve: np.ndarray  # suboptimality per step at lr
     trials: np.ndarray = field(
@@ -195,7 +200,8 @@ class Tuned:
 
 
 def _pick(result: BatchResult) -> int:
-    """Index of the best learning rate: earliest to target (middle of ties), else lowest suboptimality."""
+    """Index of the best learning rate: earliest to target (middle of ties), else lowest
+    suboptimality."""
     if result.hit_step is not None:
         tied = np.flatnonzero(result.hits)
         return int(tied[len(tied) // 2])
@@ -206,7 +212,8 @@ def _pick(result: BatchResult) -> int:
 
 
 def tune(problem: Quadratics, method: Method, config: SearchConfig) -> Tuned:
-    """The constant learning rate that reaches config.target in the fewest steps (SearchConfig's search)."""
+    """The constant learning rate that reaches config.target in the fewest steps (SearchConfig's
+    search)."""
     start = time.perf_counter()
     grid = np.geomspace(config.lr_min, config.lr_max, config.grid_points)
     spacing = math.log(grid[1] / grid[0])
