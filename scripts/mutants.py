@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DROP_ORACLE = "tests/test_drop_oracle.py"  # the independent drop oracle (issue 15, item 1)
-SCHEDULE = "tests/test_schedule.py"  # the run's rules against hand values (issue 26)
+DROP_ORACLE = "tests/test_algorithms_with_drops.py"  # every algorithm against the lossy model
+SCHEDULE = "tests/test_schedule.py"  # the run's rules against values counted by hand
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,7 @@ PLANTS = (
         "u.mul_(-lr)",
         (("tests/test_optim.py",),),
     ),
-    # the rules that shape a run (issue 26): lr schedule, step accounting, cadence, lr correction
+    # the rules that shape a run: lr schedule, step accounting, cadence, lr correction
     Plant(
         "schedule-warmup-ahead",  # linear warm-up one step ahead: step 0 already at warmup_from + 1/warmup_steps
         "relaympi/training/plan.py",

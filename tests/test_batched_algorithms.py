@@ -245,7 +245,7 @@ def test_batched_optimizer_matches_the_local_optimizer(config):
 
 def test_relay_counts_parcels_like_message_passing_on_a_chain():
     """Chain of 3 with one lost message: the messages and counters the hand derivation gives
-    (tests/test_drop_oracle.py's chain, here through the batched engine)."""
+    (tests/test_algorithms_with_drops.py's chain, here through the batched engine)."""
 
     class LoseOne(DropPolicy):
         def dropped(self, round, tag, src, dst):
@@ -363,7 +363,7 @@ def _peak_allocated_bytes(fn, tmp_path) -> int:
 @pytest.mark.parametrize("n", [16, 64])
 @pytest.mark.parametrize("topo", ["chain", "star", "binary-tree", "double-binary-trees"])
 def test_relay_memory_is_no_more_than_message_passing(topo, n, tmp_path):
-    """Issue 12: memory per worker no more than message passing uses. Batched: every tensor and array
+    """Memory per worker is no more than message passing uses. Batched: every tensor and array
     the relay holds plus the peak of what its steps allocate (with drops, both row parities); message
     passing: every rank's RelaySum.buffers(), default options (its steps allocate no buffer of its
     own; the transport's copies in flight are not counted, in its favour). float32."""

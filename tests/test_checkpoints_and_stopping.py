@@ -1,5 +1,5 @@
 """Checkpoint directories belong to one run, --out replaces only run files, and a run stopped by
-Ctrl-C, SIGTERM or a full disk ends recorded, readable and resumable (issue 19 items 3-5)."""
+Ctrl-C, SIGTERM or a full disk ends recorded, readable and resumable."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def digest(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-# -- item 3: a checkpoint directory belongs to one run -------------------------------------------
+# -- a checkpoint directory belongs to one run ---------------------------------------------------
 def test_another_run_refuses_the_checkpoint_and_the_owner_resumes_without_a_gap(tmp_path):
     ck, a, a2 = tmp_path / "ck", tmp_path / "A.h5", tmp_path / "A2.h5"
     first = train([*DIGITS, "--checkpoint-dir", ck, "--out", a], env=stopped_at(20))
@@ -79,7 +79,7 @@ def test_resume_refuses_a_checkpoint_the_run_file_does_not_reach(tmp_path):
     assert read_run(a).data["step"].tolist() == [0, 10]
 
 
-# -- item 4: --out replaces only run files -------------------------------------------------------
+# -- --out replaces only run files ---------------------------------------------------------------
 def _problem_file(path):
     from relaympi.tasks import quadratics
 
@@ -127,7 +127,7 @@ def test_run_writer_refuses_a_file_that_is_not_a_run_file(tmp_path):
     assert target.read_text() == "keep me"
 
 
-# -- item 5: stopping -----------------------------------------------------------------------------
+# -- stopping: Ctrl-C and SIGTERM ----------------------------------------------------------------
 def test_sigterm_without_a_checkpoint_dir_says_a_rerun_starts_over(tmp_path):
     proc = train([*DIGITS, "--out", tmp_path / "r.h5"], env=stopped_at(20))
     assert proc.returncode == 5, proc.stderr[-3000:]
@@ -189,7 +189,7 @@ def test_mpi_ctrl_c_checkpoints_on_every_rank(tmp_path):
     assert sorted(p.name for p in (tmp_path / "ck").glob("*.pt")) == [f"rank{r:05d}.step{step:010d}.pt" for r in range(2)]
 
 
-# -- item 5: a full disk --------------------------------------------------------------------------
+# -- stopping: a full disk ------------------------------------------------------------------------
 @pytest.fixture
 def small_disk(tmp_path):
     """A 1 MiB tmpfs (needs root); a run file of 16 workers outgrows it within a few evaluations."""

@@ -1,5 +1,5 @@
 """The report's cost tables, accuracy over wall-clock time, show's time to target, and the
-provenance that keeps times from different hardware apart (issue 23)."""
+provenance that keeps times from different hardware apart."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 19 item 8: the report's plots say what they show and keep every series apart; the command
+"""The report's plots say what they show and keep every series apart; the command
 lines' help, usage lines and advice are complete and lead somewhere."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ranged step (issue 24, item 2) of all-reduce, D-PSGD, QGM, D², gradient tracking and SGP.
+"""The ranged step of all-reduce, D-PSGD, QGM, D², gradient tracking and SGP.
 
 begin_step, then ready(lo, hi) as backward finishes each range (high indices first), then
 finish_step, gives x(t+1) bit for bit as step() does, for any cut; ready() already runs the range's

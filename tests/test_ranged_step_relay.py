@@ -1,4 +1,4 @@
-"""Issue 22 item 4 and issue 24 item 2 (relay part): RelaySGD and RelaySGD/Grad range by range.
+"""The ranged step of RelaySGD and RelaySGD/Grad: ranges stepped as backward finishes them.
 
 ``begin_step``, ``ready(lo, hi)`` for ranges cut anywhere and arriving in backward order (high
 indices first), then ``finish_step``, give the bits of ``step()``, for every relay mode, chunked
