@@ -9,24 +9,18 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
 from relaympi.results import read_run, run_status
-from tests.conftest import ROOT, env_for_subprocess, mounted_tmpfs, mpirun_path, requires_mpirun
+from tests.conftest import ROOT, env_for_subprocess, mounted_tmpfs, requires_mpirun, train_command
+from tests.conftest import run_train as train
 
-PY = sys.executable
 # 4 workers, 60 steps, an evaluation (and a checkpoint) every 10
 DIGITS = ["--task", "digits", "--backend", "local", "--workers", "4", "--algo", "relay", "--alpha", "0.01",
           "--steps", "60", "--eval-every", "10", "--seed", "2"]
-
-
-def train(args, *, env=None, timeout=300):
-    cmd = [PY, "-m", "relaympi.train", *map(str, args)]
-    return subprocess.run(cmd, cwd=ROOT, env={**env_for_subprocess(), **(env or {})}, capture_output=True, text=True, timeout=timeout)
 
 
 def stopped_at(step, how="TERM"):
@@ -170,7 +164,7 @@ def _ctrl_c_at(command: list[str], progress: str) -> tuple[subprocess.Popen, str
 def test_ctrl_c_to_the_process_group_stops_the_batched_run_with_a_checkpoint(tmp_path):
     args = ["--task", "digits", "--backend", "batched", "--workers", "4", "--algo", "relay", "--steps", "100000",
             "--eval-every", "10", "--log-every", "10", "--checkpoint-dir", tmp_path / "ck", "--out", tmp_path / "r.h5"]
-    proc, out, err = _ctrl_c_at([PY, "-m", "relaympi.train", *map(str, args)], "step 20/")
+    proc, out, err = _ctrl_c_at(train_command(args), "step 20/")
     assert proc.returncode == 4, err[-3000:]
     assert "Traceback" not in err and "checkpoint saved in" in out
     run = read_run(tmp_path / "r.h5")
@@ -181,7 +175,7 @@ def test_ctrl_c_to_the_process_group_stops_the_batched_run_with_a_checkpoint(tmp
 def test_mpi_ctrl_c_checkpoints_on_every_rank(tmp_path):
     args = ["--task", "quadratics", "--algo", "relay", "--topology", "chain", "--steps", "100000", "--dim", "4",
             "--eval-every", "100", "--log-every", "100", "--checkpoint-dir", tmp_path / "ck", "--out", tmp_path / "r.h5"]
-    _, out, err = _ctrl_c_at([mpirun_path(), "-n", "2", PY, "-m", "relaympi.train", *map(str, args)], "step 200/")
+    _, out, err = _ctrl_c_at(train_command(args, mpi=2), "step 200/")
     assert "KeyboardInterrupt" not in err and "Traceback" not in err, err[-3000:]
     run = read_run(tmp_path / "r.h5")
     assert run.status == "preempted" and run.attrs["checkpoint_saved"] is True

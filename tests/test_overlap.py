@@ -10,8 +10,6 @@ a checkpoint resumed with the other setting, and on MPI ranks (the spmd test und
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,7 +24,7 @@ from relaympi.flat import flatten_module
 from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.topology import build
 from relaympi.training.buckets import GradientBuckets, cut_buckets
-from tests.conftest import ROOT, env_for_subprocess, mpirun_path, requires_mpirun
+from tests.conftest import requires_mpirun, run_train
 
 # ------------------------------------------------------------------------------------ buckets
 
@@ -367,10 +365,9 @@ def test_mpi_ranks_on_two_nodes_overlap_by_default_and_say_whether_the_thread_ra
     where MPI provides MPI_THREAD_MULTIPLE, and where it does not rank 0 warns, the run goes on
     without it, and the run file and the summary say so."""
     out = tmp_path / "r.h5"
-    env = {**env_for_subprocess(), "MPI4PY_RC_THREAD_LEVEL": thread_level}
-    proc = subprocess.run([mpirun_path(), "-n", "2", sys.executable, "-m", "relaympi.train", "--task", "digits", "--algo", "relay",
-                           "--steps", "4", "--ranks-per-node", "1", "--progress-thread", "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    args = ["--task", "digits", "--algo", "relay", "--steps", "4", "--ranks-per-node", "1",
+            "--progress-thread", "--out", out]
+    proc = run_train(args, mpi=2, env={"MPI4PY_RC_THREAD_LEVEL": thread_level})
     assert proc.returncode == 0, proc.stderr[-2000:]
     with h5py.File(out, "r") as file:
         config, provenance = json.loads(file.attrs["config"]), json.loads(file.attrs["provenance"])

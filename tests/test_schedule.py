@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +22,7 @@ from relaympi.results import read_run
 from relaympi.tasks.partition import steps_per_epoch
 from relaympi.training.plan import Schedule, resolve
 from relaympi.workloads import build_workload
-from tests.conftest import ROOT, env_for_subprocess, mpirun_path, requires_mpirun
-
-PY = sys.executable
+from tests.conftest import requires_mpirun, run_module, run_train
 
 
 def _schedule(**fields) -> Schedule:
@@ -188,8 +184,7 @@ def test_run_file_lr_follows_the_recipe(tmp_path, backend):
 
 @requires_mpirun
 def test_run_file_lr_follows_the_recipe_under_mpirun(tmp_path):
-    cmd = [mpirun_path(), "-n", "2", PY, "-m", "relaympi.train", *RECIPE, "--out", str(tmp_path / "r.h5")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env_for_subprocess(), capture_output=True, text=True, timeout=300)
+    proc = run_train([*RECIPE, "--out", tmp_path / "r.h5"], mpi=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _check_recipe(tmp_path / "r.h5")
 
@@ -279,8 +274,7 @@ def test_resumed_run_evaluates_where_an_uninterrupted_one_does(tmp_path, monkeyp
 
 # -- 3. RelaySGD's lr correction ------------------------------------------------------------------
 def _topology_cli(*args) -> str:
-    proc = subprocess.run([PY, "-m", "relaympi.topology", *args], cwd=ROOT, env=env_for_subprocess(),
-                          capture_output=True, text=True, timeout=60)
+    proc = run_module("relaympi.topology", *args, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
