@@ -61,7 +61,13 @@ def mpirun_path() -> str | None:
     return str(exe) if exe.exists() else shutil.which("mpirun")
 
 
-requires_mpirun = pytest.mark.skipif(mpirun_path() is None, reason="no mpirun on PATH (pip install mpich, or load your MPI module)")
+_NO_MPIRUN = pytest.mark.skipif(mpirun_path() is None,
+                                reason="no mpirun on PATH (pip install mpich, or load your MPI module)")
+
+
+def requires_mpirun(test):
+    """Decorates a test that launches mpirun: marker ``mpirun``, skipped where there is none."""
+    return pytest.mark.mpirun(_NO_MPIRUN(test))
 
 
 def env_for_subprocess() -> dict[str, str]:

@@ -313,6 +313,7 @@ def _relay_variant_trajectory(comm, algo, topo, mode, variant):
     return np.array(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drop_prob", [0.0, 0.25])
 @pytest.mark.parametrize(
     "algo, topo, mode",

@@ -32,6 +32,7 @@ def digest(path):
 
 
 # -- a checkpoint directory belongs to one run ---------------------------------------------------
+@pytest.mark.slow
 def test_another_run_refuses_the_checkpoint_and_the_owner_resumes_without_a_gap(tmp_path):
     ck, a, a2 = tmp_path / "ck", tmp_path / "A.h5", tmp_path / "A2.h5"
     first = train([*DIGITS, "--checkpoint-dir", ck, "--out", a], env=stopped_at(20))
@@ -52,6 +53,7 @@ def test_another_run_refuses_the_checkpoint_and_the_owner_resumes_without_a_gap(
     assert run.attrs["resumed_at_steps"] == [19]
 
 
+@pytest.mark.slow
 def test_overwrite_takes_the_checkpoint_over_and_then_the_old_owner_is_refused(tmp_path):
     ck, a, a2 = tmp_path / "ck", tmp_path / "A.h5", tmp_path / "A2.h5"
     assert train([*DIGITS, "--checkpoint-dir", ck, "--out", a], env=stopped_at(20)).returncode == 4
@@ -62,6 +64,7 @@ def test_overwrite_takes_the_checkpoint_over_and_then_the_old_owner_is_refused(t
     assert run_status(a) == "preempted" and read_run(a).data["step"].tolist() == [0, 10]  # untouched
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_checkpoint_the_run_file_does_not_reach(tmp_path):
     ck, a = tmp_path / "ck", tmp_path / "A.h5"
     assert train([*DIGITS, "--checkpoint-dir", ck, "--out", a], env=stopped_at(20)).returncode == 4
@@ -81,6 +84,7 @@ def _problem_file(path):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["problem", "text", "checkpoint"])
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_out_never_replaces_a_file_that_is_not_a_run_file(tmp_path, kind, overwrite):
@@ -102,6 +106,7 @@ def test_out_never_replaces_a_file_that_is_not_a_run_file(tmp_path, kind, overwr
     assert digest(target) == before
 
 
+@pytest.mark.slow
 def test_an_empty_out_file_is_replaced_only_with_overwrite(tmp_path):
     target = tmp_path / "r.h5"
     target.write_bytes(b"")
@@ -122,6 +127,7 @@ def test_run_writer_refuses_a_file_that_is_not_a_run_file(tmp_path):
 
 
 # -- stopping: Ctrl-C and SIGTERM ----------------------------------------------------------------
+@pytest.mark.slow
 def test_sigterm_without_a_checkpoint_dir_says_a_rerun_starts_over(tmp_path):
     proc = train([*DIGITS, "--out", tmp_path / "r.h5"], env=stopped_at(20))
     assert proc.returncode == 5, proc.stderr[-3000:]
@@ -130,6 +136,7 @@ def test_sigterm_without_a_checkpoint_dir_says_a_rerun_starts_over(tmp_path):
     assert run.status == "preempted" and run.attrs["stopped_step"] == 20 and run.attrs["checkpoint_saved"] is False
 
 
+@pytest.mark.slow
 def test_sigint_checkpoints_like_sigterm_and_the_same_command_resumes(tmp_path):
     args = [*DIGITS, "--checkpoint-dir", tmp_path / "ck", "--out", tmp_path / "r.h5"]
     proc = train(args, env=stopped_at(30, "INT"))
@@ -161,6 +168,7 @@ def _ctrl_c_at(command: list[str], progress: str) -> tuple[subprocess.Popen, str
     return proc, out, err
 
 
+@pytest.mark.slow
 def test_ctrl_c_to_the_process_group_stops_the_batched_run_with_a_checkpoint(tmp_path):
     args = ["--task", "digits", "--backend", "batched", "--workers", "4", "--algo", "relay", "--steps", "100000",
             "--eval-every", "10", "--log-every", "10", "--checkpoint-dir", tmp_path / "ck", "--out", tmp_path / "r.h5"]
@@ -171,6 +179,7 @@ def test_ctrl_c_to_the_process_group_stops_the_batched_run_with_a_checkpoint(tmp
     assert run.status == "preempted" and (tmp_path / "ck" / "meta.json").exists()
 
 
+@pytest.mark.slow
 @requires_mpirun
 def test_mpi_ctrl_c_checkpoints_on_every_rank(tmp_path):
     args = ["--task", "quadratics", "--algo", "relay", "--topology", "chain", "--steps", "100000", "--dim", "4",
@@ -191,6 +200,7 @@ def small_disk(tmp_path):
         yield mount
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["local", "batched"])
 def test_a_full_disk_fails_the_run_with_one_line_and_a_readable_file(small_disk, backend):
     out = small_disk / "r.h5"
@@ -202,6 +212,7 @@ def test_a_full_disk_fails_the_run_with_one_line_and_a_readable_file(small_disk,
     assert run.data["step"].tolist() == [5 * k for k in range(len(run.data["step"]))]  # whole rows, no gap
 
 
+@pytest.mark.slow
 def test_a_full_disk_for_checkpoints_leaves_nothing_partial(small_disk, tmp_path):
     ck = small_disk / "ck"
     proc = train([*DIGITS[:2], "--backend", "local", "--workers", 16, "--algo", "relay", "--steps", 20, "--eval-every", 5,

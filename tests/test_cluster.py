@@ -1,4 +1,4 @@
-"""Emulated multi-node clusters: ``jobs/local_cluster.sh start --nodes N`` (marker slurm; root).
+"""Emulated multi-node clusters: ``jobs/local_cluster.sh start --nodes N`` (marker cluster; root).
 
 One 2-node cluster (a network namespace and a hostname per node, tbf-shaped links) serves the
 module: started by the ``nodes`` fixture in a folder of its own, on ports and a subnet it picks
@@ -28,7 +28,7 @@ import pytest
 from relaympi.results import read_run, run_status
 from tests.test_slurm import JOBS, ROOT, bash, clean_env
 
-pytestmark = pytest.mark.slurm
+pytestmark = pytest.mark.cluster
 
 # one configuration for every run here: ~3 s of training, a checkpoint every 50 steps
 TRAIN = ["--task", "digits", "--algo", "relay", "--alpha", "0.01", "--steps", "300", "--eval-every", "50", "--log-every", "50"]
@@ -311,6 +311,7 @@ def test_without_root_nodes_exit_2_with_one_line(tmp_path: Path) -> None:
     assert "needs root" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_resume_at_an_evaluation_step_records_the_rows_an_uninterrupted_run_does(tmp_path: Path) -> None:
     """The row of the checkpoint's step is evaluated again after a resume: its train loss comes from the checkpoint.
 

@@ -329,6 +329,7 @@ def serve_hub_repo(server: FileServer, repo_id: str, folder: Path, sha: str = "5
     server.files[f"/api/models/{repo_id}/tree/{sha}"] = json.dumps(tree).encode()
 
 
+@pytest.mark.slow
 def test_fetch_distilbert_from_a_local_hub(tmp_path, server, tiny_model):
     """End to end through huggingface_hub.snapshot_download, against a local server that answers
     the hub's API (HF_ENDPOINT), in a fresh process as a user runs it."""
@@ -480,6 +481,7 @@ def test_resolve_fills_the_default_folders(tmp_path, monkeypatch, task, data, mo
     assert given.data_dir == Path("rel").absolute()  # given: kept, made absolute for the record
 
 
+@pytest.mark.slow
 def test_train_reads_the_default_root_and_records_it(tmp_path):
     from relaympi.results import read_run
 

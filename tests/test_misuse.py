@@ -76,6 +76,7 @@ def _check_refused(proc: subprocess.CompletedProcess, named: list[str]) -> None:
         assert text in errors[0], (text, errors[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, named", CASES)
 def test_misuse_is_one_line_and_exit_2(tmp_path, request, args, named):
     ro = request.getfixturevalue("read_only_dir") if any("{ro}" in a for a in args) else None
@@ -90,6 +91,7 @@ def test_misuse_is_one_line_and_exit_2(tmp_path, request, args, named):
     assert _files(tmp_path) == before  # nothing written
 
 
+@pytest.mark.slow
 @requires_mpirun
 def test_misuse_under_mpirun_is_one_line_from_rank_0(tmp_path):
     cwd = tmp_path / "cwd"

@@ -64,6 +64,7 @@ def _emulated(comm):
     return emulated.node, emulated.nodes
 
 
+@pytest.mark.mpi
 @pytest.mark.spmd
 def test_mpi_ranks_per_node_overrides_the_discovered_nodes(spmd, request):
     if not request.config.getoption("with_mpi", default=False):
@@ -73,6 +74,7 @@ def test_mpi_ranks_per_node_overrides_the_discovered_nodes(spmd, request):
         assert node in nodes
 
 
+@pytest.mark.slow
 @requires_mpirun
 def test_mpirun_with_ranks_per_node_emulates_nodes(tmp_path):
     """--ranks-per-node under mpirun overrides what MPI_COMM_TYPE_SHARED finds (one node here), and says so.
@@ -203,6 +205,7 @@ def test_resume_refuses_ranks_found_on_other_nodes(tmp_path):
 
 
 # -- bad input --------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--ranks-per-node", "0"], r"error: --ranks-per-node must be >= 1 \(ranks on each emulated node\), got 0"),
     (["--placement", "bogus"], r"--placement: invalid choice: 'bogus' \(choose from '?auto'?, '?ranks'?, '?nodes'?\)"),  # quotes: Python 3.12+
@@ -240,6 +243,7 @@ def test_a_config_file_with_a_bogus_placement_is_refused(tmp_path):
 
 
 # -- the report -----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_report_says_which_placement_and_tells_rows_apart(tmp_path):
     for name, extra in (("a", []), ("b", ["--ranks-per-node", "2"])):
         assert _main([*LOCAL4, "--task", "digits", "--steps", "2", "--algo", "dpsgd", "--topology", "chain", *extra,

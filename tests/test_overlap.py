@@ -155,6 +155,7 @@ def assert_same_numbers(path: Path, reference: Path) -> None:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_overlap_gives_the_same_run_file(tmp_path, case):
     plain = _train(tmp_path, "plain", *CASES[case])
@@ -346,6 +347,7 @@ def test_the_in_process_transport_starts_no_progress_thread():
     assert run_local(2, lambda comm: comm.start_progress_thread()) == [False, False]  # its copies move inside its own calls
 
 
+@pytest.mark.mpi
 @pytest.mark.spmd
 def test_the_progress_thread_moves_a_transfer_while_the_rank_computes(spmd, request):
     if not request.config.getoption("--with-mpi", default=False):
@@ -358,6 +360,7 @@ def test_the_progress_thread_moves_a_transfer_while_the_rank_computes(spmd, requ
     assert moved
 
 
+@pytest.mark.slow
 @requires_mpirun
 @pytest.mark.parametrize("thread_level, ran", [("multiple", True), ("serialized", False)])
 def test_mpi_ranks_on_two_nodes_overlap_by_default_and_say_whether_the_thread_ran(tmp_path, thread_level, ran):

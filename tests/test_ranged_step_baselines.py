@@ -91,6 +91,7 @@ def _whole_and_ranged(case: Case, dtype: torch.dtype, cuts, drops: DropPolicy | 
     return np.array(whole), np.array(ranged)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_ranges_in_backward_order_give_the_whole_steps_bits(case: Case, dtype: torch.dtype) -> None:
@@ -102,6 +103,7 @@ def test_ranges_in_backward_order_give_the_whole_steps_bits(case: Case, dtype: t
         np.testing.assert_array_equal(ranged, whole, err_msg=f"bucket {bucket}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_the_comparison_catches_a_range_made_ready_twice(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cut that covers one range twice (the check that refuses it switched off) changes the bits,
@@ -247,6 +249,7 @@ def _node_aware_sum(comm, numel: int) -> bool:
     return True
 
 
+@pytest.mark.mpi
 @pytest.mark.spmd
 def test_a_node_aware_tree_sum_gives_its_own_trees_bits(spmd, request) -> None:
     if not request.config.getoption("--with-mpi", default=False) or spmd(lambda comm: comm.world_size)[0] < 4:
@@ -254,6 +257,7 @@ def test_a_node_aware_tree_sum_gives_its_own_trees_bits(spmd, request) -> None:
     assert all(spmd(_node_aware_sum, 10_000))
 
 
+@pytest.mark.slow
 @pytest.mark.spmd
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("numel", [1, 100, 10_000, 1_000_000])

@@ -102,6 +102,7 @@ def _run(case, **kwargs) -> np.ndarray:
     return np.array(run_local(n, trajectory, case, drops=DropPolicy(drop, seed=3), **kwargs))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_ranged_step_gives_the_bits_of_step(case):
     whole = _run(case)

@@ -182,6 +182,7 @@ def test_run_file_lr_follows_the_recipe(tmp_path, backend):
     _check_recipe(tmp_path / "r.h5")
 
 
+@pytest.mark.slow
 @requires_mpirun
 def test_run_file_lr_follows_the_recipe_under_mpirun(tmp_path):
     proc = run_train([*RECIPE, "--out", tmp_path / "r.h5"], mpi=2)
@@ -206,6 +207,7 @@ QUAD = ["--task", "quadratics", "--algo", "relay", "--topology", "chain", "--lr"
         "--backend", "local", "--workers", "2"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra, steps", [
     (["--steps", "10", "--eval-every", "4"], [0, 4, 8, 10]),  # multiples of 4, then the last step
     (["--steps", "8", "--eval-every", "4"], [0, 4, 8]),  # the last step is a multiple: once
@@ -279,6 +281,7 @@ def _topology_cli(*args) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("topology, n, by_hand", [
     # chain 0-1-2: 11/9 (derived in tests/test_topology.py::test_lr_correction_three_worker_chain_by_hand)
     ("chain", 3, 11 / 9),
@@ -305,6 +308,7 @@ def test_lr_correction_is_what_the_topology_command_prints(tmp_path, topology, n
     assert corrected.config["relay_lr_correction"] is True and corrected.config["lr"] == 0.09
 
 
+@pytest.mark.slow
 def test_lr_correction_reaches_the_update(tmp_path):
     """The models of a corrected run are those of the matrix oracle stepped with lr * factor."""
     from relaympi.algorithms.matrix import make_matrix_algorithm

@@ -112,6 +112,7 @@ def _train_on_cpu0(tmp_path, extra):
     return read_run(out, datasets=()).provenance, proc.stderr
 
 
+@pytest.mark.slow
 @needs_taskset
 def test_a_run_under_taskset_records_one_thread(tmp_path):
     provenance, stderr = _train_on_cpu0(tmp_path, [])
@@ -119,6 +120,7 @@ def test_a_run_under_taskset_records_one_thread(tmp_path):
     assert "--threads" not in stderr
 
 
+@pytest.mark.slow
 @needs_taskset
 def test_a_run_with_threads_above_its_cpus_warns_and_records_them(tmp_path):
     provenance, stderr = _train_on_cpu0(tmp_path, ["--threads", "2"])
@@ -135,6 +137,7 @@ def test_node_allgather_collects_every_rank_of_the_node():
     assert node_allgather((rank, threads.allowed_cpus())) == [(r, threads.allowed_cpus()) for r in range(size)]  # one host
 
 
+@pytest.mark.slow
 @requires_mpirun
 def test_unbound_mpi_ranks_share_their_cpus(tmp_path):
     out = tmp_path / "run.h5"
@@ -148,6 +151,7 @@ def test_unbound_mpi_ranks_share_their_cpus(tmp_path):
     assert read_run(out, datasets=()).provenance["torch_threads"] == threads.default_threads(threads.allowed_cpus(), 2, env=NO_CAPS)
 
 
+@pytest.mark.slow
 def test_engines_benchmark_runs_with_the_trainers_default_threads(tmp_path):
     env = {k: v for k, v in env_for_subprocess().items() if k not in threads.CAP_VARIABLES}
     cmd = module_command("benchmarks.engines", "--workloads", "digits", "--engines", "batched",

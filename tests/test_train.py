@@ -15,6 +15,9 @@ from relaympi.results import read_run, run_status
 from tests.conftest import ROOT, env_for_subprocess, requires_mpirun, run_module, train_command
 from tests.conftest import run_train as train
 
+# every test here runs the trainer in a subprocess, most of them for seconds
+pytestmark = pytest.mark.slow
+
 QUAD = ["--task", "quadratics", "--lr", "0.1", "--steps", "15", "--eval-every", "1", "--record-params", "--dim", "6"]
 DIGITS = ["--task", "digits", "--alpha", "0.1", "--steps", "24", "--eval-every", "6", "--seed", "3"]
 

@@ -135,6 +135,7 @@ def test_unwritable_out_exits_2(tmp_path, capsys) -> None:
     assert code == 2 and "/proc/x.h5" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_a_run_file_in_use_is_refused_and_untouched(tmp_path) -> None:
     from relaympi.results import RunWriter
     from tests.conftest import run_train
@@ -240,6 +241,8 @@ def _mpirun(n: int, args, tmp_path):
     return run_train(args, mpi=n)
 
 
+@pytest.mark.slow
+@pytest.mark.mpirun
 @pytest.mark.parametrize("args, message", [
     (["--backend", "local", "--workers", "2"], "--backend local runs all workers in one process"),
     (["--workers", "2"], "--workers is for --backend local"),
@@ -256,6 +259,8 @@ def test_usage_errors_print_once_under_mpirun(tmp_path, args, message) -> None:
     assert proc.stderr.count("error:") == 1
 
 
+@pytest.mark.slow
+@pytest.mark.mpirun
 def test_mpirun_one_rank_allreduce_runs(tmp_path) -> None:
     from tests.conftest import mpirun_path
 

@@ -13,6 +13,9 @@ from relaympi.results import read_run
 from tests.conftest import mpirun_path, run_module, run_train
 from tests.test_imagenet import make_imagenet_dir
 
+# each test trains on both backends, under mpirun too where there is one
+pytestmark = [pytest.mark.slow, pytest.mark.mpirun]
+
 WORKERS, STEPS, BATCH = 2, 2, 4
 COMMON = ["--steps", STEPS, "--eval-every", 1, "--batch-size", BATCH, "--eval-batch-size", 8]
 # Everything a run file holds that does not measure time: the backends promise the same numbers.
