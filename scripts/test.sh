@@ -30,7 +30,8 @@ except (OSError, StopIteration):
 print(f"test: CPU {cpu}; torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}")
 PY
 if [ "$fast" = 1 ]; then
-  exec python -m pytest -q -m "not slow and not mpi and not mpirun and not cluster and not gpu" tests
+  quick="not slow and not mpi and not mpirun and not cluster and not gpu"
+  exec python -m pytest -q -m "$quick" tests
 fi
 slurm_started=0
 if [ "${RELAYMPI_TEST_SLURM:-1}" = "1" ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then

@@ -61,8 +61,8 @@ def mpirun_path() -> str | None:
     return str(exe) if exe.exists() else shutil.which("mpirun")
 
 
-_NO_MPIRUN = pytest.mark.skipif(mpirun_path() is None,
-                                reason="no mpirun on PATH (pip install mpich, or load your MPI module)")
+_NO_MPIRUN = pytest.mark.skipif(
+    mpirun_path() is None, reason="no mpirun on PATH (pip install mpich, or load your MPI module)")
 
 
 def requires_mpirun(test):

@@ -1,4 +1,4 @@
-"""Two jobs/local_cluster.sh clusters side by side: a second one beside the suite's (marker cluster).
+"""Two jobs/local_cluster.sh clusters side by side: a second beside the suite's (marker cluster).
 
 Needs the suite's cluster (as tests/test_slurm.py) and root to start the second one.
 """

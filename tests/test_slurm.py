@@ -1,6 +1,7 @@
-"""SLURM sweeps: the grid and dry runs (anywhere), then real submissions to a local cluster (marker cluster).
+"""SLURM sweeps: the grid and dry runs (anywhere), then real submissions to a local cluster
+(marker cluster).
 
-The slurm tests need a reachable cluster: `bash jobs/local_cluster.sh install && bash
+The cluster tests need a reachable cluster: `bash jobs/local_cluster.sh install && bash
 jobs/local_cluster.sh start` and the printed `export SLURM_CONF=...`.
 """
 
