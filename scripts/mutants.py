@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DROP_ORACLE = "tests/test_drop_oracle.py"  # the drop oracle, written apart from the code
-SCHEDULE = "tests/test_schedule.py"  # the run's rules against hand values
+DROP_ORACLE = "tests/test_algorithms_with_drops.py"  # every algorithm against the lossy model
+SCHEDULE = "tests/test_schedule.py"  # the run's rules against values counted by hand
 
 
 @dataclass(frozen=True)

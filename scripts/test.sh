@@ -2,8 +2,17 @@
 # The test command: set up, then the whole suite in plain pytest, the SPMD tests again under
 # mpirun with 4 ranks, and the sweeps against a real single-node SLURM cluster where one can be
 # started (root + apt-get; skipped with a reason otherwise).
+#   bash scripts/test.sh          the whole suite (what CI runs)
+#   bash scripts/test.sh --fast   the quick loop: plain pytest without the tests marked slow, mpi,
+#                                 mpirun, cluster or gpu (setup.cfg); no SLURM, no mpirun stage
 set -euo pipefail
 cd "$(dirname "$0")/.."
+fast=0
+case "${1:-}" in
+  "") ;;
+  --fast) fast=1 ;;
+  *) echo "usage: bash scripts/test.sh [--fast]" >&2; exit 2 ;;
+esac
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
@@ -20,6 +29,10 @@ except (OSError, StopIteration):
     cpu = platform.processor() or platform.machine()
 print(f"test: CPU {cpu}; torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}")
 PY
+if [ "$fast" = 1 ]; then
+  quick="not slow and not mpi and not mpirun and not cluster and not gpu"
+  exec python -m pytest -q -m "$quick" tests
+fi
 slurm_started=0
 if [ "${RELAYMPI_TEST_SLURM:-1}" = "1" ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
   if bash cluster/local_cluster.sh install && exports="$(bash cluster/local_cluster.sh start)"; then

@@ -61,7 +61,13 @@ def mpirun_path() -> str | None:
     return str(exe) if exe.exists() else shutil.which("mpirun")
 
 
-requires_mpirun = pytest.mark.skipif(mpirun_path() is None, reason="no mpirun on PATH (pip install mpich, or load your MPI module)")
+_NO_MPIRUN = pytest.mark.skipif(
+    mpirun_path() is None, reason="no mpirun on PATH (pip install mpich, or load your MPI module)")
+
+
+def requires_mpirun(test):
+    """Decorates a test that launches mpirun: marker ``mpirun``, skipped where there is none."""
+    return pytest.mark.mpirun(_NO_MPIRUN(test))
 
 
 def env_for_subprocess() -> dict[str, str]:
@@ -69,6 +75,40 @@ def env_for_subprocess() -> dict[str, str]:
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
+
+
+# -- launching `python -m ...` as the tests do -----------------------------------------------------
+PY = sys.executable  # the interpreter running the tests: its environment has the packages
+
+
+def module_command(module: str, *args, mpi: int | None = None) -> list[str]:
+    """``python -m module args`` (arguments str()-ed), under ``mpirun -n mpi`` when mpi is given."""
+    command = [PY, "-m", module, *map(str, args)]
+    return [mpirun_path(), "-n", str(mpi), *command] if mpi else command
+
+
+def train_command(args, *, mpi: int | None = None) -> list[str]:
+    """``python -m relaympi.train args``, under ``mpirun -n mpi`` when mpi is given."""
+    return module_command("relaympi.train", *args, mpi=mpi)
+
+
+def run_module(module: str, *args, mpi: int | None = None, env: dict[str, str] | None = None,
+               timeout: float = 300, check: int | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m module args`` (see module_command) from the repository root with
+    env_for_subprocess() updated by ``env``, capturing text output; with ``check``, assert that it
+    exits with that status (the message shows stdout and the end of stderr)."""
+    env = {**env_for_subprocess(), **(env or {})}
+    proc = subprocess.run(module_command(module, *args, mpi=mpi), cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check is not None:
+        tail = proc.stderr[-4000:]
+        assert proc.returncode == check, f"exit {proc.returncode}\n{proc.stdout}\n{tail}"
+    return proc
+
+
+def run_train(args, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``python -m relaympi.train args``; keywords as run_module's: mpi, env, timeout, check."""
+    return run_module("relaympi.train", *args, **kwargs)
 
 
 @contextlib.contextmanager

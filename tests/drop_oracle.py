@@ -36,7 +36,7 @@ def delivered_by(drops: DropPolicy) -> Delivered:
 
 def layer_coordinates(d: int, num_layers: int) -> list[np.ndarray]:
     """The coordinates tree k of a T-tree topology relays: block k of np.array_split(arange(d), T)
-    (contiguous blocks, as NCCL splits data between its two trees; DESIGN.md, double binary trees)."""
+    (contiguous blocks, as NCCL splits data between its two double binary trees)."""
     return np.array_split(np.arange(d), num_layers)
 
 

@@ -81,6 +81,7 @@ def test_csv_errors(tmp_path, content, message):
         read_agnews_csv(tmp_path / "bad.csv")
 
 
+@pytest.mark.slow
 def test_loads_labels_and_tokens(task, fixture_dirs):
     train_rows = agnews_rows(8, seed=1)
     assert task.num_classes == 4

@@ -13,16 +13,13 @@ from relaympi.algorithms.matrix import make_matrix_algorithm
 from relaympi.algorithms.relaysum import RelaySum
 from relaympi.comm import run_local
 from relaympi.flat import padded_zeros
-from relaympi.optim import OptimizerConfig, make_optimizer
+from relaympi.optim import make_optimizer
 from relaympi.tasks.quadratics import QuadraticsSpec, generate
 from relaympi.topology import build
+from tests.algorithm_cases import ADAM, HEAVY_BALL, MOMENTUM, SGD
 from tests.node_layouts import build_named
 
 STEPS = 12
-SGD = OptimizerConfig()
-MOMENTUM = OptimizerConfig(momentum=0.9, weight_decay=1e-3)
-HEAVY_BALL = OptimizerConfig(momentum=0.5, nesterov=False)
-ADAM = OptimizerConfig(name="adam", weight_decay=1e-3)
 
 # (algorithm, topology, optimizer, relay mode): every algorithm on its topologies, with each local optimizer
 CASES = [
@@ -316,6 +313,7 @@ def _relay_variant_trajectory(comm, algo, topo, mode, variant):
     return np.array(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drop_prob", [0.0, 0.25])
 @pytest.mark.parametrize(
     "algo, topo, mode",

@@ -12,6 +12,7 @@ from relaympi.results import read_run
 from relaympi.tasks import TaskOptions, get_task_class
 
 
+@pytest.mark.slow
 def test_bf16_gradients_are_within_bfloat16_rounding_of_float32():
     task = get_task_class("digits")(TaskOptions())
     fp32, bf16 = BatchedModel(task, 0, "cpu"), BatchedModel(task, 0, "cpu", autocast=torch.bfloat16)

@@ -7,7 +7,6 @@ import dataclasses
 import gzip
 import json
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -31,70 +30,23 @@ from relaympi.flat import padded_zeros
 from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.tasks.quadratics import QuadraticsSpec, generate
 from relaympi.topology import build
+from tests.algorithm_cases import ADAM, HEAVY_BALL, MOMENTUM, SGD, Case
+from tests.algorithm_cases import CASES as SHARED_CASES
 from tests.drop_oracle import LossyOracle, delivered_by
 from tests.node_layouts import build_named
 
 STEPS = 30
 DIM = 7
 DROP_PROB = 0.25
-SGD = OptimizerConfig()
-MOMENTUM = OptimizerConfig(momentum=0.9, weight_decay=1e-3)
-HEAVY_BALL = OptimizerConfig(momentum=0.5, nesterov=False)
-ADAM = OptimizerConfig(name="adam", weight_decay=1e-3)
 
 
-@dataclass(frozen=True)
-class Case:
-    algo: str
-    topology: str
-    workers: int
-    optimizer: OptimizerConfig = SGD
-    relay_mode: str = "counts"
-    d2_exact_diffusion: bool = False
-    relay_in_place: bool = False  # message passing's memory/overlap options: the same numbers and bytes
-    relay_chunk: int | None = None
-
-    @property
-    def id(self) -> str:
-        opt = self.optimizer
-        tag = opt.name if opt.name == "adam" else ("sgd" if opt.momentum == 0 else f"mom{opt.momentum}")
-        mode = f"-{self.relay_mode}" if self.algo == "relay" else ""
-        extra = ("-ed" if self.d2_exact_diffusion else "") + ("-in-place" if self.relay_in_place else "")
-        return f"{self.algo}-{self.topology}-n{self.workers}-{tag}{mode}{extra}" + (f"-chunk{self.relay_chunk}" if self.relay_chunk else "")
-
-    @property
-    def options(self) -> AlgorithmOptions:
-        return AlgorithmOptions(
-            relay_mode=self.relay_mode, d2_exact_diffusion=self.d2_exact_diffusion, relay_in_place=self.relay_in_place,
-            relay_chunk=self.relay_chunk,
-        )
-
-
-# every algorithm, every relay mode, each local optimizer somewhere, trees with degree 1, 2, 3 and n - 1
-CASES = [
-    Case("allreduce", "fully-connected", 4, MOMENTUM),
-    Case("dpsgd", "ring", 7),
-    Case("dpsgd", "star", 6, MOMENTUM),
-    Case("dpsgd", "binary-tree", 7, ADAM),
-    Case("qgm", "ring", 7, MOMENTUM),
-    Case("qgm", "chain", 5, HEAVY_BALL),
-    Case("d2", "ring", 7),
-    Case("d2", "chain", 6, MOMENTUM),
+# the shared rows, then the batched engine's own: exact diffusion, more relay modes under momentum,
+# node-aware topologies
+CASES = SHARED_CASES + [
     Case("d2", "ring", 6, SGD, d2_exact_diffusion=True),
-    Case("gt", "ring", 7),
-    Case("gt", "binary-tree", 7, MOMENTUM),
-    Case("sgp", "exponential", 8),
-    Case("sgp", "exponential", 4, MOMENTUM),
-    Case("relay-grad", "chain", 6),
     Case("relay-grad", "double-binary-trees", 8, MOMENTUM),
-    Case("relay", "binary-tree", 7, ADAM),
-    Case("relay", "double-binary-trees", 7, SGD, "initial", relay_in_place=True, relay_chunk=2),
-    Case("relay-grad", "double-binary-trees", 8, SGD, relay_chunk=3),
-] + [
-    Case("relay", topo, n, opt, mode)
-    for topo, n, opt in (("chain", 6, SGD), ("star", 6, SGD), ("double-binary-trees", 7, SGD), ("double-binary-trees", 8, MOMENTUM))
-    for mode in RELAY_MODES
-] + [
+    Case("relay", "double-binary-trees", 8, MOMENTUM, "counts"),
+    Case("relay", "double-binary-trees", 8, MOMENTUM, "initial"),
     # node-aware topologies ("@3": nodes of 3 ranks in blocks, "@3rr": round-robin; tests/node_layouts.py)
     Case("relay", "double-binary-trees@3", 10, MOMENTUM, "counts"),
     Case("relay", "double-binary-trees@3rr", 11, SGD, "previous"),
@@ -245,7 +197,7 @@ def test_batched_optimizer_matches_the_local_optimizer(config):
 
 def test_relay_counts_parcels_like_message_passing_on_a_chain():
     """Chain of 3 with one lost message: the messages and counters the hand derivation gives
-    (tests/test_drop_oracle.py's chain, here through the batched engine)."""
+    (tests/test_algorithms_with_drops.py's chain, here through the batched engine)."""
 
     class LoseOne(DropPolicy):
         def dropped(self, round, tag, src, dst):
@@ -363,7 +315,7 @@ def _peak_allocated_bytes(fn, tmp_path) -> int:
 @pytest.mark.parametrize("n", [16, 64])
 @pytest.mark.parametrize("topo", ["chain", "star", "binary-tree", "double-binary-trees"])
 def test_relay_memory_is_no_more_than_message_passing(topo, n, tmp_path):
-    """Issue 12: memory per worker no more than message passing uses. Batched: every tensor and array
+    """Memory per worker is no more than message passing uses. Batched: every tensor and array
     the relay holds plus the peak of what its steps allocate (with drops, both row parities); message
     passing: every rank's RelaySum.buffers(), default options (its steps allocate no buffer of its
     own; the transport's copies in flight are not counted, in its favour). float32."""

@@ -158,6 +158,7 @@ def _workload_in_float64(workload):
     workload.model.register_forward_pre_hook(lambda module, args: tuple(map(_float64, args)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_name", ["digits", "cifar10", "imagenet"])
 def test_batched_gradients_equal_each_workers_model_workload_in_float64(task_name, request):
     """Equality proved in float64, where only summation order differs (measured <= 1e-14 of the largest entry)."""
@@ -177,6 +178,7 @@ def test_batched_gradients_equal_each_workers_model_workload_in_float64(task_nam
             torch.testing.assert_close(G[rank], workload.grad, rtol=0, atol=1e-12 * float(workload.grad.abs().max()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_name", ["digits", "cifar10", "imagenet"])
 def test_batched_float32_gradients_are_as_close_to_float64_as_each_workers_own(task_name, request):
     """The float32 engine is no further from the float64 truth than the worker's own float32 gradient.
@@ -260,6 +262,7 @@ DIGITS = ["--task", "digits", "--algo", "allreduce", "--alpha", "0.1", "--steps"
 NUMBERS = ("step", "epoch", "lr")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_args", [DIGITS, "cifar10"])
 def test_batched_run_file_matches_the_local_backend(tmp_path, task_args, cifar_dir):
     if task_args == "cifar10":
@@ -283,6 +286,7 @@ def test_batched_run_file_matches_the_local_backend(tmp_path, task_args, cifar_d
     np.testing.assert_array_equal(batched.data["bytes_sent"][-1], 8 * 12 if task_args is DIGITS else 8 * 4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [
     ["--task", "digits", "--algo", "relay", "--alpha", "0.01", "--steps", "24", "--eval-every", "12"],
     ["--task", "digits", "--algo", "dpsgd", "--topology", "ring", "--steps", "24", "--eval-every", "12", "--drop-prob", "0.2"],

@@ -10,6 +10,8 @@ import pytest
 
 from tests.conftest import ROOT, env_for_subprocess
 
+pytestmark = pytest.mark.slow  # a subprocess per command line
+
 
 def _run_into_closed_pipe(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     read_end, write_end = os.pipe()

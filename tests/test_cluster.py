@@ -1,4 +1,4 @@
-"""Emulated multi-node clusters: ``cluster/local_cluster.sh start --nodes N`` (marker slurm; root).
+"""Emulated multi-node clusters: ``cluster/local_cluster.sh start --nodes N`` (marker cluster; root).
 
 One 2-node cluster (a network namespace and a hostname per node, tbf-shaped links) serves the
 module: started by the ``nodes`` fixture in a folder of its own, on ports and a subnet it picks
@@ -8,6 +8,7 @@ namespace, link, daemon or file. Without root, namespaces or SLURM the tests ski
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -15,7 +16,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import h5py
@@ -25,7 +28,7 @@ import pytest
 from relaympi.results import read_run, run_status
 from tests.test_slurm import ROOT, bash, clean_env
 
-pytestmark = pytest.mark.slurm
+pytestmark = pytest.mark.cluster
 
 CLUSTER_TOOL = ROOT / "cluster" / "local_cluster.sh"
 
@@ -272,19 +275,45 @@ def test_bad_node_options_exit_2_with_the_usage(args: list[str], message: str, t
     assert not (tmp_path / "c").exists()
 
 
+@contextlib.contextmanager
+def readable_by_everyone(folder: Path) -> Iterator[Path]:
+    """A copy of ``folder`` that any user may enter and read, in a new temporary folder removed
+    after the block: a clone may sit in a folder only its owner can enter (mode 0700, as mktemp -d
+    makes), where a script run as another user cannot be read."""
+    def others_may_enter(path: Path) -> bool:
+        return all(p.stat().st_mode & 0o001 for p in (path, *path.parents))
+
+    bases = (tempfile.gettempdir(), "/tmp", "/var/tmp")
+    base = next((d for d in bases if others_may_enter(Path(d))), None)
+    if base is None:
+        pytest.skip("no temporary folder that other users may enter")
+    with tempfile.TemporaryDirectory(prefix="relaympi-readable-", dir=base) as top:
+        os.chmod(top, 0o755)
+        copy = Path(top) / folder.name
+        shutil.copytree(folder, copy)
+        for path in (copy, *copy.rglob("*")):
+            os.chmod(path, 0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
+        yield copy
+
+
 def test_without_root_nodes_exit_2_with_one_line(tmp_path: Path) -> None:
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        cmd = ["bash", str(CLUSTER_TOOL), "start", "--nodes", "2", "--dir", str(tmp_path / "c")]
-        if os.geteuid() == 0:
-            pytest.skip("needs setpriv to drop root")
-    else:
-        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", str(CLUSTER_TOOL),
-               "start", "--nodes", "2", "--dir", str(tmp_path / "c")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=clean_env(), cwd="/")
+    script = CLUSTER_TOOL
+    with contextlib.ExitStack() as stack:
+        if os.geteuid() != 0 or shutil.which("setpriv") is None:
+            cmd = ["bash", str(script), "start", "--nodes", "2", "--dir", str(tmp_path / "c")]
+            if os.geteuid() == 0:
+                pytest.skip("needs setpriv to drop root")
+        else:
+            # the unprivileged user runs a copy of the script's folder that it can read
+            copy = stack.enter_context(readable_by_everyone(script.parent)) / script.name
+            cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", str(copy),
+                   "start", "--nodes", "2", "--dir", str(tmp_path / "c")]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=clean_env(), cwd="/")
     assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert "needs root" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_resume_at_an_evaluation_step_records_the_rows_an_uninterrupted_run_does(tmp_path: Path) -> None:
     """The row of the checkpoint's step is evaluated again after a resume: its train loss comes from the checkpoint.
 

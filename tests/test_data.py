@@ -7,7 +7,6 @@ import http.server
 import io
 import logging
 import subprocess
-import sys
 import tarfile
 import threading
 from pathlib import Path
@@ -19,7 +18,7 @@ from relaympi.commands import data as cli
 from relaympi.data import sets
 from relaympi.data.manifest import MANIFEST, read
 from relaympi.data.sets import AgNews, Cifar10, DistilBert, RemoteFile
-from tests.conftest import ROOT, env_for_subprocess
+from tests.conftest import ROOT, env_for_subprocess, module_command, run_train
 from tests.data_factories import write_cifar10_binary
 from tests.nlp_factories import write_agnews_dir
 
@@ -331,6 +330,7 @@ def serve_hub_repo(server: FileServer, repo_id: str, folder: Path, sha: str = "5
     server.files[f"/api/models/{repo_id}/tree/{sha}"] = json.dumps(tree).encode()
 
 
+@pytest.mark.slow
 def test_fetch_distilbert_from_a_local_hub(tmp_path, server, tiny_model):
     """End to end through huggingface_hub.snapshot_download, against a local server that answers
     the hub's API (HF_ENDPOINT), in a fresh process as a user runs it."""
@@ -344,7 +344,7 @@ def test_fetch_distilbert_from_a_local_hub(tmp_path, server, tiny_model):
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # huggingface_hub honours both; other tests leave them set
         env.pop(name, None)
     proc = subprocess.run(
-        [sys.executable, "-m", "relaympi.data", "fetch", "distilbert", "--root", str(tmp_path / "root")],
+        module_command("relaympi.data", "fetch", "distilbert", "--root", tmp_path / "root"),
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -358,14 +358,14 @@ def test_fetch_distilbert_from_a_local_hub(tmp_path, server, tiny_model):
     served = f"/{DistilBert.repo_id}/resolve/{'5' * 40}/vocab.txt"
     server.files[served] = server.files[served].replace(b"tiny", b"tinY")  # same size, other bytes
     proc = subprocess.run(
-        [sys.executable, "-m", "relaympi.data", "fetch", "distilbert", "--root", str(tmp_path / "bad")],
+        module_command("relaympi.data", "fetch", "distilbert", "--root", tmp_path / "bad"),
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 1 and "vocab.txt has git-sha1" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "bad" / "distilbert").exists()
     env["HF_ENDPOINT"] = offline = closed_url()
     proc = subprocess.run(
-        [sys.executable, "-m", "relaympi.data", "fetch", "distilbert", "--root", str(tmp_path / "offline")],
+        module_command("relaympi.data", "fetch", "distilbert", "--root", tmp_path / "offline"),
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 1 and f"cannot reach the Hugging Face Hub ({offline})" in proc.stderr
@@ -462,10 +462,9 @@ def test_misuse_exits_2(tmp_path, args):
 
 
 def train(tmp_path: Path, data_root: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**env_for_subprocess(), "RELAYMPI_DATA": str(data_root)}
-    cmd = [sys.executable, "-m", "relaympi.train", "--task", "cifar10", "--backend", "local", "--workers", "2",
-           "--steps", "2", "--batch-size", "4", "--eval-batch-size", "64", "--out", str(tmp_path / "run.h5"), *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    args = ["--task", "cifar10", "--backend", "local", "--workers", "2", "--steps", "2",
+            "--batch-size", "4", "--eval-batch-size", "64", "--out", tmp_path / "run.h5", *args]
+    return run_train(args, env={"RELAYMPI_DATA": str(data_root)}, timeout=600)
 
 
 @pytest.mark.parametrize("task, data, model", [
@@ -483,6 +482,7 @@ def test_resolve_fills_the_default_folders(tmp_path, monkeypatch, task, data, mo
     assert given.data_dir == Path("rel").absolute()  # given: kept, made absolute for the record
 
 
+@pytest.mark.slow
 def test_train_reads_the_default_root_and_records_it(tmp_path):
     from relaympi.results import read_run
 

@@ -34,6 +34,7 @@ def test_jobs_take_the_backends_from_the_table() -> None:
     assert commands.BACKENDS is engines.BACKENDS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["mpi", "local", "batched"], ids=["ranks", "threads", "stacked"])
 def test_resolving_and_checking_load_no_engine_but_the_checked_one(backend: str) -> None:
     """The plan imports no engine (before, it loaded the batched engine's models and torch.func on

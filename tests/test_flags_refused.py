@@ -109,6 +109,7 @@ def _clean_env(**settings: str) -> dict[str, str]:
     return {**env, **settings}
 
 
+@pytest.mark.slow
 def test_sweep_index_past_the_grid_exits_2_naming_its_size() -> None:
     """The default sweep_alpha grid has 90 configurations (its #SBATCH --array=0-89)."""
     proc = subprocess.run(["bash", str(ROOT / "jobs" / "sweep_alpha.sh"), "--index", "99"], capture_output=True,

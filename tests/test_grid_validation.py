@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow  # each test runs the sweep scripts and the trainer's parser
 
 JOBS = ROOT / "jobs"
 DIGITS = {"RELAYMPI_TASK": "digits", "RELAYMPI_WORKERS": "4", "RELAYMPI_SEEDS": "0", "RELAYMPI_ALPHAS": "0.1",

@@ -294,6 +294,7 @@ def _refusals(stderr: str) -> str:
     return "\n".join(line for line in stderr.splitlines() if " configuration(s) with --ntasks=" not in line)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["no data", "a refused configuration"])
 def test_a_listing_refuses_and_warns_as_submit_dry_run_does(tmp_path: Path, case: str) -> None:
     (tmp_path / "empty root").mkdir()
@@ -396,6 +397,7 @@ def _entry_points() -> list[str]:
     return modules
 
 
+@pytest.mark.slow
 def test_every_entry_point_calls_itself_python_m_module() -> None:
     modules = _entry_points()
     assert {"relaympi.train", "relaympi.data", "relaympi.report", "relaympi.studies.quadratics",

@@ -1,4 +1,4 @@
-"""Two cluster/local_cluster.sh clusters side by side: a second one beside the suite's (marker slurm).
+"""Two cluster/local_cluster.sh clusters side by side: a second beside the suite's (marker cluster).
 
 Needs the suite's cluster (as tests/test_slurm.py) and root to start the second one.
 """
@@ -60,7 +60,7 @@ def second(cluster: None, tmp_path: Path):  # noqa: F811 - the imported fixture
         assert not daemons_running(folder)
 
 
-@pytest.mark.slurm
+@pytest.mark.cluster
 def test_a_second_cluster_runs_beside_the_suites_and_stops_alone(second: Path) -> None:
     first_conf, second_conf = os.environ.get("SLURM_CONF"), str(second / "slurm.conf")
     assert ctld_port(first_conf) != ctld_port(second_conf)

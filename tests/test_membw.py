@@ -123,6 +123,7 @@ def _env() -> dict:
     return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.slow
 def test_model_table_from_a_comm_result(tmp_path):
     """benchmarks.comm's HDF5 (in-process ranks) -> the table's JSON: limit = model bytes / triad, ratio = measured / limit."""
     h5 = tmp_path / "comm.h5"
@@ -153,6 +154,8 @@ def test_model_table_from_a_comm_result(tmp_path):
     assert text.returncode == 2 and "--ranks 3 but the --comm results are for 2 ranks" in text.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.mpirun
 @pytest.mark.skipif(MPIRUN is None, reason="needs mpirun")
 def test_triad_under_mpirun_2(tmp_path):
     out = tmp_path / "triad.json"

@@ -7,12 +7,11 @@ read-only tmpfs (root only; `chmod` does not stop root, a read-only mount does).
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import env_for_subprocess, mounted_tmpfs, mpirun_path, requires_mpirun
+from tests.conftest import PY, env_for_subprocess, mounted_tmpfs, requires_mpirun, train_command
 
 TRAIN = ["-m", "relaympi.train"]
 
@@ -77,6 +76,7 @@ def _check_refused(proc: subprocess.CompletedProcess, named: list[str]) -> None:
         assert text in errors[0], (text, errors[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, named", CASES)
 def test_misuse_is_one_line_and_exit_2(tmp_path, request, args, named):
     ro = request.getfixturevalue("read_only_dir") if any("{ro}" in a for a in args) else None
@@ -85,16 +85,19 @@ def test_misuse_is_one_line_and_exit_2(tmp_path, request, args, named):
     before = _files(tmp_path)
     env = {**env_for_subprocess(), "RELAYMPI_DATA": str(tmp_path / "data")}
     env.pop("RELAYMPI_DATA_MIRROR", None)
-    proc = subprocess.run([sys.executable, *_command(args, tmp_path, ro)], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+    command = [PY, *_command(args, tmp_path, ro)]
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
     _check_refused(proc, named)
     assert _files(tmp_path) == before  # nothing written
 
 
+@pytest.mark.slow
 @requires_mpirun
 def test_misuse_under_mpirun_is_one_line_from_rank_0(tmp_path):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    proc = subprocess.run([mpirun_path(), "-n", "2", sys.executable, *TRAIN, "--seed", "-1", "--steps", "1", "--out", str(tmp_path / "run.h5")],
+    command = train_command(["--seed", "-1", "--steps", "1", "--out", tmp_path / "run.h5"], mpi=2)
+    proc = subprocess.run(command,
                           capture_output=True, text=True, cwd=cwd, env=env_for_subprocess(), timeout=300)
     _check_refused(proc, ["--seed", "got -1"])
     assert "abort" not in proc.stderr.lower(), proc.stderr

@@ -197,6 +197,7 @@ def test_inter_node_edges_counts_edges_between_hosts():
 # -- at cluster scale -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_node_aware_double_binary_trees_at_100000_ranks():
     n, k = 100_000, 8
     nodes = nodes_of(n, k)
@@ -330,6 +331,7 @@ def test_node_ids_as_a_numpy_array_number_nodes_by_their_lowest_rank():
     assert node_labels(ids, 40).tolist() == node_labels(ids.tolist(), 40).tolist()
 
 
+@pytest.mark.slow
 def test_topology_scale_benchmark_runs_node_aware(capsys):
     from benchmarks import topology_scale
 

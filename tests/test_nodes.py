@@ -5,8 +5,6 @@ where the placement shows (show, the summary line, the report)."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,9 +16,8 @@ from relaympi.config import ConfigError, RunConfig, experiment_settings, parse_a
 from relaympi.results import read_run
 from relaympi.topology import build, nodes_of
 from relaympi.training.plan import resolve, resolve_placement
-from tests.conftest import ROOT, env_for_subprocess, mpirun_path, requires_mpirun
+from tests.conftest import requires_mpirun, run_module, run_train
 
-PY = sys.executable
 QUAD = ["--task", "quadratics", "--steps", "4", "--eval-every", "2", "--dim", "4", "--lr", "0.1"]
 LOCAL4 = ["--backend", "local", "--workers", "4"]
 
@@ -67,6 +64,7 @@ def _emulated(comm):
     return emulated.node, emulated.nodes
 
 
+@pytest.mark.mpi
 @pytest.mark.spmd
 def test_mpi_ranks_per_node_overrides_the_discovered_nodes(spmd, request):
     if not request.config.getoption("with_mpi", default=False):
@@ -76,14 +74,14 @@ def test_mpi_ranks_per_node_overrides_the_discovered_nodes(spmd, request):
         assert node in nodes
 
 
+@pytest.mark.slow
 @requires_mpirun
 def test_mpirun_with_ranks_per_node_emulates_nodes(tmp_path):
     """--ranks-per-node under mpirun overrides what MPI_COMM_TYPE_SHARED finds (one node here), and says so.
     (The discovered nodes: test_ranks_of_one_machine_are_one_node under mpirun, and tests/test_cluster.py on two.)"""
     out = tmp_path / "r.h5"
-    proc = subprocess.run([mpirun_path(), "-n", "2", PY, "-m", "relaympi.train", "--algo", "dpsgd", "--topology", "chain", *QUAD,
-                           "--ranks-per-node", "1", "--out", str(out)], cwd=ROOT, env=env_for_subprocess(), capture_output=True, text=True,
-                          timeout=240)
+    args = ["--algo", "dpsgd", "--topology", "chain", *QUAD, "--ranks-per-node", "1", "--out", out]
+    proc = run_train(args, mpi=2, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = read_run(out)
     assert run.topology.rank_node.tolist() == [0, 1] and run.topology.nodes_emulated
@@ -136,8 +134,7 @@ def test_run_file_records_nodes_edges_and_placement(tmp_path, capsys):
         crossing = sum(int(i) // 2 != int(j) // 2 for i, j in edges)  # counted here, not by the topology
         assert topology.inter_node_edges[layer] == crossing
     assert "placement nodes (2 emulated nodes)" in summary
-    shown = subprocess.run([PY, "-m", "relaympi.results", "show", str(out)], cwd=ROOT, env=env_for_subprocess(),
-                           capture_output=True, text=True, timeout=60).stdout
+    shown = run_module("relaympi.results", "show", out, timeout=60).stdout
     assert "placement: nodes" in shown and "rank_node: [0, 0, 1, 1]" in shown and "nodes: 2 (emulated by --ranks-per-node)" in shown
 
 
@@ -208,6 +205,7 @@ def test_resume_refuses_ranks_found_on_other_nodes(tmp_path):
 
 
 # -- bad input --------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--ranks-per-node", "0"], r"error: --ranks-per-node must be >= 1 \(ranks on each emulated node\), got 0"),
     (["--placement", "bogus"], r"--placement: invalid choice: 'bogus' \(choose from '?auto'?, '?ranks'?, '?nodes'?\)"),  # quotes: Python 3.12+
@@ -221,8 +219,7 @@ def test_bad_placement_input_is_one_error_line_and_writes_nothing(tmp_path, args
     args = [a.format(chain=inputs / "chain.txt") for a in args]
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.run([PY, "-m", "relaympi.train", *LOCAL4, *QUAD, *args, "--out", str(out / "r.h5")], cwd=ROOT,
-                          env=env_for_subprocess(), capture_output=True, text=True, timeout=120)
+    proc = run_train([*LOCAL4, *QUAD, *args, "--out", out / "r.h5"], timeout=120)
     assert proc.returncode == 2, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and re.search(message, errors[0]) and "Traceback" not in proc.stderr, proc.stderr
@@ -246,12 +243,12 @@ def test_a_config_file_with_a_bogus_placement_is_refused(tmp_path):
 
 
 # -- the report -----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_report_says_which_placement_and_tells_rows_apart(tmp_path):
     for name, extra in (("a", []), ("b", ["--ranks-per-node", "2"])):
         assert _main([*LOCAL4, "--task", "digits", "--steps", "2", "--algo", "dpsgd", "--topology", "chain", *extra,
                       "--out", tmp_path / f"{name}.h5"]) == 0
-    proc = subprocess.run([PY, "-m", "relaympi.report", str(tmp_path)], cwd=ROOT, env=env_for_subprocess(),
-                          capture_output=True, text=True, timeout=120)
+    proc = run_module("relaympi.report", tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "placement: nodes (1 run), ranks (1 run)" in proc.stdout.splitlines()[0]
     assert "D-PSGD, placement=nodes" in proc.stdout and "D-PSGD, placement=ranks" in proc.stdout

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -30,7 +28,7 @@ from relaympi.launcher import ALLOW_CUDA_OVERLAP_ENV, cuda_overlap_mode
 from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.topology import build
 from relaympi.training.buckets import GradientBuckets, cut_buckets
-from tests.conftest import ROOT, env_for_subprocess, mpirun_path, requires_mpirun
+from tests.conftest import requires_mpirun, run_train
 
 # ------------------------------------------------------------------------------------ buckets
 
@@ -196,6 +194,7 @@ def assert_same_numbers(path: Path, reference: Path) -> None:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_overlap_gives_the_same_run_file(tmp_path, case):
     plain = _train(tmp_path, "plain", *CASES[case])
@@ -560,6 +559,7 @@ def test_the_in_process_transport_starts_no_progress_thread():
     assert run_local(2, lambda comm: comm.start_progress_thread()) == [False, False]  # its copies move inside its own calls
 
 
+@pytest.mark.mpi
 @pytest.mark.spmd
 def test_the_progress_thread_moves_a_transfer_while_the_rank_computes(spmd, request):
     if not request.config.getoption("--with-mpi", default=False):
@@ -572,6 +572,7 @@ def test_the_progress_thread_moves_a_transfer_while_the_rank_computes(spmd, requ
     assert moved
 
 
+@pytest.mark.slow
 @requires_mpirun
 @pytest.mark.parametrize("thread_level, ran", [("multiple", True), ("serialized", False)])
 def test_mpi_ranks_on_two_nodes_overlap_by_default_and_say_whether_the_thread_ran(tmp_path, thread_level, ran):
@@ -579,12 +580,10 @@ def test_mpi_ranks_on_two_nodes_overlap_by_default_and_say_whether_the_thread_ra
     where MPI provides MPI_THREAD_MULTIPLE, and where it does not rank 0 warns, the run goes on
     without it, and the run file and the summary say so."""
     out = tmp_path / "r.h5"
-    env = {**env_for_subprocess(), "MPI4PY_RC_THREAD_LEVEL": thread_level}
+    args = ["--task", "digits", "--algo", "relay", "--steps", "4", "--ranks-per-node", "1",
+            "--progress-thread", "--bucket-size", "0.004", "--out", out]
     # buckets of 4 KiB: digits' 19 KiB model spans several, so --overlap's default is on across nodes
-    proc = subprocess.run([mpirun_path(), "-n", "2", sys.executable, "-m", "relaympi.train", "--task", "digits", "--algo", "relay",
-                           "--steps", "4", "--ranks-per-node", "1", "--progress-thread", "--bucket-size", "0.004",
-                           "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_train(args, mpi=2, env={"MPI4PY_RC_THREAD_LEVEL": thread_level})
     assert proc.returncode == 0, proc.stderr[-2000:]
     with h5py.File(out, "r") as file:
         config, provenance = json.loads(file.attrs["config"]), json.loads(file.attrs["provenance"])

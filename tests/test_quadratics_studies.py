@@ -204,6 +204,7 @@ def _engine_impulse_run(topology, extra_steps: int) -> tuple[np.ndarray, int]:
     return np.array(xs), tau_max
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TREES)
 def test_lr_correction_agrees_with_the_engine_for_every_n(name):
     for n in range(2, 65):
@@ -264,6 +265,7 @@ def test_lr_correction_agrees_with_message_passing(name, n):
 # independence of heterogeneity (appendix figure: n = 32 ring, RelaySGD on a chain, gradient noise)
 
 
+@pytest.mark.slow
 def test_relaysgd_and_d2_are_independent_of_heterogeneity_dpsgd_is_not():
     """Tuned per setting, steps to 1e-6 at zeta2 = 0 and 10 (the paper's setting adds gradient noise).
 
@@ -351,6 +353,7 @@ def test_relaysum_dme_reaches_the_ideal_variance_and_beats_gossip():
 # the command line
 
 
+@pytest.mark.slow
 def test_all_studies_run_quickly_from_the_command_line(tmp_path):
     out = tmp_path / "tmp"
     done = subprocess.run(

@@ -311,6 +311,7 @@ def test_formats(sweep_dir: Path, capsys: pytest.CaptureFixture) -> None:
     )
 
 
+@pytest.mark.slow
 def test_out_writes_tables_and_plots(
     sweep_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -335,6 +336,7 @@ def test_out_writes_tables_and_plots(
     assert len(rows) == 5 and {"mean", "min", "max", "n_seeds", "n_diverged", "lr"} <= set(rows[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", ["relaympi.report", "benchmarks.report"])
 def test_module_entry_point(sweep_dir: Path, module: str) -> None:
     """`python -m relaympi.report`, and `python -m benchmarks.report`, the name it had before."""

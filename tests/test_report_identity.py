@@ -110,6 +110,7 @@ def _figures(monkeypatch, tables, out_dir):
     return dict(zip((p.name for p in paths), figures, strict=True))
 
 
+@pytest.mark.slow
 def test_plots_keep_rows_apart_with_a_legend_per_curve(tmp_path: Path, monkeypatch) -> None:
     runs_dir = tmp_path / "runs"
     for topo in ("chain", "star", "double-binary-trees"):
@@ -134,6 +135,7 @@ def test_plots_keep_rows_apart_with_a_legend_per_curve(tmp_path: Path, monkeypat
     assert [t.get_text() for t in scaling.get_xticklabels()] == ["4", "8"]
 
 
+@pytest.mark.slow
 def test_accuracy_vs_alpha_shows_inf_with_plain_ticks(tmp_path: Path, monkeypatch) -> None:
     runs_dir = tmp_path / "runs"
     for alpha in (0.01, 1.0, float("inf")):

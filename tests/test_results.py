@@ -132,6 +132,7 @@ def test_extend_appends_columns(tmp_path: Path) -> None:
     np.testing.assert_array_equal(run.metric("loss")[:, 1], [2.0, 4.0, 6.0])
 
 
+@pytest.mark.slow
 def test_killed_writer_keeps_flushed_rows(tmp_path: Path) -> None:
     """Rows are on disk after each append: another process reads them while the writer is open."""
     path = tmp_path / "run.h5"
@@ -317,6 +318,7 @@ def test_run_status_values(tmp_path: Path) -> None:
         assert read_run(path).status == status
 
 
+@pytest.mark.slow
 def test_cli(tmp_path: Path) -> None:
     path = rf.write_classification_run(tmp_path / "run with space.h5", np.full((3, 2), 0.5))
 

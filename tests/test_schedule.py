@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +23,7 @@ from relaympi.tasks.partition import steps_per_epoch
 from relaympi.training import checkpoint_files
 from relaympi.training.plan import Schedule, resolve
 from relaympi.training.workloads import build_workload
-from tests.conftest import ROOT, env_for_subprocess, mpirun_path, requires_mpirun
-
-PY = sys.executable
+from tests.conftest import requires_mpirun, run_module, run_train
 
 
 def _schedule(**fields) -> Schedule:
@@ -187,10 +183,10 @@ def test_run_file_lr_follows_the_recipe(tmp_path, backend):
     _check_recipe(tmp_path / "r.h5")
 
 
+@pytest.mark.slow
 @requires_mpirun
 def test_run_file_lr_follows_the_recipe_under_mpirun(tmp_path):
-    cmd = [mpirun_path(), "-n", "2", PY, "-m", "relaympi.train", *RECIPE, "--out", str(tmp_path / "r.h5")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env_for_subprocess(), capture_output=True, text=True, timeout=300)
+    proc = run_train([*RECIPE, "--out", tmp_path / "r.h5"], mpi=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _check_recipe(tmp_path / "r.h5")
 
@@ -212,6 +208,7 @@ QUAD = ["--task", "quadratics", "--algo", "relay", "--topology", "chain", "--lr"
         "--backend", "local", "--workers", "2"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra, steps", [
     (["--steps", "10", "--eval-every", "4"], [0, 4, 8, 10]),  # multiples of 4, then the last step
     (["--steps", "8", "--eval-every", "4"], [0, 4, 8]),  # the last step is a multiple: once
@@ -280,12 +277,12 @@ def test_resumed_run_evaluates_where_an_uninterrupted_one_does(tmp_path, monkeyp
 
 # -- 3. RelaySGD's lr correction ------------------------------------------------------------------
 def _topology_cli(*args) -> str:
-    proc = subprocess.run([PY, "-m", "relaympi.topology", *args], cwd=ROOT, env=env_for_subprocess(),
-                          capture_output=True, text=True, timeout=60)
+    proc = run_module("relaympi.topology", *args, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("topology, n, by_hand", [
     # chain 0-1-2: 11/9 (derived in tests/test_topology.py::test_lr_correction_three_worker_chain_by_hand)
     ("chain", 3, 11 / 9),
@@ -312,6 +309,7 @@ def test_lr_correction_is_what_the_topology_command_prints(tmp_path, topology, n
     assert corrected.config["relay_lr_correction"] is True and corrected.config["lr"] == 0.09
 
 
+@pytest.mark.slow
 def test_lr_correction_reaches_the_update(tmp_path):
     """The models of a corrected run are those of the matrix oracle stepped with lr * factor."""
     from relaympi.algorithms.matrix import make_matrix_algorithm

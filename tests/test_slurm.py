@@ -1,6 +1,7 @@
-"""SLURM sweeps: the grid and dry runs (anywhere), then real submissions to a local cluster (marker slurm).
+"""SLURM sweeps: the grid and dry runs (anywhere), then real submissions to a local cluster
+(marker cluster).
 
-The slurm tests need a reachable cluster: `bash cluster/local_cluster.sh install && bash
+The cluster tests need a reachable cluster: `bash cluster/local_cluster.sh install && bash
 cluster/local_cluster.sh start` and the printed `export SLURM_CONF=...`.
 """
 
@@ -25,6 +26,9 @@ import numpy as np
 import pytest
 
 from relaympi.results import read_run, run_status
+
+# the grid and dry-run tests run jobs/ and the trainer as subprocesses; the cluster ones submit
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = ROOT / "jobs"
@@ -371,7 +375,7 @@ def alpha_sweep(
     return root / "results dir", settings
 
 
-@pytest.mark.slurm
+@pytest.mark.cluster
 def test_sweep_alpha_and_report(alpha_sweep: tuple[Path, dict[str, str]]) -> None:
     results, _ = alpha_sweep
     files = sorted((results / "sweep_alpha" / "quadratics").glob("*.h5"))
@@ -386,7 +390,7 @@ def test_sweep_alpha_and_report(alpha_sweep: tuple[Path, dict[str, str]]) -> Non
         assert float(row["mean"]) == steps_to(path, 1.0)
 
 
-@pytest.mark.slurm
+@pytest.mark.cluster
 def test_resubmission_reruns_only_what_is_missing(alpha_sweep: tuple[Path, dict[str, str]]) -> None:
     results, settings = alpha_sweep
     files = {
@@ -433,7 +437,7 @@ def _cred_expire_s() -> int:
     return int(match.group(1)) if match else 120
 
 
-@pytest.mark.slurm
+@pytest.mark.cluster
 def test_time_limit_warning_checkpoints_requeues_and_resumes(cluster: None, tmp_path: Path) -> None:
     if _cred_expire_s() > 30:
         pytest.skip(
@@ -496,7 +500,7 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes(cluster: None, tmp_
     assert steps[-1] == 8000 and (np.diff(steps) > 0).all()  # resumed rows are not duplicated
 
 
-@pytest.mark.slurm
+@pytest.mark.cluster
 def test_sweep_lr_on_digits(cluster: None, tmp_path: Path) -> None:
     results = tmp_path / "lr results"
     settings = {

@@ -145,6 +145,7 @@ def test_tree_inertia_counts_match_dense(topology):
         assert counted.min_eigenvalue == pytest.approx(min_eigenvalue(w), abs=1e-12)
 
 
+@pytest.mark.slow
 def test_spectrum_rule_at_each_size():
     # dense up to DENSE_SPECTRUM_MAX_RANKS; above, shallow trees by inertia counts (same numbers)
     n = DENSE_SPECTRUM_MAX_RANKS + 1
@@ -201,6 +202,7 @@ def test_diameter_of_general_graphs_and_the_work_limit():
 # -- RelaySGD's learning-rate correction ------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "n"),
     [(name, n) for name in ("chain", "star", "binary-tree", "double-binary-trees")
@@ -306,6 +308,7 @@ def _run(argv: list[str]) -> tuple[int, str, str]:
     return status, out.getvalue(), err.getvalue()
 
 
+@pytest.mark.slow
 def test_cli_describes_100000_ranks():
     n = 100_000
     status, out, err = _run(["double-binary-trees", "-n", str(n), "--json"])

@@ -680,6 +680,7 @@ def test_cli_subprocess_json():
     assert summary["lr_correction"] == pytest.approx(lr_correction(build("binary-tree", 16)))
 
 
+@pytest.mark.slow
 def test_cli_subprocess_bad_input_exits_2():
     result = _run_cli("hypercube", "-n", "12")
     assert result.returncode == 2

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import h5py
@@ -13,20 +12,11 @@ import numpy as np
 import pytest
 
 from relaympi.results import read_run, run_status
-from tests.conftest import ROOT, env_for_subprocess, mpirun_path, requires_mpirun
+from tests.conftest import ROOT, env_for_subprocess, requires_mpirun, run_module, train_command
+from tests.conftest import run_train as train
 
-PY = sys.executable
-
-
-def train(args, *, mpi: int | None = None, env=None, timeout=300, check=None):
-    cmd = [PY, "-m", "relaympi.train", *map(str, args)]
-    if mpi:
-        cmd = [mpirun_path(), "-n", str(mpi), *cmd]
-    proc = subprocess.run(cmd, cwd=ROOT, env={**env_for_subprocess(), **(env or {})}, capture_output=True, text=True, timeout=timeout)
-    if check is not None:
-        assert proc.returncode == check, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
-    return proc
-
+# every test here runs the trainer in a subprocess, most of them for seconds
+pytestmark = pytest.mark.slow
 
 QUAD = ["--task", "quadratics", "--lr", "0.1", "--steps", "15", "--eval-every", "1", "--record-params", "--dim", "6"]
 DIGITS = ["--task", "digits", "--alpha", "0.1", "--steps", "24", "--eval-every", "6", "--seed", "3"]
@@ -96,8 +86,7 @@ def test_mpi_and_local_backends_agree(tmp_path, args):
         accuracy = local.data["test_accuracy"]
         assert accuracy.shape == (len(local.data["step"]), 4)
         window = (local.data["epoch"] > local.data["epoch"].max() - 5) & (local.data["epoch"] > 0)
-        proc = subprocess.run([PY, "-m", "relaympi.report", str(tmp_path)], cwd=ROOT, env=env_for_subprocess(),
-                              capture_output=True, text=True, timeout=120)
+        proc = run_module("relaympi.report", tmp_path, timeout=120)
         assert proc.returncode == 0, proc.stderr
         label = "D-PSGD + momentum ring" if "dpsgd" in args else "RelaySGD double-binary-trees"
         row = [*label.split(), f"{100 * accuracy[window].mean(axis=0).min():.1f}%"]
@@ -134,7 +123,8 @@ def test_sigterm_then_rerun_equals_uninterrupted_run(tmp_path, algo):
     args = ["--backend", "local", "--workers", 4, "--algo", algo, "--task", "digits", "--alpha", "0.1", "--momentum", "0.9",
             "--steps", 300, "--eval-every", 10, "--seed", 1]
     train([*args, "--out", tmp_path / "full.h5"], check=0)
-    cmd = [PY, "-m", "relaympi.train", *map(str, args), "--out", str(tmp_path / "resumed.h5"), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    cmd = train_command([*args, "--out", tmp_path / "resumed.h5",
+                         "--checkpoint-dir", tmp_path / "ckpt"])
     code, log = _run_and_terminate(cmd, "step 100/300")
     assert code == 4, log
     assert run_status(tmp_path / "resumed.h5") == "preempted"
@@ -150,7 +140,8 @@ def test_sigterm_then_rerun_equals_uninterrupted_run(tmp_path, algo):
 def test_mpi_sigterm_checkpoint_and_resume(tmp_path):
     args = ["--algo", "relay", "--task", "quadratics", "--topology", "chain", "--steps", 3000, "--lr", "0.05", "--eval-every", 100, "--dim", 6]
     train(["--backend", "local", "--workers", 2, *args, "--out", tmp_path / "full.h5"], check=0)
-    cmd = [mpirun_path(), "-n", "2", PY, "-m", "relaympi.train", *map(str, args), "--out", str(tmp_path / "r.h5"), "--checkpoint-dir", str(tmp_path / "ckpt"), "--log-every", "50"]
+    cmd = train_command([*args, "--out", tmp_path / "r.h5", "--checkpoint-dir", tmp_path / "ckpt",
+                         "--log-every", 50], mpi=2)
     code, log = _run_and_terminate(cmd, "step 200/3000")
     assert code != 0 and run_status(tmp_path / "r.h5") == "preempted", log
     train([*args, "--out", tmp_path / "r.h5", "--checkpoint-dir", tmp_path / "ckpt"], mpi=2, check=0)
@@ -160,8 +151,9 @@ def test_mpi_sigterm_checkpoint_and_resume(tmp_path):
 # -- failures ----------------------------------------------------------------------------------
 @requires_mpirun
 def test_sigkill_of_one_rank_ends_the_job(tmp_path):
-    cmd = [mpirun_path(), "-n", "3", PY, "-m", "relaympi.train", "--task", "quadratics", "--algo", "relay", "--topology", "chain",
-           "--steps", "100000000", "--eval-every", "1000", "--out", str(tmp_path / "k.h5")]
+    cmd = train_command(["--task", "quadratics", "--algo", "relay", "--topology", "chain",
+                         "--steps", "100000000", "--eval-every", "1000",
+                         "--out", tmp_path / "k.h5"], mpi=3)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env_for_subprocess(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
     while run_status(tmp_path / "k.h5") != "running":

@@ -135,19 +135,16 @@ def test_unwritable_out_exits_2(tmp_path, capsys) -> None:
     assert code == 2 and "/proc/x.h5" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_a_run_file_in_use_is_refused_and_untouched(tmp_path) -> None:
-    import subprocess
-    import sys
-
     from relaympi.results import RunWriter
-    from tests.conftest import ROOT, env_for_subprocess
+    from tests.conftest import run_train
 
     out = tmp_path / "live.h5"
     with RunWriter.create(out, config={"task": "quadratics"}, provenance={}, world_size=2) as writer:
         writer.extend({"step": np.array([0])})
         before = out.read_bytes()
-        proc = subprocess.run([sys.executable, "-m", "relaympi.train", *QUAD, "--out", str(out)], cwd=ROOT,
-                              env=env_for_subprocess(), capture_output=True, text=True, timeout=300)
+        proc = run_train([*QUAD, "--out", out])
         assert proc.returncode == 2, proc.stderr
         assert f"{out} is being written by another run" in proc.stderr and "Traceback" not in proc.stderr
         assert out.read_bytes() == before
@@ -239,15 +236,13 @@ def test_log_lines_go_through_the_progress_bar() -> None:
 
 # -- under mpirun ------------------------------------------------------------------------------
 def _mpirun(n: int, args, tmp_path):
-    import subprocess
-    import sys
+    from tests.conftest import run_train
 
-    from tests.conftest import ROOT, env_for_subprocess, mpirun_path
-
-    return subprocess.run([mpirun_path(), "-n", str(n), sys.executable, "-m", "relaympi.train", *map(str, args)],
-                          cwd=ROOT, env=env_for_subprocess(), capture_output=True, text=True, timeout=300)
+    return run_train(args, mpi=n)
 
 
+@pytest.mark.slow
+@pytest.mark.mpirun
 @pytest.mark.parametrize("args, message", [
     (["--backend", "local", "--workers", "2"], "--backend local runs all workers in one process"),
     (["--workers", "2"], "--workers is for --backend local"),
@@ -264,6 +259,8 @@ def test_usage_errors_print_once_under_mpirun(tmp_path, args, message) -> None:
     assert proc.stderr.count("error:") == 1
 
 
+@pytest.mark.slow
+@pytest.mark.mpirun
 def test_mpirun_one_rank_allreduce_runs(tmp_path) -> None:
     from tests.conftest import mpirun_path
 

@@ -15,7 +15,7 @@ from tests import run_factories as rf
 
 NAN = math.nan
 WORKERS = 2
-# D² with --drop-prob 0.1, a run that blew up: the first interval's mean train loss 2, the last 78.
+# as a D² run with --drop-prob 0.1 diverged: the first interval's mean train loss 2, the last 78.
 CLIMB = [2.0, 5.0, 30.0, 78.0]
 # just under the rule: the final mean ends at 1.995 x the first (2.0 -> 3.99)
 UNDER = [2.0, 1.0, 2.5, 3.99]

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import csv
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from relaympi.results import read_run
-from tests.conftest import ROOT, env_for_subprocess, mpirun_path
+from tests.conftest import mpirun_path, run_module, run_train
 from tests.test_imagenet import make_imagenet_dir
 
-PY = sys.executable
+# each test trains on both backends, under mpirun too where there is one
+pytestmark = [pytest.mark.slow, pytest.mark.mpirun]
+
 WORKERS, STEPS, BATCH = 2, 2, 4
 COMMON = ["--steps", STEPS, "--eval-every", 1, "--batch-size", BATCH, "--eval-batch-size", 8]
 # Everything a run file holds that does not measure time: the backends promise the same numbers.
@@ -23,11 +23,7 @@ NUMBERS = ("step", "epoch", "lr", "train_loss", "test_loss", "test_accuracy", "b
 
 
 def _train(args, mpi=None):
-    cmd = [PY, "-m", "relaympi.train", *map(str, args)]
-    if mpi:
-        cmd = [mpirun_path(), "-n", str(mpi), *cmd]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env_for_subprocess(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_train(args, mpi=mpi, timeout=600, check=0)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +40,7 @@ def agnews_dirs(tmp_path_factory):
 
 
 def _report(results):
-    proc = subprocess.run([PY, "-m", "relaympi.report", str(results)], cwd=ROOT, env=env_for_subprocess(), capture_output=True, text=True, timeout=300)
+    proc = run_module("relaympi.report", results)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 

@@ -7,8 +7,6 @@ local update and starts its communication. iallreduce_sum sums each element in o
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 import pytest
 import torch
@@ -16,43 +14,32 @@ import torch
 from relaympi.algorithms import AlgorithmOptions, make_algorithm
 from relaympi.algorithms import base as algorithms_base
 from relaympi.comm import DropPolicy, LocalCommunicator, run_local
-from relaympi.optim import OptimizerConfig, make_optimizer
+from relaympi.optim import make_optimizer
 from relaympi.topology import build
+from tests.algorithm_cases import ADAM, HEAVY_BALL, MOMENTUM, SGD, Case
 
-SGD = OptimizerConfig()
-MOMENTUM = OptimizerConfig(momentum=0.9, weight_decay=1e-3)
-HEAVY_BALL = OptimizerConfig(momentum=0.5, nesterov=False)
-ADAM = OptimizerConfig(name="adam", weight_decay=1e-3)
 DIM = 203  # odd: ranges of every alignment
 STEPS = 4
 BUCKETS = (2, 25, DIM)  # typical range lengths of a cut (each cut's lengths vary around one of them)
 
-
-class Case(NamedTuple):
-    algo: str
-    topology: str
-    n: int
-    optimizer: OptimizerConfig
-    drops: bool  # whether simulated message loss applies (not to all-reduce, a collective)
-
-
 CASES = [
-    Case("allreduce", "fully-connected", 5, MOMENTUM, False),
-    Case("allreduce", "fully-connected", 4, ADAM, False),
-    Case("dpsgd", "ring", 6, MOMENTUM, True),
-    Case("dpsgd", "binary-tree", 7, ADAM, True),
-    Case("qgm", "ring", 5, MOMENTUM, True),
-    Case("qgm", "chain", 4, HEAVY_BALL, True),
-    Case("d2", "ring", 6, MOMENTUM, True),
-    Case("gt", "ring", 5, SGD, True),
-    Case("gt", "binary-tree", 6, MOMENTUM, True),
-    Case("sgp", "exponential", 8, MOMENTUM, True),
-    Case("sgp", "exponential", 4, ADAM, True),
+    Case("allreduce", "fully-connected", 5, MOMENTUM),
+    Case("allreduce", "fully-connected", 4, ADAM),
+    Case("dpsgd", "ring", 6, MOMENTUM),
+    Case("dpsgd", "binary-tree", 7, ADAM),
+    Case("qgm", "ring", 5, MOMENTUM),
+    Case("qgm", "chain", 4, HEAVY_BALL),
+    Case("d2", "ring", 6, MOMENTUM),
+    Case("gt", "ring", 5, SGD),
+    Case("gt", "binary-tree", 6, MOMENTUM),
+    Case("sgp", "exponential", 8, MOMENTUM),
+    Case("sgp", "exponential", 4, ADAM),
 ]
 
 
 def _id(case: Case) -> str:
-    return f"{case.algo}-{case.topology}-n{case.n}-{case.optimizer.name}{case.optimizer.momentum or ''}"
+    opt = case.optimizer
+    return f"{case.algo}-{case.topology}-n{case.workers}-{opt.name}{opt.momentum or ''}"
 
 
 def backward_cut(numel: int, bucket: int, seed: int) -> list[tuple[int, int]]:
@@ -99,15 +86,16 @@ def _run(comm, case: Case, dtype: torch.dtype, cuts: list[list[tuple[int, int]]]
 
 
 def _whole_and_ranged(case: Case, dtype: torch.dtype, cuts, drops: DropPolicy | None):
-    whole = run_local(case.n, _run, case, dtype, None, drops=drops)
-    ranged = run_local(case.n, _run, case, dtype, cuts, drops=drops)
+    whole = run_local(case.workers, _run, case, dtype, None, drops=drops)
+    ranged = run_local(case.workers, _run, case, dtype, cuts, drops=drops)
     return np.array(whole), np.array(ranged)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_ranges_in_backward_order_give_the_whole_steps_bits(case: Case, dtype: torch.dtype) -> None:
-    drops = DropPolicy(0.3, seed=5) if case.drops else None
+    drops = DropPolicy(0.3, seed=5) if case.loses_messages else None
     for k, bucket in enumerate(BUCKETS):
         cuts = [backward_cut(DIM, bucket, seed=100 * k + t) for t in range(STEPS)]
         whole, ranged = _whole_and_ranged(case, dtype, cuts, drops)
@@ -115,15 +103,16 @@ def test_ranges_in_backward_order_give_the_whole_steps_bits(case: Case, dtype: t
         np.testing.assert_array_equal(ranged, whole, err_msg=f"bucket {bucket}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_the_comparison_catches_a_range_made_ready_twice(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cut that covers one range twice (the check that refuses it switched off) changes the bits,
     so the comparison above can see a range processed twice; with the check on, it is refused."""
     cut = backward_cut(DIM, 5, seed=3)
     twice = [cut[0], *cut]  # the last range again
-    drops = DropPolicy(0.3, seed=5) if case.drops else None
+    drops = DropPolicy(0.3, seed=5) if case.loses_messages else None
     with pytest.raises(ValueError, match="disjoint and cover"):
-        run_local(case.n, _run, case, torch.float64, [twice] * STEPS, drops=drops)
+        run_local(case.workers, _run, case, torch.float64, [twice] * STEPS, drops=drops)
     monkeypatch.setattr(algorithms_base, "check_ranges", lambda ranges, numel: None)
     whole, ranged = _whole_and_ranged(case, torch.float64, [twice] * STEPS, drops)
     assert not np.array_equal(ranged, whole)
@@ -161,7 +150,7 @@ def test_ready_updates_and_starts_sending_its_range_before_the_rest_is_final(cas
         algorithm.finish_step()
         return started, bool(torch.isfinite(x).all())
 
-    results = run_local(case.n, body)
+    results = run_local(case.workers, body)
     per_message = 2 * (hi - lo) if case.algo == "gt" else hi - lo
     for started, finite in results:
         assert started and set(started) == {per_message}, started
@@ -260,6 +249,7 @@ def _node_aware_sum(comm, numel: int) -> bool:
     return True
 
 
+@pytest.mark.mpi
 @pytest.mark.spmd
 def test_a_node_aware_tree_sum_gives_its_own_trees_bits(spmd, request) -> None:
     if not request.config.getoption("--with-mpi", default=False) or spmd(lambda comm: comm.world_size)[0] < 4:
@@ -267,6 +257,7 @@ def test_a_node_aware_tree_sum_gives_its_own_trees_bits(spmd, request) -> None:
     assert all(spmd(_node_aware_sum, 10_000))
 
 
+@pytest.mark.slow
 @pytest.mark.spmd
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("numel", [1, 100, 10_000, 1_000_000])
@@ -281,7 +272,7 @@ def test_local_iallreduce_sums_in_rank_order_for_any_world() -> None:
 
 
 def _spmd_whole_and_ranged(comm, algo: str, topology: str):
-    case = Case(algo, topology, comm.world_size, MOMENTUM, False)
+    case = Case(algo, topology, comm.world_size, MOMENTUM)
     whole = _run(comm, case, torch.float32, None)
     cuts = [backward_cut(DIM, 9, seed=t) for t in range(STEPS)]
     ranged = _run(comm, case, torch.float32, cuts)

@@ -1,5 +1,5 @@
 """Checkpoint directories belong to one run, --out replaces only run files, and a run stopped by
-Ctrl-C, SIGTERM or a full disk ends recorded, readable and resumable (issue 19 items 3-5)."""
+Ctrl-C, SIGTERM or a full disk ends recorded, readable and resumable."""
 
 from __future__ import annotations
 
@@ -9,24 +9,18 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
 from relaympi.results import read_run, run_status
-from tests.conftest import ROOT, env_for_subprocess, mounted_tmpfs, mpirun_path, requires_mpirun
+from tests.conftest import ROOT, env_for_subprocess, mounted_tmpfs, requires_mpirun, train_command
+from tests.conftest import run_train as train
 
-PY = sys.executable
 # 4 workers, 60 steps, an evaluation (and a checkpoint) every 10
 DIGITS = ["--task", "digits", "--backend", "local", "--workers", "4", "--algo", "relay", "--alpha", "0.01",
           "--steps", "60", "--eval-every", "10", "--seed", "2"]
-
-
-def train(args, *, env=None, timeout=300):
-    cmd = [PY, "-m", "relaympi.train", *map(str, args)]
-    return subprocess.run(cmd, cwd=ROOT, env={**env_for_subprocess(), **(env or {})}, capture_output=True, text=True, timeout=timeout)
 
 
 def stopped_at(step, how="TERM"):
@@ -37,7 +31,8 @@ def digest(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-# -- item 3: a checkpoint directory belongs to one run -------------------------------------------
+# -- a checkpoint directory belongs to one run ---------------------------------------------------
+@pytest.mark.slow
 def test_another_run_refuses_the_checkpoint_and_the_owner_resumes_without_a_gap(tmp_path):
     ck, a, a2 = tmp_path / "ck", tmp_path / "A.h5", tmp_path / "A2.h5"
     first = train([*DIGITS, "--checkpoint-dir", ck, "--out", a], env=stopped_at(20))
@@ -58,6 +53,7 @@ def test_another_run_refuses_the_checkpoint_and_the_owner_resumes_without_a_gap(
     assert run.attrs["resumed_at_steps"] == [19]
 
 
+@pytest.mark.slow
 def test_overwrite_takes_the_checkpoint_over_and_then_the_old_owner_is_refused(tmp_path):
     ck, a, a2 = tmp_path / "ck", tmp_path / "A.h5", tmp_path / "A2.h5"
     assert train([*DIGITS, "--checkpoint-dir", ck, "--out", a], env=stopped_at(20)).returncode == 4
@@ -68,6 +64,7 @@ def test_overwrite_takes_the_checkpoint_over_and_then_the_old_owner_is_refused(t
     assert run_status(a) == "preempted" and read_run(a).data["step"].tolist() == [0, 10]  # untouched
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_checkpoint_the_run_file_does_not_reach(tmp_path):
     ck, a = tmp_path / "ck", tmp_path / "A.h5"
     assert train([*DIGITS, "--checkpoint-dir", ck, "--out", a], env=stopped_at(20)).returncode == 4
@@ -79,7 +76,7 @@ def test_resume_refuses_a_checkpoint_the_run_file_does_not_reach(tmp_path):
     assert read_run(a).data["step"].tolist() == [0, 10]
 
 
-# -- item 4: --out replaces only run files -------------------------------------------------------
+# -- --out replaces only run files ---------------------------------------------------------------
 def _problem_file(path):
     from relaympi.tasks import quadratics
 
@@ -87,6 +84,7 @@ def _problem_file(path):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["problem", "text", "checkpoint"])
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_out_never_replaces_a_file_that_is_not_a_run_file(tmp_path, kind, overwrite):
@@ -108,6 +106,7 @@ def test_out_never_replaces_a_file_that_is_not_a_run_file(tmp_path, kind, overwr
     assert digest(target) == before
 
 
+@pytest.mark.slow
 def test_an_empty_out_file_is_replaced_only_with_overwrite(tmp_path):
     target = tmp_path / "r.h5"
     target.write_bytes(b"")
@@ -127,7 +126,8 @@ def test_run_writer_refuses_a_file_that_is_not_a_run_file(tmp_path):
     assert target.read_text() == "keep me"
 
 
-# -- item 5: stopping -----------------------------------------------------------------------------
+# -- stopping: Ctrl-C and SIGTERM ----------------------------------------------------------------
+@pytest.mark.slow
 def test_sigterm_without_a_checkpoint_dir_says_a_rerun_starts_over(tmp_path):
     proc = train([*DIGITS, "--out", tmp_path / "r.h5"], env=stopped_at(20))
     assert proc.returncode == 5, proc.stderr[-3000:]
@@ -136,6 +136,7 @@ def test_sigterm_without_a_checkpoint_dir_says_a_rerun_starts_over(tmp_path):
     assert run.status == "preempted" and run.attrs["stopped_step"] == 20 and run.attrs["checkpoint_saved"] is False
 
 
+@pytest.mark.slow
 def test_sigint_checkpoints_like_sigterm_and_the_same_command_resumes(tmp_path):
     args = [*DIGITS, "--checkpoint-dir", tmp_path / "ck", "--out", tmp_path / "r.h5"]
     proc = train(args, env=stopped_at(30, "INT"))
@@ -167,21 +168,23 @@ def _ctrl_c_at(command: list[str], progress: str) -> tuple[subprocess.Popen, str
     return proc, out, err
 
 
+@pytest.mark.slow
 def test_ctrl_c_to_the_process_group_stops_the_batched_run_with_a_checkpoint(tmp_path):
     args = ["--task", "digits", "--backend", "batched", "--workers", "4", "--algo", "relay", "--steps", "100000",
             "--eval-every", "10", "--log-every", "10", "--checkpoint-dir", tmp_path / "ck", "--out", tmp_path / "r.h5"]
-    proc, out, err = _ctrl_c_at([PY, "-m", "relaympi.train", *map(str, args)], "step 20/")
+    proc, out, err = _ctrl_c_at(train_command(args), "step 20/")
     assert proc.returncode == 4, err[-3000:]
     assert "Traceback" not in err and "checkpoint saved in" in out
     run = read_run(tmp_path / "r.h5")
     assert run.status == "preempted" and (tmp_path / "ck" / "meta.json").exists()
 
 
+@pytest.mark.slow
 @requires_mpirun
 def test_mpi_ctrl_c_checkpoints_on_every_rank(tmp_path):
     args = ["--task", "quadratics", "--algo", "relay", "--topology", "chain", "--steps", "100000", "--dim", "4",
             "--eval-every", "100", "--log-every", "100", "--checkpoint-dir", tmp_path / "ck", "--out", tmp_path / "r.h5"]
-    _, out, err = _ctrl_c_at([mpirun_path(), "-n", "2", PY, "-m", "relaympi.train", *map(str, args)], "step 200/")
+    _, out, err = _ctrl_c_at(train_command(args, mpi=2), "step 200/")
     assert "KeyboardInterrupt" not in err and "Traceback" not in err, err[-3000:]
     run = read_run(tmp_path / "r.h5")
     assert run.status == "preempted" and run.attrs["checkpoint_saved"] is True
@@ -189,7 +192,7 @@ def test_mpi_ctrl_c_checkpoints_on_every_rank(tmp_path):
     assert sorted(p.name for p in (tmp_path / "ck").glob("*.pt")) == [f"rank{r:05d}.step{step:010d}.pt" for r in range(2)]
 
 
-# -- item 5: a full disk --------------------------------------------------------------------------
+# -- stopping: a full disk ------------------------------------------------------------------------
 @pytest.fixture
 def small_disk(tmp_path):
     """A 1 MiB tmpfs (needs root); a run file of 16 workers outgrows it within a few evaluations."""
@@ -197,6 +200,7 @@ def small_disk(tmp_path):
         yield mount
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["local", "batched"])
 def test_a_full_disk_fails_the_run_with_one_line_and_a_readable_file(small_disk, backend):
     out = small_disk / "r.h5"
@@ -208,6 +212,7 @@ def test_a_full_disk_fails_the_run_with_one_line_and_a_readable_file(small_disk,
     assert run.data["step"].tolist() == [5 * k for k in range(len(run.data["step"]))]  # whole rows, no gap
 
 
+@pytest.mark.slow
 def test_a_full_disk_for_checkpoints_leaves_nothing_partial(small_disk, tmp_path):
     ck = small_disk / "ck"
     proc = train([*DIGITS[:2], "--backend", "local", "--workers", 16, "--algo", "relay", "--steps", 20, "--eval-every", 5,

@@ -6,14 +6,13 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 
 from relaympi import threads
 from relaympi.config import parse_args
 from relaympi.results import read_run
-from tests.conftest import ROOT, env_for_subprocess, mpirun_path, requires_mpirun
+from tests.conftest import ROOT, env_for_subprocess, module_command, requires_mpirun, train_command
 
 NO_CAPS = {}  # an environment without OMP_NUM_THREADS / SLURM_CPUS_PER_TASK
 
@@ -105,13 +104,15 @@ def _train_on_cpu0(tmp_path, extra):
     out = tmp_path / "run.h5"
     env = {k: v for k, v in env_for_subprocess().items() if k not in threads.CAP_VARIABLES}
     cpu = min(os.sched_getaffinity(0))
-    cmd = ["taskset", "-c", str(cpu), sys.executable, "-m", "relaympi.train", "--task", "digits", "--backend", "batched",
-           "--workers", "2", "--algo", "allreduce", "--steps", "2", "--eval-every", "2", *extra, "--out", str(out)]
+    args = ["--task", "digits", "--backend", "batched", "--workers", "2", "--algo", "allreduce",
+            "--steps", "2", "--eval-every", "2", *extra, "--out", out]
+    cmd = ["taskset", "-c", str(cpu), *train_command(args)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return read_run(out, datasets=()).provenance, proc.stderr
 
 
+@pytest.mark.slow
 @needs_taskset
 def test_a_run_under_taskset_records_one_thread(tmp_path):
     provenance, stderr = _train_on_cpu0(tmp_path, [])
@@ -119,6 +120,7 @@ def test_a_run_under_taskset_records_one_thread(tmp_path):
     assert "--threads" not in stderr
 
 
+@pytest.mark.slow
 @needs_taskset
 def test_a_run_with_threads_above_its_cpus_warns_and_records_them(tmp_path):
     provenance, stderr = _train_on_cpu0(tmp_path, ["--threads", "2"])
@@ -135,21 +137,25 @@ def test_node_allgather_collects_every_rank_of_the_node():
     assert node_allgather((rank, threads.allowed_cpus())) == [(r, threads.allowed_cpus()) for r in range(size)]  # one host
 
 
+@pytest.mark.slow
 @requires_mpirun
 def test_unbound_mpi_ranks_share_their_cpus(tmp_path):
     out = tmp_path / "run.h5"
     env = {k: v for k, v in env_for_subprocess().items() if k not in threads.CAP_VARIABLES}
-    cmd = [mpirun_path(), "-n", "2", sys.executable, "-m", "relaympi.train", "--task", "digits", "--algo", "allreduce",
-           "--steps", "2", "--eval-every", "2", "--out", str(out)]
+    args = ["--task", "digits", "--algo", "allreduce", "--steps", "2", "--eval-every", "2",
+            "--out", out]
+    cmd = train_command(args, mpi=2)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # mpirun binds nothing here: both ranks run on this process's CPUs, so each gets half
     assert read_run(out, datasets=()).provenance["torch_threads"] == threads.default_threads(threads.allowed_cpus(), 2, env=NO_CAPS)
 
 
+@pytest.mark.slow
 def test_engines_benchmark_runs_with_the_trainers_default_threads(tmp_path):
     env = {k: v for k, v in env_for_subprocess().items() if k not in threads.CAP_VARIABLES}
-    cmd = [sys.executable, "-m", "benchmarks.engines", "--workloads", "digits", "--engines", "batched", "--steps", "2"]
+    cmd = module_command("benchmarks.engines", "--workloads", "digits", "--engines", "batched",
+                         "--steps", "2")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     header, row = proc.stdout.splitlines()[:2]

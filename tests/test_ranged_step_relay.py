@@ -1,4 +1,4 @@
-"""Issue 22 item 4 and issue 24 item 2 (relay part): RelaySGD and RelaySGD/Grad range by range.
+"""The ranged step of RelaySGD and RelaySGD/Grad: ranges stepped as backward finishes them.
 
 ``begin_step``, ``ready(lo, hi)`` for ranges cut anywhere and arriving in backward order (high
 indices first), then ``finish_step``, give the bits of ``step()``, for every relay mode, chunked
@@ -102,6 +102,7 @@ def _run(case, **kwargs) -> np.ndarray:
     return np.array(run_local(n, trajectory, case, drops=DropPolicy(drop, seed=3), **kwargs))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_ranged_step_gives_the_bits_of_step(case):
     whole = _run(case)

@@ -1,8 +1,9 @@
-"""Issue 20 item 3: RelaySGD's and RelaySGD/Grad's rule written once, RelaySum injected as relays.Relays.
+"""RelaySGD's and RelaySGD/Grad's rule is written once, RelaySum injected through relays.Relays.
 
 The engines' numbers are held against each other and the oracles in test_algorithms.py,
-test_batched_algorithms.py and test_drop_oracle.py; here: one class per rule on both engines, both
-RelaySums implement the protocol, and the rule runs unchanged on a third, independent Relays.
+test_batched_algorithms.py and test_algorithms_with_drops.py; here: one class per rule on both
+engines, both RelaySums implement the protocol, and the rule runs unchanged on a third,
+independent Relays.
 """
 
 from __future__ import annotations

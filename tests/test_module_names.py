@@ -1,5 +1,5 @@
-"""One job per module, and names that say what they are: each renamed or moved name is found at its
-new home, does what it did, and the old name is gone."""
+"""One job per module, and names that say what they are: each renamed or moved name is found at
+its new home, does what it did, and the old name is gone."""
 
 from __future__ import annotations
 
