@@ -18,7 +18,8 @@
 #   train-allreduce  the same with all-reduce
 #   batched-16/64    VGG-11 RelaySGD, 16 and 64 workers as one batched computation on the GPU
 #                    (--backend batched), and mpi-16: the same 16 workers as `mpirun -n 16` ranks
-#                    sharing the GPU (issue 12's comparison: samples/s and peak memory of each)
+#                    sharing the GPU: how much faster the batched engine trains (samples/s and
+#                    peak memory of each)
 #   compute          benchmarks.batched_compute: N VGG-11s' vmapped forward+backward alone against the
 #                    batched engine's step (deferred and per-step loss reads), float32 and --autocast bf16
 #   comm-16          benchmarks/comm_scaling.sh at 16 ranks, 9.2M float32, with the memory-bandwidth triad
@@ -26,7 +27,8 @@
 #   bench-n2/4/8     benchmarks.gpu_report comm: RelaySum and allreduce on host, staged and
 #                    CUDA-aware buffers, 1e3 to 9.2M float32s, 2/4/8 ranks sharing the one GPU
 #   overlap          benchmarks.overlap --device cuda: VGG-11 step time with and without --overlap, 2 ranks
-#                    sharing the GPU, every message staged through host memory (issue 24)
+#                    sharing the GPU, every message staged through host memory (the trainer refuses
+#                    --overlap with --device cuda until this stage gives a figure)
 #   report           samples/s, ms per step split into compute and communication, peak GPU memory
 #                    per rank (benchmarks.gpu_report summary)
 # At the end: a table stage -> ok/failed/timeout/skipped, and in $OUT (else ./gpu-check-out):
@@ -41,7 +43,7 @@
 # (about 14 MiB). mpich is installed with --prefix, not --target: pip --target drops the wheel's
 # lib/ (libmpi.so.12), and mpi4py then finds no MPI library.
 #
-# The device tool call: run with carry [".whl"], timeout_s 600, command
+# On a remote GPU machine: copy .whl/ along with the checkout, allow 600 s, and run
 #   PYTHONUNBUFFERED=1 bash benchmarks/gpu_check.sh
 #
 # Knobs: GPU_CHECK_PYTHON (python3; .venv/bin/python in CPU mode), GPU_CHECK_WHEELS (.whl),
