@@ -12,13 +12,19 @@ if [ ! -x .venv/bin/python ]; then
 fi
 PIP=(.venv/bin/python -m pip install --disable-pip-version-check -q)
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  echo "setup: installing torch==2.13.0 (CPU build, about a minute)..." >&2
   "${PIP[@]}" "torch==2.13.0"
 fi
 if command -v mpirun >/dev/null 2>&1 && [ "$(command -v mpirun)" != "$PWD/.venv/bin/mpirun" ]; then
   echo "setup: using the MPI on PATH ($(command -v mpirun)); building mpi4py against it" >&2
-  .venv/bin/python -c "import mpi4py" 2>/dev/null || "${PIP[@]}" --no-binary mpi4py mpi4py
+  if ! .venv/bin/python -c "import mpi4py" 2>/dev/null; then
+    echo "setup: building mpi4py from source (a minute or two)..." >&2
+    "${PIP[@]}" --no-binary mpi4py mpi4py
+  fi
 else
+  echo "setup: installing the mpich and mpi4py wheels..." >&2
   "${PIP[@]}" mpich mpi4py
 fi
-"${PIP[@]}" -e ".[test,nlp]"
+echo "setup: installing relaympi with its test, nlp and docs extras..." >&2
+"${PIP[@]}" -e ".[test,nlp,docs]"
 echo "setup: done (.venv/bin/python, $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))" >&2

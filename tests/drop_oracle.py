@@ -2,7 +2,7 @@
 
 Written from the paper's semantics (Algorithm 1 and eq. robust-relaysum-model, the appendix
 algorithms for D², gradient tracking, SGP, RelaySum/Grad and mean estimation) and the loss
-rules in README.md's "Message loss" paragraph, not from the message-passing code. Which
+rules in docs/algorithms.md's "Message loss" section, not from the message-passing code. Which
 messages are lost is an input: ``delivered(round, tag, src, dst)``, normally
 ``not DropPolicy.dropped(...)``, asked with the round and tag numbering the algorithms use
 (``round_id(step, sub)``; tag = tree layer for RelaySum, 0 otherwise).
@@ -36,7 +36,8 @@ def delivered_by(drops: DropPolicy) -> Delivered:
 
 def layer_coordinates(d: int, num_layers: int) -> list[np.ndarray]:
     """The coordinates tree k of a T-tree topology relays: block k of np.array_split(arange(d), T)
-    (contiguous blocks, as NCCL splits data between its two double binary trees)."""
+    (contiguous blocks, as NCCL splits data between its two trees; docs/design.md, "Algorithm
+    notes and traps")."""
     return np.array_split(np.arange(d), num_layers)
 
 

@@ -29,7 +29,7 @@ LOCAL = ["--backend", "local", "--workers", "2", "--steps", "2"]
 
 
 def test_readme_flag_table_is_the_generated_one() -> None:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "running.md").read_text(encoding="utf-8")
     start = text.index("| flag | meaning (default) |")
     table = text[start : text.index("\n\n", start) + 1]
     assert table == flag_table(), "README's flag table differs: paste relaympi.config.flag_table() over it"
@@ -46,7 +46,7 @@ def test_every_flag_is_in_the_parser_and_the_readme_table() -> None:
 
 def test_readme_names_every_key_that_cannot_change_a_runs_numbers() -> None:
     """The README's sentence on experiments lists NON_SEMANTIC_KEYS (it had left out relay_chunk)."""
-    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    text = " ".join((ROOT / "docs" / "running.md").read_text(encoding="utf-8").split())
     sentence = text[text.index("the keys that cannot are") : text.index("(`relaympi.config.NON_SEMANTIC_KEYS`)")]
     assert set(re.findall(r"`(\w+)`", sentence)) == NON_SEMANTIC_KEYS
 

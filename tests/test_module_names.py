@@ -73,18 +73,24 @@ def test_the_two_world_size_checks_have_two_names() -> None:
     assert "check_world_size" not in algorithms.__all__
 
 
-def test_the_readme_layout_names_real_modules_and_where_new_pieces_go() -> None:
+def test_the_docs_layout_names_real_modules_and_where_new_pieces_go() -> None:
+    """docs/design.md's Layout names files that exist; docs/contributing.md says where each kind of
+    new piece goes."""
     import re
 
     root = Path(__file__).resolve().parent.parent
-    readme = (root / "README.md").read_text(encoding="utf-8")
-    layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
-    for path in re.findall(r"relaympi/[\w/]+\.py", layout):  # a module, or the package it became
-        assert (root / path).is_file() or (root / path).with_suffix("").is_dir(), f"README's Layout names {path}, which does not exist"
+    design = (root / "docs" / "design.md").read_text(encoding="utf-8")
+    layout = design.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    for path in re.findall(r"(?:relaympi|benchmarks|jobs|cluster|scripts)/[\w/.]+\.(?:py|sh)", layout):
+        # a module, or the package it became
+        assert (root / path).is_file() or (root / path).with_suffix("").is_dir(), (
+            f"docs/design.md's Layout names {path}, which does not exist"
+        )
     for name in ("flat.py", "checkpoint_files.py", "MessagePassingRank"):
         assert name in layout
-    where = layout.split("Where a new piece goes", 1)[1]
+    contributing = (root / "docs" / "contributing.md").read_text(encoding="utf-8")
+    where = contributing.split("## Where a new piece goes", 1)[1].split("\n## ", 1)[0]
     for piece, home in (("algorithm", "relaympi/algorithms/registry.py"), ("task", "relaympi/tasks/__init__.py"),
-                        ("engine", "relaympi/engines/__init__.py"), ("flag", "relaympi/config.py")):
+                        ("engine", "relaympi/engines/__init__.py"), ("flag", "relaympi/config/")):
         line = re.search(rf"^- a new {piece}:(.*?)(?=^- |\Z)", where, re.S | re.M)
-        assert line and home in line.group(1), f"README says nowhere where a new {piece} goes"
+        assert line and home in line.group(1), f"docs/contributing.md says nowhere where a new {piece} goes"

@@ -268,7 +268,7 @@ def test_resumed_run_evaluates_where_an_uninterrupted_one_does(tmp_path, monkeyp
     monkeypatch.delenv("RELAYMPI_INJECT_FAILURE")
     assert _main(resumed) == 0
     full, run = read_run(tmp_path / "full.h5"), read_run(tmp_path / "resumed.h5")
-    # resumed_at_steps holds the last step kept from before the resume (results/README.md)
+    # resumed_at_steps holds the last step kept from before the resume (docs/results.md)
     assert run.status == "completed" and list(run.attrs["resumed_at_steps"]) == [resume_at - 1]
     assert full.data["step"].tolist() == run.data["step"].tolist() == [0, 4, 8, 10]
     for key in ("epoch", "lr", "suboptimality", "consensus_distance", "bytes_sent"):
