@@ -186,8 +186,12 @@ class TrainingLoop(ABC):
         """A rank other than the root tells the root it failed (so the root records it)."""
 
     # -- start, checkpoint state ------------------------------------------------------------
+    def prepare(self) -> None:
+        """What an engine settles before anything is restored or recorded (default: nothing)."""
+
     def start(self) -> None:
         """Agree on resuming, restore the checkpoint, open the run file; set t0."""
+        self.prepare()
         self.t0 = time.perf_counter()
         hosts = self.hosts()
         if self.checkpoints.enabled:  # every node must see the folder before anyone resumes from it

@@ -212,13 +212,12 @@ class BatchedRun(TrainingLoop):
     def transport(self) -> dict[str, Any]:
         return {"backend": BACKEND, "device": str(self.device)}
 
-    def start(self) -> None:
+    def prepare(self) -> None:
         # before the run file opens: its provenance records the thread count the run uses
         if times_threads(self.engine.X, self.plan.cfg.threads):
             _, why = choose_threads(self.engine, self.algorithm, self.schedule.lr_at(0))
             if why is not None:
                 log.info(why)
-        super().start()
 
     # -- the steps ---------------------------------------------------------------------------
     def gradient(self, step: int) -> np.ndarray | torch.Tensor:
