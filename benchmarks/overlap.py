@@ -3,7 +3,7 @@
     python -m benchmarks.overlap                                          # one node: mpirun -n 2,
     VGG-11, relay and allreduce
     python -m benchmarks.overlap --nodes 2 --ranks-per-node 1 --links 1500mbit,3gbit,6gbit   # the
-    README's tables
+    tables of docs/benchmarks.md
     python -m benchmarks.overlap --nodes 2 --ranks-per-node 1 --links 250mbit,500mbit,1gbit   #
     emulated cluster (root)
     python -m benchmarks.overlap --nodes 2 --ranks-per-node 2 --links 500mbit --algos relay

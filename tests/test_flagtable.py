@@ -1,5 +1,6 @@
-"""One flag table: RunConfig's Flags generate the parser, refusals, identity and resume keys and the README's
-table; value checks live in the domain classes; the launcher's environment is read in one function."""
+"""One flag table: RunConfig's Flags generate the parser, refusals, identity and resume keys and
+docs/running.md's table; value checks live in the domain classes; the launcher's environment is
+read in one function."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ def test_readme_flag_table_is_the_generated_one() -> None:
     text = (ROOT / "docs" / "running.md").read_text(encoding="utf-8")
     start = text.index("| flag | meaning (default) |")
     table = text[start : text.index("\n\n", start) + 1]
-    assert table == flag_table(), "README's flag table differs: paste relaympi.config.flag_table() over it"
+    assert table == flag_table(), (
+        "docs/running.md's flag table differs: paste relaympi.config.flag_table() over it"
+    )
 
 
 def test_every_flag_is_in_the_parser_and_the_readme_table() -> None:
@@ -45,7 +48,8 @@ def test_every_flag_is_in_the_parser_and_the_readme_table() -> None:
 
 
 def test_readme_names_every_key_that_cannot_change_a_runs_numbers() -> None:
-    """The README's sentence on experiments lists NON_SEMANTIC_KEYS (it had left out relay_chunk)."""
+    """docs/running.md's sentence on experiments lists NON_SEMANTIC_KEYS (it had left out
+    relay_chunk)."""
     text = " ".join((ROOT / "docs" / "running.md").read_text(encoding="utf-8").split())
     sentence = text[text.index("the keys that cannot are") : text.index("(`relaympi.config.NON_SEMANTIC_KEYS`)")]
     assert set(re.findall(r"`(\w+)`", sentence)) == NON_SEMANTIC_KEYS

@@ -13,7 +13,8 @@ from relaympi.flat import spare_slots
 from relaympi.topology import Topology
 
 # Elements per chunk of a message: assembly of chunk c + 1 overlaps the transfer of chunk c.
-# Measured with `python -m benchmarks.comm --chunk ...` (README, "Communication figures").
+# Measured with `python -m benchmarks.comm --chunk ...` (docs/benchmarks.md, "Communication on
+# one node").
 DEFAULT_CHUNK = 1 << 20
 # Elements per cache block: a node of degree >= 2 runs its several passes over one block at a time,
 # so that the block's rows are still in cache for the next pass (every op is elementwise, so the

@@ -13,7 +13,7 @@ from relaympi.comm import buffers
 
 # the progress thread's poll period (--progress-interval): 0.5, 1, 2 and 4 ms measured on VGG-11
 # over an
-# emulated cluster (README "Overlap"); a transfer waits at most this long for its next MPI call
+# emulated cluster (docs/overlap.md); a transfer waits at most this long for its next MPI call
 # while backward runs
 PROGRESS_INTERVAL_S = 2e-3
 

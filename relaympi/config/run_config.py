@@ -397,7 +397,7 @@ class RunConfig:
         ),
     )
     # MiB of gradient per --overlap bucket: 1, 4 and 16 measured on VGG-11 (benchmarks.overlap,
-    # README "Overlap"): 16 overlaps least; at 4 and below each of VGG-11's large convolutions is
+    # docs/overlap.md): 16 overlaps least; at 4 and below each of VGG-11's large convolutions is
     # its own bucket
     bucket_size: float = flag_field(
         4.0,

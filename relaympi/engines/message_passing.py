@@ -109,8 +109,8 @@ class MessagePassingRank(TrainingLoop):
             if cfg.overlap
             else None
         )
-        # and a thread that runs MPI's progress engine during backward, between the hooks (README
-        # "Overlap")
+        # and a thread that runs MPI's progress engine during backward, between the hooks
+        # (docs/overlap.md)
         if (
             self.buckets is not None
             and cfg.progress_thread

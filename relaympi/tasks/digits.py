@@ -47,8 +47,8 @@ class DigitsTask(ClassificationTask):
     # 0.01,
     # 20 epochs, seed 0, plain SGD (qgm: momentum 0.9), by the paper's worst-worker metric
     # (`python -m relaympi.report`): allreduce 96.5%, relay-grad 97.2%, qgm 96.0%, relay 94.1%,
-    # gt 92.4%, d2 91.9%, sgp 85.6%, dpsgd 73.5%. The grid loop is in README "Learning-rate
-    # defaults".
+    # gt 92.4%, d2 91.9%, sgp 85.6%, dpsgd 73.5%. The grid loop is in docs/benchmarks.md
+    # ("Learning-rate grid on digits").
     defaults = TaskDefaults(
         epochs=20,
         batch_size=8,
