@@ -270,7 +270,7 @@ class Communicator(ABC):
         (on MPI a Testall, which runs the progress engine). Called between pieces of computation
         (backward's hooks under --overlap): MPICH's and Open MPI's transports move data only inside
         MPI
-        calls unless a progress thread runs (README "Overlap"). Completed requests are dropped;
+        calls unless a progress thread runs (docs/overlap.md). Completed requests are dropped;
         wait()
         on them still returns their result."""
         if self._in_flight is None:

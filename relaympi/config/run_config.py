@@ -74,7 +74,7 @@ _GPU_OVERLAP = Applies(
         or cuda_overlap_mode() is not None
     ),
     lambda c: (
-        "it hung on a GPU in its only check (--device cuda, host-staged MPI; undiagnosed): "
+        "it has not passed a check on a GPU yet (its one try, host-staged, hung): "
         "use --no-overlap with --device cuda"
     ),
 )

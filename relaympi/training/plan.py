@@ -169,7 +169,7 @@ def resolve_overlap(
     """--overlap and --progress-thread as they run. --overlap by default: on for MPI ranks on more
     than
     one node on the CPU, where the step's transfers cross a wire that backward can hide (measured
-    faster, README "Overlap"), for a model of more than one bucket (``overlap_pays``;
+    faster, docs/overlap.md), for a model of more than one bucket (``overlap_pays``;
     ``model_bytes`` from the task, None where it cannot tell); off on one node, where the transfers
     are copies the ranks make themselves (nothing to hide them behind: measured 0.91-1.07x), and on
     GPUs (refused: it hung in its one check).

@@ -224,7 +224,7 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
     )
     if run.config.get(
         "overlap"
-    ):  # the default across nodes: say so, it sets the timers' meaning (README "Overlap")
+    ):  # the default across nodes: say so, it sets the timers' meaning (docs/overlap.md)
         ran = run.provenance.get(
             "transport_progress_thread", run.config.get("progress_thread")
         )  # False where MPI lacked THREAD_MULTIPLE
