@@ -188,6 +188,7 @@ class TrainingLoop(ABC):
     # -- start, checkpoint state ------------------------------------------------------------
     def prepare(self) -> None:
         """What an engine settles before anything is restored or recorded (default: nothing)."""
+        return None
 
     def start(self) -> None:
         """Agree on resuming, restore the checkpoint, open the run file; set t0."""
