@@ -128,6 +128,15 @@ class Topology:
 
     __slots__ = ("name", "world_size", "placement", "_edges", "_facts", "_cache")
 
+    # Set once in __init__ through object.__setattr__ (the value is frozen); declared here so
+    # that type checkers know them.
+    name: str
+    world_size: int
+    placement: str
+    _edges: tuple[np.ndarray, ...]  # per layer, the sorted [m, 2] int64 edge array
+    _facts: tuple[LayerFacts | None, ...]
+    _cache: dict[Any, Any]  # lazily computed views, keyed by (what, layer) or a name
+
     def __init__(
         self,
         name: str,
@@ -360,6 +369,7 @@ class Topology:
     def max_models_per_step(self) -> float:
         """models_per_step maximized over ranks."""
         total = sum(self.degrees(k) for k in range(self.num_layers))
+        assert isinstance(total, np.ndarray)  # num_layers >= 1, so not sum()'s start 0
         return float(total.max() / self.num_layers)
 
     def inter_node_edges(self, nodes: Any) -> list[int]:
@@ -451,7 +461,7 @@ class Topology:
         per_layer = range(self.num_layers)
         edges = [self._edges[k] if edge_arrays else self._edges[k].tolist() for k in per_layer]
         extremes = [self.gossip_extremes(k) for k in per_layer]
-        reasons = {}
+        reasons: dict[str, str | None] = {}
         if all(self._diameter_method(k) is not None for k in per_layer):
             diameter = self.diameter
         else:
