@@ -119,6 +119,7 @@ class Algorithm(ABC):
     matrix_form: ClassVar[type[MatrixForm]]
 
     options: Options  # a subclass with options names their class here: ``options: D2Options``
+    _ranged: tuple[torch.Tensor, torch.Tensor, float, int]  # begin_step's (x, grad, lr, step)
 
     @classmethod
     def check(cls, topology: Topology, optimizer: OptimizerConfig, options: Options) -> None:
@@ -145,7 +146,11 @@ class Algorithm(ABC):
         ``check`` refuses."""
         self.check(topology, optimizer.config, options)
         self.comm = comm
-        self.mixers = mixers if mixers is not None else CommMixers(comm)
+        if mixers is None:
+            assert comm is not None, "an algorithm without mixers communicates over comm"
+            self.mixers: Mixers = CommMixers(comm)
+        else:
+            self.mixers = mixers
         self.topology = topology
         self.optimizer = optimizer
         self.options = options

@@ -79,7 +79,7 @@ def algorithm_options(algo: str, options: Options | Mapping[str, Any] | None = N
     of its options' names; None: its defaults)."""
     kind = ALGORITHM_OPTIONS[algo]
     if type(options) is kind:
-        return options  # type: ignore[return-value]
+        return options
     return kind.of(options if options is not None else {})
 
 
