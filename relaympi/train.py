@@ -166,6 +166,7 @@ def _threads(cfg: RunConfig, rank: int, cpus: frozenset[int], sharing: int) -> i
 
 def _one_process_plan(cfg: RunConfig) -> tuple[Plan, Path]:
     """The plan of a run whose workers all live in this process, and its run file's path."""
+    assert cfg.workers is not None  # validate() requires --workers for such a run
     plan = resolve(cfg, cfg.workers)
     engine_for(cfg.backend).check(plan)
     plan.warn()
@@ -178,6 +179,7 @@ def _one_process_plan(cfg: RunConfig) -> tuple[Plan, Path]:
 
 
 def _main_in_process(cfg: RunConfig, argv: list[str]) -> int:
+    assert cfg.workers is not None  # validate() requires --workers for such a run
     # threads computing at once share this process's CPUs; one batched computation uses all of them
     _configure(
         cfg,
