@@ -334,6 +334,8 @@ class RunWriter:
                 raise ValueError(
                     f"dataset names must be non-empty and contain no '/', got {name!r}"
                 )
+            dtype: type[np.generic]
+            fill: float
             if name == "step":
                 if value.shape != () or value.dtype.kind not in "iu":
                     raise ValueError(
