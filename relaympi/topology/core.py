@@ -124,6 +124,34 @@ class Topology:
     size, placement and edges. ``facts`` (generators only) carry closed forms, one LayerFacts
     per layer. ``placement`` says how it was built: "ranks" (rank order, the paper's) or "nodes"
     (node-aware, relaympi.topology.placement); the name stays the family's either way.
+
+    Most code gets one from ``build`` (by name) or a generator (``ring``, ``binary_tree``, ...);
+    the constructor takes any graph.
+
+    Args:
+        name: the topology's name, non-empty.
+        world_size: the number of ranks, >= 1.
+        layers: a networkx graph or an [m, 2] integer edge array, or a sequence of them (one
+            per layer), each a connected simple graph over ranks 0..world_size-1.
+        facts: per layer, the LayerFacts its generator knows, or None.
+        placement: "ranks" or "nodes" (PLACEMENTS).
+
+    Attributes:
+        name: the family's name (e.g. "ring", "spanning-tree:ring", "edge-list:<file>").
+        world_size: the number of ranks.
+        placement: how it was built, "ranks" or "nodes".
+
+    Raises:
+        TopologyError: a bad name, world size, placement or layer (not connected, a self-loop,
+            a rank outside the world), or facts for another number of layers.
+
+    Example:
+        ```python
+        import numpy as np
+
+        chain = Topology("my-chain", 4, np.array([[0, 1], [1, 2], [2, 3]]))
+        chain.is_tree, chain.diameter, chain.neighbors(1)  # (True, 3, (0, 2))
+        ```
     """
 
     __slots__ = ("name", "world_size", "placement", "_edges", "_facts", "_cache")
