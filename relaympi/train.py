@@ -265,6 +265,22 @@ def _rerun_command(argv: list[str], mpi_ranks: int | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``python -m relaympi.train`` with these arguments: one training run, recorded in one
+    run file (the module's docstring shows the three ways to launch it).
+
+    Args:
+        argv: the command line after the program name; None: ``sys.argv[1:]``.
+
+    Returns:
+        The exit status: 0 completed, 1 failed, 2 misuse (a one-line error on stderr), 3
+        diverged, 4 preempted (checkpoint saved), 5 stopped without a checkpoint.
+
+    Example:
+        ```python
+        main(["--task", "digits", "--backend", "local", "--workers", "4", "--steps", "30",
+              "--out", "results/demo.h5"])  # 0
+        ```
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg = parse_args(argv)
