@@ -156,9 +156,8 @@ class _RelayedSteps(Algorithm):
             return super().begin_step(x, grad, lr, step)
         self._ranged = (x, grad, lr, step)
         self.optimizer.begin_step()
-        self._ranged_relay.begin(
-            self._parcel(x), round_id(step)
-        )  # every receive of the step posted now
+        # every receive of the step posted now
+        self._ranged_relay.begin(self._parcel(x), round_id(step))
 
     def ready(self, lo: int, hi: int) -> None:
         if self._ranged_relay is None:  # not self._pipelined

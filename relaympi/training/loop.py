@@ -298,7 +298,7 @@ class TrainingLoop(ABC):
         return loss
 
     def log_evaluation(self, row: dict[str, Any], workers: int) -> None:
-        assert self.plan.cfg.batch_size is not None  # plan() filled it in
+        assert self.plan.cfg.batch_size is not None  # resolve() filled it in
         log.info(
             log_line(
                 row,

@@ -97,7 +97,7 @@ class Plan:
     def schedule(self, steps_per_epoch: int) -> Schedule:
         """The step schedule for a training set that gives ``steps_per_epoch`` steps per epoch."""
         cfg, defaults = self.cfg, self.task.defaults
-        # plan() filled these in from the task's defaults (epochs where --steps is not given)
+        # resolve() filled these in from the task's defaults (epochs where --steps is not given)
         assert cfg.warmup_epochs is not None and cfg.milestones is not None
         if cfg.steps is not None:
             total = cfg.steps

@@ -58,7 +58,7 @@ class ModelEngine:
     def __init__(self, plan: Plan, device: torch.device):
         cfg = plan.cfg
         options = replace(plan.task_options, device=str(device))
-        # make_engine gives every other task a QuadraticEngine; plan() filled in the batch size
+        # make_engine gives every other task a QuadraticEngine; resolve() filled in the batch size
         assert issubclass(plan.task, ClassificationTask) and cfg.batch_size is not None
         self.task = plan.task(
             options
