@@ -183,7 +183,7 @@ def _library_name(version: Any) -> str:
 
 def hardware_label(info: Mapping[str, Any]) -> str:
     """Words for a hardware key: engine, launch shape, CPU, GPU, MPI and an emulated link."""
-    engine = info.get("engine")
+    engine: Any = info.get("engine")  # a name, or None (unknown)
     words = f"{engine} engine" if engine else "unknown engine"
     if info.get("device"):
         words += f" on {info['device']}"

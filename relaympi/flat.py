@@ -47,6 +47,7 @@ class FlatBuffer:
         """A zero flat buffer of the same kind, dtype and device as ``like``."""
         total = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
         kind = array_kind(like)
+        flat: Any  # a torch, cupy or numpy vector
         if kind == "torch":
             import torch
 

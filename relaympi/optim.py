@@ -15,6 +15,20 @@ OPTIMIZERS = ("sgd", "adam")
 
 @dataclass(frozen=True)
 class OptimizerConfig:
+    """A local optimizer's settings; ``make_optimizer`` builds the optimizer.
+
+    Attributes:
+        name: "sgd" or "adam" (OPTIMIZERS).
+        momentum: SGD's momentum beta, in [0, 1) (0: plain SGD).
+        nesterov: SGD momentum in the paper's Nesterov form; False: heavy ball.
+        weight_decay: the L2 term added to the gradient, >= 0.
+        betas: Adam's (beta1, beta2), each in [0, 1).
+        eps: Adam's epsilon, > 0.
+
+    Raises:
+        ValueError: a setting outside its range, or an unknown name.
+    """
+
     name: str = "sgd"
     momentum: float = 0.0  # sgd only
     nesterov: bool = True  # the paper's Nesterov form (appendix "RelaySum/Model with momentum")
@@ -182,4 +196,21 @@ class Adam(LocalOptimizer):
 
 
 def make_optimizer(config: OptimizerConfig, like: torch.Tensor) -> LocalOptimizer:
+    """The local optimizer ``config`` names, for flat models shaped as ``like``.
+
+    Args:
+        config: the optimizer's settings.
+        like: a flat model (or every worker's, stacked as rows) whose dtype, device and shape
+            the optimizer's buffers take.
+
+    Returns:
+        An ``SGD`` or ``Adam`` LocalOptimizer with zero state.
+
+    Example:
+        ```python
+        x, grad = torch.zeros(10), torch.ones(10)
+        sgd = make_optimizer(OptimizerConfig("sgd", momentum=0.9), x)
+        sgd.update(grad, x, lr=0.1, apply=True)  # x += u, u = -lr (g + beta m) with m = g
+        ```
+    """
     return (SGD if config.name == "sgd" else Adam)(config, like)

@@ -166,6 +166,7 @@ def _threads(cfg: RunConfig, rank: int, cpus: frozenset[int], sharing: int) -> i
 
 def _one_process_plan(cfg: RunConfig) -> tuple[Plan, Path]:
     """The plan of a run whose workers all live in this process, and its run file's path."""
+    assert cfg.workers is not None  # validate() requires --workers for such a run
     plan = resolve(cfg, cfg.workers)
     engine_for(cfg.backend).check(plan)
     plan.warn()
@@ -178,6 +179,7 @@ def _one_process_plan(cfg: RunConfig) -> tuple[Plan, Path]:
 
 
 def _main_in_process(cfg: RunConfig, argv: list[str]) -> int:
+    assert cfg.workers is not None  # validate() requires --workers for such a run
     # threads computing at once share this process's CPUs; one batched computation uses all of them
     _configure(
         cfg,
@@ -263,6 +265,22 @@ def _rerun_command(argv: list[str], mpi_ranks: int | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``python -m relaympi.train`` with these arguments: one training run, recorded in one
+    run file (the module's docstring shows the three ways to launch it).
+
+    Args:
+        argv: the command line after the program name; None: ``sys.argv[1:]``.
+
+    Returns:
+        The exit status: 0 completed, 1 failed, 2 misuse (a one-line error on stderr), 3
+        diverged, 4 preempted (checkpoint saved), 5 stopped without a checkpoint.
+
+    Example:
+        ```python
+        main(["--task", "digits", "--backend", "local", "--workers", "4", "--steps", "30",
+              "--out", "results/demo.h5"])  # 0
+        ```
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg = parse_args(argv)

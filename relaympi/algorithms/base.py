@@ -108,6 +108,34 @@ class Algorithm(ABC):
     and RelaySum as relays.Relays): by default CommMixers over ``comm``; the batched engine passes
     its BatchedMixers (and no comm), and the same step then runs on every worker's x stacked as the
     rows of x [N, numel].
+
+    Build one by name with ``relaympi.algorithms.make_algorithm``.
+
+    Args:
+        comm: this worker's Communicator; None where ``mixers`` communicate.
+        topology: the topology it runs on.
+        optimizer: the local optimizer that turns gradients into updates.
+        x0: the initial flat model ([N, numel] with the batched engine's mixers).
+        options: its options (an instance of its class in relaympi.algorithms.options).
+        mixers: what it communicates through (None: CommMixers over ``comm``).
+
+    Raises:
+        AlgorithmError: ``check`` refuses the topology, optimizer or options.
+
+    Example:
+        A new algorithm: declare what it accepts, then its step (and add it to the registry).
+
+        ```python
+        class Average(Algorithm):
+            name = "average"
+            default_topology = "fully-connected"
+            topology_kind = FULLY_CONNECTED
+            matrix_form = AllReduceMatrix
+
+            def step(self, x, grad, lr, step):
+                self.optimizer.update(grad, x, lr, apply=True)
+                self.mixers.allreduce_mean(x)
+        ```
     """
 
     name: ClassVar[str]
@@ -119,11 +147,21 @@ class Algorithm(ABC):
     matrix_form: ClassVar[type[MatrixForm]]
 
     options: Options  # a subclass with options names their class here: ``options: D2Options``
+    _ranged: tuple[torch.Tensor, torch.Tensor, float, int]  # begin_step's (x, grad, lr, step)
 
     @classmethod
     def check(cls, topology: Topology, optimizer: OptimizerConfig, options: Options) -> None:
         """Raise AlgorithmError unless this algorithm runs on ``topology`` with this optimizer and
-        options."""
+        options.
+
+        Args:
+            topology: the topology to run on.
+            optimizer: the local optimizer's settings.
+            options: the algorithm's options.
+
+        Raises:
+            AlgorithmError: the combination is refused; the message names the allowed choices.
+        """
         TOPOLOGY_CHECKS[cls.topology_kind](cls.name, topology)
         if cls.needs_momentum and (optimizer.name != "sgd" or not optimizer.momentum):
             raise AlgorithmError(
@@ -145,7 +183,11 @@ class Algorithm(ABC):
         ``check`` refuses."""
         self.check(topology, optimizer.config, options)
         self.comm = comm
-        self.mixers = mixers if mixers is not None else CommMixers(comm)
+        if mixers is None:
+            assert comm is not None, "an algorithm without mixers communicates over comm"
+            self.mixers: Mixers = CommMixers(comm)
+        else:
+            self.mixers = mixers
         self.topology = topology
         self.optimizer = optimizer
         self.options = options
@@ -158,7 +200,15 @@ class Algorithm(ABC):
 
     @abstractmethod
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        """x(t) -> x(t+1) in place, given this worker's gradient at x(t)."""
+        """x(t) -> x(t+1) in place, given this worker's gradient at x(t).
+
+        Args:
+            x: the flat model x(t), updated in place.
+            grad: the gradient at x(t), flat as x.
+            lr: this step's learning rate.
+            step: the step number t (every worker passes the same; it numbers the
+                communication rounds, and so decides simulated drops).
+        """
 
     # -- a step range by range: the pipelined and the overlapped step --------------------------
     #
@@ -195,7 +245,11 @@ class Algorithm(ABC):
 
     def state_dict(self) -> dict[str, Any]:
         """Everything besides x needed to resume exactly (in-flight messages, counters,
-        corrections)."""
+        corrections).
+
+        Returns:
+            Tensors and numbers by name, as ``load_state_dict`` takes them back.
+        """
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - stateless algorithms keep the default

@@ -43,15 +43,35 @@ class Options:
     """What the run tells an algorithm beyond its topology and optimizer. A subclass adds its
     fields with ``option`` and checks their values in ``__post_init__`` (calling super's first or
     last, so that every class of a combined options object checks its own): a bad value is a
-    ValueError naming the field."""
+    ValueError naming the field.
+
+    Raises:
+        ValueError: an option's value is out of range (raised by the subclass that has it).
+
+    Example:
+        ```python
+        RelaySGDOptions(relay_mode="previous")
+        RelaySGDOptions.of({"relay_mode": "initial", "lr": 0.1})  # other settings are ignored
+        ```
+    """
 
     def __post_init__(self) -> None:
         pass
 
     @classmethod
     def of(cls: type[OptionsT], settings: Mapping[str, Any] | Options) -> OptionsT:
-        """These options from a run's settings (RunConfig.to_dict(), a run file's config) or from
-        the fields of the same names of other options; a missing or None value takes the default."""
+        """These options from a run's settings or from the same-named fields of other options.
+
+        Args:
+            settings: a run's settings (RunConfig.to_dict(), a run file's config) or another
+                options object; a missing or None value takes the default.
+
+        Returns:
+            An instance of this class.
+
+        Raises:
+            ValueError: a value out of range.
+        """
         given = settings if isinstance(settings, Mapping) else vars(settings)
         return cls(**{f.name: given[f.name] for f in fields(cls) if given.get(f.name) is not None})
 
@@ -69,7 +89,12 @@ RELAY_MODES = ("counts", "previous", "initial")
 @dataclass(frozen=True)
 class RelaySumOptions(Options):
     """How RelaySum (relay, relay-grad over message passing) assembles and sends its messages;
-    never the numbers."""
+    never the numbers.
+
+    Attributes:
+        relay_in_place: assemble and swap messages in the receive buffers (least memory).
+        relay_chunk: elements per message chunk (None: relaysum.DEFAULT_CHUNK), >= 1.
+    """
 
     # assemble and swap messages in the receive buffers (least memory)
     relay_in_place: bool = option(False, "it changes RelaySum's buffers")
@@ -86,7 +111,13 @@ class RelaySumOptions(Options):
 
 @dataclass(frozen=True)
 class RelaySGDOptions(RelaySumOptions):
-    """RelaySGD's: RelaySum's, its normalization under dropped messages, its lr correction."""
+    """RelaySGD's: RelaySum's, its normalization under dropped messages, its lr correction.
+
+    Attributes:
+        relay_mode: the normalization under dropped messages, one of RELAY_MODES: "counts"
+            (Algorithm 1), "previous" (the robust rule) or "initial".
+        relay_lr_correction: scale the run's lr by RelaySGD's topology correction.
+    """
 
     relay_mode: str = option("counts", "it is RelaySGD's normalization")  # one of RELAY_MODES
     # the run's lr times RelaySGD's topology correction (the plan scales the lr)
@@ -102,7 +133,12 @@ class RelaySGDOptions(RelaySumOptions):
 
 @dataclass(frozen=True)
 class D2Options(Options):
-    """D²'s choice of gossip matrix."""
+    """D²'s choice of gossip matrix.
+
+    Attributes:
+        d2_force: run D² even if the gossip matrix's smallest eigenvalue is < -1/3.
+        d2_exact_diffusion: D² with (W + I) / 2 (the paper's choice on the social network).
+    """
 
     # run D² even if the gossip matrix's smallest eigenvalue is < -1/3
     d2_force: bool = option(False)

@@ -75,19 +75,41 @@ AlgorithmOptions: Any = _every_option()
 
 
 def algorithm_options(algo: str, options: Options | Mapping[str, Any] | None = None) -> Options:
-    """``algo``'s own options from ``options`` (any options object, or a run's settings: the fields
-    of its options' names; None: its defaults)."""
+    """``algo``'s own options from ``options``.
+
+    Args:
+        algo: one of ALGORITHM_NAMES.
+        options: any options object, or a run's settings (the fields of its options' names);
+            None: its defaults.
+
+    Returns:
+        An instance of ``algo``'s options class (``ALGORITHM_OPTIONS[algo]``).
+
+    Raises:
+        AlgorithmError: an unknown algorithm.
+        ValueError: an option's value is out of range.
+    """
     kind = ALGORITHM_OPTIONS[algo]
     if type(options) is kind:
-        return options  # type: ignore[return-value]
+        return options
     return kind.of(options if options is not None else {})
 
 
 def default_topology(algo: str) -> str:
+    """The paper's topology for ``algo`` (e.g. "double-binary-trees" for relay).
+
+    Raises:
+        AlgorithmError: an unknown algorithm.
+    """
     return get_algorithm_class(algo).default_topology
 
 
 def get_algorithm_class(algo: str) -> type[Algorithm]:
+    """The Algorithm subclass called ``algo`` (its module is imported on first use).
+
+    Raises:
+        AlgorithmError: an unknown algorithm; the message lists the known ones.
+    """
     return ALGORITHMS[algo]
 
 
@@ -97,7 +119,17 @@ def check_combination(
     optimizer: OptimizerConfig,
     options: Options | Mapping[str, Any] | None = None,
 ) -> None:
-    """Raise AlgorithmError unless ``algo`` runs on ``topology`` with this optimizer and options."""
+    """Raise AlgorithmError unless ``algo`` runs on ``topology`` with this optimizer and options.
+
+    Args:
+        algo: one of ALGORITHM_NAMES.
+        topology: the topology to run on.
+        optimizer: the local optimizer's settings.
+        options: the algorithm's options or a run's settings (None: the defaults).
+
+    Raises:
+        AlgorithmError: the combination is refused; the message names the allowed choices.
+    """
     get_algorithm_class(algo).check(topology, optimizer, algorithm_options(algo, options))
 
 
@@ -118,7 +150,36 @@ def make_algorithm(
     x0: torch.Tensor,
     options: Options | Mapping[str, Any] | None = None,
 ) -> Algorithm:
-    """Build algorithm ``algo`` for this worker; refuses invalid combinations with a clear error."""
+    """Build algorithm ``algo`` for this worker; refuses invalid combinations with a clear error.
+
+    Args:
+        algo: one of ALGORITHM_NAMES ("relay", "dpsgd", ...).
+        comm: this worker's Communicator.
+        topology: the topology over ``comm``'s world.
+        optimizer: this worker's local optimizer (``relaympi.optim.make_optimizer``).
+        x0: this worker's flat initial model; the algorithm's buffers take its dtype and device.
+        options: the algorithm's options, or a run's settings to read them from (None: the
+            defaults).
+
+    Returns:
+        The algorithm; ``step(x, grad, lr, step)`` then updates x in place.
+
+    Raises:
+        AlgorithmError: an unknown name, a topology for another world size, or a combination
+            the algorithm refuses (a graph that is not a tree for RelaySGD, say).
+
+    Example:
+        ```python
+        def worker(comm):
+            x = torch.zeros(10)
+            optimizer = make_optimizer(OptimizerConfig("sgd"), x)
+            relay = make_algorithm("relay", comm, build("chain", comm.world_size), optimizer, x)
+            relay.step(x, torch.ones(10), lr=0.1, step=0)
+            return x
+
+        run_local(4, worker)
+        ```
+    """
     cls = get_algorithm_class(algo)
     check_topology_fits_world(topology, comm.world_size)
     return cls(comm, topology, optimizer, x0, algorithm_options(algo, options))

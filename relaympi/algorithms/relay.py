@@ -4,7 +4,7 @@ the rules, once for every engine (RelaySum injected as relays.Relays), and their
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -53,7 +53,7 @@ class _DelayedSum(MatrixForm):
     split
     into the layers' coordinate blocks (layer k relays block k)."""
 
-    def __init__(self, matrix_algorithm):
+    def __init__(self, matrix_algorithm: Any) -> None:
         super().__init__(matrix_algorithm)
         d = matrix_algorithm.d
         period = matrix_algorithm.coordinate_period or d
@@ -136,7 +136,9 @@ class _RelayedSteps(Algorithm):
 
     def _setup(self, x0: torch.Tensor) -> None:
         self.relay = _relays(self, x0)
-        self._pipelined = isinstance(self.relay, RangedRelays)
+        # the same object where it runs range by range (RelaySum), else None
+        self._ranged_relay = self.relay if isinstance(self.relay, RangedRelays) else None
+        self._pipelined = self._ranged_relay is not None
 
     def _parcel(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -150,26 +152,27 @@ class _RelayedSteps(Algorithm):
         self.finish_step()
 
     def begin_step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        if not self._pipelined:
+        if self._ranged_relay is None:  # not self._pipelined
             return super().begin_step(x, grad, lr, step)
         self._ranged = (x, grad, lr, step)
         self.optimizer.begin_step()
-        self.relay.begin(self._parcel(x), round_id(step))  # every receive of the step posted now
+        # every receive of the step posted now
+        self._ranged_relay.begin(self._parcel(x), round_id(step))
 
     def ready(self, lo: int, hi: int) -> None:
-        if not self._pipelined:
+        if self._ranged_relay is None:  # not self._pipelined
             return
         x, grad, lr, _ = self._ranged
         apply = self.applies_update
-        self.relay.ready(
+        self._ranged_relay.ready(
             lo, hi, lambda a, b: self.optimizer.update_range(grad, x, lr, a, b, apply=apply)
         )
 
     def finish_step(self) -> None:
-        if not self._pipelined:
+        if self._ranged_relay is None:  # not self._pipelined
             return super().finish_step()
-        self.relay.finish(self._landed)
-        self._ranged = None
+        self._ranged_relay.finish(self._landed)
+        del self._ranged  # no step in progress: drop its references until the next begin_step
 
     def state_dict(self):
         return self.relay.state_dict()
@@ -223,12 +226,13 @@ class RelaySGD(_RelayedSteps):
             missing = n - nbar  # on the host
             if not np.any(missing):  # (workers with nothing missing stay as they are)
                 continue
-            xs, missing = self.relay.coords(x, layer), self.relay.factor(missing, layer)
+            xs, factor = self.relay.coords(x, layer), self.relay.factor(missing, layer)
             if self.mode == "previous":  # x(t) = x(t+1/2) - u(t)
-                xs.mul_(1.0 + missing)
-                _add_scaled(xs, self.relay.coords(u, layer), -missing)
+                xs.mul_(1.0 + factor)
+                _add_scaled(xs, self.relay.coords(u, layer), -factor)
             else:
-                _add_scaled(xs, self.relay.coords(self.x_initial, layer), missing)
+                assert self.x_initial is not None  # kept in mode "initial"
+                _add_scaled(xs, self.relay.coords(self.x_initial, layer), factor)
         self.relay.add_received(x, divide_by=[n] * len(counts))
 
     # -- range by range (_RelayedSteps): x(t+1/2) is relayed chunk by chunk ------------------------
@@ -242,9 +246,11 @@ class RelaySGD(_RelayedSteps):
 
     def _landed(self, layer: int, chunk: int, nbar: float) -> None:
         """Normalize one chunk as it lands, as step()'s whole-model rules do, element by element."""
+        relay = self._ranged_relay
+        assert relay is not None  # called by its finish()
         x = self._ranged[0]
         if self.mode == "counts":
-            self.relay.add_received_chunk(x, layer, chunk, divisor=self.relay.factor(nbar, layer))
+            relay.add_received_chunk(x, layer, chunk, divisor=relay.factor(nbar, layer))
             return
         n = float(self.topology.world_size)
         missing = self.relay.factor(n - nbar, layer)
@@ -256,11 +262,13 @@ class RelaySGD(_RelayedSteps):
                 x[c].mul_(1.0 + missing)
                 _add_scaled(x[c], u[c], -missing)
         elif missing:
+            x_initial = self.x_initial
+            assert x_initial is not None  # kept in mode "initial"
 
             def fill(c: slice) -> None:
-                _add_scaled(x[c], self.x_initial[c], missing)
+                _add_scaled(x[c], x_initial[c], missing)
 
-        self.relay.add_received_chunk(x, layer, chunk, divisor=n, before=fill)
+        relay.add_received_chunk(x, layer, chunk, divisor=n, before=fill)
 
 
 class RelaySGDGrad(_RelayedSteps):
@@ -295,13 +303,15 @@ class RelaySGDGrad(_RelayedSteps):
         return self.optimizer.update_buffer
 
     def _landed(self, layer: int, chunk: int, nbar: float) -> None:
+        relay = self._ranged_relay
+        assert relay is not None  # called by its finish()
         x, u, total, scale = (
             self._ranged[0],
             self.optimizer.update_buffer,
             self._total,
             1.0 / self.topology.world_size,
         )
-        self.relay.add_received_chunk(
+        relay.add_received_chunk(
             total,
             layer,
             chunk,

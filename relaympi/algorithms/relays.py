@@ -3,7 +3,7 @@ engine."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -18,8 +18,13 @@ if TYPE_CHECKING:
     # workers
     Factor = float | torch.Tensor
 
+# What one implementation's counts() and factor() give: Counts and Factor for one worker (float,
+# float) or for every worker at once (np.ndarray, torch.Tensor), never a mix.
+CountsT = TypeVar("CountsT")
+FactorT = TypeVar("FactorT")
 
-class Relays(Protocol):
+
+class Relays(Protocol[CountsT, FactorT]):
     """RelaySum (paper Algorithm 1, lines 4-9) on one or more spanning trees: each step every worker
     sends a parcel p(t); back come, per layer (tree k relays the coordinate block ``coords(., k)``),
     the
@@ -40,15 +45,17 @@ class Relays(Protocol):
         """Send ``parcel`` (shaped as x) in communication round ``round`` and receive this step's
         messages."""
 
-    def counts(self) -> list[Counts]:
+    def counts(self) -> list[CountsT]:
         """Per layer, n-bar = 1 + the counters received this step (on the host,
         data-independent)."""
 
-    def factor(self, values: Counts, layer: int) -> Factor:
+    def factor(self, values: CountsT, layer: int) -> FactorT:
         """``values`` (shaped as counts()'s) as a factor that multiplies or divides coords(x,
         layer)."""
 
-    def add_received(self, out: torch.Tensor, divide_by: list[Factor] | None = None) -> None:
+    def add_received(
+        self, out: torch.Tensor, divide_by: list[FactorT | float] | None = None
+    ) -> None:
         """out += the messages received this step (every layer to its block), then, with
         ``divide_by``, each layer's block /= divide_by[layer]."""
 
@@ -62,7 +69,7 @@ class Relays(Protocol):
 
 
 @runtime_checkable
-class RangedRelays(Relays, Protocol):
+class RangedRelays(Relays[float, float], Protocol):
     """Relays whose exchange runs range by range (relaympi.algorithms.relaysum.RelaySum): the
     pipelined and overlapped steps (Algorithm.begin_step / ready / finish_step) use it where the
     injected Relays has it; exchange() is begin, ready(0, numel), finish."""
@@ -83,8 +90,8 @@ class RangedRelays(Relays, Protocol):
         layer: int,
         chunk: int,
         divisor: float | None = None,
-        before: Callable[[slice], None] | None = None,
-        after: Callable[[slice], None] | None = None,
+        before: Callable[[slice], object] | None = None,
+        after: Callable[[slice], object] | None = None,
     ) -> None:
         """In ``landed``: out += that chunk's received sum, /= divisor; before/after per cache
         block."""

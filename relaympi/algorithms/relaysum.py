@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -141,7 +142,7 @@ class RelaySum:
         self.in_place = in_place
         self.chunk = int(chunk)
         self.num_layers = topology.num_layers
-        self._opts = {"dtype": like.dtype, "device": like.device}
+        self._opts: dict[str, Any] = {"dtype": like.dtype, "device": like.device}
         # CPU: passes run CACHE_BLOCK elements at a time; a GPU runs each op over a whole chunk
         self._block = CACHE_BLOCK if like.device.type == "cpu" else max(self.chunk, numel + 1)
         self._progress_block = (
@@ -168,7 +169,7 @@ class RelaySum:
                     chunks=chunks,
                 )
             )
-        self._bounce = None
+        self._bounce: torch.Tensor | None = None
         if in_place:
             widest = max((len(layer.neighbors) for layer in self.layers), default=0)
             longest = min(self.chunk, max(layer.size + 1 for layer in self.layers))
@@ -191,6 +192,7 @@ class RelaySum:
     def _leaf_chunk(self, layer: _Layer, j: int) -> torch.Tensor:
         """Chunk j of a leaf's message [p, 1]: a view of the parcel (and its spare slot), or the
         tail copy."""
+        assert self._parcel is not None  # called between begin() and finish()
         c, coords = layer.chunks[j], layer.coords(j)
         if c.stop <= layer.size:  # payload only
             return self._parcel[coords]
@@ -212,6 +214,7 @@ class RelaySum:
         posted last lets the transport move the chunks already posted: a shared-memory MPI copies
         only inside MPI calls (measured: without these calls a transfer does not overlap
         computation at all)."""
+        assert self._parcel is not None  # called between begin() and finish()
         rows, total = layer.received, layer.total
         a, b = layer.row_of[0], layer.row_of[-1]
         c, coords = layer.chunks[j], layer.coords(j)
@@ -352,6 +355,7 @@ class RelaySum:
         # in place: the chunk goes out of received and comes back into the bounce buffer; it lands
         # (into the rows that carried it out) once the next in-place chunk is posted, so one is
         # always in flight; the two bounce halves take turns
+        assert self._bounce is not None  # made by __init__ when in_place
         bounce = self._bounce[self._swaps % 2, :, : c.stop - c.start]
         self._swaps += 1
         recvs = {peer: bounce[r] for r, peer in enumerate(layer.targets)}
@@ -451,8 +455,8 @@ class RelaySum:
         layer: int,
         chunk: int,
         divisor: float | None = None,
-        before: Callable[[slice], None] | None = None,
-        after: Callable[[slice], None] | None = None,
+        before: Callable[[slice], object] | None = None,
+        after: Callable[[slice], object] | None = None,
     ) -> None:
         """In ``finish``'s ``landed(layer, chunk, nbar)``: out += that chunk's sum of the messages
         received this step, then /= ``divisor``; per cache block [a, b) of flat coordinates,

@@ -4,6 +4,8 @@ RelaySum as relaympi.batched.relay.BatchedRelaySum."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -56,7 +58,7 @@ class BatchedMixer:
         self.drops = drops
         self.bytes_sent = bytes_sent
         self.nbytes = like.shape[-1] * like.element_size()  # one message: one worker's row
-        self._opts = {"dtype": like.dtype, "device": like.device}
+        self._opts: dict[str, Any] = {"dtype": like.dtype, "device": like.device}
         self._fixed = (
             self._weights(np.ones(len(self.src), dtype=bool)) if never_drops(drops) else None
         )

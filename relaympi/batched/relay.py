@@ -119,6 +119,7 @@ def _runs(pieces: list[range], receivers: np.ndarray) -> list[slice]:
     twice: one indexed add per run, deterministic on any device (each target row is added to
     once)."""
     runs = []
+    seen: set[Any]  # the receivers of the run so far
     for rows in pieces:
         start, seen = rows.start, set()
         for r in rows:
@@ -221,7 +222,7 @@ class BatchedRelaySum:
         self.bytes_sent = bytes_sent
         self._counts: list[np.ndarray] = [np.ones(n) for _ in range(topology.num_layers)]
         self._device = _DeviceCounts(like)
-        opts = {"dtype": like.dtype, "device": like.device}
+        opts: dict[str, Any] = {"dtype": like.dtype, "device": like.device}
         self.trees: list[_Tree] = []
         for k, block in enumerate(topology.coordinate_blocks(numel)):
             nbrs = [tuple(topology.neighbors(i, k)) for i in range(n)]
@@ -240,12 +241,12 @@ class BatchedRelaySum:
                 sorted((i for i in range(n) if degree[i] > 1), key=lambda i: (-degree[i], i)),
                 dtype=np.int64,
             )
-            parities = None
+            parities: tuple[_Parity, _Parity] | None = None
             if edges:
                 at_zero, inner = _row_edges(nbrs, edge_id)
-                parities = tuple(
-                    _parity(rows, inner, dst, degree, relays, like.device)
-                    for rows in (at_zero, reverse[at_zero])
+                parities = (
+                    _parity(at_zero, inner, dst, degree, relays, like.device),
+                    _parity(reverse[at_zero], inner, dst, degree, relays, like.device),
                 )
             size = block.stop - block.start
             self.trees.append(
@@ -267,7 +268,7 @@ class BatchedRelaySum:
         """Send this step's messages built from ``parcel`` [N, numel] (every worker's) in round
         ``round``
         (counts() then says how many parcels each sum holds). Counts the bytes sent."""
-        counts = []
+        counts: list[np.ndarray] = []
         for k, tree in enumerate(self.trees):
             if tree.parities is None:  # one worker: nothing to relay
                 counts.append(np.ones(self.n))
@@ -279,8 +280,8 @@ class BatchedRelaySum:
             now, after = tree.parities[tree.parity], tree.parities[1 - tree.parity]
             parcel_k, messages = parcel[:, tree.block], tree.messages
             torch.index_select(parcel_k, 0, tree.relays, out=tree.total)
-            for rows, positions in now.sums:
-                tree.total.index_add_(0, positions, messages[rows])
+            for run, positions in now.sums:
+                tree.total.index_add_(0, positions, messages[run])
             messages[now.relay_rows].neg_()  # then + total: m_ij = total_i - m_ji, in m_ji's row
             for rows in now.slots:
                 messages.index_add_(0, rows, tree.total[: len(rows)])
@@ -352,7 +353,7 @@ class _DeviceCounts:
     when they change."""
 
     def __init__(self, like: torch.Tensor):
-        self._opts = {"dtype": like.dtype, "device": like.device}
+        self._opts: dict[str, Any] = {"dtype": like.dtype, "device": like.device}
         self._cache: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
 
     def __call__(self, layer: int, values: np.ndarray) -> torch.Tensor:

@@ -12,9 +12,32 @@ def mpi_communicator(
     cuda_aware: bool | None = None,
     nodes: Sequence[int] | None = None,
 ) -> Communicator:
-    """The MPI backend over COMM_WORLD (imports mpi4py only when called); ``nodes``: each rank's
-    node
-    to emulate (None: the nodes MPI placed the ranks on)."""
+    """The MPI backend over COMM_WORLD (imports mpi4py only when called).
+
+    Args:
+        drops: simulated message loss; None drops nothing.
+        cuda_aware: whether MPI takes device buffers directly; None asks the MPI library
+            (``query_cuda_aware_mpi``). Without it, device memory is staged through pinned host
+            buffers.
+        nodes: each rank's node to emulate, numbered 0, 1, ... in the order of each node's
+            lowest rank; None: the nodes MPI placed the ranks on.
+
+    Returns:
+        This rank's Communicator (an ``MPICommunicator``).
+
+    Raises:
+        ImportError: mpi4py is not installed.
+        ValueError: ``nodes`` does not give one well-numbered node id per rank.
+
+    Example:
+        Under ``mpirun -n 4 python script.py``:
+
+        ```python
+        comm = mpi_communicator()
+        x = np.full(3, float(comm.rank))
+        comm.allreduce_mean(x)  # every rank now holds [1.5, 1.5, 1.5]
+        ```
+    """
     from relaympi.comm.mpi import MPICommunicator
 
     return MPICommunicator(drops=drops, cuda_aware=cuda_aware, nodes=nodes)

@@ -33,6 +33,19 @@ class DropPolicy:
     ``tag``) is lost is a pure function of (seed, round, tag, src, dst): sender and receiver
     decide identically without talking, a resumed run drops the same messages, and the
     decision does not depend on the backend or on the order in which ranks ask.
+
+    Args:
+        prob: the probability that any one message is lost, in [0, 1).
+        seed: the seed of every decision.
+
+    Raises:
+        ValueError: ``prob`` is outside [0, 1).
+
+    Example:
+        ```python
+        drops = DropPolicy(0.1, seed=3)
+        drops.dropped(round=7, tag=0, src=1, dst=2)  # the same answer on every rank, every time
+        ```
     """
 
     def __init__(self, prob: float = 0.0, seed: int = 0):
@@ -42,6 +55,17 @@ class DropPolicy:
         self.seed = int(seed)
 
     def dropped(self, round: int, tag: int, src: int, dst: int) -> bool:
+        """Whether the message from ``src`` to ``dst`` in ``round`` with ``tag`` is lost.
+
+        Args:
+            round: the communication round (the number both ends pass to ``exchange``).
+            tag: the message's tag.
+            src: the sending rank.
+            dst: the receiving rank.
+
+        Returns:
+            True if the message is lost.
+        """
         if self.prob == 0.0:
             return False
         rng = np.random.default_rng([self.seed, 0x5EED, round, tag, src, dst])
@@ -76,12 +100,22 @@ class Request(ABC):
 
     @abstractmethod
     def wait(self) -> frozenset[int]:
-        """Block until every posted transfer completed; return the peers whose message was
-        received."""
+        """Block until every posted transfer completed.
+
+        Returns:
+            The peers whose message was received (a dropped message's peer is missing).
+
+        Raises:
+            RemoteFailure: another rank failed, or the world was aborted, while waiting.
+        """
 
     @abstractmethod
     def test(self) -> bool:
-        """Whether wait() would return without blocking."""
+        """Advance the transfers without blocking.
+
+        Returns:
+            Whether wait() would return without blocking.
+        """
 
 
 class Completed(Request):
@@ -101,6 +135,26 @@ class Communicator(ABC):
     backend. Buffers are numpy arrays, torch tensors (CPU or CUDA) or cupy arrays; receive
     buffers must be contiguous. Messages between a pair of ranks with the same tag arrive in
     the order they were posted.
+
+    Backends: ``mpi_communicator()`` (MPI, one process per rank) and ``run_local`` (every rank
+    a thread of this process).
+
+    Attributes:
+        rank: this rank, 0 .. world_size - 1.
+        world_size: how many ranks there are.
+        drops: the simulated message loss every exchange applies.
+        nodes: each rank's node, numbered 0, 1, ... in the order of each node's lowest rank.
+        bytes_sent: bytes handed to the transport per destination rank (dropped messages
+            excluded), int64 [world_size].
+
+    Example:
+        One gossip step with the ring neighbours, on any backend:
+
+        ```python
+        left, right = (comm.rank - 1) % comm.world_size, (comm.rank + 1) % comm.world_size
+        got = {left: np.empty_like(x), right: np.empty_like(x)}
+        delivered = comm.exchange({left: x, right: x}, got, round=step).wait()
+        ```
     """
 
     def __init__(
@@ -144,6 +198,20 @@ class Communicator(ABC):
         sends them last to first). Chunks of one message are dropped or delivered together (the
         decision ignores ``chunk``), and a backend that stages device memory through the host keeps
         one staging buffer per chunk in flight.
+
+        Args:
+            sends: peer -> the buffer to send it.
+            recvs: peer -> the contiguous buffer its message lands in.
+            tag: the message tag (both sides use the same one).
+            round: the communication round, for simulated drops.
+            chunk: the number of this chunk of a message (0 for a message in one piece).
+
+        Returns:
+            The Request of these transfers; its ``wait()`` says which peers' messages arrived.
+
+        Raises:
+            CommError: a peer is not another rank of this world.
+            BufferError: a receive buffer cannot be transferred into (not contiguous, say).
         """
         for peer in (*sends, *recvs):
             if not 0 <= peer < self.world_size or peer == self.rank:
@@ -177,6 +245,19 @@ class Communicator(ABC):
         The in-place exchange needs no separate receive buffers (MPI_Isendrecv_replace). A
         buffer whose incoming message was dropped keeps what it held; its peer is missing from
         ``wait()``'s result.
+
+        Args:
+            buffers_by_peer: peer -> the contiguous buffer sent to it and overwritten by its
+                message.
+            tag: the message tag (both sides use the same one).
+            round: the communication round, for simulated drops.
+
+        Returns:
+            The Request of these transfers.
+
+        Raises:
+            CommError: a peer is not another rank of this world.
+            BufferError: a buffer cannot be transferred.
         """
         for peer, buf in buffers_by_peer.items():
             if not 0 <= peer < self.world_size or peer == self.rank:
@@ -201,64 +282,123 @@ class Communicator(ABC):
     # -- collectives ----------------------------------------------------------------------
     @abstractmethod
     def allreduce_sum(self, buf: Any) -> None:
-        """In place: buf <- sum over ranks of buf."""
+        """In place: buf <- sum over ranks of buf (a collective: never dropped, no bytes counted).
+
+        Args:
+            buf: the same-shaped buffer on every rank.
+        """
 
     def iallreduce_sum(self, buf: Any) -> Request:
         """Start buf <- sum over ranks of buf (in place); the sum is in buf once ``wait()`` returns.
 
         Several may be in flight; every rank starts them in the same order. Each element's sum is
         the same bits whatever piece of a larger buffer it is reduced in (the same order of
-        additions
-        per element), so a step that reduces its gradient range by range equals the whole step's
-        reduction bit for bit. This default reduces at once (blocking allreduce_sum): a backend
-        whose
-        allreduce_sum keeps that property, or that has a nonblocking one, overrides it."""
+        additions per element), so a step that reduces its gradient range by range equals the
+        whole step's reduction bit for bit. This default reduces at once (blocking
+        allreduce_sum): a backend whose allreduce_sum keeps that property, or that has a
+        nonblocking one, overrides it.
+
+        Args:
+            buf: the same-shaped buffer on every rank.
+
+        Returns:
+            The Request whose ``wait()`` completes the sum.
+        """
         self.allreduce_sum(buf)
         return Completed()
 
     def allreduce_mean(self, buf: Any) -> None:
-        """In place: buf <- mean over ranks of buf."""
+        """In place: buf <- mean over ranks of buf.
+
+        Args:
+            buf: the same-shaped buffer on every rank.
+        """
         self.allreduce_sum(buf)
         if self.world_size > 1:
             buf /= self.world_size
 
     @abstractmethod
     def allreduce_flags(self, values: np.ndarray) -> np.ndarray:
-        """Element-wise max over ranks of a small host float64 array (stop/diverged flags)."""
+        """Element-wise max over ranks of a small host float64 array (stop/diverged flags).
+
+        Args:
+            values: this rank's flags.
+
+        Returns:
+            The maximum of each flag over all ranks.
+        """
 
     @abstractmethod
     def gather(self, obj: Any) -> list[Any] | None:
-        """Small picklable objects to rank 0 (list by rank there, None elsewhere)."""
+        """Small picklable objects to rank 0.
+
+        Args:
+            obj: this rank's object.
+
+        Returns:
+            On rank 0 every rank's object, indexed by rank; None on the other ranks.
+        """
 
     @abstractmethod
     def gather_rows(self, row: np.ndarray) -> np.ndarray | None:
-        """Equal-length float64 vectors to rank 0, stacked by rank ([world_size, k] there, None
-        elsewhere)."""
+        """Equal-length float64 vectors to rank 0, stacked by rank.
+
+        Args:
+            row: this rank's vector, of length k (the same on every rank).
+
+        Returns:
+            On rank 0 the [world_size, k] rows; None on the other ranks.
+        """
 
     @abstractmethod
     def report_failure(self, message: str) -> None:
         """Tell the other ranks this rank failed, so none of them waits for it forever.
 
         Rank 0 then sees RemoteFailure(message) in its next blocking call.
+
+        Args:
+            message: what failed, for rank 0 to report.
         """
 
     @abstractmethod
     def bcast(self, obj: Any) -> Any:
-        """A small picklable object from rank 0 to every rank."""
+        """A small picklable object from rank 0 to every rank.
+
+        Args:
+            obj: rank 0's object (the other ranks' is ignored).
+
+        Returns:
+            Rank 0's object, on every rank.
+        """
 
     @abstractmethod
-    def barrier(self) -> None: ...
+    def barrier(self) -> None:
+        """Wait until every rank has called barrier()."""
 
     def track(self, request: Request) -> Request:
-        """Hand ``request`` to progress() (once progress() is in use); returns it."""
+        """Hand ``request`` to progress() (once progress() is in use).
+
+        Args:
+            request: a request this communicator posted.
+
+        Returns:
+            ``request`` itself.
+        """
         if self._in_flight is not None:
             self._in_flight.append(request)
         return request
 
     def start_progress_thread(self, interval: float = PROGRESS_INTERVAL_S) -> bool:
         """Start a thread that lets the transport move data every ``interval`` seconds inside
-        ``progressing()`` blocks; whether one runs (a second call keeps the first thread). The base
-        transport moves data in its own calls (in-process copies): no thread."""
+        ``progressing()`` blocks (a second call keeps the first thread). The base transport moves
+        data in its own calls (in-process copies): no thread.
+
+        Args:
+            interval: the thread's poll period in seconds (--progress-interval).
+
+        Returns:
+            Whether a progress thread runs.
+        """
         return False
 
     def progressing(self) -> AbstractContextManager[None]:
@@ -269,17 +409,19 @@ class Communicator(ABC):
         """Let the transport move what is in flight, without waiting: test() every tracked request
         (on MPI a Testall, which runs the progress engine). Called between pieces of computation
         (backward's hooks under --overlap): MPICH's and Open MPI's transports move data only inside
-        MPI
-        calls unless a progress thread runs (docs/overlap.md). Completed requests are dropped;
-        wait()
-        on them still returns their result."""
+        MPI calls unless a progress thread runs (docs/overlap.md). Completed requests are dropped;
+        wait() on them still returns their result."""
         if self._in_flight is None:
             self._in_flight = []
         self._in_flight = [r for r in self._in_flight if not r.test()]
 
     @abstractmethod
     def abort(self, code: int = 1) -> None:
-        """Tear the whole world down now: no rank may be left waiting in a receive."""
+        """Tear the whole world down now: no rank may be left waiting in a receive.
+
+        Args:
+            code: the exit status (MPI_Abort's error code).
+        """
 
     @property
     def node(self) -> int:
@@ -288,8 +430,13 @@ class Communicator(ABC):
 
     @property
     def backend(self) -> str:
+        """The backend's name (its class name)."""
         return type(self).__name__
 
     def describe(self) -> dict[str, Any]:
-        """Provenance of the transport (library versions, CUDA-awareness)."""
+        """Provenance of the transport (library versions, CUDA-awareness).
+
+        Returns:
+            A JSON-able dict, recorded in the run file; at least ``{"backend": ...}``.
+        """
         return {"backend": self.backend}

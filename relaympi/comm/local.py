@@ -254,13 +254,34 @@ def run_local(
     nodes: Sequence[int] | None = None,
     **kwargs: Any,
 ) -> list[Any]:
-    """Run ``fn(comm, *args, **kwargs)`` on ``world_size`` in-process ranks; return their results by
-    rank.
-
-    ``nodes``: the node each rank is said to be on (emulated; default: all on node 0).
+    """Run ``fn(comm, *args, **kwargs)`` on ``world_size`` in-process ranks (one thread each).
 
     If any rank raises, the world is aborted (every other rank's blocking call raises
     WorldAborted instead of hanging) and the real exception of the lowest rank is re-raised here.
+
+    Args:
+        world_size: how many ranks to run.
+        fn: the body of every rank; its first argument is that rank's Communicator.
+        *args: passed on to ``fn``.
+        drops: simulated message loss; None drops nothing.
+        nodes: the node each rank is said to be on (emulated); None: all on node 0.
+        **kwargs: passed on to ``fn``.
+
+    Returns:
+        What ``fn`` returned on each rank, indexed by rank.
+
+    Raises:
+        BaseException: the exception of the lowest rank that raised one.
+
+    Example:
+        ```python
+        def body(comm):
+            x = np.full(3, float(comm.rank))
+            comm.allreduce_mean(x)
+            return x
+
+        run_local(4, body)  # four arrays [1.5, 1.5, 1.5]
+        ```
     """
     world = LocalWorld(world_size, drops, nodes)
     results: list[Any] = [None] * world_size

@@ -88,7 +88,9 @@ class _MPIRequest(Request):
 
     def wait(self) -> frozenset[int]:
         if not self._done:
-            self._comm._wait(self._all_requests(block=True))
+            requests = self._all_requests(block=True)
+            assert requests is not None  # block=True posts every staged send
+            self._comm._wait(requests)
             for finish in self._on_complete:
                 finish()
             self._done = True
@@ -186,7 +188,9 @@ class MPICommunicator(Communicator):
         # nonblocking all-reduces (iallreduce_sum): their own communicator, a tag range each, in
         # flight
         self._sum_comm = (comm or MPI.COMM_WORLD).Dup()
-        self._sum_tags = max(1, (int(self._sum_comm.Get_attr(MPI.TAG_UB)) + 1) // SUM_STAGES)
+        tag_ub = self._sum_comm.Get_attr(MPI.TAG_UB)
+        assert tag_ub is not None  # every MPI defines TAG_UB
+        self._sum_tags = max(1, (int(tag_ub) + 1) // SUM_STAGES)
         self._sums_started = 0
         self._sums: list[_TreeSumRequest] = []
         self._sum_order = stage_order(
@@ -348,7 +352,8 @@ class MPICommunicator(Communicator):
     ) -> Request:
         # chunks of one message share the tag: they match in posting order (non-overtaking), which
         # both sides share
-        requests, on_complete, staged = [], [], []
+        requests, staged = [], []
+        on_complete: list[Any] = []  # callables, run once the receives complete
         for peer in sorted(recvs):
             slot = ("recv", peer, tag, chunk)
             if self._async_staging(recvs[peer]):

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from relaympi.comm import buffers
 
 
@@ -19,7 +17,7 @@ class StagedSend:
 
     def __init__(self, host: Any, copied: Any, peer: int, tag: int):
         self.host, self.copied, self.peer, self.tag = host, copied, peer, tag
-        self.request = None  # the MPI request once posted
+        self.request: Any = None  # the MPI request once posted
 
 
 class DeviceStaging:
@@ -33,8 +31,9 @@ class DeviceStaging:
             int, Any
         ] = {}  # pinned host buffer -> event of its last host-to-device copy
 
-    def host_buffer(self, x: Any, slot: tuple) -> np.ndarray:
-        """The pinned host buffer of ``slot`` for an array like ``x``, made on first use."""
+    def host_buffer(self, x: Any, slot: tuple) -> Any:
+        """The pinned host buffer of ``slot`` for an array like ``x`` (a torch tensor or a cupy
+        array, as ``x``), made on first use."""
         key = (slot, tuple(x.shape), buffers.dtype_name(x))
         buf = self._pool.get(key)
         if buf is None:

@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         if args.command == "fetch":
-            from relaympi.data.sets import DATASETS
+            from relaympi.data.sets import DATASETS, FetchableSet
 
             try:
                 if args.url is not None:
@@ -203,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: {exc}", file=sys.stderr)
                 return EXIT_USAGE
             for name in dict.fromkeys(args.names):
-                DATASETS[name].fetch(args.root, url=args.url, progress=not args.no_progress)
+                dataset = DATASETS[name]
+                assert isinstance(dataset, FetchableSet)  # the parser takes FETCHABLE names only
+                dataset.fetch(args.root, url=args.url, progress=not args.no_progress)
             return EXIT_OK
         if args.command == "check":
             try:

@@ -113,14 +113,15 @@ def _cluster_plan(
     diameters = [
         topology.layer_diameter(k) if topology._diameter_method(k) else None for k in range(layers)
     ]
-    mean_delays, corrections = [None] * layers, [None] * layers
+    mean_delays: list[float | None] = [None] * layers
+    corrections: list[float | None] = [None] * layers
     if topology.is_tree:
         for k in range(layers):
             one = Topology(topology.name, n, (topology.edge_array(k),))
-            corrections[k] = lr_correction(one)
+            correction = corrections[k] = lr_correction(one)
             # 1 / (alpha n) = 1 + (2 W - n (n - 1)) / n^2 (relay_lr), W the sum of tau_ij over i < j
             mean_delays[k] = (
-                1.0 if n == 1 else ((corrections[k] - 1) * n * n + n * (n - 1)) / (n * (n - 1))
+                1.0 if n == 1 else ((correction - 1) * n * n + n * (n - 1)) / (n * (n - 1))
             )
     plan: dict[str, Any] = {
         "ranks_per_node": ranks_per_node,

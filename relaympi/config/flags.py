@@ -21,7 +21,10 @@ Settings = Mapping[str, Any]
 
 
 class ConfigError(ValueError):
-    """A bad flag value or combination; the CLI exits with status 2."""
+    """A bad flag value or combination; the CLI exits with status 2.
+
+    The message names the flag and says what it accepts, e.g. "--alpha must be > 0 ...".
+    """
 
 
 @dataclass(frozen=True)

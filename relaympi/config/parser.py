@@ -32,7 +32,11 @@ def _title(group: str) -> str:
 
 def flag_table() -> str:
     """The table of the flags of `python -m relaympi.train` (Markdown), from the Flags: one row per
-    flag, its text as --help shows it (with its code marked), a group's title before its flags."""
+    flag, its text as --help shows it (with its code marked), a group's title before its flags.
+
+    Returns:
+        The Markdown table, a header and one line per row, ending in a newline.
+    """
     rows = [_row("config", CONFIG)]
     group = None
     for f, flag in run_config.FLAGS:  # read at each call: a test may add a flag
@@ -131,8 +135,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> RunConfig:
-    """RunConfig from the command line (raises ConfigError for bad values; argparse misuse exits
-    2)."""
+    """RunConfig from the command line: ``--config FILE`` (a JSON object of flags, or a run
+    file's config) first, then the flags given, which win.
+
+    Args:
+        argv: the arguments after the program name; None: ``sys.argv[1:]``.
+
+    Returns:
+        The validated RunConfig; ``None`` fields still mean "the task's default".
+
+    Raises:
+        ConfigError: a bad value or combination, an unreadable --config, or a flag that does not
+            apply to the run's task or algorithm.
+        SystemExit: argparse misuse (an unknown flag, a missing value), with status 2; --help
+            exits with 0.
+
+    Example:
+        ```python
+        cfg = parse_args(["--task", "digits", "--algo", "relay", "--alpha", "0.01"])
+        cfg.topology  # None: relay's default, resolved when the run is planned
+        ```
+    """
     args = build_parser().parse_args(argv)
     given = {k: v for k, v in vars(args).items() if v is not None and k != "config"}
     base: dict[str, Any] = {}

@@ -113,7 +113,17 @@ class RunConfig:
     Each field's Flag (``relaympi.config.FLAGS``) is its command-line flag: adding a field with
     ``flag_field`` adds the flag, its refusals, its part in the experiment's identity and its row
     of the flag table. A field of an algorithm's options (relaympi.algorithms.options) applies to
-    that algorithm only.
+    that algorithm only. Every field is documented by its flag: ``flag_table()`` (or
+    ``python -m relaympi.train --help``) lists them.
+
+    Constructing one checks nothing; ``parse_args`` and ``validate`` do.
+
+    Example:
+        ```python
+        cfg = RunConfig(task="digits", algo="relay", alpha=0.01, workers=16, backend="local")
+        validate(cfg)
+        RunConfig.from_dict(cfg.to_dict()) == cfg  # True
+        ```
     """
 
     task: str = flag_field(
@@ -617,6 +627,7 @@ class RunConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as JSON-able values (paths as strings, tuples as lists)."""
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -629,6 +640,17 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        """The RunConfig of ``to_dict()``'s values (paths and milestones converted back).
+
+        Args:
+            data: field name -> value; missing fields take their defaults.
+
+        Returns:
+            The RunConfig (not validated).
+
+        Raises:
+            ConfigError: a key that is not a field.
+        """
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:

@@ -173,14 +173,13 @@ def read_val_labels(devkit: Path) -> dict[str, str]:
         found = {
             name: next(iter(sorted(devkit.rglob(name))), None) for name in (GROUND_TRUTH, META)
         }
-        if found[GROUND_TRUTH] is None or found[META] is None:
+        ground_truth, meta = found[GROUND_TRUTH], found[META]
+        if ground_truth is None or meta is None:
             csvs = sorted(devkit.rglob("LOC_val_solution.csv"))
             if csvs:
                 return _labels_from_loc_csv(csvs[0])
             raise UsageError(f"--devkit {devkit}: no data/{GROUND_TRUTH} and data/{META} inside")
-        return _labels_from_devkit(
-            found[GROUND_TRUTH].read_bytes(), found[META].read_bytes(), devkit
-        )
+        return _labels_from_devkit(ground_truth.read_bytes(), meta.read_bytes(), devkit)
     if devkit.is_file() and tarfile.is_tarfile(devkit):
         blobs: dict[str, bytes] = {}
         with tarfile.open(devkit) as tar:

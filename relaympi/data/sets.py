@@ -327,6 +327,7 @@ def hub_snapshot(repo_id: str, local_dir: Path, allow_patterns: list[str], progr
         disable_progress_bars()
     try:
         commit = api.model_info(repo_id, revision="main").sha
+        assert commit is not None  # the hub names the commit of every model it serves
         snapshot_download(
             repo_id=repo_id,
             revision=commit,

@@ -90,6 +90,7 @@ class MessagePassingRank(TrainingLoop):
         self.algorithm = make_algorithm(
             cfg.algo, comm, plan.topology, self.optimizer, x, plan.algorithm_options
         )
+        assert cfg.out is not None  # the plan names its run file (Plan.with_out)
         self.checkpoints = Checkpoints(
             cfg, Path(cfg.out), self.rank, self.n, barrier=comm.barrier, nodes=comm.nodes
         )
@@ -132,7 +133,7 @@ class MessagePassingRank(TrainingLoop):
     def bytes_counter(self) -> np.ndarray:
         return self.comm.bytes_sent
 
-    def hosts(self) -> list:
+    def hosts(self) -> list[str] | None:
         return self.comm.gather(socket.gethostname())
 
     def transport(self) -> dict[str, Any]:
@@ -181,6 +182,7 @@ class MessagePassingRank(TrainingLoop):
 
     def evaluate(self, step: int) -> None:
         train_loss = self.train_loss(self.workload.current_loss)
+        assert isinstance(train_loss, float)  # one worker's: its workload's losses are floats
         row = self.evaluator.evaluate(
             step,
             train_loss,

@@ -131,7 +131,8 @@ def _seeds_text(
 ) -> str:
     """A cell's display: the mean over seeds, [min, max] where ``spread``, (note) where one is
     given."""
-    text = show(np.mean(values))
+    # np.mean of floats is a float64, a float; numpy's stubs say np.floating
+    text = show(np.mean(values))  # type: ignore[arg-type]
     if spread:
         text += f" [{show(min(values))}, {show(max(values))}]"
     return f"{text} ({note})" if note else text

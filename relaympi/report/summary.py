@@ -242,7 +242,7 @@ class _quiet:
         self._catch.__enter__()
         warnings.simplefilter("ignore", RuntimeWarning)
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self._catch.__exit__(*exc)
 
 

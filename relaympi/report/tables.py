@@ -7,13 +7,16 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from relaympi.report.cells import (
+    Cell,
     LrChoice,
+    StepsCell,
     cell_record,
     format_accuracy,
     format_lr,
@@ -280,7 +283,7 @@ def _accuracy_like_table(spec: TableSpec, family: Family, settings: ReportSettin
         row_keys,
         columns,
         cells,
-        lambda choice: format_accuracy(choice.best),
+        lambda choice: format_accuracy(cast(Cell, choice.best)),  # an accuracy table's cells
         record,
         lambda cell, col: cell["n_seeds"] > cell["n_diverged"] and col is not None,
     )
@@ -372,9 +375,7 @@ def lr_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> list[Tabl
             columns,
             cells,
             format_lr,
-            lambda label, key, alpha, choice, base=family.base: _lr_record(
-                base, label, key, alpha, choice
-            ),
+            partial(_lr_record, family.base),
         )
         edges = sum(not choice.sandwiched for cols in cells.values() for choice in cols.values())
         if edges:
@@ -434,7 +435,7 @@ def quadratics_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> l
             row_keys,
             columns,
             cells,
-            lambda choice: format_steps(choice.best),
+            lambda choice: format_steps(cast(StepsCell, choice.best)),  # a steps table's cells
             record,
             lambda cell, n: bool(cell["n_reached"]),
         )

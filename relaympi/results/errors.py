@@ -8,7 +8,16 @@ from pathlib import Path
 
 class RunFileError(Exception):
     """A run file that cannot be read: not HDF5, empty, truncated, corrupt or of an unknown
-    schema."""
+    schema.
+
+    Args:
+        path: the run file.
+        reason: what is wrong with it, in words.
+
+    Attributes:
+        path: the run file, as a Path.
+        reason: what is wrong with it; the message is "<path>: <reason>".
+    """
 
     def __init__(self, path: str | os.PathLike, reason: str) -> None:
         super().__init__(f"{path}: {reason}")

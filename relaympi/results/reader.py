@@ -57,7 +57,19 @@ def file_kind(path: str | os.PathLike) -> str:
 
 @dataclass
 class Run:
-    """One run file, read: config, provenance, status, other root attributes and datasets."""
+    """One run file, read: config, provenance, status, other root attributes and datasets.
+
+    Attributes:
+        path: the run file.
+        schema_version: the file's schema version (SCHEMA_VERSION).
+        status: "running", "completed", "diverged", "failed" or "preempted" (STATUSES).
+        config: the run's configuration (RunConfig's fields).
+        provenance: where and how it ran (hosts, library versions, transport, command).
+        attrs: the other root attributes (world_size, run_id, times, ...).
+        data: the datasets read, one row per evaluation (``step`` first).
+        topology: the ranks' nodes and the graph they ran on; None in a file from before it was
+            recorded.
+    """
 
     path: Path
     schema_version: int
@@ -69,6 +81,12 @@ class Run:
     topology: RunTopology | None = None  # None: a file from before the topology was recorded
 
     def metric(self, name: str) -> np.ndarray:
+        """The dataset ``name``, one row per evaluation.
+
+        Raises:
+            KeyError: the run has no such dataset (or it was not read); the message lists those
+                it has.
+        """
         try:
             return self.data[name]
         except KeyError:
@@ -78,10 +96,12 @@ class Run:
 
     @property
     def world_size(self) -> int:
+        """The number of workers the run had."""
         return int(self.attrs["world_size"])
 
     @property
     def num_rows(self) -> int:
+        """The number of evaluations read (rows of ``step``; 0 without it)."""
         return len(self.data["step"]) if "step" in self.data else 0
 
 
@@ -172,8 +192,24 @@ def _read_topology(file: h5py.File) -> RunTopology | None:
 def read_run(path: str | os.PathLike, *, datasets: Iterable[str] | None = None) -> Run:
     """Read a run file; ``datasets`` limits which datasets are loaded (default: all).
 
-    Raises RunFileError, with the reason, for a missing, empty, non-HDF5, truncated or
-    corrupt file, missing attributes or an unknown schema_version.
+    Args:
+        path: the run file.
+        datasets: the names of the datasets to load (those the file lacks are skipped); None:
+            all of them.
+
+    Returns:
+        The Run, its datasets cut to the rows every dataset has (a run killed mid-write keeps
+        its complete rows).
+
+    Raises:
+        RunFileError: a missing, empty, non-HDF5, truncated or corrupt file, missing attributes
+            or an unknown schema_version; the message gives the reason.
+
+    Example:
+        ```python
+        run = read_run("results/digits-relay-chain-n16-a0.01-s0.h5", datasets=["step", "loss"])
+        run.status, run.world_size, run.metric("loss")[-1]
+        ```
     """
     path = Path(path)
     file = _open_for_reading(path)
@@ -200,8 +236,15 @@ def read_run(path: str | os.PathLike, *, datasets: Iterable[str] | None = None) 
 
 
 def run_status(path: str | os.PathLike) -> str:
-    """ "missing", "corrupt" (unreadable, or not a version-1 run file) or the run's status; reads
-    attrs only."""
+    """The state of a run file without reading its datasets (attributes only).
+
+    Args:
+        path: the run file.
+
+    Returns:
+        "missing", "corrupt" (unreadable, or not a version-1 run file) or the run's status (one
+        of STATUSES). It never raises for a bad file.
+    """
     path = Path(path)
     if not path.exists():
         return "missing"

@@ -142,7 +142,21 @@ class RunWriter:
     """Writes one run file: one process (rank 0) appends one row per evaluation and flushes.
 
     The file is written in place, so a run killed at any point keeps every row it appended;
-    see results/README.md for the schema.
+    see results/README.md for the schema. Open one with ``create`` (a new run) or ``reopen``
+    (resuming one); a full disk is a RunFileWriteError, one line.
+
+    Attributes:
+        path: the run file.
+        world_size: the number of workers, recorded at creation.
+        run_id: the run's id (kept by a resumed run; None in a file from before run ids).
+
+    Example:
+        ```python
+        with RunWriter.create(path, config=cfg.to_dict(), provenance={}, world_size=4) as run:
+            run.append({"step": 0, "test_accuracy": np.zeros(4)})
+            run.set_status("completed")
+        read_run(path).num_rows  # 1
+        ```
     """
 
     def __init__(self, file: h5py.File, path: Path, reserve: SpaceReserve | None = None) -> None:
@@ -172,6 +186,25 @@ class RunWriter:
         replaced when ``overwrite`` is true; another run file (running, failed, preempted) is
         replaced; a file that is not a run file is never replaced (NotARunFileError). The file's
         ``run_id`` attribute names this run (a resumed run keeps it; checkpoints record it).
+
+        Args:
+            path: the run file; its folder must exist.
+            config: the run's configuration (JSON-able).
+            provenance: where and how it runs (JSON-able).
+            world_size: the number of workers, >= 1.
+            overwrite: replace a completed, diverged or damaged run file.
+
+        Returns:
+            The writer of the new file.
+
+        Raises:
+            FileNotFoundError: the folder does not exist.
+            ValueError: a bad world_size, or config or provenance that is not JSON-able.
+            NotARunFileError: ``path`` holds another kind of file (or a damaged one, without
+                ``overwrite``).
+            RunExistsError: ``path`` holds a finished run and ``overwrite`` is false.
+            RunInUseError: another process is writing ``path``.
+            RunFileWriteError: no space left on the device.
         """
         path = Path(path)
         if not path.parent.is_dir():
@@ -239,6 +272,18 @@ class RunWriter:
         Rows with step > resume_step are dropped (they are recomputed after the resume), the
         status goes back to "running", and resume_step and the time are appended to the
         ``resumed_at_steps`` / ``resumed_at_times`` attributes.
+
+        Args:
+            path: the run file.
+            resume_step: the step the run resumes after (its checkpoint's).
+
+        Returns:
+            The writer of the reopened file.
+
+        Raises:
+            FileNotFoundError: there is no file at ``path``.
+            RunFileError: the file cannot be read.
+            RunExistsError: the run finished (completed or diverged).
         """
         path = Path(path)
         status = run_status(path)
@@ -273,7 +318,18 @@ class RunWriter:
         return cls(file, path)
 
     def append(self, row: Mapping[str, float | int | np.ndarray]) -> None:
-        """Append one evaluation; the first row fixes the dataset names and per-row shapes."""
+        """Append one evaluation; the first row fixes the dataset names and per-row shapes.
+
+        Args:
+            row: the evaluation's values by name, ``step`` among them: numbers, or arrays (one
+                value per worker, say).
+
+        Raises:
+            KeyError: no ``step``, or names the first row did not have.
+            ValueError: a value's shape differs from the first row's.
+            TypeError: a value that is not numeric.
+            RunFileWriteError: no space left on the device.
+        """
         self.extend({name: np.asarray(value)[np.newaxis] for name, value in row.items()})
 
     def extend(self, rows: Mapping[str, np.ndarray]) -> None:
@@ -334,6 +390,8 @@ class RunWriter:
                 raise ValueError(
                     f"dataset names must be non-empty and contain no '/', got {name!r}"
                 )
+            dtype: type[np.generic]
+            fill: float
             if name == "step":
                 if value.shape != () or value.dtype.kind not in "iu":
                     raise ValueError(
@@ -355,7 +413,16 @@ class RunWriter:
         self._datasets = row_datasets(self._file)
 
     def set_status(self, status: str, **attrs: Any) -> None:
-        """Set the run's status (and extra attributes); terminal statuses also record end_time."""
+        """Set the run's status (and extra attributes); terminal statuses also record end_time.
+
+        Args:
+            status: one of STATUSES.
+            **attrs: extra root attributes to set with it (as ``set_attrs``).
+
+        Raises:
+            ValueError: an unknown status.
+            RunFileWriteError: no space left on the device.
+        """
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
 
@@ -457,9 +524,15 @@ class RunWriter:
 
     @property
     def num_rows(self) -> int:
+        """The number of rows written so far."""
         return int(self._file["step"].shape[0]) if "step" in self._file else 0
 
     def close(self) -> None:
+        """Close the file (again: nothing).
+
+        Raises:
+            RunFileWriteError: no space left on the device to close it.
+        """
         if self._file.id.valid:
             try:
                 self._file.close()

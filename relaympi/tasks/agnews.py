@@ -293,8 +293,8 @@ class AgNewsTask(ClassificationTask):
 
     @staticmethod
     def _init_head(model: nn.Module, seed: int) -> None:
-        head = [getattr(model, name, None) for name in ("pre_classifier", "classifier")]
-        head = [layer for layer in head if isinstance(layer, nn.Linear)]
+        found = [getattr(model, name, None) for name in ("pre_classifier", "classifier")]
+        head = [layer for layer in found if isinstance(layer, nn.Linear)]
         if not head:
             raise TaskError(f"{type(model).__name__} has no linear 'classifier' head to initialise")
         std = float(getattr(model.config, "initializer_range", 0.02))

@@ -54,7 +54,10 @@ def lr_column(
 ) -> dict[str, float]:
     """One alpha column of a tuned_lr table per algorithm: its momentum row, where it has one."""
     algos = dict.fromkeys(algo for algo, _ in tuned_lr)
-    return {algo: tuned_lr.get((algo, True), tuned_lr.get((algo, False)))[alpha] for algo in algos}
+    return {
+        algo: (tuned_lr[algo, True] if (algo, True) in tuned_lr else tuned_lr[algo, False])[alpha]
+        for algo in algos
+    }
 
 
 @dataclass(frozen=True)

@@ -150,9 +150,9 @@ def draw_crop_flip(
 
 def crop_flip(
     images: torch.Tensor,
-    top: np.ndarray,
-    left: np.ndarray,
-    flip: np.ndarray,
+    top: np.ndarray | torch.Tensor,
+    left: np.ndarray | torch.Tensor,
+    flip: np.ndarray | torch.Tensor,
     padding: int = PADDING,
 ) -> torch.Tensor:
     """Zero-pad [B, C, H, W] images by ``padding``, crop HxW at (top, left), then mirror

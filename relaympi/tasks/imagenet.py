@@ -146,6 +146,9 @@ class Normalize(nn.Module):
     Kept inside the model so that batches cross to the accelerator as uint8 (4x less traffic).
     """
 
+    mean: torch.Tensor  # buffers, registered in __init__
+    std: torch.Tensor
+
     def __init__(
         self, mean: tuple[float, ...] = IMAGENET_MEAN, std: tuple[float, ...] = IMAGENET_STD
     ):
@@ -315,4 +318,4 @@ class ImageNetTask(ClassificationTask):
             prefetch_factor=4,
         )
         # Older torch versions pin tuples into lists; hand back (inputs, targets) tuples.
-        return (tuple(batch) for batch in loader)  # type: ignore[misc]
+        return (tuple(batch) for batch in loader)

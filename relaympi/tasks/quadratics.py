@@ -195,7 +195,7 @@ def generate(n: int, spec: QuadraticsSpec, seed: int = 0) -> Quadratics:
     else:
         b = np.zeros((n, d))
     x_star = rng.standard_normal(d)
-    x_star *= spec.r0 / max(np.linalg.norm(x_star), 1e-300)
+    x_star *= spec.r0 / max(float(np.linalg.norm(x_star)), 1e-300)
     b = b + np.einsum("nij,j->ni", A, x_star)
     return from_arrays(A, b, None, None, spec.sigma2)
 

@@ -124,9 +124,46 @@ class Topology:
     size, placement and edges. ``facts`` (generators only) carry closed forms, one LayerFacts
     per layer. ``placement`` says how it was built: "ranks" (rank order, the paper's) or "nodes"
     (node-aware, relaympi.topology.placement); the name stays the family's either way.
+
+    Most code gets one from ``build`` (by name) or a generator (``ring``, ``binary_tree``, ...);
+    the constructor takes any graph.
+
+    Args:
+        name: the topology's name, non-empty.
+        world_size: the number of ranks, >= 1.
+        layers: a networkx graph or an [m, 2] integer edge array, or a sequence of them (one
+            per layer), each a connected simple graph over ranks 0..world_size-1.
+        facts: per layer, the LayerFacts its generator knows, or None.
+        placement: "ranks" or "nodes" (PLACEMENTS).
+
+    Attributes:
+        name: the family's name (e.g. "ring", "spanning-tree:ring", "edge-list:<file>").
+        world_size: the number of ranks.
+        placement: how it was built, "ranks" or "nodes".
+
+    Raises:
+        TopologyError: a bad name, world size, placement or layer (not connected, a self-loop,
+            a rank outside the world), or facts for another number of layers.
+
+    Example:
+        ```python
+        import numpy as np
+
+        chain = Topology("my-chain", 4, np.array([[0, 1], [1, 2], [2, 3]]))
+        chain.is_tree, chain.diameter, chain.neighbors(1)  # (True, 3, (0, 2))
+        ```
     """
 
     __slots__ = ("name", "world_size", "placement", "_edges", "_facts", "_cache")
+
+    # Set once in __init__ through object.__setattr__ (the value is frozen); declared here so
+    # that type checkers know them.
+    name: str
+    world_size: int
+    placement: str
+    _edges: tuple[np.ndarray, ...]  # per layer, the sorted [m, 2] int64 edge array
+    _facts: tuple[LayerFacts | None, ...]
+    _cache: dict[Any, Any]  # lazily computed views, keyed by (what, layer) or a name
 
     def __init__(
         self,
@@ -360,6 +397,7 @@ class Topology:
     def max_models_per_step(self) -> float:
         """models_per_step maximized over ranks."""
         total = sum(self.degrees(k) for k in range(self.num_layers))
+        assert isinstance(total, np.ndarray)  # num_layers >= 1, so not sum()'s start 0
         return float(total.max() / self.num_layers)
 
     def inter_node_edges(self, nodes: Any) -> list[int]:
@@ -451,7 +489,7 @@ class Topology:
         per_layer = range(self.num_layers)
         edges = [self._edges[k] if edge_arrays else self._edges[k].tolist() for k in per_layer]
         extremes = [self.gossip_extremes(k) for k in per_layer]
-        reasons = {}
+        reasons: dict[str, str | None] = {}
         if all(self._diameter_method(k) is not None for k in per_layer):
             diameter = self.diameter
         else:

@@ -98,6 +98,29 @@ def build(
     if given, is only checked. "nodes" keeps each node's ranks together (the rules per family
     are in relaympi.topology.placement) and needs `nodes`, one node id per rank (ranks of a node
     need not be contiguous); with one node it is exactly the rank-order topology.
+
+    Args:
+        name: one of TOPOLOGY_NAMES, "edge-list", "edge-list:<file>" or "spanning-tree:<name>".
+        world_size: the number of ranks, >= 1.
+        root: the root rank of a spanning tree (None: the lowest rank).
+        edge_list: the file of an "edge-list" topology (one "i j" edge per line).
+        placement: "ranks" or "nodes" (PLACEMENTS).
+        nodes: one node id per rank (any hashable: host names, integers).
+
+    Returns:
+        The frozen Topology.
+
+    Raises:
+        TopologyError: an unknown name, a world size the family cannot have, an argument that
+            does not apply to the family, or a bad node layout; the message says what is allowed.
+
+    Example:
+        ```python
+        trees = build("double-binary-trees", 8)
+        trees.num_layers, trees.neighbors(3, layer=1)  # (2, (6,))
+        build("spanning-tree:ring", 6, root=2)
+        build("chain", 8, placement="nodes", nodes=["a"] * 4 + ["b"] * 4)
+        ```
     """
     check_placement(placement)
     if nodes is not None and isinstance(world_size, int) and not isinstance(world_size, bool):

@@ -71,6 +71,7 @@ class Checkpoints:
 
     def save(self, step: int, state: dict[str, Any]) -> None:
         """Collective: every rank writes ``state``; meta.json names the step once all have."""
+        assert self.directory is not None  # called only where checkpointing is enabled
         checkpoint_files.save(self.directory, self.rank, step, state)
         self.barrier()
         if self.rank == 0:
@@ -93,12 +94,14 @@ class Checkpoints:
 
     def mark_host(self, host: str) -> None:
         """Every rank: leave this node's mark in the folder (collective with check_shared)."""
+        assert self.directory is not None  # called only where checkpointing is enabled
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / self._HOST_MARK.format(host)).touch()
 
     def check_shared(self, hosts: list[str]) -> None:
         """Rank 0, after every rank's mark_host: refuse a folder that some node's ranks write
         where rank 0 cannot read (each node's own disk): a resume there would mix steps."""
+        assert self.directory is not None  # called only where checkpointing is enabled
         missing = sorted(
             {h for h in hosts if not (self.directory / self._HOST_MARK.format(h)).exists()}
         )
@@ -187,6 +190,7 @@ class Checkpoints:
     def _refuse(self, reason: str) -> bool:
         """A checkpoint that cannot resume this run: an error, or with --overwrite discarded (the
         run starts from step 0)."""
+        assert self.directory is not None  # called only where checkpointing is enabled
         if not self.cfg.overwrite:
             raise ConfigError(
                 f"{reason}; or pass --overwrite to discard the checkpoint and start this "

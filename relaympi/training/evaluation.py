@@ -77,6 +77,7 @@ def gather_record(comm: Communicator, record: dict[str, float]) -> dict[str, np.
     table = comm.gather_rows(np.asarray(list(record.values()), dtype=np.float64))
     if comm.rank != 0:
         return None
+    assert table is not None  # rank 0 gathers every rank's row
     return {name: table[:, column] for column, name in enumerate(record)}
 
 
@@ -108,6 +109,7 @@ class Evaluator:
         )
         if self.comm.rank != 0:
             return None
+        assert columns is not None  # rank 0 gathers every rank's record
         row: dict[str, Any] = {**row_header(self.schedule, step, elapsed), **columns}
         if params is not None:
             row.update(self.workload.summarize(params))

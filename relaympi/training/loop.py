@@ -154,17 +154,17 @@ class TrainingLoop(ABC):
         """The bytes sent so far (int64; restored in place from a checkpoint)."""
 
     @abstractmethod
-    def hosts(self) -> list:
-        """Every worker's host name (collective)."""
+    def hosts(self) -> list[str] | None:
+        """Every worker's host name on rank 0, None on the other ranks (collective)."""
 
     @abstractmethod
     def transport(self) -> dict[str, Any]:
         """How the workers communicate (the run file's transport record; root only)."""
 
     @abstractmethod
-    def gradient(self, step: int) -> float | np.ndarray:
+    def gradient(self, step: int) -> float | np.ndarray | torch.Tensor:
         """Compute the gradient of step ``step``; return its loss (one per worker this process
-        runs)."""
+        runs; a device tensor where the host reads losses only every few steps)."""
 
     @abstractmethod
     def algorithm_step(self, step: int, lr: float) -> None:
@@ -198,7 +198,13 @@ class TrainingLoop(ABC):
         if self.checkpoints.enabled:  # every node must see the folder before anyone resumes from it
             self.checkpoints.mark_host(socket.gethostname())
             self.checkpoints.barrier()
-            self.on_root_agreed(lambda: self.checkpoints.check_shared(hosts) or True)
+
+            def shared() -> bool:  # rank 0: refuses a folder that some node cannot see
+                assert hosts is not None  # rank 0 gathered every worker's host
+                self.checkpoints.check_shared(hosts)
+                return True
+
+            self.on_root_agreed(shared)
         if self.on_root_agreed(lambda: self.checkpoints.resumable(self.schedule.eval_every)):
             self.start_step, state = self.checkpoints.load()
             if state is not None:
@@ -211,6 +217,7 @@ class TrainingLoop(ABC):
             )
 
         def open_writer() -> None:
+            assert hosts is not None  # run on the root, which gathered every worker's host
             self.writer = self.writer_factory(
                 self.start_step, hosts, self.transport(), self.schedule.total_steps
             )
@@ -296,6 +303,7 @@ class TrainingLoop(ABC):
         return loss
 
     def log_evaluation(self, row: dict[str, Any], workers: int) -> None:
+        assert self.plan.cfg.batch_size is not None  # resolve() filled it in
         log.info(
             log_line(
                 row,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from relaympi.algorithms import (
     ALGORITHM_OPTIONS,
@@ -97,7 +97,13 @@ class Plan:
     def schedule(self, steps_per_epoch: int) -> Schedule:
         """The step schedule for a training set that gives ``steps_per_epoch`` steps per epoch."""
         cfg, defaults = self.cfg, self.task.defaults
-        total = cfg.steps if cfg.steps is not None else _steps_in(cfg.epochs, steps_per_epoch)
+        # resolve() filled these in from the task's defaults (epochs where --steps is not given)
+        assert cfg.warmup_epochs is not None and cfg.milestones is not None
+        if cfg.steps is not None:
+            total = cfg.steps
+        else:
+            assert cfg.epochs is not None
+            total = _steps_in(cfg.epochs, steps_per_epoch)
         if cfg.eval_every is not None:
             eval_every = cfg.eval_every
         elif defaults.evals_per_run:
@@ -163,9 +169,16 @@ def overlap_pays(model_bytes: int | None, bucket_mb: float) -> bool:
     return model_bytes is None or model_bytes > OVERLAP_MIN_BUCKETS * bucket_mb * 2**20
 
 
+class OverlapSettings(TypedDict):
+    """resolve_overlap's answer: the two RunConfig fields as they run."""
+
+    overlap: bool
+    progress_thread: bool
+
+
 def resolve_overlap(
     cfg: RunConfig, nodes: Sequence[int], model_bytes: int | None = None
-) -> dict[str, bool]:
+) -> OverlapSettings:
     """--overlap and --progress-thread as they run. --overlap by default: on for MPI ranks on more
     than
     one node on the CPU, where the step's transfers cross a wire that backward can hide (measured
@@ -292,6 +305,9 @@ def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None)
     )
     if cfg.steps is None and cfg.epochs is None:
         cfg = replace(cfg, epochs=defaults.epochs)
+    # filled in just above, from the task's defaults where the command line left them unset
+    assert cfg.optimizer is not None and cfg.momentum is not None
+    assert cfg.weight_decay is not None
     try:
         optimizer = OptimizerConfig(
             name=cfg.optimizer,
@@ -319,6 +335,7 @@ def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None)
         check_combination(cfg.algo, topology, optimizer, options)
     except AlgorithmError as exc:
         raise ConfigError(str(exc)) from exc
+    assert cfg.lr is not None  # filled in above
     lr = float(cfg.lr) * (
         lr_correction(topology) if cfg.relay_lr_correction else 1.0
     )  # validate() refused it for other algorithms
@@ -377,6 +394,7 @@ def default_out(cfg: RunConfig, world_size: int) -> Path:
     in results/
     (``-nodes``: placed by node, so that it never replaces the same run in rank order)."""
     placed = "-nodes" if cfg.placement == "nodes" else ""
+    assert cfg.topology is not None  # a resolved configuration (Plan.cfg)
     topology = _topology_slug(cfg.topology)
     name = f"{cfg.task}-{cfg.algo}-{topology}{placed}-n{world_size}-a{cfg.alpha:g}-s{cfg.seed}.h5"
     return Path("results") / name

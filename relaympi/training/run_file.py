@@ -212,6 +212,7 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
         num_classes = run.attrs.get("num_classes")
         chance = workers_at_chance(acc, num_classes)
         if chance:
+            assert num_classes is not None  # none are at chance without a number of classes
             line += (
                 f" | WARNING: worker(s) {', '.join(map(str, chance))} at chance accuracy "
                 f"(< {CHANCE_FACTOR / num_classes:.0%}); "

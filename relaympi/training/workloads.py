@@ -139,6 +139,7 @@ class ModelWorkload(Workload):
         self, task: ClassificationTask, plan: Plan, rank: int, device: str, shard: np.ndarray
     ):
         cfg, world_size, batch_size = plan.cfg, plan.world_size, plan.cfg.batch_size
+        assert batch_size is not None  # resolve() filled it in from the task's defaults
         self.task, self.rank, self.world_size = task, rank, world_size
         self.num_classes = int(task.num_classes)
         self.device = torch.device(device)

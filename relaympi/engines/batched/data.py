@@ -15,7 +15,7 @@ import torch
 
 from relaympi.batched.base import to_device
 from relaympi.tasks import cifar10
-from relaympi.tasks.base import Task
+from relaympi.tasks.base import ClassificationTask
 from relaympi.tasks.digits import DigitsTask
 from relaympi.tasks.partition import ShardSampler, steps_per_epoch
 
@@ -25,7 +25,7 @@ class BatchedData:
 
     def __init__(
         self,
-        task: Task,
+        task: ClassificationTask,
         parts: list[np.ndarray],
         batch_size: int,
         seed: int,
@@ -39,7 +39,8 @@ class BatchedData:
             ShardSampler(part, batch_size, seed, rank) for rank, part in enumerate(parts)
         ]
         self.steps_per_epoch = steps_per_epoch(len(task.train_labels), self.world_size, batch_size)
-        self._images = self._targets = None
+        self._images: torch.Tensor | None = None
+        self._targets: torch.Tensor | None = None
         # digits batches are rows gathered by index, no augmentation: one gather serves all workers
         self._gather_only = isinstance(task, DigitsTask)
         if isinstance(task, cifar10.Cifar10Task):
@@ -71,6 +72,7 @@ class BatchedData:
         return to_device(inputs, None, self.device), to_device(targets, None, self.device)
 
     def _image_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self._images is not None and self._targets is not None  # CIFAR-10's, on the device
         n, b = self.world_size, self.batch_size
         indices = np.concatenate([sampler.batch(step) for sampler in self.samplers])
         draws = [cifar10.draw_crop_flip(sampler.rng(step), b) for sampler in self.samplers]

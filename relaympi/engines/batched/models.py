@@ -15,7 +15,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from relaympi.config import ConfigError
-from relaympi.tasks.base import Task
+from relaympi.tasks.base import ClassificationTask, Task
 
 # Samples (workers x batch) per vmapped evaluation call: bounds the activations' memory.
 EVAL_SAMPLES = 8192
@@ -66,7 +66,7 @@ def _plain_layers(module: nn.Module) -> list[nn.Module] | None:
     return layers[1:]
 
 
-def refuse_unsupported(task_class: type, module: nn.Module | None = None) -> None:
+def refuse_unsupported(task_class: type[Task], module: nn.Module | None = None) -> None:
     """ConfigError (exit 2) naming the backends that run the task, if this one cannot."""
     reason = unsupported_reason(task_class, module)
     if reason is not None:
@@ -85,7 +85,11 @@ class BatchedModel:
     """
 
     def __init__(
-        self, task: Task, seed: int, device: torch.device | str, autocast: torch.dtype | None = None
+        self,
+        task: ClassificationTask,
+        seed: int,
+        device: torch.device | str,
+        autocast: torch.dtype | None = None,
     ):
         self.task = task
         self.device = torch.device(device)

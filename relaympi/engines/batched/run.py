@@ -37,6 +37,7 @@ from relaympi.config import ConfigError
 from relaympi.engines.batched.data import BatchedData
 from relaympi.engines.batched.models import BatchedModel, refuse_unsupported
 from relaympi.engines.batched.threads import choose_threads, times_threads
+from relaympi.tasks.base import ClassificationTask
 from relaympi.tasks.quadratics import QuadraticsTask
 from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.evaluation import device_memory, row_header
@@ -57,6 +58,8 @@ class ModelEngine:
     def __init__(self, plan: Plan, device: torch.device):
         cfg = plan.cfg
         options = replace(plan.task_options, device=str(device))
+        # make_engine gives every other task a QuadraticEngine; resolve() filled in the batch size
+        assert issubclass(plan.task, ClassificationTask) and cfg.batch_size is not None
         self.task = plan.task(
             options
         )  # resolve refused tasks this engine cannot run, before any data loads
@@ -206,7 +209,7 @@ class BatchedRun(TrainingLoop):
     def bytes_counter(self) -> np.ndarray:
         return self.algorithm.bytes_sent
 
-    def hosts(self) -> list:
+    def hosts(self) -> list[str] | None:
         return [socket.gethostname()]
 
     def transport(self) -> dict[str, Any]:

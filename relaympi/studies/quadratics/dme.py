@@ -17,7 +17,7 @@ from relaympi.algorithms.dme_estimates import (
 )
 from relaympi.algorithms.matrix import effective_delays
 from relaympi.studies.quadratics.findings import Finding, StudyResult
-from relaympi.studies.quadratics.tables import find, grid
+from relaympi.studies.quadratics.tables import expect_row, grid
 from relaympi.topology import build
 
 
@@ -75,7 +75,7 @@ def study_dme(s: DmeSettings, seed: int) -> StudyResult:
         result.data[f"gossip_mse_n{n}"] = gossip_mse
     result.data["checkpoints"] = np.asarray(s.checkpoints)
     for n in s.n_values:
-        e_bar = find(result.rows, n=n)["mean_delay"]
+        e_bar = expect_row(result.rows, n=n)["mean_delay"]
         columns = [
             "relay MSE",
             "relay exact",
@@ -87,7 +87,7 @@ def study_dme(s: DmeSettings, seed: int) -> StudyResult:
         ]
 
         def cell(label: str, column: str, n: int = n) -> str:
-            row = find(result.rows, n=n, T=int(label[2:]))
+            row = expect_row(result.rows, n=n, T=int(label[2:]))
             scale = n * row["T"]
             return {
                 "relay MSE": f"{row['relay_mse']:.3e}",

@@ -98,8 +98,8 @@ def write_result(result: StudyResult, out_dir: Path, provenance: dict[str, Any])
                     "lr, steps to target (-1: not reached), lowest suboptimality"
                 )
         data = f.create_group("data")
-        for name, values in result.data.items():
-            data.create_dataset(name, data=values)
+        for name, array in result.data.items():
+            data.create_dataset(name, data=array)
     return path
 
 

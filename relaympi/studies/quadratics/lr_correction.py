@@ -12,7 +12,7 @@ from relaympi.algorithms import lr_correction
 from relaympi.algorithms.matrix import effective_delays, make_matrix_algorithm
 from relaympi.optim import OptimizerConfig
 from relaympi.studies.quadratics.findings import Finding, StudyResult
-from relaympi.studies.quadratics.tables import find, grid
+from relaympi.studies.quadratics.tables import expect_row, grid
 from relaympi.topology import Topology, build
 
 
@@ -94,7 +94,7 @@ def study_lr_correction(s: LrCorrectionSettings) -> StudyResult:
     columns = [f"n={n}" for n in s.n_values]
 
     def cell(name: str, column: str) -> str:
-        row = find(result.rows, topology=name, n=int(column[2:]))
+        row = expect_row(result.rows, topology=name, n=int(column[2:]))
         return f"{row['measured']:.10f} ({row['steps']} steps)"
 
     result.tables.append(grid("measured 1/(alpha n)", list(s.topologies), columns, cell))
@@ -103,7 +103,9 @@ def study_lr_correction(s: LrCorrectionSettings) -> StudyResult:
             "lr_correction()",
             list(s.topologies),
             columns,
-            lambda name, c: f"{find(result.rows, topology=name, n=int(c[2:]))['computed']:.10f}",
+            lambda name, c: (
+                f"{expect_row(result.rows, topology=name, n=int(c[2:]))['computed']:.10f}"
+            ),
         )
     )
     worst = max(r["relative_difference"] for r in result.rows)
@@ -115,8 +117,10 @@ def study_lr_correction(s: LrCorrectionSettings) -> StudyResult:
         ),
     ]
     if "chain" in s.topologies and "binary-tree" in s.topologies and len(s.n_values) >= 2:
-        chain = [find(result.rows, topology="chain", n=n)["measured"] for n in s.n_values]
-        tree = [find(result.rows, topology="binary-tree", n=n)["measured"] for n in s.n_values]
+        chain = [expect_row(result.rows, topology="chain", n=n)["measured"] for n in s.n_values]
+        tree = [
+            expect_row(result.rows, topology="binary-tree", n=n)["measured"] for n in s.n_values
+        ]
         result.findings.append(
             Finding(
                 "the correction grows ~linearly in n on a chain and ~logarithmically on a "

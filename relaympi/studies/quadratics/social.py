@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relaympi.studies.quadratics.findings import Finding, StudyResult
-from relaympi.studies.quadratics.tables import find, fmt, grid
+from relaympi.studies.quadratics.tables import expect_row, fmt, grid
 from relaympi.studies.quadratics.tuned import ProblemSettings, add_tuned, make_problem, steps_cell
 from relaympi.studies.quadratics.tuning import Method, SearchConfig
 from relaympi.topology import build, spanning_tree
@@ -73,7 +73,7 @@ def study_social(s: SocialSettings) -> StudyResult:
     for sigma2 in s.sigma2_values:
 
         def cell(label: str, column: str, v: float = sigma2) -> str:
-            row = find(result.rows, method=label, sigma2=v)
+            row = expect_row(result.rows, method=label, sigma2=v)
             return {
                 "diameter": str(row["diameter"]),
                 "edges": str(row["edges"]),
@@ -113,8 +113,8 @@ def study_social(s: SocialSettings) -> StudyResult:
 
 def _findings(rows: list[dict[str, Any]], s: SocialSettings, sigma2: float) -> list[Finding]:
     trees = [r for r in rows if r["algo"] == "relay"]
-    d2 = find(rows, method="D2 full graph [(W+I)/2]")
-    dpsgd = find(rows, method="DP-SGD full graph")
+    d2 = expect_row(rows, method="D2 full graph [(W+I)/2]")
+    dpsgd = expect_row(rows, method="DP-SGD full graph")
     d2_steps = d2["steps"] if d2["reached"] else None
     dp_steps = dpsgd["steps"] if dpsgd["reached"] else None
     tree_steps = [r["steps"] if r["reached"] else None for r in trees]

@@ -41,6 +41,13 @@ def find(rows: list[Row], **match: Any) -> Row | None:
     return None
 
 
+def expect_row(rows: list[Row], **match: Any) -> Row:
+    """find's row, for a setting the study ran (so it wrote a row for it)."""
+    row = find(rows, **match)
+    assert row is not None, f"no row matches {match}"
+    return row
+
+
 def steps_of(rows: list[Row], **match: Any) -> int | None:
     """Steps to the target of the matching row; None if it did not reach it (or no row matches)."""
     row = find(rows, **match)
@@ -64,5 +71,6 @@ def ratio_within(values: Sequence[int | None], tolerance: float) -> tuple[bool, 
     target)."""
     if not values or any(v is None for v in values):
         return False, None
-    ratio = max(values) / min(values)
+    reached = [v for v in values if v is not None]  # all of them
+    ratio = max(reached) / min(reached)
     return ratio <= 1.0 + tolerance, ratio

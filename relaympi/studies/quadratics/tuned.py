@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relaympi.studies.quadratics.findings import StudyResult
-from relaympi.studies.quadratics.tables import Row, find, fmt, grid
+from relaympi.studies.quadratics.tables import Row, expect_row, find, fmt, grid
 from relaympi.studies.quadratics.tuning import Method, SearchConfig, Tuned, tune
 from relaympi.tasks.quadratics import Quadratics, QuadraticsSpec, generate
 
@@ -109,8 +109,11 @@ def tuned_tables(
     def row(label: str, column: str) -> Row | None:
         return find(rows, method=label, **fixed, **columns[column])
 
+    def tuned_lr(label: str, column: str) -> float:  # every method was tuned in every column
+        return expect_row(rows, method=label, **fixed, **columns[column])["lr"]
+
     steps_title, lr_title = titles
     return [
         grid(steps_title, labels, list(columns), lambda label, c: steps_cell(row(label, c))),
-        grid(lr_title, labels, list(columns), lambda label, c: f"{row(label, c)['lr']:.3g}"),
+        grid(lr_title, labels, list(columns), lambda label, c: f"{tuned_lr(label, c):.3g}"),
     ]

@@ -224,7 +224,8 @@ def tune(problem: Quadratics, method: Method, config: SearchConfig) -> Tuned:
             problem, method, lrs, config.target, cap, config.noise_seeds, config.seed
         )
         for k, lr in enumerate(lrs):
-            steps = result.hit_step if result.hits[k] else -1
+            # (hits are all False where no step hit the target)
+            steps = result.hit_step if result.hits[k] and result.hit_step is not None else -1
             trials.append((float(lr), int(steps), float(result.min_suboptimality[k])))
         return result, _pick(result)
 
