@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: set up, then the whole suite in plain pytest, the SPMD tests again under
+# The test command: set up, lint (scripts/lint.sh) and build the docs (scripts/docs.sh), then the
+# whole suite in plain pytest, the SPMD tests again under
 # mpirun with 4 ranks, and the sweeps against a real single-node SLURM cluster where one can be
 # started (root + apt-get; skipped with a reason otherwise).
 #   bash scripts/test.sh          the whole suite (what CI runs)
@@ -33,6 +34,9 @@ if [ "$fast" = 1 ]; then
   quick="not slow and not mpi and not mpirun and not cluster and not gpu"
   exec python -m pytest -q -m "$quick" tests
 fi
+# the style (ruff lint and format, mypy) and the documentation site, both strict
+bash scripts/lint.sh
+bash scripts/docs.sh
 slurm_started=0
 if [ "${RELAYMPI_TEST_SLURM:-1}" = "1" ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
   if bash cluster/local_cluster.sh install && exports="$(bash cluster/local_cluster.sh start)"; then
