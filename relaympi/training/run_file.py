@@ -27,6 +27,7 @@ from relaympi.results import (
     unstable_text,
     workers_at_chance,
 )
+from relaympi.results.schema import ADDED_DATASETS
 from relaympi.training.checkpoint_files import CheckpointWriteError
 from relaympi.training.plan import Plan
 
@@ -85,7 +86,9 @@ def writer_factory(plan: Plan, out: Path, command: str) -> Any:
     ) -> RunWriter:
         try:
             if start_step > 0 and run_status(out) in RESUMABLE_STATUSES:
-                return RunWriter.reopen(out, resume_step=start_step - 1)
+                writer = RunWriter.reopen(out, resume_step=start_step - 1)
+                writer.leave_out_if_absent(ADDED_DATASETS)
+                return writer
             writer = RunWriter.create(
                 out,
                 config=plan.cfg.to_dict()
