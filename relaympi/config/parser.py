@@ -86,8 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                 "topology (the paper's",
                 "  tables for cifar10 and agnews, the centralized recipe for imagenet, a "
                 "sweep for digits); a run",
-                "  with another worker count warns, and the end summary flags workers at "
-                "chance accuracy: pass --lr.",
+                "  with more workers, or fewer than a quarter as many (all-reduce: only more), "
+                "warns, and the",
+                "  end summary flags workers at chance accuracy after an epoch: pass --lr.",
                 "",
                 "one worker (--workers 1, or mpirun -n 1) with --algo allreduce is the "
                 "centralized baseline.",
