@@ -27,6 +27,7 @@ from relaympi.results import (
     unstable_text,
     workers_at_chance,
 )
+from relaympi.results.quality import CHANCE_AFTER_EPOCHS
 from relaympi.results.schema import ADDED_DATASETS
 from relaympi.training.checkpoint_files import CheckpointWriteError
 from relaympi.training.plan import Plan
@@ -213,7 +214,9 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
                 f"{acc.mean():.4f}"
             )
         num_classes = run.attrs.get("num_classes")
-        chance = workers_at_chance(acc, num_classes)
+        # judged only after some training: any model is near chance before (step 0 is untrained)
+        trained = float(run.data["epoch"][-1]) >= CHANCE_AFTER_EPOCHS
+        chance = workers_at_chance(acc, num_classes) if trained else []
         if chance:
             line += (
                 f" | WARNING: worker(s) {', '.join(map(str, chance))} at chance accuracy "
