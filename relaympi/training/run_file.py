@@ -90,6 +90,7 @@ def writer_factory(plan: Plan, out: Path, command: str) -> Any:
                 writer = RunWriter.reopen(out, resume_step=start_step - 1)
                 writer.leave_out_if_absent(ADDED_DATASETS)
                 return writer
+            out.parent.mkdir(parents=True, exist_ok=True)  # only now: a refused run writes nothing
             writer = RunWriter.create(
                 out,
                 config=plan.cfg.to_dict()
