@@ -177,7 +177,7 @@ def _one_process_plan(cfg: RunConfig) -> tuple[Plan, Path]:
     engine_for(cfg.backend).check(plan)
     plan.task.check_data(plan.task_options)
     out = Path(cfg.out) if cfg.out else default_out(plan.cfg, plan.world_size)
-    check_out(out, cfg.overwrite)
+    check_out(out, cfg.overwrite, plan)
     plan = plan.with_out(out)
     _save_problem(plan)
     return plan, out
@@ -227,7 +227,7 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
         plan.task.check_data(plan.task_options)  # every rank: each node needs the data
         out = Path(cfg.out) if cfg.out else default_out(plan.cfg, size)
         if comm.rank == 0:
-            check_out(out, cfg.overwrite)
+            check_out(out, cfg.overwrite, plan)
         plan = plan.with_out(out)
         if comm.rank == 0:
             _save_problem(plan)
