@@ -229,7 +229,7 @@ def _cases(comm, numel: int, device: torch.device, chunk: int) -> dict:
     tree_allreduce.bytes_per_call = tree_allreduce_pieces.bytes_per_call = 4 * numel
     if (
         comm.backend == "mpi"
-    ):  # its messages are not counted by the communicator: the busiest rank's, from the tree
+    ):  # the busiest rank's, derived from the tree here (the communicator's count must agree)
         from relaympi.comm.tree_allreduce import stage_order
 
         order = stage_order(comm.nodes)

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-# the run file's datasets the costs read (inter_node_bytes_sent: the future per-worker
-# cumulative bytes sent to other nodes; no writer records it yet)
+# the run file's datasets the costs read (inter_node_bytes_sent: each worker's cumulative bytes
+# sent to workers on other nodes, absent from files written before it was recorded)
 COST_DATASETS = (
     "step",
     "time_s",

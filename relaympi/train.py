@@ -37,6 +37,7 @@ from relaympi.comm import DropPolicy, mpi_communicator
 from relaympi.config import ConfigError, RunConfig, parse_args
 from relaympi.engines import BACKENDS, engine_for
 from relaympi.launcher import launch
+from relaympi.tasks import TaskError
 from relaympi.tasks.quadratics import QuadraticsTask
 from relaympi.training.loop import STOP, USAGE_ERRORS
 from relaympi.training.plan import Plan, default_out, resolve, run_nodes
@@ -133,13 +134,19 @@ def _configure(cfg: RunConfig, rank: int, cpus: frozenset[int], sharing: int) ->
         handlers=[BarSafeHandler(sys.stderr)],
     )
     torch.set_num_threads(_threads(cfg, rank, cpus, sharing))
-    if rank == 0 and (busy := threads.busy_machine()) is not None:
-        log.warning("warning: %s", busy)
     signal.signal(signal.SIGTERM, _request_stop)
     signal.signal(signal.SIGUSR1, _request_stop)
     signal.signal(
         signal.SIGINT, _request_stop
     )  # Ctrl-C stops like SIGTERM: checkpoint, record, exit 4
+
+
+def _warn(plan: Plan) -> None:
+    """The run's warnings (rank 0), once every usage check passed: a usage error says only what is
+    wrong."""
+    if (busy := threads.busy_machine()) is not None:
+        log.warning("warning: %s", busy)
+    plan.warn()
 
 
 def _threads(cfg: RunConfig, rank: int, cpus: frozenset[int], sharing: int) -> int:
@@ -169,10 +176,9 @@ def _one_process_plan(cfg: RunConfig) -> tuple[Plan, Path]:
     assert cfg.workers is not None  # validate() requires --workers for such a run
     plan = resolve(cfg, cfg.workers)
     engine_for(cfg.backend).check(plan)
-    plan.warn()
+    plan.task.check_data(plan.task_options)
     out = Path(cfg.out) if cfg.out else default_out(plan.cfg, plan.world_size)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    check_out(out, cfg.overwrite)
+    check_out(out, cfg.overwrite, plan)
     plan = plan.with_out(out)
     _save_problem(plan)
     return plan, out
@@ -188,6 +194,7 @@ def _main_in_process(cfg: RunConfig, argv: list[str]) -> int:
         cfg.workers if BACKENDS[cfg.backend].threads_per_worker else 1,
     )
     plan, out = _one_process_plan(cfg)
+    _warn(plan)
     status = engine_for(cfg.backend).run(plan, out, _rerun_command(argv))
     return _finish(cfg, out, status)
 
@@ -219,14 +226,14 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
     try:
         plan = resolve(cfg, size, comm.nodes)
         engine_for(cfg.backend).check(plan)
+        plan.task.check_data(plan.task_options)  # every rank: each node needs the data
         out = Path(cfg.out) if cfg.out else default_out(plan.cfg, size)
+        if comm.rank == 0:
+            check_out(out, cfg.overwrite, plan)
         plan = plan.with_out(out)
         if comm.rank == 0:
-            plan.warn()
-            out.parent.mkdir(parents=True, exist_ok=True)
-            check_out(out, cfg.overwrite)
             _save_problem(plan)
-    except ConfigError as exc:
+    except (ConfigError, TaskError) as exc:
         error = exc
     # every rank must agree to stop: one that went on would wait for the others forever
     flags = comm.allreduce_flags(
@@ -238,6 +245,8 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
         ):  # one copy of the message where possible
             print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    if comm.rank == 0:
+        _warn(plan)
     try:
         status = engine_for(cfg.backend).run(plan, out, _rerun_command(argv, size), comm)
     except USAGE_ERRORS as exc:

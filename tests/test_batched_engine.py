@@ -64,7 +64,7 @@ class _StandInSGD:
 class _StandInAllReduce:
     """G <- mean over workers, then the optimizer (relaympi.algorithms.AllReduce for all rows at once)."""
 
-    def __init__(self, algo, topology, optimizer, X0, options, drops):
+    def __init__(self, algo, topology, optimizer, X0, options, drops, nodes=None):
         assert algo == "allreduce", algo
         self.optimizer = optimizer
         self.bytes_sent = np.zeros(X0.shape[0], dtype=np.int64)

@@ -24,8 +24,8 @@ ARGS = ["--task", "digits", "--algo", "dpsgd", "--alpha", "0.1", "--steps", "20"
 def _poisoning(step_to_poison: int | None, rows: tuple[int, ...] = (2,)):
     """make_batched_algorithm whose algorithm sets workers ``rows`` of X to NaN after step ``step_to_poison``."""
 
-    def make(algo, topology, optimizer, X0, options, drops):
-        algorithm = make_batched_algorithm(algo, topology, optimizer, X0, options, drops)
+    def make(algo, topology, optimizer, X0, options, drops, nodes=None):
+        algorithm = make_batched_algorithm(algo, topology, optimizer, X0, options, drops, nodes)
         inner = algorithm.step
 
         def step(X, G, lr, t):

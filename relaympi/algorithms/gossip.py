@@ -56,12 +56,13 @@ class Mixers(Protocol):
         every j != i with W_ij != 0 (the topology's neighbours for a gossip matrix)."""
 
     def allreduce_mean(self, x: torch.Tensor) -> None:
-        """In place: x <- the mean of x over all workers (a collective: never dropped, no bytes
-        counted)."""
+        """In place: x <- the mean of x over all workers (a collective: never dropped; on MPI the
+        library's own all-reduce, whose bytes are not counted)."""
 
     def start_allreduce_mean(self, x: torch.Tensor) -> Started:
         """allreduce_mean, started now and complete after ``finish()``; pieces of a buffer started
-        separately (in the same order on every worker) give the whole buffer's bits."""
+        separately (in the same order on every worker) give the whole buffer's bits. Never dropped;
+        its messages (the fixed-tree all-reduce's) are counted in bytes_sent on every engine."""
 
     def relays(
         self,

@@ -5,6 +5,7 @@ BatchedRelaySum)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -36,11 +37,11 @@ class StackedAlgorithm(BatchedAlgorithm):
         X0: torch.Tensor,
         options: Options,
         drops: DropPolicy,
+        nodes: Sequence[int] | None = None,
     ):
-        super().__init__(topology, optimizer, X0, options, drops)
-        self.stacked = self.algorithm(
-            None, topology, optimizer, X0, options, BatchedMixers(drops, self.bytes_sent)
-        )
+        super().__init__(topology, optimizer, X0, options, drops, nodes)
+        mixers = BatchedMixers(drops, self.bytes_sent, self.nodes)
+        self.stacked = self.algorithm(None, topology, optimizer, X0, options, mixers)
 
     def step(self, X: torch.Tensor, G: torch.Tensor, lr: float, step: int) -> None:
         self.stacked.step(X, G, lr, step)
@@ -72,6 +73,7 @@ def make_batched_algorithm(
     X0: torch.Tensor,
     options: Options | None = None,
     drops: DropPolicy | None = None,
+    nodes: Sequence[int] | None = None,
 ) -> BatchedAlgorithm:
     """The batched form of ``algo`` for the workers of X0 [N, numel]; refuses what make_algorithm
     refuses."""
@@ -80,4 +82,4 @@ def make_batched_algorithm(
     check_combination(
         algo, topology, optimizer.config, options
     )  # make_algorithm's refusals, with its messages
-    return BATCHED_ALGORITHMS[algo](topology, optimizer, X0, options, drops or DropPolicy())
+    return BATCHED_ALGORITHMS[algo](topology, optimizer, X0, options, drops or DropPolicy(), nodes)

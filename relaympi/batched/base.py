@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 from relaympi.algorithms import Options
 from relaympi.batched.optim import BatchedOptimizer
 from relaympi.comm import DropPolicy
+from relaympi.comm.base import checked_nodes
 
 
 def never_drops(drops: DropPolicy) -> bool:
@@ -57,8 +59,9 @@ class BatchedAlgorithm:
     in place.
 
     ``bytes_sent[i, j]``: bytes worker i's messages to worker j would have carried under message
-    passing (row i is rank i's Communicator.bytes_sent; lost messages are not counted, collectives
-    are not counted, as there).
+    passing (row i is rank i's Communicator.bytes_sent; lost messages are not counted, the
+    fixed-tree all-reduce's are, as there). ``nodes``: each worker's node (None: one node), which
+    orders the all-reduce's tree as the message-passing ranks order it.
     """
 
     name: ClassVar[str]
@@ -70,6 +73,7 @@ class BatchedAlgorithm:
         X0: torch.Tensor,
         options: Options,
         drops: DropPolicy,
+        nodes: Sequence[int] | None = None,
     ):
         if X0.dim() != 2:
             raise ValueError(f"X0 must be [workers, numel], got shape {tuple(X0.shape)}")
@@ -80,6 +84,7 @@ class BatchedAlgorithm:
         self.n, self.numel = X0.shape
         self.itemsize = X0.element_size()
         self.bytes_sent = np.zeros((self.n, self.n), dtype=np.int64)
+        self.nodes = checked_nodes(nodes, self.n)
 
     def step(self, X: torch.Tensor, G: torch.Tensor, lr: float, step: int) -> None:
         """X(t) -> X(t+1) in place, given every worker's gradient G at X(t)."""

@@ -4,6 +4,7 @@ RelaySum as relaympi.batched.relay.BatchedRelaySum."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,8 @@ import torch
 from relaympi.batched.base import delivered, never_drops, to_device
 from relaympi.batched.relay import BatchedRelaySum
 from relaympi.comm import DropPolicy
+from relaympi.comm.base import checked_nodes
+from relaympi.comm.tree_allreduce import stage_order, tree_bytes
 
 # columns of X per float64 product in mix: bounds its temporaries to 2 x N x MIX_COLUMNS float64s
 MIX_COLUMNS = 1 << 18
@@ -119,12 +122,17 @@ class _Deferred:
 class BatchedMixers:
     """gossip.Mixers for X [N, d]: ``bytes_sent[i, j]`` counts the bytes of worker i's messages to
     j.
-    Mixers of the same shape share one scratch buffer (an algorithm's mixers take turns)."""
+    Mixers of the same shape share one scratch buffer (an algorithm's mixers take turns).
+    ``nodes``: each worker's node (None: one node), for the all-reduce tree's stage order."""
 
-    def __init__(self, drops: DropPolicy, bytes_sent: np.ndarray):
+    def __init__(
+        self, drops: DropPolicy, bytes_sent: np.ndarray, nodes: Sequence[int] | None = None
+    ):
         self.drops = drops
         self.bytes_sent = bytes_sent
+        self.sum_order = stage_order(checked_nodes(nodes, bytes_sent.shape[0]))
         self._scratch: dict[tuple[int, ...], torch.Tensor] = {}
+        self._tree_bytes: dict[tuple[int, int], np.ndarray] = {}  # (numel, itemsize) -> [N, N]
 
     def gossip(self, mixing: np.ndarray, like: torch.Tensor) -> BatchedMixer:
         if tuple(like.shape) not in self._scratch:
@@ -137,7 +145,20 @@ class BatchedMixers:
         X.copy_((X.sum(dim=0) / X.shape[0]).expand_as(X))
 
     def start_allreduce_mean(self, X: torch.Tensor) -> _Deferred:
-        return _Deferred(self.allreduce_mean, X, 0, X.shape[-1])
+        """The mean at finish(), counting the messages of message passing's fixed-tree all-reduce
+        (Communicator.count_tree_sum: bfloat16/float16 as float32)."""
+
+        def counted_mean(X: torch.Tensor) -> None:
+            numel = X.shape[-1]
+            itemsize = 4 if X.dtype in (torch.float16, torch.bfloat16) else X.element_size()
+            if (numel, itemsize) not in self._tree_bytes:
+                self._tree_bytes[numel, itemsize] = tree_bytes(
+                    X.shape[0], numel, self.sum_order, itemsize
+                )
+            self.bytes_sent += self._tree_bytes[numel, itemsize]
+            self.allreduce_mean(X)
+
+        return _Deferred(counted_mean, X, 0, X.shape[-1])
 
     def relays(
         self, topology, like: torch.Tensor, in_place: bool = False, chunk: int | None = None

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from relaympi.comm import buffers
+from relaympi.comm.tree_allreduce import stage_order, tree_sends
 
 # the progress thread's poll period (--progress-interval): 0.5, 1, 2 and 4 ms measured on VGG-11
 # over an
@@ -170,8 +171,11 @@ class Communicator(ABC):
         # each rank's node, numbered 0, 1, ... in the order of each node's lowest rank (None: one
         # node)
         self.nodes: tuple[int, ...] = checked_nodes(nodes, world_size)
-        # bytes actually handed to the transport, per destination rank (dropped messages excluded)
+        # bytes actually handed to the transport, per destination rank (dropped messages excluded;
+        # the fixed-tree all-reduce's messages included, count_tree_sum)
         self.bytes_sent = np.zeros(world_size, dtype=np.int64)
+        # the fixed-tree all-reduce's stage order: node-aware, the halves crossing nodes smallest
+        self.sum_order: tuple[int, ...] = stage_order(self.nodes)
         # requests progress() tests; None until progress() is first called (then every new one is
         # tracked)
         self._in_flight: list[Request] | None = None
@@ -307,6 +311,16 @@ class Communicator(ABC):
         self.allreduce_sum(buf)
         return Completed()
 
+    def count_tree_sum(self, buf: Any) -> None:
+        """Count in ``bytes_sent`` the messages this rank sends in the fixed-tree all-reduce of
+        ``buf`` (relaympi.comm.tree_allreduce, which MPICommunicator.iallreduce_sum runs and counts
+        as it posts them): a backend that sums otherwise (in memory) reports the bytes message
+        passing sends. bfloat16/float16 travel as float32, as the MPI backend sums them."""
+        numel = int(np.prod(tuple(buf.shape), dtype=np.int64))
+        itemsize = 4 if buffers.is_half(buf) else buffers.nbytes(buf) // max(numel, 1)
+        for dest, count in tree_sends(self.rank, self.world_size, numel, self.sum_order):
+            self.bytes_sent[dest] += count * itemsize
+
     def allreduce_mean(self, buf: Any) -> None:
         """In place: buf <- mean over ranks of buf.
 
@@ -422,6 +436,12 @@ class Communicator(ABC):
         Args:
             code: the exit status (MPI_Abort's error code).
         """
+
+    def inter_node_bytes(self) -> int:
+        """The bytes this rank sent so far to ranks on other nodes (``bytes_sent`` by
+        destination)."""
+        other = np.asarray(self.nodes) != self.node
+        return int(self.bytes_sent[other].sum())
 
     @property
     def node(self) -> int:

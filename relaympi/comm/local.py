@@ -209,7 +209,8 @@ class LocalCommunicator(Communicator):
 
     def iallreduce_sum(self, buf: Any) -> Request:
         """Nonblocking: the sum in rank order, like allreduce_sum (elementwise, so the same bits for
-        any cut)."""
+        any cut); counts the bytes the MPI backend's fixed-tree all-reduce sends."""
+        self.count_tree_sum(buf)
         seq, self._sums_started = self._sums_started, self._sums_started + 1
         self.world._start_sum(self.rank, seq, buffers.clone(buf))
         return _LocalSum(self, seq, buf)

@@ -27,7 +27,7 @@ from relaympi.comm.base import (
 )
 from relaympi.comm.progress import ProgressThread
 from relaympi.comm.staging import DeviceStaging, StagedSend
-from relaympi.comm.tree_allreduce import SUM_STAGES, stage_order, tree_sum
+from relaympi.comm.tree_allreduce import SUM_STAGES, tree_sum
 
 _FAILURE_TAG = 0x7E
 _FAILURE_BYTES = 1 << 16
@@ -193,9 +193,6 @@ class MPICommunicator(Communicator):
         self._sum_tags = max(1, (int(tag_ub) + 1) // SUM_STAGES)
         self._sums_started = 0
         self._sums: list[_TreeSumRequest] = []
-        self._sum_order = stage_order(
-            self.nodes
-        )  # node-aware: the halves crossing between nodes are the smallest
         self._failure_req = (
             self._failures.Irecv(self._failure_buf, source=MPI.ANY_SOURCE, tag=_FAILURE_TAG)
             if self.rank == 0
@@ -459,7 +456,9 @@ class MPICommunicator(Communicator):
         seq, self._sums_started = self._sums_started, self._sums_started + 1
         tag = (seq % self._sum_tags) * SUM_STAGES
         request = _TreeSumRequest(
-            self, tree_sum(self._sum_comm, host.reshape(-1), tag, self._sum_order), on_complete
+            self,
+            tree_sum(self._sum_comm, host.reshape(-1), tag, self.sum_order, self.bytes_sent),
+            on_complete,
         )
         self._sums.append(request)
         return request

@@ -32,7 +32,13 @@ def stage_order(nodes: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted(bits, key=lambda d: (sum(nodes[r] != nodes[r ^ d] for r in range(p)), -d)))
 
 
-def tree_sum(comm: Any, data: np.ndarray, tag: int, order: Sequence[int]) -> Iterator[list]:
+def tree_sum(
+    comm: Any,
+    data: np.ndarray,
+    tag: int,
+    order: Sequence[int],
+    sent: np.ndarray | None = None,
+) -> Iterator[list]:
     """buf <- the sum over ranks, as a generator that yields each stage's MPI requests.
 
     A reduce-scatter by recursive halving, then an allgather by recursive doubling, over
@@ -44,12 +50,21 @@ def tree_sum(comm: Any, data: np.ndarray, tag: int, order: Sequence[int]) -> Ite
     ``order``, whatever the buffer's length and whichever rank holds the element: pieces of a buffer
     reduced separately give the whole reduction's bits, which MPI_Allreduce does not promise
     (MPICH's
-    ring and Open MPI's segmented ring sum an element in an order set by the message's length)."""
+    ring and Open MPI's segmented ring sum an element in an order set by the message's length).
+
+    ``sent`` (bytes per destination rank, as Communicator.bytes_sent) counts each message as it is
+    posted: what ``tree_sends`` lists."""
     rank, n = comm.Get_rank(), comm.Get_size()
     p = 1 << (n.bit_length() - 1)
     extra = n - p
+
+    def send(buf: np.ndarray, dest: int, tag: int) -> Any:
+        if sent is not None:
+            sent[dest] += buf.nbytes
+        return comm.Isend(buf, dest=dest, tag=tag)
+
     if rank >= p:  # folded into rank - p, which sends the sum back at the end
-        yield [comm.Isend(data, dest=rank - p, tag=tag)]
+        yield [send(data, rank - p, tag)]
         yield [comm.Irecv(data, source=rank - p, tag=tag + SUM_STAGES - 1)]
         return
     scratch = np.empty(len(data) if rank < extra else (len(data) + 1) // 2, dtype=data.dtype)
@@ -65,7 +80,7 @@ def tree_sum(comm: Any, data: np.ndarray, tag: int, order: Sequence[int]) -> Ite
         received = scratch[: keep_hi - keep_lo]
         yield [
             comm.Irecv(received, source=partner, tag=tag + stage),
-            comm.Isend(data[give_lo:give_hi], dest=partner, tag=tag + stage),
+            send(data[give_lo:give_hi], partner, tag + stage),
         ]
         data[keep_lo:keep_hi] += received
         splits.append((lo, hi))
@@ -77,8 +92,41 @@ def tree_sum(comm: Any, data: np.ndarray, tag: int, order: Sequence[int]) -> Ite
         other = data[seg_lo:lo] if lo > seg_lo else data[hi:seg_hi]
         yield [
             comm.Irecv(other, source=partner, tag=tag + stage),
-            comm.Isend(data[lo:hi], dest=partner, tag=tag + stage),
+            send(data[lo:hi], partner, tag + stage),
         ]
         lo, hi, stage = seg_lo, seg_hi, stage + 1
     if rank < extra:
-        yield [comm.Isend(data, dest=rank + p, tag=tag + SUM_STAGES - 1)]
+        yield [send(data, rank + p, tag + SUM_STAGES - 1)]
+
+
+def tree_sends(rank: int, n: int, numel: int, order: Sequence[int]) -> list[tuple[int, int]]:
+    """(destination, elements) of every message ``tree_sum`` sends from ``rank`` of ``n`` for a
+    buffer of ``numel`` elements, in posting order: the fold (a rank beyond the largest power of
+    two p sends its buffer to rank - p, which sends the sum back at the end), the half each halving
+    stage gives away, and the part each doubling stage holds."""
+    p = 1 << (n.bit_length() - 1)
+    if rank >= p:
+        return [(rank - p, numel)]
+    sends, lo, hi, splits = [], 0, numel, []
+    for d in order:
+        mid = lo + (hi - lo) // 2
+        keep, give = ((mid, hi), (lo, mid)) if rank & d else ((lo, mid), (mid, hi))
+        sends.append((rank ^ d, give[1] - give[0]))
+        splits.append((lo, hi))
+        lo, hi = keep
+    for d in reversed(order):
+        sends.append((rank ^ d, hi - lo))
+        lo, hi = splits.pop()
+    if rank < n - p:
+        sends.append((rank + p, numel))
+    return sends
+
+
+def tree_bytes(n: int, numel: int, order: Sequence[int], itemsize: int) -> np.ndarray:
+    """[n, n] int64: the bytes rank i sends rank j in one ``tree_sum`` of ``numel`` elements of
+    ``itemsize`` bytes (row i is what rank i's Communicator.bytes_sent grows by)."""
+    out = np.zeros((n, n), dtype=np.int64)
+    for rank in range(n):
+        for dest, count in tree_sends(rank, n, numel, order):
+            out[rank, dest] += count * itemsize
+    return out

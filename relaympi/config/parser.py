@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,15 @@ from relaympi.topology import TOPOLOGY_NAMES
 
 # --config: not a RunConfig field (a file of them)
 CONFIG = Flag(
-    "JSON file of saved flags (as written in a run file's `config`); flags given on the "
-    "command line win",
+    "JSON file of saved flags (as written in a run file's `config`), or a run file (.h5) to rerun "
+    "or vary (its `config`, less its `--out`, `--checkpoint-dir` and `--overwrite`); flags given "
+    "on the command line win",
     type=Path,
     metavar="FILE",
 )
+# what a run file's config records of where that run's own files went: a rerun from the file
+# chooses its own (a completed run is not replaced, a checkpoint belongs to its run file)
+RUN_FILE_OWN_KEYS = ("out", "checkpoint_dir", "overwrite")
 
 
 def _title(group: str) -> str:
@@ -85,8 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                 "topology (the paper's",
                 "  tables for cifar10 and agnews, the centralized recipe for imagenet, a "
                 "sweep for digits); a run",
-                "  with another worker count warns, and the end summary flags workers at "
-                "chance accuracy: pass --lr.",
+                "  with more workers, or fewer than a quarter as many (all-reduce: only more), "
+                "warns, and the",
+                "  end summary flags workers at chance accuracy after an epoch: pass --lr.",
                 "",
                 "one worker (--workers 1, or mpirun -n 1) with --algo allreduce is the "
                 "centralized baseline.",
@@ -160,12 +166,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     given = {k: v for k, v in vars(args).items() if v is not None and k != "config"}
     base: dict[str, Any] = {}
     if args.config is not None:
-        try:
-            base = json.loads(Path(args.config).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"--config {args.config}: cannot read a JSON object: {exc}") from exc
-        if not isinstance(base, dict):
-            raise ConfigError(f"--config {args.config} must hold a JSON object of flags")
+        base = checked_values(read_config(Path(args.config)), f"--config {args.config}")
     for key in RUN_FILE_ONLY_KEYS:  # a run file's config records these derived values too
         base.pop(key, None)
     if "steps" in given or "epochs" in given:  # a length on the command line replaces the file's
@@ -179,3 +180,109 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
         cfg = RunConfig.from_dict({**{k: v for k, v in base.items() if k not in stale}, **given})
     validate(cfg)
     return cfg
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """The flags --config FILE holds: a JSON object, or a run file's `config` attribute (less
+    RUN_FILE_OWN_KEYS). ConfigError for anything else."""
+    from relaympi.results.schema import HDF5_SIGNATURE
+
+    try:
+        with path.open("rb") as file:
+            raw = file.read()
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: cannot read it: {exc.strerror or exc}") from exc
+    own: tuple[str, ...] = ()
+    if raw.startswith(HDF5_SIGNATURE):
+        text, own = _run_file_config(path), RUN_FILE_OWN_KEYS
+    else:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(
+                f"--config {path} is neither UTF-8 JSON nor a run file; it takes a JSON object of "
+                "flags or a run file (.h5)"
+            ) from None
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--config {path}: cannot read a JSON object: {exc}") from exc
+    if not isinstance(values, dict):
+        raise ConfigError(f"--config {path} must hold a JSON object of flags")
+    return {key: value for key, value in values.items() if key not in own}
+
+
+def _run_file_config(path: Path) -> str:
+    import h5py
+
+    try:
+        with h5py.File(path, "r", locking=False) as file:
+            text = file.attrs.get("config")
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: cannot read the HDF5 file: {exc}") from exc
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    if not isinstance(text, str):
+        raise ConfigError(f"--config {path} is an HDF5 file without a run's `config` attribute")
+    return text
+
+
+def _kind(name: str, flag: Flag) -> tuple[str, Callable[[Any], bool]]:
+    """What a config key takes in JSON: (its words, whether a non-null value is one)."""
+    number = (int, float)
+    if flag.switch or flag.negatable:
+        return "true or false", lambda v: isinstance(v, bool)
+    if flag.choices:
+        choices = tuple(flag.choices())
+        return f"one of {', '.join(choices)}", lambda v: isinstance(v, str)
+    if flag.type is int:
+        return "an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)
+    if flag.type is float:
+        return "a number", lambda v: isinstance(v, number) and not isinstance(v, bool)
+    if name == "milestones":
+        return (
+            "a list of numbers (epochs)",
+            lambda v: (
+                isinstance(v, list)
+                and all(isinstance(m, number) and not isinstance(m, bool) for m in v)
+            ),
+        )
+    return "a string", lambda v: isinstance(v, str)
+
+
+def checked_values(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """``values`` (from ``source``, a --config file) with each known key's JSON type checked
+    against its flag: a ConfigError names the first bad key, its value and what it takes (numbers
+    written as strings included). Float flags' integers become floats, as the command line parses
+    them; unknown keys are left to RunConfig.from_dict."""
+    fields = {f.name: (f, flag) for f, flag in run_config.FLAGS}
+    checked = dict(values)
+    for key, value in values.items():
+        if key == "extra" and not isinstance(value, dict):
+            raise ConfigError(f'{source}: "extra" is {json.dumps(value)}; it takes a JSON object')
+        if key not in fields:
+            continue
+        f, flag = fields[key]
+        words, fits = _kind(key, flag)
+        nullable = "None" in str(f.type)
+        if value is None and nullable:
+            continue
+        if value is None or not fits(value):
+            hint = ""
+            if isinstance(value, str) and flag.type in (int, float) and _is_number(value):
+                hint = f" (write {value} without quotes)"
+            takes = words + (" or null" if nullable else "")
+            raise ConfigError(
+                f"{source}: {json.dumps(key)} is {json.dumps(value)}; it takes {takes}{hint}"
+            )
+        if flag.type is float:
+            checked[key] = float(value)
+    return checked
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from relaympi.costs import TIMERS, hardware_label, median, time_to_accuracy
+from relaympi.costs import TIMERS, StepCosts, hardware_label, median, time_to_accuracy
 from relaympi.report.cells import row_labels
 from relaympi.report.summary import ReportSettings, RunSummary
 from relaympi.report.tables import (
@@ -48,9 +48,9 @@ PER_STEP_TEXT = (
     "update; wait_ms: "
     "the per-step stop agreement. bytes_per_step: bytes each worker sent per step over "
     "the run, mean over "
-    "workers and seeds (_max: the largest worker); inter_node_bytes_per_step: '-' where "
-    "runs do not record "
-    "it. samples_per_s: workers x batch size / step_ms. time_to_target_s: wall time "
+    "workers and seeds (_max: the largest worker); inter_node_bytes_per_step: the same for "
+    "bytes sent to workers on other nodes ('-' for run files written before it was recorded)"
+    ". samples_per_s: workers x batch size / step_ms. time_to_target_s: wall time "
     "(evaluations included) "
     "at the first evaluation where the worst worker's test accuracy is at or above the "
     "target, mean over the "
@@ -106,23 +106,27 @@ def _fmt(value: float, spec: str) -> str:
     return "" if value is None or not math.isfinite(value) else format(value, spec)
 
 
-# algorithms whose communication is a collective: bytes_sent does not count collectives
-# (relaympi.comm)
+# algorithms whose communication is a collective: run files written before its messages were
+# counted (those without inter_node_bytes_sent) record 0 bytes_sent for it
 COLLECTIVE_ALGOS = ("allreduce",)
 COLLECTIVE_NOTE = (
-    "All-reduce's bytes columns are empty: bytes_sent counts point-to-point messages only, not the "
-    "MPI_Allreduce collective (a ring all-reduce sends about 2(n-1)/n times the model per "
-    "worker per step)."
+    "All-reduce's bytes columns are empty for run files written before its messages were counted "
+    "(no inter_node_bytes_sent): they record 0 bytes for the collective (its fixed tree sends "
+    "about 2(n-1)/n times the model per worker per step)."
 )
+
+
+def _uncounted(costs: StepCosts) -> bool:
+    """A collective's costs from a run file that did not count its messages."""
+    return costs.inter_node_bytes_per_step is None
 
 
 def experiment_record(runs: Sequence[RunSummary], target: float | None) -> dict[str, Any]:
     """The cost columns (COLUMNS) of one experiment's seeds on one hardware."""
     measured = [r.costs for r in runs if r.costs is not None]
-    if runs[0].algo in COLLECTIVE_ALGOS:  # its zero bytes_sent is "not counted", not "nothing sent"
+    if runs[0].algo in COLLECTIVE_ALGOS:  # an old file's zero is "not counted", not "nothing sent"
         measured = [
-            dataclasses.replace(c, bytes_per_step=None, inter_node_bytes_per_step=None)
-            for c in measured
+            dataclasses.replace(c, bytes_per_step=None) if _uncounted(c) else c for c in measured
         ]
     record: dict[str, Any] = {"step_ms": median([c.step_ms for c in measured])}
     for name in TIMERS:
@@ -237,7 +241,9 @@ def cost_table(
             (r.time_s, r.curve) for r in group if r.time_s is not None and r.curve is not None
         ]
         table.paths.update(r.path for r in group)
-    if any(row[1] in COLLECTIVE_ALGOS for row, _, _ in experiments):
+    if any(
+        r.algo in COLLECTIVE_ALGOS and r.costs is not None and _uncounted(r.costs) for r in runs
+    ):
         table.notes.append(COLLECTIVE_NOTE)
     return table
 

@@ -42,6 +42,11 @@ def cost_lines(run: Run, target: float | None = None) -> list[str]:
                 f"bytes/step {np.mean(per_step.bytes_per_step):.4g} (max worker "
                 f"{np.max(per_step.bytes_per_step):.4g})"
             )
+        if per_step.inter_node_bytes_per_step is not None:
+            parts.append(
+                f"inter-node bytes/step {np.mean(per_step.inter_node_bytes_per_step):.4g} (max "
+                f"worker {np.max(per_step.inter_node_bytes_per_step):.4g})"
+            )
         lines.append(
             f"cost per step (median over {per_step.intervals} evaluation interval(s) and workers): "
             + ", ".join(parts)

@@ -7,6 +7,10 @@ import numpy as np
 # A worker "ends at chance" when its accuracy is below this many times 1/num_classes (10% for
 # ten classes): it learned nothing, often because the default lr does not suit the run.
 CHANCE_FACTOR = 1.5
+# ... judged only once the run's last evaluation follows this many epochs of training: before one
+# pass over the training set a worker may still be near chance whatever its lr (at step 0 every
+# model is untrained), so a run stopped or ended earlier is too short to judge
+CHANCE_AFTER_EPOCHS = 1.0
 
 
 def workers_at_chance(accuracy: np.ndarray, num_classes: int | None) -> list[int]:

@@ -16,6 +16,10 @@ TERMINAL_STATUSES = ("completed", "diverged", "failed", "preempted")
 FINISHED_STATUSES = ("completed", "diverged")  # results that must not be overwritten by accident
 RESUMABLE_STATUSES = ("running", "preempted", "failed")
 
+# per-evaluation datasets added to version 1 after its first files: a run resumed in an older file
+# goes on without them (the file's datasets stay as it was created)
+ADDED_DATASETS = ("inter_node_bytes_sent",)
+
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 STRING_DTYPE = h5py.string_dtype("utf-8")
 

@@ -7,7 +7,7 @@ import fcntl
 import json
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -169,6 +169,13 @@ class RunWriter:
             run_id if isinstance(run_id, str) else None
         )  # None: a file from before run ids
         self._datasets: dict[str, h5py.Dataset] = row_datasets(file)
+        self._left_out: frozenset[str] = frozenset()
+
+    def leave_out_if_absent(self, names: Iterable[str]) -> None:
+        """Rows appended from now on leave out those of ``names`` the file's datasets lack (a run
+        resumed in a file written before they were recorded keeps the file's datasets)."""
+        if self._datasets:
+            self._left_out = frozenset(name for name in names if name not in self._datasets)
 
     @classmethod
     def create(
@@ -340,6 +347,8 @@ class RunWriter:
         """
         if "step" not in rows:
             raise KeyError("every row needs a 'step'")
+        if self._left_out:
+            rows = {name: value for name, value in rows.items() if name not in self._left_out}
         values = {name: np.asarray(value) for name, value in rows.items()}
         counts = {value.shape[0] if value.ndim else -1 for value in values.values()}
         if len(counts) != 1 or -1 in counts:

@@ -155,6 +155,14 @@ def check_model_dir(model_dir: Path | None) -> Path:
     return model_dir
 
 
+def _data_dir(options: TaskOptions) -> Path:
+    if options.data_dir is None:
+        raise TaskError(
+            f"task agnews needs --data-dir DIR with DIR/train.csv and DIR/test.csv ({_CSV_HINT})"
+        )
+    return Path(options.data_dir)
+
+
 class _TokenizedSplit:
     """Token ids of every text, padded to the longest text, plus each text's length."""
 
@@ -205,14 +213,20 @@ class AgNewsTask(ClassificationTask):
     default_topology_by_algo: ClassVar[dict[str, str]] = {"relay": "chain"}
     max_length: ClassVar[int] = 128  # tokens per text, including [CLS] and [SEP]
 
+    @classmethod
+    def check_data(cls, options: TaskOptions) -> None:
+        data_dir = _data_dir(options)
+        check_model_dir(options.model_dir)
+        for name in ("train.csv", "test.csv"):
+            if not (data_dir / name).is_file():
+                raise TaskError(
+                    f"{data_dir / name} not found; expected {_CSV_HINT}. "
+                    f"{fetch_hint('agnews', data_dir)}"
+                )
+
     def __init__(self, options: TaskOptions):
         super().__init__(options)
-        if options.data_dir is None:
-            raise TaskError(
-                "task agnews needs --data-dir DIR with DIR/train.csv and DIR/test.csv "
-                f"({_CSV_HINT})"
-            )
-        data_dir = Path(options.data_dir)
+        data_dir = _data_dir(options)
         self.model_dir = check_model_dir(options.model_dir)
         train_texts, train_labels = read_agnews_csv(data_dir / "train.csv")
         test_texts, test_labels = read_agnews_csv(data_dir / "test.csv")

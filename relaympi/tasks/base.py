@@ -110,6 +110,11 @@ class Task(ABC):
         loads itself). A bad option is a ValueError."""
         return options, None
 
+    @classmethod  # noqa: B027 - a task without data files has nothing to check
+    def check_data(cls, options: TaskOptions) -> None:
+        """Raise TaskError unless the files this task reads are where ``options`` say (their
+        presence only, nothing loaded): a run checks it before it warns or writes anything."""
+
     @classmethod
     def model_bytes(cls, settled: dict[str, Any], problem: Any) -> int | None:
         """Bytes of one worker's flat model where the class tells them before any data loads

@@ -115,6 +115,10 @@ class Cifar10Task(ClassificationTask):
         return seeded(seed, lambda: VGG11(NUM_CLASSES)).to(self.options.device)
 
     @classmethod
+    def check_data(cls, options: TaskOptions) -> None:
+        find_cifar10(options.data_dir)
+
+    @classmethod
     def model_bytes(cls, settled: dict[str, Any], problem: Any) -> int:
         return parameter_bytes(lambda: VGG11(NUM_CLASSES))
 
@@ -210,6 +214,16 @@ def load_cifar10(data_dir: Path | str | None) -> tuple[Split, Split]:
     directly in ``data_dir``), then the python version (``cifar-10-batches-py/``, or its
     files directly in ``data_dir``). Files may hold any whole number of records.
     """
+    paths, read = find_cifar10(data_dir)
+    train = [read(path) for path in paths[:-1]]
+    images = np.concatenate([batch[0] for batch in train])
+    labels = np.concatenate([batch[1] for batch in train])
+    return (images, labels), read(paths[-1])
+
+
+def find_cifar10(data_dir: Path | str | None) -> tuple[list[Path], Any]:
+    """(the training batches' paths then the test batch's, their reader) of the first complete
+    layout in ``data_dir`` (load_cifar10's order); TaskError naming what is missing."""
     if data_dir is None:
         raise TaskError(f"the cifar10 task needs --data-dir. {_where_to_get_it(None)}")
     data_dir = Path(data_dir)
@@ -226,10 +240,7 @@ def load_cifar10(data_dir: Path | str | None) -> tuple[Split, Split]:
     for directory, train_names, test_name, read in layouts:
         paths = [directory / name for name in (*train_names, test_name)]
         if all(path.is_file() for path in paths):
-            train = [read(path) for path in paths[:-1]]
-            images = np.concatenate([batch[0] for batch in train])
-            labels = np.concatenate([batch[1] for batch in train])
-            return (images, labels), read(paths[-1])
+            return paths, read
     raise TaskError(
         f"no complete CIFAR-10 copy in {data_dir}{_missing(layouts)}. {_where_to_get_it(data_dir)}"
     )

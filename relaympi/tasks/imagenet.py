@@ -231,12 +231,13 @@ class ImageNetTask(ClassificationTask):
     image_size: ClassVar[int] = 224  # training crop and evaluation crop, pixels
     resize_size: ClassVar[int] = 256  # evaluation: shorter side before the centre crop
 
-    def __init__(self, options: TaskOptions):
-        super().__init__(options)
-        if self.resize_size < self.image_size:
-            raise ValueError(
-                f"resize_size must be >= image_size, got {self.resize_size} < {self.image_size}"
-            )
+    @classmethod
+    def check_data(cls, options: TaskOptions) -> None:
+        cls._root(options)
+
+    @staticmethod
+    def _root(options: TaskOptions) -> Path:
+        """--data-dir, once it holds the train and val folders (TaskError otherwise)."""
         if options.data_dir is None:
             raise TaskError(f"task imagenet needs --data-dir DIR with {_LAYOUT}")
         root = Path(options.data_dir)
@@ -252,6 +253,15 @@ class ImageNetTask(ClassificationTask):
                     f"{root / split} is not a directory; expected {_LAYOUT}{hint}. "
                     f"{fetch_hint('imagenet', root)}"
                 )
+        return root
+
+    def __init__(self, options: TaskOptions):
+        super().__init__(options)
+        if self.resize_size < self.image_size:
+            raise ValueError(
+                f"resize_size must be >= image_size, got {self.resize_size} < {self.image_size}"
+            )
+        root = self._root(options)
         self._classes = _class_dirs(root / "train")
         if not self._classes:
             raise TaskError(f"{root / 'train'} holds no class folders; expected {_LAYOUT}")

@@ -60,13 +60,18 @@ def device_memory(x: torch.Tensor) -> dict[str, float]:
 
 
 def worker_record(
-    workload: Workload, train_loss: float, bytes_sent: float, timers: Timers
+    workload: Workload,
+    train_loss: float,
+    bytes_sent: float,
+    timers: Timers,
+    inter_node_bytes_sent: float,
 ) -> dict[str, float]:
     """This worker's values at an evaluation, by column name (the same names on every worker)."""
     return {
         "train_loss": train_loss,
         **workload.evaluate(),
         "bytes_sent": bytes_sent,
+        "inter_node_bytes_sent": inter_node_bytes_sent,
         **timers.record(),
         **device_memory(workload.x),
     }
@@ -99,9 +104,10 @@ class Evaluator:
         """Collective: every rank calls it at the same steps. Rank 0 appends the row to ``writer``
         (its
         RunWriter) and returns it."""
-        columns = gather_record(
-            self.comm, worker_record(self.workload, train_loss, bytes_sent, timers)
+        record = worker_record(
+            self.workload, train_loss, bytes_sent, timers, float(self.comm.inter_node_bytes())
         )
+        columns = gather_record(self.comm, record)
         params = (
             self.comm.gather_rows(self.workload.x.detach().cpu().numpy())
             if self.workload.reports_params

@@ -3,6 +3,7 @@ summary."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from relaympi import provenance
-from relaympi.config import ConfigError
+from relaympi.config import ConfigError, experiment_settings
 from relaympi.results import (
     CHANCE_FACTOR,
     FINISHED_STATUSES,
@@ -27,6 +28,8 @@ from relaympi.results import (
     unstable_text,
     workers_at_chance,
 )
+from relaympi.results.quality import CHANCE_AFTER_EPOCHS
+from relaympi.results.schema import ADDED_DATASETS
 from relaympi.training.checkpoint_files import CheckpointWriteError
 from relaympi.training.plan import Plan
 
@@ -58,9 +61,10 @@ def close_quietly(writer: RunWriter) -> None:
         log.error("%s", exc)
 
 
-def check_out(out: Path, overwrite: bool) -> None:
+def check_out(out: Path, overwrite: bool, plan: Plan | None = None) -> None:
     """Refuse (ConfigError) an --out this run may not replace, before anything is written: --out
-    replaces only run files (a finished one, or a damaged one, only with --overwrite)."""
+    replaces only run files (a finished one, a damaged one, or a preempted run of another
+    configuration than ``plan``'s, only with --overwrite)."""
     kind = file_kind(out)
     if kind == "other":
         raise ConfigError(
@@ -75,6 +79,27 @@ def check_out(out: Path, overwrite: bool) -> None:
         )
     if kind == "run" and not overwrite and run_status(out) in FINISHED_STATUSES:
         raise ConfigError(f"{out} already holds a finished run; pass --overwrite to replace it")
+    if kind == "run" and not overwrite and plan is not None and run_status(out) == "preempted":
+        differ = _differences(read_run(out).config, plan)
+        if differ:
+            raise ConfigError(
+                f"{out} holds a preempted run of another configuration ({differ}); pass "
+                "--overwrite to replace it, or choose another --out"
+            )
+
+
+def _differences(saved: dict[str, Any], plan: Plan) -> str:
+    """How the experiment in a run file's ``saved`` config differs from ``plan``'s ('' if it does
+    not): its settings (relaympi.config.experiment_settings) and its worker count."""
+    mine = plan.cfg.to_dict() | {"world_size": plan.world_size}
+    theirs, ours = experiment_settings(saved), experiment_settings(mine)
+    theirs["world_size"], ours["world_size"] = saved.get("world_size"), plan.world_size
+    keys = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+    words = [
+        f"{key} {json.dumps(theirs.get(key))} there, {json.dumps(ours.get(key))} here"
+        for key in keys[:3]
+    ]
+    return "; ".join(words) + (f"; and {len(keys) - 3} more" if len(keys) > 3 else "")
 
 
 def writer_factory(plan: Plan, out: Path, command: str) -> Any:
@@ -85,7 +110,10 @@ def writer_factory(plan: Plan, out: Path, command: str) -> Any:
     ) -> RunWriter:
         try:
             if start_step > 0 and run_status(out) in RESUMABLE_STATUSES:
-                return RunWriter.reopen(out, resume_step=start_step - 1)
+                writer = RunWriter.reopen(out, resume_step=start_step - 1)
+                writer.leave_out_if_absent(ADDED_DATASETS)
+                return writer
+            out.parent.mkdir(parents=True, exist_ok=True)  # only now: a refused run writes nothing
             writer = RunWriter.create(
                 out,
                 config=plan.cfg.to_dict()
@@ -210,7 +238,9 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
                 f"{acc.mean():.4f}"
             )
         num_classes = run.attrs.get("num_classes")
-        chance = workers_at_chance(acc, num_classes)
+        # judged only after some training: any model is near chance before (step 0 is untrained)
+        trained = float(run.data["epoch"][-1]) >= CHANCE_AFTER_EPOCHS
+        chance = workers_at_chance(acc, num_classes) if trained else []
         if chance:
             assert num_classes is not None  # none are at chance without a number of classes
             line += (

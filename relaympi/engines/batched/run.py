@@ -153,7 +153,7 @@ def run_batched(
 
     ``stop`` is the event the SIGTERM/SIGUSR1 handler sets (checkpoint at the next step boundary,
     then "preempted"). ``make_optimizer(config, X)`` and ``make_algorithm(algo, topology, optimizer,
-    X0, options, drops)`` are relaympi.batched's (tests pass stand-ins); an algorithm's
+    X0, options, drops, nodes=...)`` are relaympi.batched's (tests pass stand-ins); an algorithm's
     ``bytes_sent`` is a numpy int64 array [N] or [N, N] (by destination) of the bytes message
     passing would send.
     """
@@ -194,6 +194,7 @@ class BatchedRun(TrainingLoop):
             self.engine.X,
             plan.algorithm_options,
             plan.drops,
+            nodes=plan.nodes or None,
         )
         self.checkpoints = Checkpoints(cfg, self.out, 0, self.n, engine=BACKEND, nodes=plan.nodes)
         self.check_lag = check_lag(self.device)
@@ -246,11 +247,21 @@ class BatchedRun(TrainingLoop):
             **row_header(self.schedule, step, self.elapsed()),
             "train_loss": np.asarray(train_loss, dtype=np.float64),
             "bytes_sent": self._bytes_per_worker(),
+            "inter_node_bytes_sent": self._inter_node_bytes_per_worker(),
             **shared,
             **self.engine.metrics(),
         }
         self.writer.append(row)
         self.log_evaluation(row, self.n)
+
+    def _inter_node_bytes_per_worker(self) -> np.ndarray:
+        """Bytes each worker sent so far to workers on other nodes (Communicator.inter_node_bytes's
+        sum); NaN for a counter without destinations ([N]) where the workers span nodes."""
+        sent = np.asarray(self.algorithm.bytes_sent, dtype=np.float64)
+        nodes = np.asarray(self.plan.nodes or (0,) * self.n)
+        if sent.ndim == 2:
+            return (sent * (nodes[:, None] != nodes[None, :])).sum(axis=1)
+        return np.full(self.n, np.nan if len(set(nodes.tolist())) > 1 else 0.0)
 
     def _bytes_per_worker(self) -> np.ndarray:
         """Bytes each worker sent so far ([N], or [N, N] by destination as Communicator.bytes_sent,
