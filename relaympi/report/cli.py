@@ -23,7 +23,8 @@ from relaympi.report.format import (
 )
 from relaympi.report.summary import DATASETS, ReportSettings, RunSummary, summarize
 from relaympi.report.tables import Table, all_tables, untabulated
-from relaympi.results import RunFileError, read_run
+from relaympi.results import RunFileError
+from relaympi.results.bounded import read_runs, read_timeout
 
 PROG = "python -m relaympi.report"
 
@@ -65,17 +66,18 @@ def load_all(
 ) -> tuple[list[RunSummary], list[RunSummary], list[Problem]]:
     """(runs for the accuracy tables, runs for the cost tables, problems). A duplicate (same
     configuration and seed) made on other hardware or launch shape stays out of the accuracy
-    tables but goes into the cost table of its hardware: its times are a result of their own."""
+    tables but goes into the cost table of its hardware: its times are a result of their own.
+
+    Each file is read in a worker process with a time limit (relaympi.results.bounded): a file
+    too damaged to read in that time is a problem, never a report that does not end."""
     runs: list[RunSummary] = []
     cost_runs: list[RunSummary] = []
     problems: list[Problem] = []
     seen: dict[tuple, Path] = {}
     seen_on: set[tuple] = set()
-    for path in files:
-        try:
-            run = read_run(path, datasets=DATASETS)
-        except RunFileError as error:
-            problems.append((path, error.reason))
+    for path, run in read_runs(files, datasets=DATASETS):
+        if isinstance(run, RunFileError):
+            problems.append((path, run.reason))
             continue
         if run.status not in ("completed", "diverged"):
             problems.append((path, _unfinished_reason(run)))
@@ -218,6 +220,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         parser.error(f"--target must be positive, got {args.target}")
     if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
         parser.error(f"--target-accuracy must be in (0, 1], got {args.target_accuracy:g}")
+    try:
+        read_timeout()
+    except ValueError as error:
+        parser.error(str(error))
     if not args.last_epochs > 0:
         parser.error(f"--last-epochs must be positive, got {args.last_epochs}")
     keys = run_file_config_keys()
