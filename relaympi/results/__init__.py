@@ -26,6 +26,7 @@ from relaympi.results.quality import (
 from relaympi.results.reader import Run, file_kind, read_run, run_status
 from relaympi.results.schema import (
     FINISHED_STATUSES,
+    PROBLEM_DIGEST_ATTR,
     RESUMABLE_STATUSES,
     SCHEMA_VERSION,
     STATUSES,
@@ -39,6 +40,7 @@ __all__ = [
     "CHANCE_FACTOR",
     "FINISHED_STATUSES",
     "OWN_TARGET_FRACTION",
+    "PROBLEM_DIGEST_ATTR",
     "RESUMABLE_STATUSES",
     "SCHEMA_VERSION",
     "STATUSES",

@@ -16,6 +16,10 @@ TERMINAL_STATUSES = ("completed", "diverged", "failed", "preempted")
 FINISHED_STATUSES = ("completed", "diverged")  # results that must not be overwritten by accident
 RESUMABLE_STATUSES = ("running", "preempted", "failed")
 
+# root attribute of a quadratics run: the problem's digest (relaympi.tasks.quadratics), the same
+# whether the run generated the problem or read it from --problem-file
+PROBLEM_DIGEST_ATTR = "problem_sha256"
+
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 STRING_DTYPE = h5py.string_dtype("utf-8")
 

@@ -14,6 +14,7 @@ from relaympi.config import ConfigError
 from relaympi.results import (
     CHANCE_FACTOR,
     FINISHED_STATUSES,
+    PROBLEM_DIGEST_ATTR,
     RESUMABLE_STATUSES,
     NotARunFileError,
     RunExistsError,
@@ -99,6 +100,8 @@ def writer_factory(plan: Plan, out: Path, command: str) -> Any:
                 overwrite=plan.cfg.overwrite,
             )
             writer.set_topology(run_topology(plan))
+            if plan.problem is not None:  # quadratics: the problem, however it was made
+                writer.set_attrs(**{PROBLEM_DIGEST_ATTR: plan.problem.digest()})
             return writer
         except NotARunFileError as exc:
             raise ConfigError(
