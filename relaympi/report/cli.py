@@ -21,9 +21,15 @@ from relaympi.report.format import (
     render_problems,
     table_csv,
 )
-from relaympi.report.summary import DATASETS, ReportSettings, RunSummary, summarize
+from relaympi.report.summary import (
+    DATASETS,
+    ReportSettings,
+    RunSummary,
+    generated_problems,
+    summarize,
+)
 from relaympi.report.tables import Table, all_tables, untabulated
-from relaympi.results import RunFileError
+from relaympi.results import Run, RunFileError
 from relaympi.results.bounded import read_runs, read_timeout
 
 PROG = "python -m relaympi.report"
@@ -72,20 +78,25 @@ def load_all(
     too damaged to read in that time is a problem, never a report that does not end."""
     runs: list[RunSummary] = []
     cost_runs: list[RunSummary] = []
-    problems: list[Problem] = []
+    problems: list[tuple[int, Problem]] = []  # with the file's place, to list them in its order
+    finished: list[tuple[int, Run]] = []
+    for index, (path, run) in enumerate(read_runs(files, datasets=DATASETS)):
+        if isinstance(run, RunFileError):
+            problems.append((index, (path, run.reason)))
+        elif run.status not in ("completed", "diverged"):
+            problems.append((index, (path, _unfinished_reason(run))))
+        else:
+            finished.append((index, run))
+    # a quadratics run on a problem file joins the runs that generated that problem
+    generated = generated_problems([run for _, run in finished])
     seen: dict[tuple, Path] = {}
     seen_on: set[tuple] = set()
-    for path, run in read_runs(files, datasets=DATASETS):
-        if isinstance(run, RunFileError):
-            problems.append((path, run.reason))
-            continue
-        if run.status not in ("completed", "diverged"):
-            problems.append((path, _unfinished_reason(run)))
-            continue
+    for index, run in finished:
+        path = run.path
         try:
-            summary = summarize(run, settings)
+            summary = summarize(run, settings, generated)
         except (ValueError, TypeError, KeyError) as error:
-            problems.append((path, f"cannot summarize: {error}"))
+            problems.append((index, (path, f"cannot summarize: {error}")))
             continue
         other_hardware = (summary.identity, summary.hardware) not in seen_on
         if other_hardware:
@@ -99,20 +110,23 @@ def load_all(
             )
             problems.append(
                 (
-                    path,
-                    f"duplicate of {seen[summary.identity]} (same configuration and "
-                    f"seed); {ignored}"
-                    + (
-                        "; this run is unstable, so the two may differ beyond rounding"
-                        if summary.unstable
-                        else ""
+                    index,
+                    (
+                        path,
+                        f"duplicate of {seen[summary.identity]} (same configuration"
+                        f"{', problem' if summary.problem else ''} and seed); {ignored}"
+                        + (
+                            "; this run is unstable, so the two may differ beyond rounding"
+                            if summary.unstable
+                            else ""
+                        ),
                     ),
                 )
             )
             continue
         seen[summary.identity] = path
         runs.append(summary)
-    return runs, cost_runs, problems
+    return runs, cost_runs, [problem for _, problem in sorted(problems, key=lambda p: p[0])]
 
 
 def write_outputs(
