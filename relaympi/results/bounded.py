@@ -95,8 +95,8 @@ def _context() -> Any:
     `python -m relaympi.results`'s case): a copy of it, with HDF5 loaded and no file open, ready at
     once. Elsewhere a fork could copy a lock that another thread holds, so "forkserver" (workers
     forked from a clean server that preloads the reader) or, without it, "spawn"; both import the
-    caller's main module afresh in each worker, so a script that calls this needs the
-    ``if __name__ == "__main__":`` guard."""
+    caller's main module afresh in each worker, so a script that calls this needs the usual
+    guard of its main code (multiprocessing's "safe importing of main module")."""
     methods = multiprocessing.get_all_start_methods()
     if "fork" in methods and threading.active_count() == 1:
         return multiprocessing.get_context("fork")
