@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from relaympi.config import run_file_config_keys
+from relaympi.report.cells import RowLabels
 from relaympi.report.cost import TARGET_FRACTION, cost_tables
 from relaympi.report.format import (
     FORMATS,
@@ -265,9 +266,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         return 1
     runs, cost_runs, problems = load_all(files, settings)
     diverged = sum(r.status == "diverged" for r in runs)
-    tables = all_tables(runs, settings)
+    labels = RowLabels([*runs, *cost_runs])  # one label per row, in every table and plot
+    tables = all_tables(runs, settings, labels)
     left_out = untabulated(runs, tables)
-    tables += cost_tables(cost_runs, settings)
+    tables += cost_tables(cost_runs, settings, labels)
     summary = (
         f"{len(files)} run file(s): {len(runs) - diverged} completed, {diverged} diverged, "
         f"{len(problems)} with problems"
