@@ -1,4 +1,5 @@
-"""The report's labels: one per run in every table and plot, never Python's None."""
+"""The report's labels: one per run in every table and plot, never Python's None; and plots whose
+legend covers neither the title, the caption nor most of the axes."""
 
 from __future__ import annotations
 
@@ -99,3 +100,82 @@ def test_labels_never_print_none(placed: Path, capsys: pytest.CaptureFixture) ->
     text = capsys.readouterr().out
     assert "None" not in text
     assert "RelaySGD, placement=ranks" in text
+
+
+ALGOS = (
+    ("allreduce", "fully-connected"),
+    ("relay", "double-binary-trees"),
+    ("relay-grad", "double-binary-trees"),
+    ("dpsgd", "ring"),
+    ("qgm", "ring"),
+    ("d2", "ring"),
+    ("gt", "ring"),
+    ("sgp", "exponential"),
+    ("relay", "edge-list:/home/someone/experiments/topologies/a_rather_long_chain.txt"),
+)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Many series with long labels: every algorithm at two alphas and two worker counts, with
+    costs (for the accuracy-over-time plots), and RelaySGD placed three ways."""
+    root = tmp_path_factory.mktemp("sweep")
+    rng = np.random.default_rng(0)
+    for index, (algo, topology) in enumerate(ALGOS):
+        for alpha in (1.0, 0.1):
+            for n in (4, 8):
+                rf.write_classification_run(
+                    root / f"{index}_{algo}_{alpha}_{n}.h5",
+                    np.clip(
+                        _accuracy(0.6 + 0.03 * index, n) + rng.normal(0, 0.02, (EVALS, n)), 0, 1
+                    ),
+                    algo=algo,
+                    topology=topology,
+                    alpha=alpha,
+                    costs={"time_s": np.arange(EVALS) * (1 + 0.1 * index)},
+                )
+    for path in _write_placed(tmp_path_factory.mktemp("placed")).glob("relay_*.h5"):
+        path.rename(root / path.name)
+    return root
+
+
+def _overlap(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_legends_cover_neither_title_caption_nor_axes(
+    sweep: Path, tmp_path: Path, monkeypatch
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from relaympi.report.plots import write_plots
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep each figure for inspection
+    paths = write_plots(_tables(sweep), tmp_path)
+    kinds = {p.name.split("_")[0] for p in paths}
+    assert kinds == {"accuracy", "curves", "scaling", "time"}, sorted(p.name for p in paths)
+    for path, fig in zip(paths, figures, strict=True):
+        renderer = fig.canvas.get_renderer()
+        fig.canvas.draw()
+        (ax,) = fig.axes
+        (legend,) = fig.legends
+        whole = fig.bbox
+        boxes = {
+            "title": fig._suptitle.get_window_extent(renderer),
+            "caption": ax.title.get_window_extent(renderer),
+            "axes": ax.get_tightbbox(renderer),
+            "legend": legend.get_window_extent(renderer),
+        }
+        for name, box in boxes.items():  # nothing is clipped by the figure's edge
+            assert whole.x0 <= box.x0 and box.x1 <= whole.x1 + 1, (path.name, name)
+            assert whole.y0 <= box.y0 and box.y1 <= whole.y1 + 1, (path.name, name)
+        for name in ("title", "caption", "axes"):
+            assert not _overlap(boxes["legend"], boxes[name]), (path.name, name)
+        assert not _overlap(boxes["caption"], boxes["title"]), path.name
+        # long labels do not shrink the axes: they keep most of the figure's width
+        assert ax.get_window_extent(renderer).width > 0.75 * whole.width, path.name
+        assert len(legend.get_texts()) >= 9
