@@ -14,7 +14,8 @@ when there is none, 2 on a usage error. `python -m benchmarks.report` is the sam
 Modules, from the run files up: summary (one run file as a RunSummary, the report's settings),
 cells (the seeds of one configuration and the rows of a table), tables (the paper's tables),
 cost (time and bytes per step, wall time to a target accuracy), format (text, markdown, CSV and
-LaTeX), plots (PNG figures of the tables), cli (the command line).
+LaTeX), plots (PNG figures of the tables), html (the whole report as one self-contained page,
+OUTDIR/index.html with --out), cli (the command line).
 """
 
 from relaympi.report.cli import find_run_files, load_runs, main

@@ -22,6 +22,7 @@ from relaympi.report.format import (
     render_problems,
     table_csv,
 )
+from relaympi.report.html import write_page
 from relaympi.report.summary import (
     DATASETS,
     ReportSettings,
@@ -131,8 +132,14 @@ def load_all(
 
 
 def write_outputs(
-    tables: Sequence[Table], problems: Sequence[Problem], out_dir: Path, plots: bool
+    tables: Sequence[Table],
+    problems: Sequence[Problem],
+    out_dir: Path,
+    plots: bool,
+    summary: str = "",
 ) -> list[Path]:
+    """Every table as CSV and LaTeX, the problems, the PNG plots (``plots``) and the whole report
+    as one HTML page, index.html (``summary``: its first line), into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for table in tables:
@@ -144,10 +151,14 @@ def write_outputs(
         path = out_dir / "problems.txt"
         path.write_text(render_problems(problems, "text") + "\n", encoding="utf-8")
         written.append(path)
+    figures: dict[str, list[Path]] = {}
     if plots:
-        from relaympi.report.plots import write_plots
+        from relaympi.report.plots import table_plots
 
-        written += write_plots(tables, out_dir)
+        for table in tables:
+            figures[table.name] = table_plots(table, out_dir)
+            written += figures[table.name]
+    written.append(write_page(tables, problems, summary, out_dir, figures))
     return written
 
 
@@ -183,9 +194,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--out",
         type=Path,
         metavar="OUTDIR",
-        help="also write every table as CSV and LaTeX, and PNG plots, into OUTDIR",
+        help="also write every table as CSV and LaTeX, PNG plots, and the whole report as one "
+        "self-contained HTML page (OUTDIR/index.html), into OUTDIR",
     )
-    parser.add_argument("--no-plots", action="store_true", help="with --out: skip the PNG plots")
+    parser.add_argument(
+        "--no-plots", action="store_true", help="with --out: skip the PNG plots (and the page's)"
+    )
     parser.add_argument(
         "--target",
         type=float,
@@ -250,7 +264,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         )
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         parser.error(
-            f"--out {args.out} is a file; --out takes a directory for the CSV, LaTeX and PNG files"
+            f"--out {args.out} is a file; --out takes a directory for the CSV, LaTeX, PNG and "
+            "HTML files"
         )
     settings = ReportSettings(
         last_epochs=args.last_epochs,
@@ -280,7 +295,9 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     sys.stdout.write(render(tables, problems, args.format, summary))
     if args.out is not None:
         try:
-            written = write_outputs(tables, problems, args.out, plots=not args.no_plots)
+            written = write_outputs(
+                tables, problems, args.out, plots=not args.no_plots, summary=summary
+            )
         except OSError as error:
             parser.error(f"--out {args.out}: cannot write there ({error})")
         print(f"wrote {len(written)} file(s) to {args.out}", file=sys.stderr)

@@ -312,26 +312,29 @@ def _plain_log_ticks(axis) -> None:
     axis.set_minor_formatter(_null_formatter())
 
 
-def write_plots(tables: Sequence[Table], out_dir: Path) -> list[Path]:
+def table_plots(table: Table, out_dir: Path) -> list[Path]:
+    """The PNG plots of one table, written into ``out_dir`` (none for the learning-rate tables)."""
     paths: list[Path] = []
-    for table in tables:
-        if table.kind == "accuracy":
-            paths += plot_curves(table, out_dir)
-            path = plot_series(
-                table, out_dir, "alpha (Dirichlet heterogeneity)", "test accuracy (%)", logx=True
-            )
-        elif table.kind == "scaling":
-            path = plot_series(table, out_dir, "workers", "test accuracy (%)", logx=True)
-        elif table.kind == "robustness":
-            path = plot_series(table, out_dir, "drop probability", "test accuracy (%)", logx=False)
-        elif table.kind == "cost":
-            path = plot_time(table, out_dir)
-        elif table.kind == "quadratics":
-            path = plot_series(
-                table, out_dir, "workers", "steps to target", logx=True, logy=True, percent=False
-            )
-        else:
-            path = None
-        if path is not None:
-            paths.append(path)
-    return paths
+    if table.kind == "accuracy":
+        paths += plot_curves(table, out_dir)
+        path = plot_series(
+            table, out_dir, "alpha (Dirichlet heterogeneity)", "test accuracy (%)", logx=True
+        )
+    elif table.kind == "scaling":
+        path = plot_series(table, out_dir, "workers", "test accuracy (%)", logx=True)
+    elif table.kind == "robustness":
+        path = plot_series(table, out_dir, "drop probability", "test accuracy (%)", logx=False)
+    elif table.kind == "cost":
+        path = plot_time(table, out_dir)
+    elif table.kind == "quadratics":
+        path = plot_series(
+            table, out_dir, "workers", "steps to target", logx=True, logy=True, percent=False
+        )
+    else:
+        path = None
+    return paths if path is None else [*paths, path]
+
+
+def write_plots(tables: Sequence[Table], out_dir: Path) -> list[Path]:
+    """Every table's plots (table_plots), in the tables' order."""
+    return [path for table in tables for path in table_plots(table, out_dir)]
