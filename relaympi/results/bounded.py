@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections import deque
@@ -63,7 +64,9 @@ def _crash_reason(exitcode: int | None) -> str:
 
 def _serve(conn: Connection, fn: Callable[..., Any]) -> None:
     """A worker: call ``fn(*args)`` for each (index, args) received until None or EOF; send back
-    (index, True, result) or (index, False, reason). READY first: the file's clock starts then."""
+    (index, True, result) or (index, False, reason). READY first: the file's clock starts then.
+    Ctrl-C is the caller's to handle (it stops its workers), not each worker's to print."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         conn.send(READY)
     except (EOFError, OSError):
