@@ -219,7 +219,8 @@ def _collect(worker: _Worker, results: dict[int, tuple[bool, Any]], timeout: flo
         index, ok, value = message
     except (EOFError, OSError):
         worker.process.join()
-        results[worker.job] = (False, _crash_reason(worker.process.exitcode))
+        if worker.job is not None:
+            results[worker.job] = (False, _crash_reason(worker.process.exitcode))
         worker.job = None
         worker.stop(kill=True)
         return
@@ -239,11 +240,11 @@ def read_runs(
 ) -> Iterator[tuple[Path, Run | RunFileError]]:
     """(path, its Run or the RunFileError saying why it cannot be read) for each path, in order;
     each read in a worker process with ``timeout`` seconds (default: read_timeout())."""
-    paths = [Path(p) for p in paths]
+    files = [Path(p) for p in paths]
     limit = read_timeout() if timeout is None else timeout
     wanted = None if datasets is None else tuple(datasets)
-    outcomes = bounded_map(_read, [(path, wanted) for path in paths], limit)
-    for path, (ok, value) in zip(paths, outcomes, strict=True):
+    outcomes = bounded_map(_read, [(path, wanted) for path in files], limit)
+    for path, (ok, value) in zip(files, outcomes, strict=True):
         yield path, value if ok else RunFileError(path, value)
 
 
