@@ -191,4 +191,10 @@ def test_a_process_with_threads_reads_in_workers_that_are_not_forks_of_it(damage
     assert not isinstance(outcomes[0], RunFileError) and outcomes[0].status == "completed"
     assert isinstance(outcomes[1], RunFileError)
     assert outcomes[1].reason == bounded.timeout_reason(LIMIT)
-    assert bounded._context().get_start_method() == "fork"  # one thread again
+
+
+def test_workers_are_forks_only_of_a_single_threaded_caller(monkeypatch) -> None:
+    monkeypatch.setattr(bounded.threading, "active_count", lambda: 1)
+    assert bounded._context().get_start_method() == "fork"
+    monkeypatch.setattr(bounded.threading, "active_count", lambda: 3)
+    assert bounded._context().get_start_method() == "forkserver"
