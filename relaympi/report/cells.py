@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -246,12 +246,14 @@ def algo_label(key: tuple, momenta: set[float]) -> str:
     return ", ".join([label, *words])
 
 
-def row_labels(row_keys: Sequence[tuple]) -> dict[tuple, str]:
-    """A label per table row that tells apart every two rows of the same algorithm.
+def row_labels(row_keys: Iterable[tuple]) -> dict[tuple, str]:
+    """A label per row key that tells apart every two rows of the same algorithm.
 
     Beyond algo_label's words, a setting shows as key=value when rows of the same algorithm
-    differ in it (so "RelaySGD, epochs=20" next to "RelaySGD, epochs=10").
+    differ in it (so "RelaySGD, epochs=20" next to "RelaySGD, epochs=10"); a row without a value
+    for it (None) leaves it out, which still tells it apart from the rows that have one.
     """
+    row_keys = sorted(set(row_keys))
     momenta = {k[4] for k in row_keys}
     by_algo: dict[str, list[dict[str, str]]] = defaultdict(list)
     for key in row_keys:
@@ -264,6 +266,30 @@ def row_labels(row_keys: Sequence[tuple]) -> dict[tuple, str]:
             n for n in names if n not in _SETTING_DEFAULTS and len({row.get(n) for row in rows}) > 1
         ]
         own = dict(key[6])
-        shown = [f"{n}={own[n]}" for n in varying if n in own]
+        shown = [f"{n}={own[n]}" for n in varying if own.get(n, "None") != "None"]
         labels[key] = ", ".join([algo_label(key, momenta), *shown])
     return labels
+
+
+class RowLabels:
+    """The report's one labelling of its rows: a label per (task, row key), made from every row
+    key of the task's runs, so that a run has the same label in every table and plot (its
+    accuracy, scaling, robustness, learning-rate, quadratics and cost tables alike)."""
+
+    def __init__(self, runs: Iterable[RunSummary]) -> None:
+        keys: dict[str, set[tuple]] = defaultdict(set)
+        for run in runs:
+            keys[run.task].add(run.row_key)
+        self._labels = {
+            (task, key): label
+            for task, task_keys in keys.items()
+            for key, label in row_labels(task_keys).items()
+        }
+
+    def __call__(self, task: str, key: tuple) -> str:
+        """The row's label (its Algorithm column)."""
+        return self._labels[(task, key)]
+
+    def series(self, task: str, key: tuple) -> str:
+        """The row as one plot series: its label and topology (the table's Topology column)."""
+        return f"{self(task, key)} on {key[2]}"

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from relaympi.config import run_file_config_keys
+from relaympi.report.cells import RowLabels
 from relaympi.report.cost import TARGET_FRACTION, cost_tables
 from relaympi.report.format import (
     FORMATS,
@@ -21,9 +22,17 @@ from relaympi.report.format import (
     render_problems,
     table_csv,
 )
-from relaympi.report.summary import DATASETS, ReportSettings, RunSummary, summarize
+from relaympi.report.html import write_page
+from relaympi.report.summary import (
+    DATASETS,
+    ReportSettings,
+    RunSummary,
+    generated_problems,
+    summarize,
+)
 from relaympi.report.tables import Table, all_tables, untabulated
-from relaympi.results import RunFileError, read_run
+from relaympi.results import Run, RunFileError
+from relaympi.results.bounded import read_runs, read_timeout
 
 PROG = "python -m relaympi.report"
 
@@ -65,25 +74,31 @@ def load_all(
 ) -> tuple[list[RunSummary], list[RunSummary], list[Problem]]:
     """(runs for the accuracy tables, runs for the cost tables, problems). A duplicate (same
     configuration and seed) made on other hardware or launch shape stays out of the accuracy
-    tables but goes into the cost table of its hardware: its times are a result of their own."""
+    tables but goes into the cost table of its hardware: its times are a result of their own.
+
+    Each file is read in a worker process with a time limit (relaympi.results.bounded): a file
+    too damaged to read in that time is a problem, never a report that does not end."""
     runs: list[RunSummary] = []
     cost_runs: list[RunSummary] = []
-    problems: list[Problem] = []
+    problems: list[tuple[int, Problem]] = []  # with the file's place, to list them in its order
+    finished: list[tuple[int, Run]] = []
+    for index, (path, run) in enumerate(read_runs(files, datasets=DATASETS)):
+        if isinstance(run, RunFileError):
+            problems.append((index, (path, run.reason)))
+        elif run.status not in ("completed", "diverged"):
+            problems.append((index, (path, _unfinished_reason(run))))
+        else:
+            finished.append((index, run))
+    # a quadratics run on a problem file joins the runs that generated that problem
+    generated = generated_problems([run for _, run in finished])
     seen: dict[tuple, Path] = {}
     seen_on: set[tuple] = set()
-    for path in files:
+    for index, run in finished:
+        path = run.path
         try:
-            run = read_run(path, datasets=DATASETS)
-        except RunFileError as error:
-            problems.append((path, error.reason))
-            continue
-        if run.status not in ("completed", "diverged"):
-            problems.append((path, _unfinished_reason(run)))
-            continue
-        try:
-            summary = summarize(run, settings)
+            summary = summarize(run, settings, generated)
         except (ValueError, TypeError, KeyError) as error:
-            problems.append((path, f"cannot summarize: {error}"))
+            problems.append((index, (path, f"cannot summarize: {error}")))
             continue
         other_hardware = (summary.identity, summary.hardware) not in seen_on
         if other_hardware:
@@ -97,25 +112,34 @@ def load_all(
             )
             problems.append(
                 (
-                    path,
-                    f"duplicate of {seen[summary.identity]} (same configuration and "
-                    f"seed); {ignored}"
-                    + (
-                        "; this run is unstable, so the two may differ beyond rounding"
-                        if summary.unstable
-                        else ""
+                    index,
+                    (
+                        path,
+                        f"duplicate of {seen[summary.identity]} (same configuration"
+                        f"{', problem' if summary.problem else ''} and seed); {ignored}"
+                        + (
+                            "; this run is unstable, so the two may differ beyond rounding"
+                            if summary.unstable
+                            else ""
+                        ),
                     ),
                 )
             )
             continue
         seen[summary.identity] = path
         runs.append(summary)
-    return runs, cost_runs, problems
+    return runs, cost_runs, [problem for _, problem in sorted(problems, key=lambda p: p[0])]
 
 
 def write_outputs(
-    tables: Sequence[Table], problems: Sequence[Problem], out_dir: Path, plots: bool
+    tables: Sequence[Table],
+    problems: Sequence[Problem],
+    out_dir: Path,
+    plots: bool,
+    summary: str = "",
 ) -> list[Path]:
+    """Every table as CSV and LaTeX, the problems, the PNG plots (``plots``) and the whole report
+    as one HTML page, index.html (``summary``: its first line), into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for table in tables:
@@ -127,10 +151,14 @@ def write_outputs(
         path = out_dir / "problems.txt"
         path.write_text(render_problems(problems, "text") + "\n", encoding="utf-8")
         written.append(path)
+    figures: dict[str, list[Path]] = {}
     if plots:
-        from relaympi.report.plots import write_plots
+        from relaympi.report.plots import table_plots
 
-        written += write_plots(tables, out_dir)
+        for table in tables:
+            figures[table.name] = table_plots(table, out_dir)
+            written += figures[table.name]
+    written.append(write_page(tables, problems, summary, out_dir, figures))
     return written
 
 
@@ -166,9 +194,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--out",
         type=Path,
         metavar="OUTDIR",
-        help="also write every table as CSV and LaTeX, and PNG plots, into OUTDIR",
+        help="also write every table as CSV and LaTeX, PNG plots, and the whole report as one "
+        "self-contained HTML page (OUTDIR/index.html), into OUTDIR",
     )
-    parser.add_argument("--no-plots", action="store_true", help="with --out: skip the PNG plots")
+    parser.add_argument(
+        "--no-plots", action="store_true", help="with --out: skip the PNG plots (and the page's)"
+    )
     parser.add_argument(
         "--target",
         type=float,
@@ -218,6 +249,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         parser.error(f"--target must be positive, got {args.target}")
     if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
         parser.error(f"--target-accuracy must be in (0, 1], got {args.target_accuracy:g}")
+    try:
+        read_timeout()
+    except ValueError as error:
+        parser.error(str(error))
     if not args.last_epochs > 0:
         parser.error(f"--last-epochs must be positive, got {args.last_epochs}")
     keys = run_file_config_keys()
@@ -229,7 +264,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         )
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         parser.error(
-            f"--out {args.out} is a file; --out takes a directory for the CSV, LaTeX and PNG files"
+            f"--out {args.out} is a file; --out takes a directory for the CSV, LaTeX, PNG and "
+            "HTML files"
         )
     settings = ReportSettings(
         last_epochs=args.last_epochs,
@@ -245,9 +281,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         return 1
     runs, cost_runs, problems = load_all(files, settings)
     diverged = sum(r.status == "diverged" for r in runs)
-    tables = all_tables(runs, settings)
+    labels = RowLabels([*runs, *cost_runs])  # one label per row, in every table and plot
+    tables = all_tables(runs, settings, labels)
     left_out = untabulated(runs, tables)
-    tables += cost_tables(cost_runs, settings)
+    tables += cost_tables(cost_runs, settings, labels)
     summary = (
         f"{len(files)} run file(s): {len(runs) - diverged} completed, {diverged} diverged, "
         f"{len(problems)} with problems"
@@ -258,7 +295,9 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     sys.stdout.write(render(tables, problems, args.format, summary))
     if args.out is not None:
         try:
-            written = write_outputs(tables, problems, args.out, plots=not args.no_plots)
+            written = write_outputs(
+                tables, problems, args.out, plots=not args.no_plots, summary=summary
+            )
         except OSError as error:
             parser.error(f"--out {args.out}: cannot write there ({error})")
         print(f"wrote {len(written)} file(s) to {args.out}", file=sys.stderr)

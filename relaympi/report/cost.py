@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from relaympi.costs import TIMERS, StepCosts, hardware_label, median, time_to_accuracy
-from relaympi.report.cells import row_labels
+from relaympi.report.cells import RowLabels
 from relaympi.report.summary import ReportSettings, RunSummary
 from relaympi.report.tables import (
     ACCURACY,
@@ -189,10 +189,13 @@ def cost_table(
     runs: Sequence[RunSummary],
     target: tuple[float | None, str],
     settings: ReportSettings,
+    labels: RowLabels | None = None,
 ) -> Table:
-    """One family's runs on one hardware: a row per experiment (seeds combined)."""
+    """One family's runs on one hardware: a row per experiment (seeds combined), labelled by
+    ``labels`` (default: the labelling of ``runs``)."""
     experiments = _experiments(runs)
-    labels = row_labels(sorted({k[0] for k in experiments}))
+    labels = labels or RowLabels(runs)
+    task = runs[0].task
     alphas = {k[1] for k in experiments}
     lrs_by_row: dict[tuple, set] = defaultdict(set)
     for row, _alpha, lr in experiments:
@@ -216,7 +219,7 @@ def cost_table(
     table.target = value
     for (row, alpha, lr), group in experiments.items():
         record = experiment_record(group, value)
-        label = labels[row]
+        label = labels(task, row)
         table.rows.append(
             [label, row[2], _num(alpha), _num(lr), str(len(group)), *_display(record, len(group))]
         )
@@ -232,7 +235,7 @@ def cost_table(
                 "n_reached": record["n_reached"],
             }
         )
-        series = f"{label} on {row[2]}"
+        series = labels.series(task, row)
         if len(alphas) > 1:
             series += f", alpha={_num(alpha)}"
         if len(lrs_by_row[row]) > 1:
@@ -248,8 +251,11 @@ def cost_table(
     return table
 
 
-def cost_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> list[Table]:
+def cost_tables(
+    runs: Sequence[RunSummary], settings: ReportSettings, labels: RowLabels | None = None
+) -> list[Table]:
     """Per accuracy-table family: one cost table per hardware and launch shape its runs ran on."""
+    labels = labels or RowLabels(runs)
     tables = []
     for family in spec_families(COST_SPEC, runs):
         target = family_target(family, settings)
@@ -257,5 +263,5 @@ def cost_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> list[Ta
         for run in family.runs:
             by_hardware[run.hardware].append(run)
         for key in sorted(by_hardware, key=lambda k: hardware_label(dict(k))):
-            tables.append(cost_table(family, key, by_hardware[key], target, settings))
+            tables.append(cost_table(family, key, by_hardware[key], target, settings, labels))
     return tables

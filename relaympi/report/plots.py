@@ -71,19 +71,47 @@ def _mean_curve(curves: Sequence[Curve]) -> Curve:
     )
 
 
-def _figure(title: str, caption: str, width: float = 7.5):
-    """A figure with one axes, the title on top, the caption (what lines and bands are) under it,
-    and room for a legend right of the axes (constrained layout keeps all of them apart)."""
+# Figure geometry, in inches and points: the axes keep their size whatever the labels; the
+# figure grows downwards by the legend's height.
+_WIDTH = 8.0
+_AXES_HEIGHT = 3.6
+_TITLE_PT, _CAPTION_PT, _LEGEND_PT = 9, 7, 7
+_CHARS_PER_INCH = {9: 12.5, 7: 16.0}  # DejaVu Sans, a little under its average, so lines fit
+
+
+def _wrap(text: str, points: int, width: float) -> str:
+    return "\n".join(textwrap.wrap(text, int(_CHARS_PER_INCH[points] * (width - 0.4))))
+
+
+def _figure(title: str, caption: str, width: float = _WIDTH):
+    """A figure with one axes, the title on top and the caption (what lines and bands are) under
+    it, each wrapped to the figure's width; _legend puts the legend under the axes (constrained
+    layout keeps them all apart)."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(width, 4.8), layout="constrained")
-    fig.suptitle(title, fontsize=9)
-    ax.set_title("\n".join(textwrap.wrap(caption, 95)), fontsize=7)
+    title, caption = _wrap(title, _TITLE_PT, width), _wrap(caption, _CAPTION_PT, width)
+    lines = title.count("\n") + caption.count("\n") + 2
+    fig, ax = plt.subplots(figsize=(width, _AXES_HEIGHT + 0.9 + 0.13 * lines), layout="constrained")
+    fig.suptitle(title, fontsize=_TITLE_PT)
+    ax.set_title(caption, fontsize=_CAPTION_PT)
     return fig, ax
 
 
 def _legend(fig, ax) -> None:
-    """The legend outside the axes, on the right: it never covers data."""
-    fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", fontsize=7)
+    """The legend under the axes, outside them: it covers neither data, title nor caption. As
+    many columns as the longest entry allows, and the figure made taller by the legend's height,
+    so that long or many entries never shrink the axes."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    options = {"loc": "outside lower center", "fontsize": _LEGEND_PT, "frameon": False}
+    renderer = fig.canvas.get_renderer()
+    probe = fig.legend(handles, labels, ncols=1, **options)
+    entry = probe.get_window_extent(renderer).width / fig.dpi  # the widest entry, in inches
+    probe.remove()
+    ncols = max(1, min(len(labels), int((fig.get_figwidth() - 0.3) / max(entry, 0.1))))
+    legend = fig.legend(handles, labels, ncols=ncols, **options)
+    height = legend.get_window_extent(renderer).height / fig.dpi
+    fig.set_figheight(fig.get_figheight() + height + 0.2)
 
 
 def _save(fig, path: Path) -> Path:
@@ -139,7 +167,6 @@ def time_figure(table: Table):
     fig, ax = _figure(
         family,
         f"{hardware}. {TIME_CAPTION[0].upper()}{TIME_CAPTION[1:]}" if hardware else TIME_CAPTION,
-        width=9.5,
     )
     for index, (label, seeds) in enumerate(table.time_curves.items()):
         if not seeds:
@@ -209,7 +236,7 @@ def series_figure(
     scale = 100 if percent else 1
     xs_all = sorted({x for points in series.values() for x in points})
     place = _x_positions(xs_all, logx)
-    fig, ax = _figure(table.title, SERIES_CAPTION.format(metric=table.metric or ylabel), width=7)
+    fig, ax = _figure(table.title, SERIES_CAPTION.format(metric=table.metric or ylabel))
     for index, (label, points) in enumerate(series.items()):
         xs = sorted(points)
         mean, low, high = (np.array([points[x][i] for x in xs]) * scale for i in range(3))
@@ -271,32 +298,43 @@ def _null_formatter():
 
 
 def _plain_log_ticks(axis) -> None:
-    from matplotlib.ticker import FuncFormatter
+    """Ticks labelled plainly (20, not 2x10^1), at 1, 2 and 5 times the powers of ten; at nice
+    round numbers where the data span less than a decade (so some tick is always labelled)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator
 
+    axis.axes.autoscale_view()
+    low, high = axis.get_view_interval()
+    narrow = low > 0 and high / low < 10
+    axis.set_major_locator(
+        MaxNLocator(nbins=6) if narrow else LogLocator(base=10, subs=(1.0, 2.0, 5.0))
+    )
     axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     axis.set_minor_formatter(_null_formatter())
 
 
-def write_plots(tables: Sequence[Table], out_dir: Path) -> list[Path]:
+def table_plots(table: Table, out_dir: Path) -> list[Path]:
+    """The PNG plots of one table, written into ``out_dir`` (none for the learning-rate tables)."""
     paths: list[Path] = []
-    for table in tables:
-        if table.kind == "accuracy":
-            paths += plot_curves(table, out_dir)
-            path = plot_series(
-                table, out_dir, "alpha (Dirichlet heterogeneity)", "test accuracy (%)", logx=True
-            )
-        elif table.kind == "scaling":
-            path = plot_series(table, out_dir, "workers", "test accuracy (%)", logx=True)
-        elif table.kind == "robustness":
-            path = plot_series(table, out_dir, "drop probability", "test accuracy (%)", logx=False)
-        elif table.kind == "cost":
-            path = plot_time(table, out_dir)
-        elif table.kind == "quadratics":
-            path = plot_series(
-                table, out_dir, "workers", "steps to target", logx=True, logy=True, percent=False
-            )
-        else:
-            path = None
-        if path is not None:
-            paths.append(path)
-    return paths
+    if table.kind == "accuracy":
+        paths += plot_curves(table, out_dir)
+        path = plot_series(
+            table, out_dir, "alpha (Dirichlet heterogeneity)", "test accuracy (%)", logx=True
+        )
+    elif table.kind == "scaling":
+        path = plot_series(table, out_dir, "workers", "test accuracy (%)", logx=True)
+    elif table.kind == "robustness":
+        path = plot_series(table, out_dir, "drop probability", "test accuracy (%)", logx=False)
+    elif table.kind == "cost":
+        path = plot_time(table, out_dir)
+    elif table.kind == "quadratics":
+        path = plot_series(
+            table, out_dir, "workers", "steps to target", logx=True, logy=True, percent=False
+        )
+    else:
+        path = None
+    return paths if path is None else [*paths, path]
+
+
+def write_plots(tables: Sequence[Table], out_dir: Path) -> list[Path]:
+    """Every table's plots (table_plots), in the tables' order."""
+    return [path for table in tables for path in table_plots(table, out_dir)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,7 @@ import numpy as np
 
 from relaympi.config import experiment_settings
 from relaympi.costs import COST_DATASETS, StepCosts, hardware, step_costs
-from relaympi.results import Run, unstable_loss, workers_at_chance
+from relaympi.results import PROBLEM_DIGEST_ATTR, Run, unstable_loss, workers_at_chance
 
 ALGO_NAMES = {
     "allreduce": "All-reduce",
@@ -43,6 +43,8 @@ QUADRATIC_TASKS = ("quadratics", "quadratic")
 # Quadratics problem constants (paper appendix "Random quadratics"): each setting gets its own
 # table.
 QUADRATIC_KEYS = ("dim", "mu", "L", "zeta2", "sigma2", "r0")
+# A run on a problem file records only these of them (the file's); the others make a problem
+QUADRATIC_FILE_KEYS = ("dim", "sigma2")
 # all the report reads: the accuracy tables', then the cost tables'
 DATASETS = tuple(
     dict.fromkeys(("step", "epoch", "test_accuracy", "suboptimality", "train_loss", *COST_DATASETS))
@@ -119,6 +121,8 @@ class RunSummary:
     hardware: tuple[tuple[str, Any], ...] = ()
     # where the topology put the ranks (the resolved --placement; files from before it: rank order)
     placement: str = "ranks"
+    # quadratics: the problem's digest (relaympi.results.PROBLEM_DIGEST_ATTR; None: not recorded)
+    problem: str | None = None
 
     @property
     def converged(self) -> bool:
@@ -140,6 +144,7 @@ class RunSummary:
             self.seed,
             self.drop_prob,
             self.extra,
+            self.problem,
         )
 
     @property
@@ -261,15 +266,61 @@ def steps_to_target(step: np.ndarray, suboptimality: np.ndarray, target: float) 
     return int(step[reached[0]]) if len(reached) else None
 
 
-def summarize(run: Run, settings: ReportSettings) -> RunSummary:
-    """Reduce a completed or diverged run to the numbers the tables need."""
+def _problem_digest(run: Run) -> str | None:
+    digest = run.attrs.get(PROBLEM_DIGEST_ATTR)
+    return str(digest) if digest and str(run.config.get("task")) in QUADRATIC_TASKS else None
+
+
+def generated_problems(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
+    """The quadratics problems that runs generated: digest -> the constants they were made with
+    (QUADRATIC_KEYS), for the runs that read the same problem from a problem file."""
+    made: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        digest = _problem_digest(run)
+        if digest is not None and run.config.get("problem_file") is None:
+            made.setdefault(digest, {k: run.config.get(k) for k in QUADRATIC_KEYS})
+    return made
+
+
+def _problem_keys(
+    config: dict[str, Any], digest: str | None, generated: Mapping[str, dict[str, Any]]
+) -> tuple[tuple[str, str], ...]:
+    """What tells a quadratics run's problems apart (its table): the constants of a generated
+    problem (the seed and the number of workers pick the instance); for a run on a problem file,
+    those of the run that generated that very problem, else the problem's digest."""
+    if config.get("problem_file") is not None and digest is not None:
+        if digest in generated:
+            config = generated[digest]
+        else:
+            return (
+                ("problem", digest[:12]),
+                *((k, _value_text(config.get(k))) for k in QUADRATIC_FILE_KEYS),
+            )
+    return tuple(
+        (k, _value_text(config.get(k))) for k in QUADRATIC_KEYS if config.get(k) is not None
+    )
+
+
+def summarize(
+    run: Run,
+    settings: ReportSettings,
+    generated: Mapping[str, dict[str, Any]] | None = None,
+) -> RunSummary:
+    """Reduce a completed or diverged run to the numbers the tables need. ``generated``: the
+    quadratics problems the report's runs generated (``generated_problems``), so a run that read
+    one of them from a file lands in the same table."""
     config = run.config
     task = str(config.get("task", "unknown"))
     world_size = int(config.get("world_size") or run.attrs.get("world_size", 0))
     keys = settings.split_by
-    if task in QUADRATIC_TASKS:
-        keys = (*[k for k in QUADRATIC_KEYS if config.get(k) is not None], *keys)
+    digest = _problem_digest(run)
     extra = tuple((key, _value_text(config.get(key))) for key in keys)
+    own_keys: tuple[str, ...] = keys
+    if task in QUADRATIC_TASKS:
+        extra = (*_problem_keys(config, digest, generated or {}), *extra)
+        own_keys = (*QUADRATIC_KEYS, *keys)
+        if digest is not None:  # the problem itself tells it apart, not the file's path
+            own_keys = (*own_keys, "problem_file")
     diverged_epoch = _float(run.attrs.get("diverged_epoch")) if run.status == "diverged" else None
     summary: dict[str, Any] = dict(
         path=run.path,
@@ -288,9 +339,10 @@ def summarize(run: Run, settings: ReportSettings) -> RunSummary:
         drop_prob=_float(experiment_settings(config).get("drop_prob"), 0.0) or 0.0,
         relay_mode=_relay_mode(config),
         extra=extra,
-        settings=_settings(config, keys),
+        settings=_settings(config, own_keys),
         diverged_epoch=diverged_epoch,
         placement=str(config.get("placement") or "ranks"),
+        problem=digest,
     )
     data = run.data
     summary["costs"] = step_costs(data)

@@ -16,13 +16,13 @@ import numpy as np
 from relaympi.report.cells import (
     Cell,
     LrChoice,
+    RowLabels,
     StepsCell,
     cell_record,
     format_accuracy,
     format_lr,
     format_steps,
     pivot,
-    row_labels,
 )
 from relaympi.report.summary import METRIC_TEXT, Curve, ReportSettings, RunSummary
 from relaympi.results import CHANCE_FACTOR, unstable_text
@@ -58,11 +58,6 @@ class Table:
             for cell in c.by_lr.values()
             for r in cell.runs
         )
-
-
-def _series_name(label: str, key: tuple) -> str:
-    """A plot's legend entry: one table row (label and topology), never several merged."""
-    return f"{label} on {key[2]}"
 
 
 def _num(value: float | None) -> str:
@@ -216,6 +211,8 @@ Cells = dict[tuple, dict[Any, LrChoice]]
 
 def _fill_rows(
     table: Table,
+    labels: RowLabels,
+    task: str,
     row_keys: Sequence[tuple],
     columns: Sequence[Any],
     cells: Cells,
@@ -224,10 +221,11 @@ def _fill_rows(
     plotted: Callable[[dict[str, Any], Any], bool] = lambda record, column: False,
 ) -> dict[tuple, str]:
     """One row per row key with each column's display text ("-": no runs); one record per cell,
-    and a plot point (mean, min, max) where ``plotted``. Returns the row labels."""
-    labels = row_labels(row_keys)
+    and a plot point (mean, min, max) where ``plotted``. Returns the row labels (``labels``'s,
+    the report's one labelling)."""
+    shown = {key: labels(task, key) for key in row_keys}
     for key in row_keys:
-        label = labels[key]
+        label = shown[key]
         row = [label, key[2]]
         for col in columns:
             choice = cells[key].get(col)
@@ -237,18 +235,21 @@ def _fill_rows(
             cell = record(label, key, col, choice)
             table.records.append(cell)
             if plotted(cell, col):
-                table.series.setdefault(_series_name(label, key), {})[col] = (
+                table.series.setdefault(labels.series(task, key), {})[col] = (
                     cell["mean"],
                     cell["min"],
                     cell["max"],
                 )
         table.rows.append(row)
     table.hold(cells)
-    return labels
+    return shown
 
 
-def _accuracy_like_table(spec: TableSpec, family: Family, settings: ReportSettings) -> Table:
+def _accuracy_like_table(
+    spec: TableSpec, family: Family, settings: ReportSettings, labels: RowLabels
+) -> Table:
     column_key = spec.column.name
+    task = family.runs[0].task
     row_keys, columns, cells = pivot(family.runs, lambda r: getattr(r, column_key))
     if spec.descending:
         columns = columns[::-1]
@@ -273,13 +274,15 @@ def _accuracy_like_table(spec: TableSpec, family: Family, settings: ReportSettin
     def record(label: str, key: tuple, col: Any, choice: LrChoice) -> dict[str, Any]:
         if spec.kind == "accuracy":
             curves = [r.curve for r in choice.best.runs if r.curve is not None]
-            table.curves.setdefault(col, {})[_series_name(label, key)] = curves
+            table.curves.setdefault(col, {})[labels.series(task, key)] = curves
         return cell_record(
             spec.kind, {**_cell_base(family.base, label, key), column_key: col}, choice
         )
 
-    labels = _fill_rows(
+    shown = _fill_rows(
         table,
+        labels,
+        task,
         row_keys,
         columns,
         cells,
@@ -287,7 +290,7 @@ def _accuracy_like_table(spec: TableSpec, family: Family, settings: ReportSettin
         record,
         lambda cell, col: cell["n_seeds"] > cell["n_diverged"] and col is not None,
     )
-    _warn(table, labels, cells, column_key)
+    _warn(table, shown, cells, column_key)
     partial = sum(r["n_diverged"] > 0 and r["n_diverged"] < r["n_seeds"] for r in table.records)
     if partial:
         table.notes.append(
@@ -317,10 +320,13 @@ def _warn(table: Table, labels: dict[tuple, str], cells: Cells, column_key: str)
                     table.notes.append(f"{where}: {unstable_text(run.unstable)}; {run.path.name}.")
 
 
-def accuracy_like_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> list[Table]:
+def accuracy_like_tables(
+    runs: Sequence[RunSummary], settings: ReportSettings, labels: RowLabels | None = None
+) -> list[Table]:
     """Every table of SPECS, in its order: accuracy, scaling, robustness."""
+    labels = labels or RowLabels(runs)
     return [
-        _accuracy_like_table(spec, family, settings)
+        _accuracy_like_table(spec, family, settings, labels)
         for spec in SPECS
         for family in spec_families(spec, runs)
     ]
@@ -344,9 +350,12 @@ def _lr_record(
     return record
 
 
-def lr_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> list[Table]:
+def lr_tables(
+    runs: Sequence[RunSummary], settings: ReportSettings, labels: RowLabels | None = None
+) -> list[Table]:
     """Per (task, world size, drop probability): the best lr of algorithms x alpha, with the grid
     check."""
+    labels = labels or RowLabels(runs)
     tables = []
     for family in spec_families(LR_SPEC, runs):
         row_keys, columns, cells = pivot(family.runs, lambda r: getattr(r, LR_SPEC.column.name))
@@ -371,6 +380,8 @@ def lr_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> list[Tabl
         )
         _fill_rows(
             table,
+            labels,
+            family.runs[0].task,
             row_keys,
             columns,
             cells,
@@ -386,9 +397,12 @@ def lr_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> list[Tabl
     return tables
 
 
-def quadratics_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> list[Table]:
+def quadratics_tables(
+    runs: Sequence[RunSummary], settings: ReportSettings, labels: RowLabels | None = None
+) -> list[Table]:
     """Per (task, problem constants, drop probability): steps to reach the target, algorithms x
     world size."""
+    labels = labels or RowLabels(runs)
     tables = []
     quadratic = [r for r in runs if r.is_quadratic]
     for (task, drop, extra), family in _families(
@@ -430,8 +444,10 @@ def quadratics_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> l
             del fields["optimizer"]  # quadratics records leave the optimizer out
             return cell_record("quadratics", fields, choice)
 
-        labels = _fill_rows(
+        shown = _fill_rows(
             table,
+            labels,
+            task,
             row_keys,
             columns,
             cells,
@@ -439,7 +455,7 @@ def quadratics_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> l
             record,
             lambda cell, n: bool(cell["n_reached"]),
         )
-        _warn(table, labels, cells, "world_size")
+        _warn(table, shown, cells, "world_size")
         tables.append(table)
     return tables
 
@@ -459,9 +475,14 @@ def untabulated(runs: Sequence[RunSummary], tables: Sequence[Table]) -> list[tup
     return left
 
 
-def all_tables(runs: Sequence[RunSummary], settings: ReportSettings) -> list[Table]:
+def all_tables(
+    runs: Sequence[RunSummary], settings: ReportSettings, labels: RowLabels | None = None
+) -> list[Table]:
+    """The accuracy-like, learning-rate and quadratics tables, their rows labelled by ``labels``
+    (default: the labelling of ``runs``)."""
+    labels = labels or RowLabels(runs)
     return [
-        *accuracy_like_tables(runs, settings),
-        *lr_tables(runs, settings),
-        *quadratics_tables(runs, settings),
+        *accuracy_like_tables(runs, settings, labels),
+        *lr_tables(runs, settings, labels),
+        *quadratics_tables(runs, settings, labels),
     ]

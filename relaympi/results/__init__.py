@@ -1,7 +1,8 @@
 """The HDF5 run file: its schema, the writer used by training and the reader used by reports.
 
 One job per module: ``schema`` (version, statuses, how attributes and rows are laid out),
-``errors``, ``reader`` (read_run, run_status, file_kind), ``writer`` (RunWriter), ``space``
+``errors``, ``reader`` (read_run, run_status, file_kind), ``bounded`` (the same reads in worker
+processes with a time limit, for files that may be damaged), ``writer`` (RunWriter), ``space``
 (a full disk while writing), ``quality`` (runs at chance, unstable runs) and ``cli``
 (``python -m relaympi.results status|show``). Every name below is importable from here.
 """
@@ -25,6 +26,7 @@ from relaympi.results.quality import (
 from relaympi.results.reader import Run, file_kind, read_run, run_status
 from relaympi.results.schema import (
     FINISHED_STATUSES,
+    PROBLEM_DIGEST_ATTR,
     RESUMABLE_STATUSES,
     SCHEMA_VERSION,
     STATUSES,
@@ -38,6 +40,7 @@ __all__ = [
     "CHANCE_FACTOR",
     "FINISHED_STATUSES",
     "OWN_TARGET_FRACTION",
+    "PROBLEM_DIGEST_ATTR",
     "RESUMABLE_STATUSES",
     "SCHEMA_VERSION",
     "STATUSES",

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
+from relaympi.results.bounded import read_run_bounded, read_timeout, run_statuses
 from relaympi.results.errors import RunFileError
 from relaympi.results.quality import unstable_loss, unstable_text
-from relaympi.results.reader import Run, read_run, run_status
+from relaympi.results.reader import Run
 from relaympi.results.schema import RunTopology
 
 # The command's description (its --help): what the run file is.
@@ -94,7 +95,7 @@ def topology_lines(topology: RunTopology | None) -> list[str]:
 
 def _show(path: Path, target: float | None = None) -> int:
     try:
-        run = read_run(path)
+        run = read_run_bounded(path)
     except RunFileError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -148,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         f"default: {100 * OWN_TARGET_FRACTION:g}%% of the run's own final worst-worker accuracy",
     )
     args = parser.parse_args(argv)
+    try:
+        read_timeout()
+    except ValueError as error:
+        parser.error(str(error))
     if (
         args.command == "show"
         and args.target_accuracy is not None
@@ -155,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     ):
         show.error(f"--target-accuracy must be in (0, 1], got {args.target_accuracy:g}")
     if args.command == "status":
-        for path in args.paths:
-            print(run_status(path) if len(args.paths) == 1 else f"{run_status(path)}\t{path}")
+        for path, (status, why) in zip(args.paths, run_statuses(args.paths), strict=True):
+            if why is not None:  # the file hung or crashed the reader: say so, beside its status
+                print(f"{path}: {why}", file=sys.stderr)
+            print(status if len(args.paths) == 1 else f"{status}\t{path}", flush=True)
         return 0
     return _show(args.path, args.target_accuracy)

@@ -20,6 +20,10 @@ RESUMABLE_STATUSES = ("running", "preempted", "failed")
 # goes on without them (the file's datasets stay as it was created)
 ADDED_DATASETS = ("inter_node_bytes_sent",)
 
+# root attribute of a quadratics run: the problem's digest (relaympi.tasks.quadratics), the same
+# whether the run generated the problem or read it from --problem-file
+PROBLEM_DIGEST_ATTR = "problem_sha256"
+
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 STRING_DTYPE = h5py.string_dtype("utf-8")
 

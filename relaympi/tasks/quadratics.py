@@ -3,6 +3,7 @@ controlled L, mu, zeta^2, r0."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -103,6 +104,16 @@ class Quadratics:
     def heterogeneity(self) -> float:
         g = self.gradients(np.repeat(self.x_star[None], self.num_workers, axis=0))
         return float(np.mean(np.sum(g * g, axis=1)))
+
+    def digest(self) -> str:
+        """The problem's sha256 (hex): of the shape of A and of A, b and sigma2 as little-endian
+        float64. The same problem gives the same digest however it was made (generated, or read
+        from a problem file); a run file records it, and the report tells problems apart by it."""
+        sha = hashlib.sha256(b"relaympi quadratics: A, b, sigma2\n")
+        sha.update(np.asarray(self.A.shape, dtype="<i8").tobytes())
+        for array in (self.A, self.b, np.float64(self.sigma2)):
+            sha.update(np.ascontiguousarray(array, dtype="<f8").tobytes())
+        return sha.hexdigest()
 
     def save(self, path: str | Path) -> None:
         with h5py.File(path, "w") as f:

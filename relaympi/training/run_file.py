@@ -15,6 +15,7 @@ from relaympi.config import ConfigError, experiment_settings
 from relaympi.results import (
     CHANCE_FACTOR,
     FINISHED_STATUSES,
+    PROBLEM_DIGEST_ATTR,
     RESUMABLE_STATUSES,
     NotARunFileError,
     RunExistsError,
@@ -127,6 +128,8 @@ def writer_factory(plan: Plan, out: Path, command: str) -> Any:
                 overwrite=plan.cfg.overwrite,
             )
             writer.set_topology(run_topology(plan))
+            if plan.problem is not None:  # quadratics: the problem, however it was made
+                writer.set_attrs(**{PROBLEM_DIGEST_ATTR: plan.problem.digest()})
             return writer
         except NotARunFileError as exc:
             raise ConfigError(
