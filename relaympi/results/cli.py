@@ -160,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     ):
         show.error(f"--target-accuracy must be in (0, 1], got {args.target_accuracy:g}")
     if args.command == "status":
-        for path, (status, why) in zip(args.paths, run_statuses(args.paths), strict=True):
+        for path, (state, why) in zip(args.paths, run_statuses(args.paths), strict=True):
             if why is not None:  # the file hung or crashed the reader: say so, beside its status
                 print(f"{path}: {why}", file=sys.stderr)
-            print(status if len(args.paths) == 1 else f"{status}\t{path}", flush=True)
+            print(state if len(args.paths) == 1 else f"{state}\t{path}", flush=True)
         return 0
     return _show(args.path, args.target_accuracy)
