@@ -46,6 +46,12 @@ if [ "${RELAYMPI_TEST_SLURM:-1}" = "1" ] && [ "$(id -u)" = "0" ] && command -v a
     echo "test: could not start the local SLURM cluster; SLURM tests will be skipped" >&2
   fi
 fi
+# a real browser for the HTML report's test (skipped with a reason where there is none)
+if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1 && ! command -v chromium >/dev/null 2>&1; then
+  echo "test: installing chromium for the HTML report's browser test..." >&2
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+    || echo "test: could not install chromium; the HTML report's browser test will be skipped" >&2
+fi
 # tests/test_cluster.py starts (and stops) its own emulated 2-node cluster in this folder; the trap
 # removes its namespaces, links and daemons too should pytest die before the tests' teardown
 export RELAYMPI_TEST_NODES_DIR="${TMPDIR:-/tmp}/relaympi-test-nodes-$$"
