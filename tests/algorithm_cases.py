@@ -52,8 +52,10 @@ class Case:
     @property
     def options(self) -> AlgorithmOptions:
         return AlgorithmOptions(
-            relay_mode=self.relay_mode, d2_exact_diffusion=self.d2_exact_diffusion,
-            relay_in_place=self.relay_in_place, relay_chunk=self.relay_chunk,
+            relay_mode=self.relay_mode,
+            d2_exact_diffusion=self.d2_exact_diffusion,
+            relay_in_place=self.relay_in_place,
+            relay_chunk=self.relay_chunk,
         )
 
     @property

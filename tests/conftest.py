@@ -62,7 +62,8 @@ def mpirun_path() -> str | None:
 
 
 _NO_MPIRUN = pytest.mark.skipif(
-    mpirun_path() is None, reason="no mpirun on PATH (pip install mpich, or load your MPI module)")
+    mpirun_path() is None, reason="no mpirun on PATH (pip install mpich, or load your MPI module)"
+)
 
 
 def requires_mpirun(test):
@@ -92,14 +93,26 @@ def train_command(args, *, mpi: int | None = None) -> list[str]:
     return module_command("relaympi.train", *args, mpi=mpi)
 
 
-def run_module(module: str, *args, mpi: int | None = None, env: dict[str, str] | None = None,
-               timeout: float = 300, check: int | None = None) -> subprocess.CompletedProcess:
+def run_module(
+    module: str,
+    *args,
+    mpi: int | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    check: int | None = None,
+) -> subprocess.CompletedProcess:
     """Run ``python -m module args`` (see module_command) from the repository root with
     env_for_subprocess() updated by ``env``, capturing text output; with ``check``, assert that it
     exits with that status (the message shows stdout and the end of stderr)."""
     env = {**env_for_subprocess(), **(env or {})}
-    proc = subprocess.run(module_command(module, *args, mpi=mpi), cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        module_command(module, *args, mpi=mpi),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check is not None:
         tail = proc.stderr[-4000:]
         assert proc.returncode == check, f"exit {proc.returncode}\n{proc.stdout}\n{tail}"
@@ -113,10 +126,16 @@ def run_train(args, **kwargs) -> subprocess.CompletedProcess:
 
 @contextlib.contextmanager
 def mounted_tmpfs(mount: Path, size: str = "1m"):
-    """A tmpfs of ``size`` at ``mount`` (made here) for the block, unmounted after it; skips the test
+    """A tmpfs of ``size`` at ``mount`` (made here) for the block, unmounted after it; skips the
+    test
     where it cannot be mounted (needs root)."""
     mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
         yield mount

@@ -1,4 +1,5 @@
-"""An independent model of message loss: every algorithm vectorized over all workers, each lost message explicit.
+"""An independent model of message loss: every algorithm vectorized over all workers, each lost
+message explicit.
 
 Written from the paper's semantics (Algorithm 1 and eq. robust-relaysum-model, the appendix
 algorithms for D², gradient tracking, SGP, RelaySum/Grad and mean estimation) and the loss
@@ -23,7 +24,9 @@ from relaympi.algorithms.matrix import MatrixOptimizer
 from relaympi.comm import DropPolicy
 from relaympi.optim import OptimizerConfig
 
-Delivered = Callable[[int, int, int, int], bool]  # (round, tag, src, dst) -> did the message arrive?
+Delivered = Callable[
+    [int, int, int, int], bool
+]  # (round, tag, src, dst) -> did the message arrive?
 
 GOSSIP_ALGORITHMS = ("dpsgd", "qgm", "d2", "gt")
 RELAY_ALGORITHMS = ("relay", "relay-grad")
@@ -42,10 +45,12 @@ def layer_coordinates(d: int, num_layers: int) -> list[np.ndarray]:
 
 
 class LossyRelaySum:
-    """RelaySum on every directed edge of every tree (paper Algorithm 1, lines 4-9), with lost messages.
+    """RelaySum on every directed edge of every tree (paper Algorithm 1, lines 4-9), with lost
+    messages.
 
     On each edge i -> j of tree k, in step t:
-        m_ij(t) = p_i(t) + sum_{k in N(i) \\ {j}} m_ki(t-1),    c_ij(t) = 1 + sum_{k in N(i) \\ {j}} c_ki(t-1),
+        m_ij(t) = p_i(t) + sum_{k in N(i) \\ {j}} m_ki(t-1),    c_ij(t) = 1 + sum_{k in N(i) \\ {j}}
+        c_ki(t-1),
     where m_ki(t-1), c_ki(t-1) are what i *received* from k in step t-1. A lost message arrives
     EMPTY: payload 0, counter 0, so the counters always say how many parcels a sum holds.
     Then s_i(t) = sum_{j in N(i)} m_ji(t) and n-bar_i(t+1) = 1 + sum_{j in N(i)} c_ji(t).
@@ -56,8 +61,11 @@ class LossyRelaySum:
         self.d = d
         self.delivered = delivered
         self.coords = layer_coordinates(d, topology.num_layers)
-        self.neighbors = [[topology.neighbors(i, k) for i in range(self.n)] for k in range(topology.num_layers)]
-        # per layer, the last message received on each directed edge (src, dst): payload and counter (m(-1) = 0, c(-1) = 0)
+        self.neighbors = [
+            [topology.neighbors(i, k) for i in range(self.n)] for k in range(topology.num_layers)
+        ]
+        # per layer, the last message received on each directed edge (src, dst): payload and counter
+        # (m(-1) = 0, c(-1) = 0)
         self.message = [
             {(i, j): np.zeros(len(coords)) for i in range(self.n) for j in nbrs[i]}
             for coords, nbrs in zip(self.coords, self.neighbors, strict=True)
@@ -65,14 +73,17 @@ class LossyRelaySum:
         self.counter = [{edge: 0.0 for edge in messages} for messages in self.message]
 
     def step(self, parcels: np.ndarray, round: int) -> tuple[np.ndarray, np.ndarray]:
-        """Send this step's messages; return (s [n, d]: the sum of messages received, n-bar [n, d] per coordinate)."""
+        """Send this step's messages; return (s [n, d]: the sum of messages received, n-bar [n, d]
+        per coordinate)."""
         sums, nbar = np.zeros((self.n, self.d)), np.ones((self.n, self.d))
         for layer, (coords, nbrs) in enumerate(zip(self.coords, self.neighbors, strict=True)):
             old_m, old_c = self.message[layer], self.counter[layer]
             new_m, new_c = {}, {}
             for i, j in old_m:
                 relayed = [k for k in nbrs[i] if k != j]
-                m = parcels[i, coords] + sum((old_m[(k, i)] for k in relayed), np.zeros(len(coords)))
+                m = parcels[i, coords] + sum(
+                    (old_m[(k, i)] for k in relayed), np.zeros(len(coords))
+                )
                 c = 1.0 + sum(old_c[(k, i)] for k in relayed)
                 arrived = self.delivered(round, layer, i, j)
                 new_m[(i, j)] = m if arrived else np.zeros(len(coords))
@@ -86,7 +97,8 @@ class LossyRelaySum:
 
 
 def lossy_mixing(W: np.ndarray, round: int, delivered: Delivered, tag: int = 0) -> np.ndarray:
-    """The gossip matrix of one round with losses: W_ij -> 0 where j's message to i was lost, then each
+    """The gossip matrix of one round with losses: W_ij -> 0 where j's message to i was lost, then
+    each
     row renormalized to sum to one (the lost mass is shared in proportion to the remaining weights,
     self included), so a worker never mixes in a stale or empty model."""
     n = W.shape[0]
@@ -101,7 +113,8 @@ def lossy_mixing(W: np.ndarray, round: int, delivered: Delivered, tag: int = 0) 
 
 def sgp_round(Y: np.ndarray, k: int, round: int, delivered: Delivered) -> np.ndarray:
     """Communication round k of SGP (appendix Algorithm "SGP"): with o = 2^(k mod log2 n), worker i
-    receives x_{i+o} and sets x_i <- (x_i + x_{i+o}) / 2; if that message is lost, x_i stays as it was."""
+    receives x_{i+o} and sets x_i <- (x_i + x_{i+o}) / 2; if that message is lost, x_i stays as it
+    was."""
     n = Y.shape[0]
     o = 2 ** (k % (n.bit_length() - 1))
     out = Y.copy()
@@ -139,8 +152,12 @@ class LossyOracle:
 
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
         algo = self.algo
-        if algo == "allreduce":  # a collective: simulated loss applies to point-to-point messages only
-            return X + self.optimizer.update(np.repeat(G.mean(axis=0, keepdims=True), self.n, axis=0), X, lr)
+        if (
+            algo == "allreduce"
+        ):  # a collective: simulated loss applies to point-to-point messages only
+            return X + self.optimizer.update(
+                np.repeat(G.mean(axis=0, keepdims=True), self.n, axis=0), X, lr
+            )
         if algo == "qgm":
             return self._qgm(X, G, lr, t)
         U = self.optimizer.update(G, X, lr)
@@ -149,13 +166,16 @@ class LossyOracle:
             if algo == "dpsgd":  # x(t+1) = W(t) x(t+1/2)
                 return W @ (X + U)
             X_new = W @ (X + U + self.C)  # x(t+1/2) = x(t) + u + c, averaged (appendix D² / GT)
-            # D²: c(t+1) = x(t+1) - x(t) - u(t); GT: c(t+1) = W(t) (c(t) + u(t)) - u(t), the same W(t)
+            # D²: c(t+1) = x(t+1) - x(t) - u(t); GT: c(t+1) = W(t) (c(t) + u(t)) - u(t), the same
+            # W(t)
             # as the model, since both halves travel in one message
             self.C = X_new - X - U if algo == "d2" else W @ (self.C + U) - U
             return X_new
         if algo == "sgp":
             Y = X + U
-            for r in range(2):  # two communication rounds per gradient step, global counter k = 2t + r
+            for r in range(
+                2
+            ):  # two communication rounds per gradient step, global counter k = 2t + r
                 Y = sgp_round(Y, 2 * t + r, round_id(t, r), self.delivered)
             return Y
         if algo == "relay-grad":  # x(t+1) = x(t) + (u_i(t) + sum_j m_ji(t)) / n
@@ -166,7 +186,9 @@ class LossyOracle:
             S, nbar = self.relay.step(X_half, round_id(t))
             if self.relay_mode == "counts":  # Algorithm 1, line 10
                 return (X_half + S) / nbar
-            if self.relay_mode == "previous":  # eq. robust-relaysum-model: missing models replaced by x_i(t)
+            if (
+                self.relay_mode == "previous"
+            ):  # eq. robust-relaysum-model: missing models replaced by x_i(t)
                 return (X_half + S + (self.n - nbar) * X) / self.n
             if self.relay_mode == "initial":  # missing models replaced by x(0)
                 return (X_half + S + (self.n - nbar) * self.x0) / self.n
@@ -174,7 +196,8 @@ class LossyOracle:
         raise ValueError(f"no lossy model for {algo!r}")
 
     def _qgm(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
-        """Quasi-global momentum: a local step with m, lossy gossip, then m <- beta m + (1 - beta)(x(t) - x(t+1)) / lr."""
+        """Quasi-global momentum: a local step with m, lossy gossip, then m <- beta m + (1 -
+        beta)(x(t) - x(t+1)) / lr."""
         c = self.optimizer_config
         beta = c.momentum
         G = G + c.weight_decay * X if c.weight_decay else G
@@ -188,7 +211,8 @@ class LossyOracle:
 
 
 class LossyMeanEstimator:
-    """RelaySum for distributed mean estimation (appendix Algorithm "RelaySum for DME") with lost messages:
+    """RelaySum for distributed mean estimation (appendix Algorithm "RelaySum for DME") with lost
+    messages:
     y_i += d_i(t) + sum_j m_ji(t),  s_i += 1 + sum_j c_ji(t),  estimate y_i / s_i."""
 
     def __init__(self, topology: Any, d: int, delivered: Delivered):

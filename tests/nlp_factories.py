@@ -1,4 +1,5 @@
-"""Offline NLP fixtures: AG-News-format CSVs and a tiny random DistilBERT save with its tokenizer."""
+"""Offline NLP fixtures: AG-News-format CSVs and a tiny random DistilBERT save with its
+tokenizer."""
 
 from __future__ import annotations
 
@@ -126,7 +127,8 @@ def build_tiny_distilbert(
 
 
 def make_agnews_fixture(root: Path, header: bool = False, **model_kwargs) -> tuple[Path, Path]:
-    """(data_dir, model_dir) under ``root``: AG-News CSVs and a tiny DistilBERT trained on nothing."""
+    """(data_dir, model_dir) under ``root``: AG-News CSVs and a tiny DistilBERT trained on
+    nothing."""
     data_dir, model_dir = root / "ag_news", root / "distilbert"
     train, test = write_agnews_dir(data_dir, header=header)
     texts = [f"{title} {description}" for _, title, description in train + test]

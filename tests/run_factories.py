@@ -51,7 +51,8 @@ def write_classification_run(
 
     ``costs``: further datasets by name (``time_s`` [evals] replaces the default 0, 1, 2, ...;
     ``time_compute_s``, ``time_comm_s``, ``time_sync_s``, ``time_eval_s``, ``bytes_sent``,
-    ``inter_node_bytes_sent`` [evals, workers], cumulative); ``provenance`` replaces the factory's."""
+    ``inter_node_bytes_sent`` [evals, workers], cumulative); ``provenance`` replaces the
+    factory's."""
     accuracy = np.asarray(accuracy, dtype=float)
     evals, workers = accuracy.shape
     epochs = (
@@ -60,7 +61,11 @@ def write_classification_run(
     config = make_config(world_size=workers, **config)
     path.parent.mkdir(parents=True, exist_ok=True)
     with RunWriter.create(
-        path, config=config, provenance=provenance or {"factory": "tests"}, world_size=workers, overwrite=True
+        path,
+        config=config,
+        provenance=provenance or {"factory": "tests"},
+        world_size=workers,
+        overwrite=True,
     ) as writer:
         writer.extend(
             {
@@ -96,7 +101,8 @@ def write_quadratics_run(
     train_loss: np.ndarray | None = None,
     **config: Any,
 ) -> Path:
-    """A quadratics run with ``suboptimality`` at ``steps``, and ``train_loss`` [evals, workers] if given."""
+    """A quadratics run with ``suboptimality`` at ``steps``, and ``train_loss`` [evals, workers] if
+    given."""
     suboptimality = np.asarray(suboptimality, dtype=float)
     steps = np.arange(len(suboptimality)) * 10 if steps is None else np.asarray(steps)
     config = make_config(task="quadratics", alpha=None, epochs=None, steps=int(steps[-1]), **config)

@@ -60,7 +60,8 @@ def test_csv_parsing_with_quotes_commas_and_header(tmp_path):
     for path in (plain, headed):
         texts, labels = read_agnews_csv(path)
         assert texts == [
-            'Wall St. Bears Claw Back, "Into the Black" Short-sellers, Wall Street\'s dwindling band.',
+            'Wall St. Bears Claw Back, "Into the Black" Short-sellers, Wall Street\'s '
+            "dwindling band.",
             'Talks, end He said: "no, never"',
         ]
         assert labels.tolist() == [2, 0] and labels.dtype == np.int64

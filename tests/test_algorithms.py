@@ -1,4 +1,5 @@
-"""Message-passing algorithms against the matrix-form oracle, hand-derived trajectories, and refusals."""
+"""Message-passing algorithms against the matrix-form oracle, hand-derived trajectories, and
+refusals."""
 
 from __future__ import annotations
 
@@ -21,36 +22,43 @@ from tests.node_layouts import build_named
 
 STEPS = 12
 
-# (algorithm, topology, optimizer, relay mode): every algorithm on its topologies, with each local optimizer
-CASES = [
-    ("allreduce", "fully-connected", MOMENTUM, "counts"),
-    ("allreduce", "fully-connected", ADAM, "counts"),
-    ("dpsgd", "ring", SGD, "counts"),
-    ("dpsgd", "binary-tree", MOMENTUM, "counts"),
-    ("dpsgd", "chain", ADAM, "counts"),
-    ("qgm", "ring", MOMENTUM, "counts"),
-    ("qgm", "chain", HEAVY_BALL, "counts"),
-    ("d2", "ring", SGD, "counts"),
-    ("d2", "chain", MOMENTUM, "counts"),
-    ("gt", "ring", SGD, "counts"),
-    ("gt", "binary-tree", MOMENTUM, "counts"),
-    ("sgp", "exponential", SGD, "counts"),
-    ("sgp", "exponential", MOMENTUM, "counts"),
-    ("relay-grad", "chain", SGD, "counts"),
-    ("relay-grad", "double-binary-trees", SGD, "counts"),
-] + [
-    ("relay", topo, opt, mode)
-    for topo in ("chain", "binary-tree", "double-binary-trees", "star")
-    for mode in ("counts", "previous", "initial")
-    for opt in ((SGD, MOMENTUM) if mode == "counts" else (SGD,))
-] + [("relay", "double-binary-trees", ADAM, "counts")] + [
-    # node-aware topologies ("@3": nodes of 3 ranks in blocks, "@3rr": round-robin; tests/node_layouts.py)
-    ("relay", "double-binary-trees@3", SGD, "counts"),
-    ("relay", "double-binary-trees@3rr", MOMENTUM, "previous"),
-    ("relay", "chain@3rr", SGD, "counts"),
-    ("relay-grad", "binary-tree@3", SGD, "counts"),
-    ("dpsgd", "ring@3rr", SGD, "counts"),
-]
+# (algorithm, topology, optimizer, relay mode): every algorithm on its topologies, with each local
+# optimizer
+CASES = (
+    [
+        ("allreduce", "fully-connected", MOMENTUM, "counts"),
+        ("allreduce", "fully-connected", ADAM, "counts"),
+        ("dpsgd", "ring", SGD, "counts"),
+        ("dpsgd", "binary-tree", MOMENTUM, "counts"),
+        ("dpsgd", "chain", ADAM, "counts"),
+        ("qgm", "ring", MOMENTUM, "counts"),
+        ("qgm", "chain", HEAVY_BALL, "counts"),
+        ("d2", "ring", SGD, "counts"),
+        ("d2", "chain", MOMENTUM, "counts"),
+        ("gt", "ring", SGD, "counts"),
+        ("gt", "binary-tree", MOMENTUM, "counts"),
+        ("sgp", "exponential", SGD, "counts"),
+        ("sgp", "exponential", MOMENTUM, "counts"),
+        ("relay-grad", "chain", SGD, "counts"),
+        ("relay-grad", "double-binary-trees", SGD, "counts"),
+    ]
+    + [
+        ("relay", topo, opt, mode)
+        for topo in ("chain", "binary-tree", "double-binary-trees", "star")
+        for mode in ("counts", "previous", "initial")
+        for opt in ((SGD, MOMENTUM) if mode == "counts" else (SGD,))
+    ]
+    + [("relay", "double-binary-trees", ADAM, "counts")]
+    + [
+        # node-aware topologies ("@3": nodes of 3 ranks in blocks, "@3rr": round-robin;
+        # tests/node_layouts.py)
+        ("relay", "double-binary-trees@3", SGD, "counts"),
+        ("relay", "double-binary-trees@3rr", MOMENTUM, "previous"),
+        ("relay", "chain@3rr", SGD, "counts"),
+        ("relay-grad", "binary-tree@3", SGD, "counts"),
+        ("dpsgd", "ring@3rr", SGD, "counts"),
+    ]
+)
 
 
 def _case_id(case):
@@ -69,7 +77,9 @@ def _message_passing(comm, algo, topo_name, opt, mode, x0):
     problem = _problem(n)
     x = torch.tensor(x0, dtype=torch.float64)
     optimizer = make_optimizer(opt, x)
-    algorithm = make_algorithm(algo, comm, topology, optimizer, x, AlgorithmOptions(relay_mode=mode))
+    algorithm = make_algorithm(
+        algo, comm, topology, optimizer, x, AlgorithmOptions(relay_mode=mode)
+    )
     AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]), torch.from_numpy(problem.Atb[comm.rank])
     trajectory = []
     for t in range(STEPS):
@@ -111,7 +121,8 @@ def _world_size_of(results):
 
 
 def test_relay_hand_derived_chain_trajectory():
-    """Chain of 3, only worker 0 has a constant update +1 (derivation in the docstring of the expected values).
+    """Chain of 3, only worker 0 has a constant update +1 (derivation in the docstring of the
+    expected values).
 
     t=0: x(1/2) = (1,0,0); n-bar = (2,3,2); x(1) = (1/2, 1/3, 0).
     t=1: x(3/2) = (3/2, 1/3, 0); m_{1->2} = 1/3 + m_{0->1}(0) = 4/3; x(2) = (11/18, 11/18, 4/9).
@@ -141,7 +152,9 @@ def test_relay_hand_derived_chain_trajectory():
             assert got[rank][t] == pytest.approx(float(expected[t][rank]), abs=1e-15)
 
 
-@pytest.mark.parametrize("topo", ["chain", "binary-tree", "double-binary-trees", "star", "social-network-tree"])
+@pytest.mark.parametrize(
+    "topo", ["chain", "binary-tree", "double-binary-trees", "star", "social-network-tree"]
+)
 def test_relaysum_delivers_exact_delayed_sums(topo):
     """s_i(t) = sum_j p_j(t - max(tau_ij - 1, 0)) once t >= tau_max - 1, and n-bar = n."""
     n = 32 if topo.startswith("social") else 9
@@ -169,7 +182,9 @@ def test_relaysum_delivers_exact_delayed_sums(topo):
         for t in range(rounds):
             for layer in range(L):
                 tau = np.maximum(topology.delays(layer)[i] - 1, 0)
-                coords = topology.coordinate_blocks(4)[layer]  # contiguous block k of the flat vector
+                coords = topology.coordinate_blocks(4)[
+                    layer
+                ]  # contiguous block k of the flat vector
                 present = [j for j in range(n) if tau[j] <= t]
                 want = sum(parcel(j, t - tau[j]).numpy()[coords] for j in present)
                 np.testing.assert_array_equal(sums[t][coords], want)
@@ -244,7 +259,15 @@ def test_sgp_refuses_non_power_of_two_world():
 
 
 @pytest.mark.parametrize("in_place", [True, False])
-@pytest.mark.parametrize("topo, n, bound", [("chain", 8, 2.0), ("double-binary-trees", 16, 2.5), ("binary-tree", 16, 4.0), ("star", 6, 6.0)])
+@pytest.mark.parametrize(
+    "topo, n, bound",
+    [
+        ("chain", 8, 2.0),
+        ("double-binary-trees", 16, 2.5),
+        ("binary-tree", 16, 4.0),
+        ("star", 6, 6.0),
+    ],
+)
 def test_relaysum_memory_is_one_buffer_per_neighbour(topo, n, bound, in_place):
     """In place: the last message per neighbour (+1 scratch sum at degree >= 3) and a bounce buffer
     of 2 x degree x chunk elements, whatever the model size; else twice the messages. A leaf of a
@@ -256,14 +279,22 @@ def test_relaysum_memory_is_one_buffer_per_neighbour(topo, n, bound, in_place):
         parcel = padded_zeros(numel, dtype=torch.float32)  # as flat models and updates are
         relay = RelaySum(comm, topology, numel, parcel, in_place=in_place, chunk=chunk)
         held, bounce = relay.buffers()
-        elements = sum(b.numel() for b in held) - sum(b.shape[0] if b.dim() == 2 else 1 for b in held)  # minus the counters
+        elements = sum(b.numel() for b in held) - sum(
+            b.shape[0] if b.dim() == 2 else 1 for b in held
+        )  # minus the counters
         for t in range(3):  # the exchange allocates no per-step model copies
             parcel.fill_(1.0)
             relay.exchange(parcel, t)
         after, bounce_after = relay.buffers()
         assert {b.data_ptr() for b in after} == {b.data_ptr() for b in held}
         if in_place:
-            assert bounce_after is bounce and bounce.numel() <= 2 * max(topology.degree(comm.rank, k) for k in range(topology.num_layers)) * chunk
+            assert (
+                bounce_after is bounce
+                and bounce.numel()
+                <= 2
+                * max(topology.degree(comm.rank, k) for k in range(topology.num_layers))
+                * chunk
+            )
         else:
             assert bounce is None
         return elements / numel
@@ -271,7 +302,9 @@ def test_relaysum_memory_is_one_buffer_per_neighbour(topo, n, bound, in_place):
     copies = run_local(n, body)
     assert max(copies) <= bound
     if in_place and topo in ("chain", "double-binary-trees"):
-        assert max(copies) <= 2.5 + chunk / numel  # the paper: at most ~2 extra model copies on double binary trees
+        assert (
+            max(copies) <= 2.5 + chunk / numel
+        )  # the paper: at most ~2 extra model copies on double binary trees
 
 
 @pytest.mark.parametrize("topo", ["chain", "binary-tree", "double-binary-trees", "star"])
@@ -279,17 +312,30 @@ def test_relay_in_place_exchange_gives_identical_numbers(topo):
     def body(comm, in_place):
         topology, problem = build(topo, comm.world_size), _problem(comm.world_size)
         x = torch.zeros(7, dtype=torch.float64)
-        algorithm = make_algorithm("relay", comm, topology, make_optimizer(MOMENTUM, x), x, AlgorithmOptions(relay_in_place=in_place))
-        AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]), torch.from_numpy(problem.Atb[comm.rank])
+        algorithm = make_algorithm(
+            "relay",
+            comm,
+            topology,
+            make_optimizer(MOMENTUM, x),
+            x,
+            AlgorithmOptions(relay_in_place=in_place),
+        )
+        AtA, Atb = (
+            torch.from_numpy(problem.AtA[comm.rank]),
+            torch.from_numpy(problem.Atb[comm.rank]),
+        )
         for t in range(10):
             algorithm.step(x, AtA @ x - Atb, 0.05, t)
         return x.numpy()
 
-    np.testing.assert_array_equal(np.array(run_local(7, body, True)), np.array(run_local(7, body, False)))
+    np.testing.assert_array_equal(
+        np.array(run_local(7, body, True)), np.array(run_local(7, body, False))
+    )
 
 
 # RelaySum's ways of moving the same messages: whole or in chunks (pipelined), with separate receive
-# buffers or in place through a bounce buffer, from a padded parcel (zero-copy leaves) or a plain one.
+# buffers or in place through a bounce buffer, from a padded parcel (zero-copy leaves) or a plain
+# one.
 RELAYSUM_VARIANTS = [
     {"in_place": in_place, "chunk": chunk, "padded": padded}
     for in_place in (False, True)
@@ -301,9 +347,15 @@ RELAYSUM_VARIANTS = [
 def _relay_variant_trajectory(comm, algo, topo, mode, variant):
     topology, problem = build(topo, comm.world_size), _problem(comm.world_size)
     x0 = torch.linspace(-1.0, 1.0, 7, dtype=torch.float64)
-    x = padded_zeros(7, dtype=torch.float64) if variant["padded"] else torch.zeros(7, dtype=torch.float64)
+    x = (
+        padded_zeros(7, dtype=torch.float64)
+        if variant["padded"]
+        else torch.zeros(7, dtype=torch.float64)
+    )
     x.copy_(x0)
-    options = AlgorithmOptions(relay_mode=mode, relay_in_place=variant["in_place"], relay_chunk=variant["chunk"])
+    options = AlgorithmOptions(
+        relay_mode=mode, relay_in_place=variant["in_place"], relay_chunk=variant["chunk"]
+    )
     algorithm = make_algorithm(algo, comm, topology, make_optimizer(MOMENTUM, x), x, options)
     AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]), torch.from_numpy(problem.Atb[comm.rank])
     out = []
@@ -317,15 +369,34 @@ def _relay_variant_trajectory(comm, algo, topo, mode, variant):
 @pytest.mark.parametrize("drop_prob", [0.0, 0.25])
 @pytest.mark.parametrize(
     "algo, topo, mode",
-    [("relay", t, m) for t in ("chain", "binary-tree", "double-binary-trees", "star") for m in ("counts", "previous")]
-    + [("relay", "double-binary-trees", "initial"), ("relay-grad", "double-binary-trees", "counts"), ("relay-grad", "binary-tree", "counts")],
+    [
+        ("relay", t, m)
+        for t in ("chain", "binary-tree", "double-binary-trees", "star")
+        for m in ("counts", "previous")
+    ]
+    + [
+        ("relay", "double-binary-trees", "initial"),
+        ("relay-grad", "double-binary-trees", "counts"),
+        ("relay-grad", "binary-tree", "counts"),
+    ],
 )
 def test_relaysum_variants_give_identical_bits(algo, topo, mode, drop_prob):
-    """Chunking, in-place swapping and zero-copy leaves change how messages move, never a bit of the result."""
+    """Chunking, in-place swapping and zero-copy leaves change how messages move, never a bit of the
+    result."""
     from relaympi.comm import DropPolicy
 
     results = [
-        np.array(run_local(7, _relay_variant_trajectory, algo, topo, mode, variant, drops=DropPolicy(drop_prob, seed=5)))
+        np.array(
+            run_local(
+                7,
+                _relay_variant_trajectory,
+                algo,
+                topo,
+                mode,
+                variant,
+                drops=DropPolicy(drop_prob, seed=5),
+            )
+        )
         for variant in RELAYSUM_VARIANTS
     ]
     for variant, got in zip(RELAYSUM_VARIANTS[1:], results[1:], strict=True):
@@ -348,17 +419,34 @@ def _oracle_fixed_lr(algo, topo, mode, n):
 
 
 @pytest.mark.spmd
-@pytest.mark.parametrize("variant", [{"in_place": False, "chunk": 2, "padded": True}, {"in_place": True, "chunk": 3, "padded": False}], ids=["chunked", "in-place"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"in_place": False, "chunk": 2, "padded": True},
+        {"in_place": True, "chunk": 3, "padded": False},
+    ],
+    ids=["chunked", "in-place"],
+)
 @pytest.mark.parametrize("topo", ["chain", "double-binary-trees"])
 def test_chunked_relaysum_matches_the_oracle(spmd, topo, variant):
-    """Several chunks per message through the real transport (run under mpirun in CI) give the oracle's numbers."""
-    results = spmd(lambda comm: (comm.rank, comm.world_size, _relay_variant_trajectory(comm, "relay", topo, "counts", variant)))
+    """Several chunks per message through the real transport (run under mpirun in CI) give the
+    oracle's numbers."""
+    results = spmd(
+        lambda comm: (
+            comm.rank,
+            comm.world_size,
+            _relay_variant_trajectory(comm, "relay", topo, "counts", variant),
+        )
+    )
     for rank, n, trajectory in results:
-        np.testing.assert_allclose(trajectory, _oracle_fixed_lr("relay", topo, "counts", n)[:, rank], rtol=0, atol=1e-10)
+        np.testing.assert_allclose(
+            trajectory, _oracle_fixed_lr("relay", topo, "counts", n)[:, rank], rtol=0, atol=1e-10
+        )
 
 
 def test_cache_blocking_gives_identical_bits(monkeypatch):
-    """Assembly and normalization run block by block; block and chunk boundaries never change a bit."""
+    """Assembly and normalization run block by block; block and chunk boundaries never change a
+    bit."""
     import relaympi.algorithms.relaysum as relaysum
 
     for topo in ("binary-tree", "double-binary-trees", "chain"):
@@ -366,8 +454,17 @@ def test_cache_blocking_gives_identical_bits(monkeypatch):
         whole = np.array(run_local(7, _relay_variant_trajectory, "relay", topo, "counts", variant))
         monkeypatch.setattr(relaysum, "CACHE_BLOCK", 2)
         for in_place, chunk in ((False, 3), (True, 5)):
-            blocked = run_local(7, _relay_variant_trajectory, "relay", topo, "counts", {"in_place": in_place, "chunk": chunk, "padded": True})
-            np.testing.assert_array_equal(np.array(blocked), whole, err_msg=f"{topo} in_place={in_place} chunk={chunk}")
+            blocked = run_local(
+                7,
+                _relay_variant_trajectory,
+                "relay",
+                topo,
+                "counts",
+                {"in_place": in_place, "chunk": chunk, "padded": True},
+            )
+            np.testing.assert_array_equal(
+                np.array(blocked), whole, err_msg=f"{topo} in_place={in_place} chunk={chunk}"
+            )
         monkeypatch.undo()
 
 
@@ -383,23 +480,40 @@ def _hand_metropolis_hastings(topology) -> np.ndarray:
 
 @pytest.mark.parametrize("topo, n", [("ring", 5), ("social-network", 32)])
 def test_d2_exact_diffusion_mixes_with_half_w_plus_identity(topo, n):
-    """--d2-exact-diffusion gossips with (W + I)/2: one step from x_i = e_i with no update gives row i."""
+    """--d2-exact-diffusion gossips with (W + I)/2: one step from x_i = e_i with no update gives row
+    i."""
     from relaympi.algorithms.d2 import d2_mixing_matrix
 
     topology = build(topo, n)
     expected = (_hand_metropolis_hastings(topology) + np.eye(n)) / 2
-    if topo == "ring":  # by hand: MH gives 1/3 everywhere on a ring, so 2/3 self and 1/6 per neighbour
+    if (
+        topo == "ring"
+    ):  # by hand: MH gives 1/3 everywhere on a ring, so 2/3 self and 1/6 per neighbour
         for i in range(n):
             assert expected[i, i] == pytest.approx(2 / 3)
             assert expected[i, (i + 1) % n] == expected[i, (i - 1) % n] == pytest.approx(1 / 6)
-    np.testing.assert_allclose(d2_mixing_matrix(topology, True, False), expected, rtol=0, atol=1e-15)
-    np.testing.assert_allclose(d2_mixing_matrix(topology, False, True), _hand_metropolis_hastings(topology), rtol=0, atol=1e-15)
+    np.testing.assert_allclose(
+        d2_mixing_matrix(topology, True, False), expected, rtol=0, atol=1e-15
+    )
+    np.testing.assert_allclose(
+        d2_mixing_matrix(topology, False, True),
+        _hand_metropolis_hastings(topology),
+        rtol=0,
+        atol=1e-15,
+    )
     assert np.linalg.eigvalsh(expected).min() >= -1e-12  # (W+I)/2 is positive semidefinite
 
     def body(comm):
         x = torch.zeros(n, dtype=torch.float64)
         x[comm.rank] = 1.0
-        algorithm = make_algorithm("d2", comm, topology, make_optimizer(SGD, x), x, AlgorithmOptions(d2_exact_diffusion=True))
+        algorithm = make_algorithm(
+            "d2",
+            comm,
+            topology,
+            make_optimizer(SGD, x),
+            x,
+            AlgorithmOptions(d2_exact_diffusion=True),
+        )
         algorithm.step(x, torch.zeros(n, dtype=torch.float64), 0.1, 0)
         return x.numpy()
 
@@ -425,7 +539,12 @@ def test_every_algorithm_is_registered_by_its_name_with_the_options_it_reads() -
         declared, kind = typing.get_type_hints(cls)["options"], ALGORITHM_OPTIONS[name]
         assert declared is kind or (declared is Options and kind is NoOptions), name
         assert {f.name for f in dataclasses.fields(kind)} <= run_fields, name
-    built_by = {k for cls in ALGORITHMS.values() for k in cls.__mro__ if "__init__" in vars(k) and issubclass(k, Algorithm)}
+    built_by = {
+        k
+        for cls in ALGORITHMS.values()
+        for k in cls.__mro__
+        if "__init__" in vars(k) and issubclass(k, Algorithm)
+    }
     assert built_by == {Algorithm}  # one constructor; a subclass's own state in _setup
 
 
@@ -434,7 +553,9 @@ def test_an_algorithm_takes_its_own_options_from_any() -> None:
     from relaympi.algorithms.options import D2Options, NoOptions, RelaySGDOptions
 
     every = AlgorithmOptions(relay_mode="previous", relay_chunk=8, d2_force=True)
-    assert algorithm_options("relay", every) == RelaySGDOptions(relay_mode="previous", relay_chunk=8)
+    assert algorithm_options("relay", every) == RelaySGDOptions(
+        relay_mode="previous", relay_chunk=8
+    )
     assert algorithm_options("d2", every) == D2Options(d2_force=True)
     assert algorithm_options("sgp", every) == NoOptions() == algorithm_options("sgp")
     assert algorithm_options("relay", {"relay_mode": None, "seed": 3}) == RelaySGDOptions()

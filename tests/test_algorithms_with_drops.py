@@ -1,4 +1,5 @@
-"""Every algorithm with lost messages, message passing held against the independent loss model (tests/drop_oracle.py)."""
+"""Every algorithm with lost messages, message passing held against the independent loss model
+(tests/drop_oracle.py)."""
 
 from __future__ import annotations
 
@@ -27,29 +28,35 @@ SEEDS = (1, 2)
 
 # the shared rows, then what only the loss model needs: larger graphs, every relay mode on more
 # trees, in-place and chunked RelaySum under loss, node-aware topologies
-CASES = SHARED_CASES + [
-    Case("dpsgd", "hypercube", 8),
-    Case("d2", "social-network", 32, SGD, d2_exact_diffusion=True),
-    Case("relay-grad", "binary-tree", 7, MOMENTUM),
-    Case("relay-grad", "double-binary-trees", 7),
-    Case("relay", "social-network-tree", 32),
-] + [
-    Case("relay", topo, n, SGD, mode)
-    for topo, n in (("binary-tree", 7), ("double-binary-trees", 8))
-    for mode in ("counts", "previous", "initial")
-] + [
-    Case("relay", "binary-tree", 7, SGD, "previous", relay_in_place=True),
-    Case("relay", "double-binary-trees", 7, MOMENTUM, "counts", relay_in_place=True),
-    Case("relay", "star", 5, SGD, "initial", relay_in_place=True),
-    # messages in chunks of 2 elements: a lost message loses all its chunks, counter included
-    Case("relay", "binary-tree", 7, SGD, "counts", relay_chunk=2),
-    Case("relay", "double-binary-trees", 8, MOMENTUM, "previous", relay_chunk=2),
-    # node-aware topologies ("@3": nodes of 3 ranks in blocks, "@3rr": round-robin; tests/node_layouts.py)
-    Case("relay", "double-binary-trees@3", 9, SGD, "counts"),
-    Case("relay", "double-binary-trees@3rr", 12, MOMENTUM, "previous"),
-    Case("relay", "chain@3rr", 7, SGD, "initial", relay_chunk=2),
-    Case("gt", "ring@3rr", 8),
-]
+CASES = (
+    SHARED_CASES
+    + [
+        Case("dpsgd", "hypercube", 8),
+        Case("d2", "social-network", 32, SGD, d2_exact_diffusion=True),
+        Case("relay-grad", "binary-tree", 7, MOMENTUM),
+        Case("relay-grad", "double-binary-trees", 7),
+        Case("relay", "social-network-tree", 32),
+    ]
+    + [
+        Case("relay", topo, n, SGD, mode)
+        for topo, n in (("binary-tree", 7), ("double-binary-trees", 8))
+        for mode in ("counts", "previous", "initial")
+    ]
+    + [
+        Case("relay", "binary-tree", 7, SGD, "previous", relay_in_place=True),
+        Case("relay", "double-binary-trees", 7, MOMENTUM, "counts", relay_in_place=True),
+        Case("relay", "star", 5, SGD, "initial", relay_in_place=True),
+        # messages in chunks of 2 elements: a lost message loses all its chunks, counter included
+        Case("relay", "binary-tree", 7, SGD, "counts", relay_chunk=2),
+        Case("relay", "double-binary-trees", 8, MOMENTUM, "previous", relay_chunk=2),
+        # node-aware topologies ("@3": nodes of 3 ranks in blocks, "@3rr": round-robin;
+        # tests/node_layouts.py)
+        Case("relay", "double-binary-trees@3", 9, SGD, "counts"),
+        Case("relay", "double-binary-trees@3rr", 12, MOMENTUM, "previous"),
+        Case("relay", "chain@3rr", 7, SGD, "initial", relay_chunk=2),
+        Case("gt", "ring@3rr", 8),
+    ]
+)
 
 
 def _problem(n: int):
@@ -73,7 +80,9 @@ def _message_passing(comm, case: Case) -> tuple[int, np.ndarray]:
         relay_chunk=case.relay_chunk,
         d2_exact_diffusion=case.d2_exact_diffusion,
     )
-    algorithm = make_algorithm(case.algo, comm, topology, make_optimizer(case.optimizer, x), x, options)
+    algorithm = make_algorithm(
+        case.algo, comm, topology, make_optimizer(case.optimizer, x), x, options
+    )
     AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]), torch.from_numpy(problem.Atb[comm.rank])
     trajectory = []
     for t in range(STEPS):
@@ -85,7 +94,15 @@ def _message_passing(comm, case: Case) -> tuple[int, np.ndarray]:
 def _oracle(case: Case, n: int, drops: DropPolicy) -> np.ndarray:
     """The lossy model's trajectory, [steps, n, d]."""
     topology, problem = build_named(case.topology, n), _problem(n)
-    oracle = LossyOracle(case.algo, topology, _x0(), case.optimizer, delivered_by(drops), case.relay_mode, case.d2_exact_diffusion)
+    oracle = LossyOracle(
+        case.algo,
+        topology,
+        _x0(),
+        case.optimizer,
+        delivered_by(drops),
+        case.relay_mode,
+        case.d2_exact_diffusion,
+    )
     X = np.repeat(_x0()[None], n, axis=0)
     trajectory = []
     for t in range(STEPS):
@@ -114,17 +131,35 @@ def test_message_passing_with_drops_matches_loss_model(spmd, case, seed):
     n = _world_size(results)
     expected = _oracle(case, n, drops)
     for rank, trajectory in results:
-        np.testing.assert_allclose(trajectory, expected[:, rank], rtol=0, atol=1e-10, err_msg=f"rank {rank}")
+        np.testing.assert_allclose(
+            trajectory, expected[:, rank], rtol=0, atol=1e-10, err_msg=f"rank {rank}"
+        )
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if not (c.relay_in_place or c.relay_chunk)], ids=lambda c: c.id)
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if not (c.relay_in_place or c.relay_chunk)], ids=lambda c: c.id
+)
 def test_loss_model_without_drops_is_the_matrix_form(case):
     """With every message delivered, the loss model is the matrix oracle (delayed averages, W x)."""
     n = case.workers
     topology, problem = build_named(case.topology, n), _problem(n)
-    lossy = LossyOracle(case.algo, topology, _x0(), case.optimizer, lambda *_: True, case.relay_mode, case.d2_exact_diffusion)
+    lossy = LossyOracle(
+        case.algo,
+        topology,
+        _x0(),
+        case.optimizer,
+        lambda *_: True,
+        case.relay_mode,
+        case.d2_exact_diffusion,
+    )
     matrix = make_matrix_algorithm(
-        case.algo, topology, n, _x0(), case.optimizer, relay_mode=case.relay_mode, d2_exact_diffusion=case.d2_exact_diffusion
+        case.algo,
+        topology,
+        n,
+        _x0(),
+        case.optimizer,
+        relay_mode=case.relay_mode,
+        d2_exact_diffusion=case.d2_exact_diffusion,
     )
     X = Y = np.repeat(_x0()[None], n, axis=0)
     for t in range(STEPS):
@@ -135,8 +170,12 @@ def test_loss_model_without_drops_is_the_matrix_form(case):
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_every_case_loses_messages(case):
-    """Each case above exercises loss: its lossy trajectory leaves the lossless one (allreduce: no loss)."""
-    lossless, lossy = _oracle(case, case.workers, DropPolicy(0.0)), _oracle(case, case.workers, DropPolicy(DROP_PROB, seed=SEEDS[0]))
+    """Each case above exercises loss: its lossy trajectory leaves the lossless one (allreduce: no
+    loss)."""
+    lossless, lossy = (
+        _oracle(case, case.workers, DropPolicy(0.0)),
+        _oracle(case, case.workers, DropPolicy(DROP_PROB, seed=SEEDS[0])),
+    )
     gap = np.abs(lossless - lossy).max()
     assert gap == 0 if case.algo == "allreduce" else gap > 1e-6
 
@@ -161,11 +200,14 @@ def test_relay_hand_derived_chain_with_a_lost_message():
     t=2: x(5/2) = (29/18, 1/6, 4/9); m_12 = 1/6 + the empty m_01(1) = 1/6 (count 1), m_10 = 1/6,
          m_01 = 29/18, m_21 = 4/9; n-bar = (3, 3, 2); x(3) = (16/27, 20/27, 11/36).
     """
-    expected = np.array([
-        [Fraction(1, 2), Fraction(1, 3), Fraction(0)],
-        [Fraction(11, 18), Fraction(1, 6), Fraction(4, 9)],
-        [Fraction(16, 27), Fraction(20, 27), Fraction(11, 36)],
-    ], dtype=np.float64)
+    expected = np.array(
+        [
+            [Fraction(1, 2), Fraction(1, 3), Fraction(0)],
+            [Fraction(11, 18), Fraction(1, 6), Fraction(4, 9)],
+            [Fraction(16, 27), Fraction(20, 27), Fraction(11, 36)],
+        ],
+        dtype=np.float64,
+    )
     drops, topology = _LoseOne((round_id(1), 0, 0, 1)), build("chain", 3)
     G = np.array([[-1.0], [0.0], [0.0]])
 
@@ -178,8 +220,13 @@ def test_relay_hand_derived_chain_with_a_lost_message():
             out.append(float(x[0]))
         return out
 
-    np.testing.assert_allclose(np.array(run_local(3, body, drops=drops)).T, expected, rtol=0, atol=1e-15)
-    oracle, X = LossyOracle("relay", topology, np.zeros(1), SGD, delivered_by(drops)), np.zeros((3, 1))
+    np.testing.assert_allclose(
+        np.array(run_local(3, body, drops=drops)).T, expected, rtol=0, atol=1e-15
+    )
+    oracle, X = (
+        LossyOracle("relay", topology, np.zeros(1), SGD, delivered_by(drops)),
+        np.zeros((3, 1)),
+    )
     for t in range(3):
         X = oracle.step(X, G, 1.0, t)
         np.testing.assert_allclose(X[:, 0], expected[t], rtol=0, atol=1e-15)
@@ -195,7 +242,10 @@ def test_mean_estimation_with_drops_matches_loss_model(topo, n):
 
     def body(comm):
         estimator = RelaySumMeanEstimator(comm, topology, torch.zeros(3, dtype=torch.float64))
-        return [estimator.step(torch.from_numpy(sample(t)[comm.rank].copy()), t).numpy().copy() for t in range(STEPS)]
+        return [
+            estimator.step(torch.from_numpy(sample(t)[comm.rank].copy()), t).numpy().copy()
+            for t in range(STEPS)
+        ]
 
     got = np.array(run_local(n, body, drops=drops)).transpose(1, 0, 2)  # [steps, n, 3]
     oracle = LossyMeanEstimator(topology, 3, delivered_by(drops))

@@ -1,4 +1,5 @@
-"""The batched engine's algorithms and optimizers against message passing, the matrix oracle and the loss model."""
+"""The batched engine's algorithms and optimizers against message passing, the matrix oracle and the
+loss model."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ CASES = SHARED_CASES + [
     Case("relay-grad", "double-binary-trees", 8, MOMENTUM),
     Case("relay", "double-binary-trees", 8, MOMENTUM, "counts"),
     Case("relay", "double-binary-trees", 8, MOMENTUM, "initial"),
-    # node-aware topologies ("@3": nodes of 3 ranks in blocks, "@3rr": round-robin; tests/node_layouts.py)
+    # node-aware topologies ("@3": nodes of 3 ranks in blocks, "@3rr": round-robin;
+    # tests/node_layouts.py)
     Case("relay", "double-binary-trees@3", 10, MOMENTUM, "counts"),
     Case("relay", "double-binary-trees@3rr", 11, SGD, "previous"),
     Case("relay", "chain@3rr", 7, SGD, "initial"),
@@ -77,7 +79,9 @@ def _x0() -> np.ndarray:
 def _message_passing(comm, case: Case) -> tuple[np.ndarray, np.ndarray]:
     topology, problem = build_named(case.topology, comm.world_size), _problem(comm.world_size)
     x = torch.tensor(_x0(), dtype=torch.float64)
-    algorithm = make_algorithm(case.algo, comm, topology, make_optimizer(case.optimizer, x), x, case.options)
+    algorithm = make_algorithm(
+        case.algo, comm, topology, make_optimizer(case.optimizer, x), x, case.options
+    )
     AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]), torch.from_numpy(problem.Atb[comm.rank])
     trajectory = []
     for t in range(STEPS):
@@ -94,7 +98,14 @@ class _Batched:
         self.problem = _problem(n)
         self.X = torch.tensor(np.repeat(_x0()[None], n, axis=0))
         self.optimizer = BatchedOptimizer(case.optimizer, self.X)
-        self.algorithm = make_batched_algorithm(case.algo, build_named(case.topology, n), self.optimizer, self.X.clone(), case.options, drops)
+        self.algorithm = make_batched_algorithm(
+            case.algo,
+            build_named(case.topology, n),
+            self.optimizer,
+            self.X.clone(),
+            case.options,
+            drops,
+        )
         self.AtA, self.Atb = torch.from_numpy(self.problem.AtA), torch.from_numpy(self.problem.Atb)
 
     def step(self, t: int) -> np.ndarray:
@@ -104,15 +115,30 @@ class _Batched:
 
 
 def _oracle(case: Case, drops: DropPolicy) -> np.ndarray:
-    """[steps, n, d]: the matrix oracle without drops, the independent loss model (tests/drop_oracle.py) with them."""
+    """[steps, n, d]: the matrix oracle without drops, the independent loss model
+    (tests/drop_oracle.py) with them."""
     n = case.workers
     topology, problem = build_named(case.topology, n), _problem(n)
     if drops.prob == 0:
         engine = make_matrix_algorithm(
-            case.algo, topology, n, _x0(), case.optimizer, relay_mode=case.relay_mode, d2_exact_diffusion=case.d2_exact_diffusion
+            case.algo,
+            topology,
+            n,
+            _x0(),
+            case.optimizer,
+            relay_mode=case.relay_mode,
+            d2_exact_diffusion=case.d2_exact_diffusion,
         )
     else:
-        engine = LossyOracle(case.algo, topology, _x0(), case.optimizer, delivered_by(drops), case.relay_mode, case.d2_exact_diffusion)
+        engine = LossyOracle(
+            case.algo,
+            topology,
+            _x0(),
+            case.optimizer,
+            delivered_by(drops),
+            case.relay_mode,
+            case.d2_exact_diffusion,
+        )
     X, trajectory = np.repeat(_x0()[None], n, axis=0), []
     for t in range(STEPS):
         X = engine.step(X, problem.gradients(X), _lr(t), t)
@@ -132,7 +158,9 @@ def test_batched_equals_message_passing_and_oracle(case, prob):
     np.testing.assert_allclose(trajectory, passed, rtol=0, atol=1e-9)
     np.testing.assert_allclose(trajectory, _oracle(case, drops), rtol=0, atol=1e-9)
     np.testing.assert_array_equal(batched.algorithm.bytes_sent, np.stack([r[1] for r in results]))
-    if prob and case.algo != "allreduce":  # the drops were real: some link carried less than it would have
+    if (
+        prob and case.algo != "allreduce"
+    ):  # the drops were real: some link carried less than it would have
         lossless = _Batched(case, DropPolicy())
         for t in range(STEPS):
             lossless.step(t)
@@ -141,9 +169,13 @@ def test_batched_equals_message_passing_and_oracle(case, prob):
 
 @pytest.mark.parametrize("mode", RELAY_MODES)
 def test_relay_on_an_irregular_tree_equals_the_loss_model(mode):
-    """The social network's spanning tree (32 workers, degrees 1 to 8) with drops, against the loss model only
+    """The social network's spanning tree (32 workers, degrees 1 to 8) with drops, against the loss
+    model only
     (32 message-passing threads would dominate this file's time)."""
-    case, drops = Case("relay", "social-network-tree", 32, MOMENTUM, mode), DropPolicy(DROP_PROB, seed=4)
+    case, drops = (
+        Case("relay", "social-network-tree", 32, MOMENTUM, mode),
+        DropPolicy(DROP_PROB, seed=4),
+    )
     batched = _Batched(case, drops)
     trajectory = np.array([batched.step(t) for t in range(STEPS)])
     np.testing.assert_allclose(trajectory, _oracle(case, drops), rtol=0, atol=1e-9)
@@ -166,8 +198,17 @@ def test_state_dict_round_trip_continues_bit_identically(case):
         np.testing.assert_array_equal(resumed.step(t), want)
 
 
-@pytest.mark.parametrize("config", [SGD, MOMENTUM, HEAVY_BALL, ADAM, OptimizerConfig(momentum=0.7, weight_decay=0.1, nesterov=False)],
-                         ids=["sgd", "nesterov-wd", "heavy-ball", "adam-wd", "heavy-ball-wd"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        SGD,
+        MOMENTUM,
+        HEAVY_BALL,
+        ADAM,
+        OptimizerConfig(momentum=0.7, weight_decay=0.1, nesterov=False),
+    ],
+    ids=["sgd", "nesterov-wd", "heavy-ball", "adam-wd", "heavy-ball-wd"],
+)
 def test_batched_optimizer_matches_the_local_optimizer(config):
     rng = np.random.default_rng(0)
     n, d = 5, 33
@@ -192,7 +233,9 @@ def test_batched_optimizer_matches_the_local_optimizer(config):
         np.testing.assert_allclose(X.numpy(), torch.stack(rows).numpy(), rtol=0, atol=1e-12)
     state = batched.state_dict()
     for key, value in local[0].state_dict().items():
-        np.testing.assert_allclose(np.asarray(state[key])[0] if state[key].dim() else state[key], value, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(
+            np.asarray(state[key])[0] if state[key].dim() else state[key], value, rtol=0, atol=1e-12
+        )
 
 
 def test_relay_counts_parcels_like_message_passing_on_a_chain():
@@ -205,23 +248,30 @@ def test_relay_counts_parcels_like_message_passing_on_a_chain():
 
     X = torch.zeros(3, 1, dtype=torch.float64)
     optimizer = BatchedOptimizer(SGD, X)
-    algorithm = make_batched_algorithm("relay", build("chain", 3), optimizer, X.clone(), AlgorithmOptions(), LoseOne())
+    algorithm = make_batched_algorithm(
+        "relay", build("chain", 3), optimizer, X.clone(), AlgorithmOptions(), LoseOne()
+    )
     G = torch.tensor([[-1.0], [0.0], [0.0]])  # worker 0's update is +1 per step (lr 1)
     expected = [(1 / 2, 1 / 3, 0.0), (11 / 18, 1 / 6, 4 / 9), (16 / 27, 20 / 27, 11 / 36)]
     for t, want in enumerate(expected):
         algorithm.step(X, G.clone(), 1.0, t)
         np.testing.assert_allclose(X[:, 0].numpy(), want, rtol=0, atol=1e-15)
     itemsize = 8
-    assert algorithm.bytes_sent[0, 1] == 2 * 2 * itemsize  # [payload, counter] in steps 0 and 2, step 1 lost
+    assert (
+        algorithm.bytes_sent[0, 1] == 2 * 2 * itemsize
+    )  # [payload, counter] in steps 0 and 2, step 1 lost
     assert algorithm.bytes_sent[1, 0] == 3 * 2 * itemsize
 
 
-@pytest.mark.parametrize("algo, topology, n, config, match", [
-    ("relay", "ring", 6, SGD, "not a tree"),
-    ("sgp", "ring", 8, SGD, "exponential"),
-    ("qgm", "ring", 6, SGD, "momentum"),
-    ("nope", "ring", 6, SGD, "unknown algorithm"),
-])
+@pytest.mark.parametrize(
+    "algo, topology, n, config, match",
+    [
+        ("relay", "ring", 6, SGD, "not a tree"),
+        ("sgp", "ring", 8, SGD, "exponential"),
+        ("qgm", "ring", 6, SGD, "momentum"),
+        ("nope", "ring", 6, SGD, "unknown algorithm"),
+    ],
+)
 def test_refuses_what_message_passing_refuses(algo, topology, n, config, match):
     X = torch.zeros(n, 3, dtype=torch.float64)
     with pytest.raises(AlgorithmError, match=match):
@@ -231,16 +281,26 @@ def test_refuses_what_message_passing_refuses(algo, topology, n, config, match):
 def _final_message_passing(comm, case: Case, dtype: torch.dtype) -> np.ndarray:
     topology, problem = build_named(case.topology, comm.world_size), _problem(comm.world_size)
     x = torch.tensor(_x0(), dtype=dtype)
-    algorithm = make_algorithm(case.algo, comm, topology, make_optimizer(case.optimizer, x), x, case.options)
-    AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]).to(dtype), torch.from_numpy(problem.Atb[comm.rank]).to(dtype)
+    algorithm = make_algorithm(
+        case.algo, comm, topology, make_optimizer(case.optimizer, x), x, case.options
+    )
+    AtA, Atb = (
+        torch.from_numpy(problem.AtA[comm.rank]).to(dtype),
+        torch.from_numpy(problem.Atb[comm.rank]).to(dtype),
+    )
     for t in range(STEPS):
         algorithm.step(x, AtA @ x - Atb, _lr(t), t)
     return x.numpy().copy()
 
 
-@pytest.mark.parametrize("case", [Case("d2", "ring", 7), Case("relay", "double-binary-trees", 8, MOMENTUM, "previous")], ids=lambda c: c.id)
+@pytest.mark.parametrize(
+    "case",
+    [Case("d2", "ring", 7), Case("relay", "double-binary-trees", 8, MOMENTUM, "previous")],
+    ids=lambda c: c.id,
+)
 def test_float32_agrees_with_message_passing_at_full_precision_even_with_tf32_allowed(case):
-    """float32 to rounding; allowing TF32 for the models leaves the gossip average in full precision,
+    """float32 to rounding; allowing TF32 for the models leaves the gossip average in full
+    precision,
     and the setting as it was.
 
     Not a fixed tolerance (float32 rounding differs between CPUs): the batched float32 models may be
@@ -249,26 +309,44 @@ def test_float32_agrees_with_message_passing_at_full_precision_even_with_tf32_al
     epsilons of the scale. An average rounded to TF32's 10-bit mantissa moves the models by 4e-3
     (RelaySGD) to 1e-1 (D²).
     """
-    n, drops, before = case.workers, DropPolicy(DROP_PROB, seed=3), torch.get_float32_matmul_precision()
+    n, drops, before = (
+        case.workers,
+        DropPolicy(DROP_PROB, seed=3),
+        torch.get_float32_matmul_precision(),
+    )
     problem = _problem(n)
     X = torch.tensor(np.repeat(_x0()[None], n, axis=0), dtype=torch.float32)
-    algorithm = make_batched_algorithm(case.algo, build_named(case.topology, n), BatchedOptimizer(case.optimizer, X), X.clone(), case.options, drops)
+    algorithm = make_batched_algorithm(
+        case.algo,
+        build_named(case.topology, n),
+        BatchedOptimizer(case.optimizer, X),
+        X.clone(),
+        case.options,
+        drops,
+    )
     AtA, Atb = torch.from_numpy(problem.AtA).float(), torch.from_numpy(problem.Atb).float()
     torch.set_float32_matmul_precision("medium")
     try:
         for t in range(STEPS):
-            # the gradient without a matmul: "medium" also sets oneDNN's float32 matmul precision to bfloat16 (no effect
-            # seen on AMD EPYC or on a Xeon with AMX, but nothing promises that); only the algorithm is under test
+            # the gradient without a matmul: "medium" also sets oneDNN's float32 matmul precision to
+            # bfloat16 (no effect
+            # seen on AMD EPYC or on a Xeon with AMX, but nothing promises that); only the algorithm
+            # is under test
             algorithm.step(X, (AtA * X[:, None, :]).sum(dim=2) - Atb, _lr(t), t)
         assert torch.get_float32_matmul_precision() == "medium"
     finally:
         torch.set_float32_matmul_precision(before)
-    message_passing = np.stack(run_local(n, _final_message_passing, case, torch.float32, drops=drops))
+    message_passing = np.stack(
+        run_local(n, _final_message_passing, case, torch.float32, drops=drops)
+    )
     reference = np.stack(run_local(n, _final_message_passing, case, torch.float64, drops=drops))
     batched_error = np.abs(X.numpy().astype(np.float64) - reference).max()
     own_error = np.abs(message_passing.astype(np.float64) - reference).max()
     eps = float(np.finfo(np.float32).eps)
-    assert batched_error <= 10 * own_error + 16 * eps * np.abs(reference).max(), (batched_error, own_error)
+    assert batched_error <= 10 * own_error + 16 * eps * np.abs(reference).max(), (
+        batched_error,
+        own_error,
+    )
 
 
 def _held_bytes(obj, seen: set) -> int:
@@ -296,11 +374,15 @@ def _held_bytes(obj, seen: set) -> int:
 def _peak_allocated_bytes(fn, tmp_path) -> int:
     """The most CPU memory that what ``fn`` allocated ever held at once: the allocator's events,
     as torch's memory profiler records them (its raw timeline: CREATE = 2, DESTROY = 4)."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
+    ) as prof:
         fn()
     path = str(tmp_path / "memory.raw.json.gz")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # deprecated for CUDA's snapshots; the CPU timeline has no successor
+        warnings.simplefilter(
+            "ignore", FutureWarning
+        )  # deprecated for CUDA's snapshots; the CPU timeline has no successor
         prof.export_memory_timeline(path, device="cpu")
     with gzip.open(path, "rt") as f:
         events = json.load(f)
@@ -316,7 +398,8 @@ def _peak_allocated_bytes(fn, tmp_path) -> int:
 @pytest.mark.parametrize("topo", ["chain", "star", "binary-tree", "double-binary-trees"])
 def test_relay_memory_is_no_more_than_message_passing(topo, n, tmp_path):
     """Memory per worker is no more than message passing uses. Batched: every tensor and array
-    the relay holds plus the peak of what its steps allocate (with drops, both row parities); message
+    the relay holds plus the peak of what its steps allocate (with drops, both row parities);
+    message
     passing: every rank's RelaySum.buffers(), default options (its steps allocate no buffer of its
     own; the transport's copies in flight are not counted, in its favour). float32."""
     numel, topology = 1 << 12, build(topo, n)
@@ -332,7 +415,9 @@ def test_relay_memory_is_no_more_than_message_passing(topo, n, tmp_path):
     steps(0)
     temporaries = _peak_allocated_bytes(lambda: steps(2), tmp_path)
     batched = _held_bytes(relay.trees, set()) + temporaries
-    assert _peak_allocated_bytes(lambda: X.index_select(0, torch.arange(n)), tmp_path) >= X.nbytes  # it sees temporaries
+    assert (
+        _peak_allocated_bytes(lambda: X.index_select(0, torch.arange(n)), tmp_path) >= X.nbytes
+    )  # it sees temporaries
 
     def held_by_rank(comm) -> int:
         parcel = padded_zeros(numel, dtype=torch.float32)
@@ -340,9 +425,13 @@ def test_relay_memory_is_no_more_than_message_passing(topo, n, tmp_path):
         for t in range(2):
             mp.exchange(parcel, t)
         held, bounce = mp.buffers()
-        return sum(b.untyped_storage().nbytes() for b in held + ([bounce] if bounce is not None else []))
+        return sum(
+            b.untyped_storage().nbytes() for b in held + ([bounce] if bounce is not None else [])
+        )
 
     passing = sum(run_local(n, held_by_rank))
     model = n * numel * X.element_size()
     assert temporaries < 0.05 * model  # no block-sized temporary: index arrays only
-    assert batched <= passing, f"batched {batched / model:.3f} vs message passing {passing / model:.3f} models per worker"
+    assert batched <= passing, (
+        f"batched {batched / model:.3f} vs message passing {passing / model:.3f} models per worker"
+    )

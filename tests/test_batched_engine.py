@@ -62,7 +62,8 @@ class _StandInSGD:
 
 
 class _StandInAllReduce:
-    """G <- mean over workers, then the optimizer (relaympi.algorithms.AllReduce for all rows at once)."""
+    """G <- mean over workers, then the optimizer (relaympi.algorithms.AllReduce for all rows at
+    once)."""
 
     def __init__(self, algo, topology, optimizer, X0, options, drops, nodes=None):
         assert algo == "allreduce", algo
@@ -98,7 +99,9 @@ def _run_batched(args, workers, out, algorithms=None):
 
 
 def _run_local(args, workers, out):
-    code = train.main([*map(str, args), "--backend", "local", "--workers", str(workers), "--out", str(out)])
+    code = train.main(
+        [*map(str, args), "--backend", "local", "--workers", str(workers), "--out", str(out)]
+    )
     assert code == 0
 
 
@@ -114,7 +117,20 @@ def _task(name, **options):
 
 
 def _workloads(task, workers, batch, alpha, seed=0):
-    cfg = parse_args(["--task", task.name, "--backend", "batched", "--workers", str(workers), "--seed", str(seed), "--batch-size", str(batch)])
+    cfg = parse_args(
+        [
+            "--task",
+            task.name,
+            "--backend",
+            "batched",
+            "--workers",
+            str(workers),
+            "--seed",
+            str(seed),
+            "--batch-size",
+            str(batch),
+        ]
+    )
     plan = resolve(cfg, workers)
     parts = dirichlet_partition(task.train_labels, workers, alpha, seed)
     return parts, [ModelWorkload(task, plan, rank, "cpu", parts[rank]) for rank in range(workers)]
@@ -125,13 +141,20 @@ def _workloads(task, workers, batch, alpha, seed=0):
 def imagenet_dir(tmp_path_factory):
     from tests.test_imagenet import make_imagenet_dir
 
-    return make_imagenet_dir(tmp_path_factory.mktemp("imagenet"), train_per_class=4, val_per_class=2)
+    return make_imagenet_dir(
+        tmp_path_factory.mktemp("imagenet"), train_per_class=4, val_per_class=2
+    )
 
 
 def _gradient_case(task_name, request):
-    """(workers' own ModelWorkloads, BatchedModel, BatchedData, X) for one task, the workers moved apart."""
+    """(workers' own ModelWorkloads, BatchedModel, BatchedData, X) for one task, the workers moved
+    apart."""
     data_dir = {"cifar10": "cifar_dir", "imagenet": "imagenet_dir"}.get(task_name)
-    task = _task(task_name, data_dir=request.getfixturevalue(data_dir) if data_dir else None, num_loader_workers=0)
+    task = _task(
+        task_name,
+        data_dir=request.getfixturevalue(data_dir) if data_dir else None,
+        num_loader_workers=0,
+    )
     workers, batch = (4, 8) if task_name == "digits" else (2, 3)
     parts, workloads = _workloads(task, workers, batch, alpha=0.1)
     model = BatchedModel(task, 0, "cpu")
@@ -144,7 +167,9 @@ def _gradient_case(task_name, request):
 
 
 def _float64(inputs):
-    return inputs.double() if inputs.is_floating_point() else inputs  # uint8 images stay uint8: the model normalizes them
+    return (
+        inputs.double() if inputs.is_floating_point() else inputs
+    )  # uint8 images stay uint8: the model normalizes them
 
 
 def _batched_in_float64(model):
@@ -161,7 +186,8 @@ def _workload_in_float64(workload):
 @pytest.mark.slow
 @pytest.mark.parametrize("task_name", ["digits", "cifar10", "imagenet"])
 def test_batched_gradients_equal_each_workers_model_workload_in_float64(task_name, request):
-    """Equality proved in float64, where only summation order differs (measured <= 1e-14 of the largest entry)."""
+    """Equality proved in float64, where only summation order differs (measured <= 1e-14 of the
+    largest entry)."""
     _, _, _, workloads, model, data, X = _gradient_case(task_name, request)
     _batched_in_float64(model)
     for workload in workloads:
@@ -175,13 +201,16 @@ def test_batched_gradients_equal_each_workers_model_workload_in_float64(task_nam
             loss = workload.gradient(step)
             assert workload.grad.dtype == torch.float64
             assert losses[rank].item() == pytest.approx(loss, rel=1e-12)
-            torch.testing.assert_close(G[rank], workload.grad, rtol=0, atol=1e-12 * float(workload.grad.abs().max()))
+            torch.testing.assert_close(
+                G[rank], workload.grad, rtol=0, atol=1e-12 * float(workload.grad.abs().max())
+            )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task_name", ["digits", "cifar10", "imagenet"])
 def test_batched_float32_gradients_are_as_close_to_float64_as_each_workers_own(task_name, request):
-    """The float32 engine is no further from the float64 truth than the worker's own float32 gradient.
+    """The float32 engine is no further from the float64 truth than the worker's own float32
+    gradient.
 
     A fixed float32 tolerance between the two paths holds only on some CPUs: EvoNorm on tiny
     images is ill-conditioned, so both paths' float32 gradients move by ~4e-4 of their scale
@@ -209,12 +238,18 @@ def test_batched_float32_gradients_are_as_close_to_float64_as_each_workers_own(t
             own_error = float((workload.grad.double() - g64).abs().max())
             batched_error = float((G[rank].double() - g64).abs().max())
             # the bound's power: a float32 path this far off could hide a bug
-            assert own_error <= 1e-2 * scale, f"float32 too ill-conditioned here to test: worker {rank} is {own_error / scale:.1e} of its scale from float64"
+            assert own_error <= 1e-2 * scale, (
+                f"float32 too ill-conditioned here to test: worker {rank} is "
+                f"{own_error / scale:.1e} of its scale from float64"
+            )
             assert batched_error <= ROUNDING_RATIO * own_error + ROUNDING_FLOOR * eps * scale, (
-                f"step {step}, worker {rank}: batched float32 gradient {batched_error / scale:.1e} of the scale from float64, "
+                f"step {step}, worker {rank}: batched float32 gradient "
+                f"{batched_error / scale:.1e} of the scale from float64, "
                 f"the worker's own {own_error / scale:.1e}"
             )
-            assert abs(losses[rank].item() - loss64) <= ROUNDING_RATIO * abs(loss - loss64) + ROUNDING_FLOOR * eps * abs(loss64)
+            assert abs(losses[rank].item() - loss64) <= ROUNDING_RATIO * abs(
+                loss - loss64
+            ) + ROUNDING_FLOOR * eps * abs(loss64)
 
 
 @pytest.mark.parametrize("task_name", ["digits", "cifar10"])
@@ -225,7 +260,9 @@ def test_batches_are_the_tasks_batches_bit_for_bit(task_name, cifar_dir):
     for step in (0, 9):
         inputs, targets = data.batch(step)
         for rank, sampler in enumerate(data.samplers):
-            expected_inputs, expected_targets = task.train_batch(sampler.batch(step), sampler.rng(step))
+            expected_inputs, expected_targets = task.train_batch(
+                sampler.batch(step), sampler.rng(step)
+            )
             assert torch.equal(inputs[rank], expected_inputs)
             assert torch.equal(targets[rank], expected_targets)
 
@@ -249,16 +286,39 @@ def test_modules_that_cannot_be_stacked_are_refused(tmp_path):
     from relaympi.tasks.digits import DigitsTask
 
     assert unsupported_reason(DigitsTask, torch.nn.Linear(2, 2)) is None
-    assert "running statistics" in unsupported_reason(DigitsTask, torch.nn.Sequential(torch.nn.BatchNorm1d(4)))
+    assert "running statistics" in unsupported_reason(
+        DigitsTask, torch.nn.Sequential(torch.nn.BatchNorm1d(4))
+    )
     assert "dropout" in unsupported_reason(DigitsTask, torch.nn.Sequential(torch.nn.Dropout(0.1)))
     # agnews' forward takes token dictionaries: refused before its data or model would load
-    with pytest.raises(ConfigError, match="cannot run task 'agnews'.*structured inputs.*--backend local --workers N, or under mpirun"):
-        _run_batched(["--task", "agnews", "--data-dir", tmp_path, "--model-dir", tmp_path, "--steps", "2"], 2, tmp_path / "a.h5")
+    with pytest.raises(
+        ConfigError,
+        match="cannot run task 'agnews'.*structured inputs.*--backend local --workers N, or "
+        "under mpirun",
+    ):
+        _run_batched(
+            ["--task", "agnews", "--data-dir", tmp_path, "--model-dir", tmp_path, "--steps", "2"],
+            2,
+            tmp_path / "a.h5",
+        )
     assert not (tmp_path / "a.h5").exists()
 
 
 # -- the run driver --------------------------------------------------------------------------------
-DIGITS = ["--task", "digits", "--algo", "allreduce", "--alpha", "0.1", "--steps", "12", "--eval-every", "6", "--lr", "0.4"]
+DIGITS = [
+    "--task",
+    "digits",
+    "--algo",
+    "allreduce",
+    "--alpha",
+    "0.1",
+    "--steps",
+    "12",
+    "--eval-every",
+    "6",
+    "--lr",
+    "0.4",
+]
 NUMBERS = ("step", "epoch", "lr")
 
 
@@ -266,8 +326,30 @@ NUMBERS = ("step", "epoch", "lr")
 @pytest.mark.parametrize("task_args", [DIGITS, "cifar10"])
 def test_batched_run_file_matches_the_local_backend(tmp_path, task_args, cifar_dir):
     if task_args == "cifar10":
-        task_args = ["--task", "cifar10", "--data-dir", cifar_dir, "--algo", "allreduce", "--steps", "4", "--eval-every", "2",
-                     "--batch-size", "4", "--eval-batch-size", "8", "--momentum", "0", "--weight-decay", "0", "--lr", "0.02", "--warmup-epochs", "0"]
+        task_args = [
+            "--task",
+            "cifar10",
+            "--data-dir",
+            cifar_dir,
+            "--algo",
+            "allreduce",
+            "--steps",
+            "4",
+            "--eval-every",
+            "2",
+            "--batch-size",
+            "4",
+            "--eval-batch-size",
+            "8",
+            "--momentum",
+            "0",
+            "--weight-decay",
+            "0",
+            "--lr",
+            "0.02",
+            "--warmup-epochs",
+            "0",
+        ]
     workers = 4 if task_args is DIGITS else 2
     _run_local(task_args, workers, tmp_path / "local.h5")
     assert _run_batched(task_args, workers, tmp_path / "batched.h5") == "completed"
@@ -278,20 +360,70 @@ def test_batched_run_file_matches_the_local_backend(tmp_path, task_args, cifar_d
     for name in NUMBERS:
         np.testing.assert_array_equal(batched.data[name], local.data[name])
     np.testing.assert_allclose(batched.data["test_loss"], local.data["test_loss"], rtol=1e-5)
-    np.testing.assert_allclose(batched.data["train_loss"][1:], local.data["train_loss"][1:], rtol=1e-5)
+    np.testing.assert_allclose(
+        batched.data["train_loss"][1:], local.data["train_loss"][1:], rtol=1e-5
+    )
     assert np.all(np.isnan(batched.data["train_loss"][0]))  # nothing trained at step 0, as on local
     num_test = 359 if task_args is DIGITS else 16
-    assert np.abs(batched.data["test_accuracy"] - local.data["test_accuracy"]).max() <= 1 / num_test + 1e-12
-    assert batched.data["test_loss"][-1].mean() < batched.data["test_loss"][0].mean() - 1e-3  # it trained
-    np.testing.assert_array_equal(batched.data["bytes_sent"][-1], 8 * 12 if task_args is DIGITS else 8 * 4)
+    assert (
+        np.abs(batched.data["test_accuracy"] - local.data["test_accuracy"]).max()
+        <= 1 / num_test + 1e-12
+    )
+    assert (
+        batched.data["test_loss"][-1].mean() < batched.data["test_loss"][0].mean() - 1e-3
+    )  # it trained
+    np.testing.assert_array_equal(
+        batched.data["bytes_sent"][-1], 8 * 12 if task_args is DIGITS else 8 * 4
+    )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args", [
-    ["--task", "digits", "--algo", "relay", "--alpha", "0.01", "--steps", "24", "--eval-every", "12"],
-    ["--task", "digits", "--algo", "dpsgd", "--topology", "ring", "--steps", "24", "--eval-every", "12", "--drop-prob", "0.2"],
-    ["--task", "cifar10", "--algo", "relay", "--steps", "3", "--eval-every", "3", "--batch-size", "4", "--eval-batch-size", "16"],
-], ids=["digits-relay", "digits-dpsgd-drops", "vgg11-relay-nesterov"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [
+            "--task",
+            "digits",
+            "--algo",
+            "relay",
+            "--alpha",
+            "0.01",
+            "--steps",
+            "24",
+            "--eval-every",
+            "12",
+        ],
+        [
+            "--task",
+            "digits",
+            "--algo",
+            "dpsgd",
+            "--topology",
+            "ring",
+            "--steps",
+            "24",
+            "--eval-every",
+            "12",
+            "--drop-prob",
+            "0.2",
+        ],
+        [
+            "--task",
+            "cifar10",
+            "--algo",
+            "relay",
+            "--steps",
+            "3",
+            "--eval-every",
+            "3",
+            "--batch-size",
+            "4",
+            "--eval-batch-size",
+            "16",
+        ],
+    ],
+    ids=["digits-relay", "digits-dpsgd-drops", "vgg11-relay-nesterov"],
+)
 def test_vectorized_algorithms_match_the_local_backend(tmp_path, args, cifar_dir):
     """With relaympi.batched's own optimizers and algorithms (momentum, weight decay, drops)."""
     pytest.importorskip("relaympi.batched.algorithms")
@@ -302,12 +434,26 @@ def test_vectorized_algorithms_match_the_local_backend(tmp_path, args, cifar_dir
     assert run_batched(plan, tmp_path / "batched.h5", "test") == "completed"
     local, batched = read_run(tmp_path / "local.h5"), read_run(tmp_path / "batched.h5")
     np.testing.assert_allclose(batched.data["test_loss"], local.data["test_loss"], rtol=1e-5)
-    np.testing.assert_allclose(batched.data["train_loss"][1:], local.data["train_loss"][1:], rtol=1e-5)
+    np.testing.assert_allclose(
+        batched.data["train_loss"][1:], local.data["train_loss"][1:], rtol=1e-5
+    )
     np.testing.assert_array_equal(batched.data["bytes_sent"], local.data["bytes_sent"])
 
 
 def test_quadratics_run_in_float64_equal_the_local_backend(tmp_path):
-    args = ["--task", "quadratics", "--algo", "allreduce", "--steps", "30", "--eval-every", "10", "--sigma2", "0.1", "--record-params"]
+    args = [
+        "--task",
+        "quadratics",
+        "--algo",
+        "allreduce",
+        "--steps",
+        "30",
+        "--eval-every",
+        "10",
+        "--sigma2",
+        "0.1",
+        "--record-params",
+    ]
     _run_local(args, 4, tmp_path / "local.h5")
     assert _run_batched(args, 4, tmp_path / "batched.h5") == "completed"
     local, batched = read_run(tmp_path / "local.h5"), read_run(tmp_path / "batched.h5")
@@ -319,7 +465,15 @@ def test_quadratics_run_in_float64_equal_the_local_backend(tmp_path):
 QUADRATICS_CASES = [
     ["--algo", "relay", "--relay-mode", "counts", "--drop-prob", "0.1"],
     ["--algo", "relay", "--relay-mode", "previous", "--drop-prob", "0.1"],
-    ["--algo", "relay", "--relay-mode", "initial", "--topology", "double-binary-trees", "--relay-lr-correction"],
+    [
+        "--algo",
+        "relay",
+        "--relay-mode",
+        "initial",
+        "--topology",
+        "double-binary-trees",
+        "--relay-lr-correction",
+    ],
     ["--algo", "relay-grad", "--topology", "chain"],
     ["--algo", "dpsgd", "--topology", "ring", "--drop-prob", "0.1"],
     ["--algo", "qgm", "--topology", "ring"],
@@ -330,15 +484,32 @@ QUADRATICS_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", QUADRATICS_CASES, ids=lambda case: "-".join(a.lstrip("-") for a in case[1::2]))
+@pytest.mark.parametrize(
+    "case", QUADRATICS_CASES, ids=lambda case: "-".join(a.lstrip("-") for a in case[1::2])
+)
 def test_vectorized_algorithms_on_quadratics_equal_the_local_backend(tmp_path, case):
     pytest.importorskip("relaympi.batched.algorithms")
-    args = ["--task", "quadratics", *case, "--steps", "40", "--eval-every", "10", "--sigma2", "0.1", "--record-params", "--lr", "0.05"]
+    args = [
+        "--task",
+        "quadratics",
+        *case,
+        "--steps",
+        "40",
+        "--eval-every",
+        "10",
+        "--sigma2",
+        "0.1",
+        "--record-params",
+        "--lr",
+        "0.05",
+    ]
     _run_local(args, 8, tmp_path / "local.h5")
     assert run_batched(_plan(args, 8), tmp_path / "batched.h5", "test") == "completed"
     local, batched = read_run(tmp_path / "local.h5"), read_run(tmp_path / "batched.h5")
     for name in ("params", "train_loss", "suboptimality", "consensus_distance"):
-        np.testing.assert_allclose(batched.data[name], local.data[name], rtol=1e-9, atol=1e-12, err_msg=name)
+        np.testing.assert_allclose(
+            batched.data[name], local.data[name], rtol=1e-9, atol=1e-12, err_msg=name
+        )
     np.testing.assert_array_equal(batched.data["bytes_sent"], local.data["bytes_sent"])
 
 
@@ -350,18 +521,40 @@ def _rows(path):
 @pytest.mark.parametrize("engine", ["stand-in", "vectorized"])
 def test_preempted_run_resumes_bit_identical(tmp_path, monkeypatch, engine):
     args, algorithms = [*DIGITS, "--eval-every", "4", "--checkpoint-every", "3"], STAND_IN
-    if engine == "vectorized":  # relaympi.batched's RelaySGD with Nesterov momentum: messages and momentum in the checkpoint
+    if (
+        engine == "vectorized"
+        # relaympi.batched's RelaySGD with Nesterov momentum: messages and momentum in the
+        # checkpoint
+    ):
         pytest.importorskip("relaympi.batched.algorithms")
-        args, algorithms = [*args, "--algo", "relay", "--momentum", "0.9", "--alpha", "0.01", "--lr", "0.1"], {}
-    assert _run_batched([*args, "--checkpoint-dir", tmp_path / "c1"], 4, tmp_path / "straight.h5", algorithms) == "completed"
+        args, algorithms = (
+            [*args, "--algo", "relay", "--momentum", "0.9", "--alpha", "0.01", "--lr", "0.1"],
+            {},
+        )
+    assert (
+        _run_batched(
+            [*args, "--checkpoint-dir", tmp_path / "c1"], 4, tmp_path / "straight.h5", algorithms
+        )
+        == "completed"
+    )
     steps = iter(range(1, 100))
     monkeypatch.setattr(STOP, "is_set", lambda: next(steps) >= 5)  # SIGTERM during step 5
-    assert _run_batched([*args, "--checkpoint-dir", tmp_path / "c2"], 4, tmp_path / "cut.h5", algorithms) == "preempted"
+    assert (
+        _run_batched(
+            [*args, "--checkpoint-dir", tmp_path / "c2"], 4, tmp_path / "cut.h5", algorithms
+        )
+        == "preempted"
+    )
     cut = read_run(tmp_path / "cut.h5")
     assert (cut.status, cut.attrs["stopped_step"]) == ("preempted", 5)
     monkeypatch.undo()
     assert not STOP.is_set()
-    assert _run_batched([*args, "--checkpoint-dir", tmp_path / "c2"], 4, tmp_path / "cut.h5", algorithms) == "completed"
+    assert (
+        _run_batched(
+            [*args, "--checkpoint-dir", tmp_path / "c2"], 4, tmp_path / "cut.h5", algorithms
+        )
+        == "completed"
+    )
     expected, resumed = _rows(tmp_path / "straight.h5"), _rows(tmp_path / "cut.h5")
     assert set(expected) == set(resumed)
     for name in expected:
@@ -373,10 +566,21 @@ def test_failure_is_recorded_and_a_rerun_resumes_from_the_checkpoint(tmp_path, m
     assert _run_batched(args, 4, tmp_path / "straight.h5") == "completed"
     monkeypatch.setenv(FAULT_ENV, "0:7")
     with pytest.raises(RuntimeError, match="injected failure"):
-        _run_batched([*args[:-4], "--checkpoint-dir", tmp_path / "c2", "--checkpoint-every", "5"], 4, tmp_path / "cut.h5")
+        _run_batched(
+            [*args[:-4], "--checkpoint-dir", tmp_path / "c2", "--checkpoint-every", "5"],
+            4,
+            tmp_path / "cut.h5",
+        )
     assert read_run(tmp_path / "cut.h5").status == "failed"
     monkeypatch.delenv(FAULT_ENV)
-    assert _run_batched([*args[:-4], "--checkpoint-dir", tmp_path / "c2", "--checkpoint-every", "5"], 4, tmp_path / "cut.h5") == "completed"
+    assert (
+        _run_batched(
+            [*args[:-4], "--checkpoint-dir", tmp_path / "c2", "--checkpoint-every", "5"],
+            4,
+            tmp_path / "cut.h5",
+        )
+        == "completed"
+    )
     expected, resumed = _rows(tmp_path / "straight.h5"), _rows(tmp_path / "cut.h5")
     for name in expected:
         np.testing.assert_array_equal(resumed[name], expected[name], err_msg=name)
@@ -385,9 +589,24 @@ def test_failure_is_recorded_and_a_rerun_resumes_from_the_checkpoint(tmp_path, m
 def test_a_local_checkpoint_is_not_resumed_by_the_batched_backend(tmp_path, monkeypatch):
     args = [*DIGITS, "--checkpoint-dir", tmp_path / "ckpt", "--checkpoint-every", "5"]
     monkeypatch.setenv(FAULT_ENV, "0:7")  # the local run fails after its checkpoint of step 5
-    assert train.main([*map(str, args), "--backend", "local", "--workers", "4", "--out", str(tmp_path / "r.h5")]) == train.EXIT_FAILED
+    assert (
+        train.main(
+            [
+                *map(str, args),
+                "--backend",
+                "local",
+                "--workers",
+                "4",
+                "--out",
+                str(tmp_path / "r.h5"),
+            ]
+        )
+        == train.EXIT_FAILED
+    )
     monkeypatch.delenv(FAULT_ENV)
-    with pytest.raises(ConfigError, match=r"engine message passing \(backend local or mpi\) vs batched"):
+    with pytest.raises(
+        ConfigError, match=r"engine message passing \(backend local or mpi\) vs batched"
+    ):
         _run_batched(args, 4, tmp_path / "r.h5")
 
 

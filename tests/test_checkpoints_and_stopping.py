@@ -19,8 +19,24 @@ from tests.conftest import ROOT, env_for_subprocess, mounted_tmpfs, requires_mpi
 from tests.conftest import run_train as train
 
 # 4 workers, 60 steps, an evaluation (and a checkpoint) every 10
-DIGITS = ["--task", "digits", "--backend", "local", "--workers", "4", "--algo", "relay", "--alpha", "0.01",
-          "--steps", "60", "--eval-every", "10", "--seed", "2"]
+DIGITS = [
+    "--task",
+    "digits",
+    "--backend",
+    "local",
+    "--workers",
+    "4",
+    "--algo",
+    "relay",
+    "--alpha",
+    "0.01",
+    "--steps",
+    "60",
+    "--eval-every",
+    "10",
+    "--seed",
+    "2",
+]
 
 
 def stopped_at(step, how="TERM"):
@@ -41,10 +57,25 @@ def test_another_run_refuses_the_checkpoint_and_the_owner_resumes_without_a_gap(
     before = meta.read_text()
     other = train([*DIGITS, "--checkpoint-dir", ck, "--out", a2])
     assert other.returncode == 2, other.stderr[-3000:]
-    assert str(a.resolve()) in other.stderr and "--overwrite" in other.stderr and "Traceback" not in other.stderr
+    assert (
+        str(a.resolve()) in other.stderr
+        and "--overwrite" in other.stderr
+        and "Traceback" not in other.stderr
+    )
     assert not a2.exists() and meta.read_text() == before
     # another --alpha with the default --out (another run file) is refused the same way
-    alpha = train([*DIGITS[:-6], "--alpha", "0.1", *DIGITS[-4:], "--checkpoint-dir", ck, "--out", tmp_path / "B.h5"])
+    alpha = train(
+        [
+            *DIGITS[:-6],
+            "--alpha",
+            "0.1",
+            *DIGITS[-4:],
+            "--checkpoint-dir",
+            ck,
+            "--out",
+            tmp_path / "B.h5",
+        ]
+    )
     assert alpha.returncode == 2 and str(a.resolve()) in alpha.stderr and meta.read_text() == before
     again = train([*DIGITS, "--checkpoint-dir", ck, "--out", a])
     assert again.returncode == 0, again.stderr[-3000:]
@@ -58,10 +89,21 @@ def test_overwrite_takes_the_checkpoint_over_and_then_the_old_owner_is_refused(t
     ck, a, a2 = tmp_path / "ck", tmp_path / "A.h5", tmp_path / "A2.h5"
     assert train([*DIGITS, "--checkpoint-dir", ck, "--out", a], env=stopped_at(20)).returncode == 4
     taken = train([*DIGITS, "--checkpoint-dir", ck, "--out", a2, "--overwrite"])
-    assert taken.returncode == 0 and read_run(a2).data["step"].tolist() == [0, 10, 20, 30, 40, 50, 60]
+    assert taken.returncode == 0 and read_run(a2).data["step"].tolist() == [
+        0,
+        10,
+        20,
+        30,
+        40,
+        50,
+        60,
+    ]
     old = train([*DIGITS, "--checkpoint-dir", ck, "--out", a])
     assert old.returncode == 2 and str(a2.resolve()) in old.stderr, old.stderr[-3000:]
-    assert run_status(a) == "preempted" and read_run(a).data["step"].tolist() == [0, 10]  # untouched
+    assert run_status(a) == "preempted" and read_run(a).data["step"].tolist() == [
+        0,
+        10,
+    ]  # untouched
 
 
 @pytest.mark.slow
@@ -72,7 +114,11 @@ def test_resume_refuses_a_checkpoint_the_run_file_does_not_reach(tmp_path):
     assert train([*DIGITS, "--checkpoint-dir", ck, "--out", a], env=stopped_at(45)).returncode == 4
     shutil.copy(tmp_path / "old.h5", a)  # rows end at step 10; the checkpoint is of step 45
     refused = train([*DIGITS, "--checkpoint-dir", ck, "--out", a])
-    assert refused.returncode == 2 and "gap" in refused.stderr and "step 40 is missing" in refused.stderr, refused.stderr[-3000:]
+    assert (
+        refused.returncode == 2
+        and "gap" in refused.stderr
+        and "step 40 is missing" in refused.stderr
+    ), refused.stderr[-3000:]
     assert read_run(a).data["step"].tolist() == [0, 10]
 
 
@@ -100,7 +146,9 @@ def test_out_never_replaces_a_file_that_is_not_a_run_file(tmp_path, kind, overwr
 
         torch.save({"x": torch.zeros(3)}, target)
     before = digest(target)
-    proc = train([*DIGITS[:-4], "--steps", 3, "--out", target, *(["--overwrite"] if overwrite else [])])
+    proc = train(
+        [*DIGITS[:-4], "--steps", 3, "--out", target, *(["--overwrite"] if overwrite else [])]
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "not a relaympi run file" in proc.stderr and "Traceback" not in proc.stderr
     assert digest(target) == before
@@ -131,9 +179,16 @@ def test_run_writer_refuses_a_file_that_is_not_a_run_file(tmp_path):
 def test_sigterm_without_a_checkpoint_dir_says_a_rerun_starts_over(tmp_path):
     proc = train([*DIGITS, "--out", tmp_path / "r.h5"], env=stopped_at(20))
     assert proc.returncode == 5, proc.stderr[-3000:]
-    assert "stopped at step 20; no checkpoint (no --checkpoint-dir): a rerun starts over" in proc.stdout
+    assert (
+        "stopped at step 20; no checkpoint (no --checkpoint-dir): a rerun starts over"
+        in proc.stdout
+    )
     run = read_run(tmp_path / "r.h5")
-    assert run.status == "preempted" and run.attrs["stopped_step"] == 20 and run.attrs["checkpoint_saved"] is False
+    assert (
+        run.status == "preempted"
+        and run.attrs["stopped_step"] == 20
+        and run.attrs["checkpoint_saved"] is False
+    )
 
 
 @pytest.mark.slow
@@ -156,8 +211,15 @@ def test_sigint_checkpoints_like_sigterm_and_the_same_command_resumes(tmp_path):
 def _ctrl_c_at(command: list[str], progress: str) -> tuple[subprocess.Popen, str, str]:
     """Start ``command`` in its own process group, send the group SIGINT (Ctrl-C) once its stderr
     shows ``progress``; (process, stdout, stderr) once it ended."""
-    proc = subprocess.Popen(command, cwd=ROOT, env=env_for_subprocess(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env_for_subprocess(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 240
     for line in proc.stderr:
         if progress in line:
@@ -170,8 +232,26 @@ def _ctrl_c_at(command: list[str], progress: str) -> tuple[subprocess.Popen, str
 
 @pytest.mark.slow
 def test_ctrl_c_to_the_process_group_stops_the_batched_run_with_a_checkpoint(tmp_path):
-    args = ["--task", "digits", "--backend", "batched", "--workers", "4", "--algo", "relay", "--steps", "100000",
-            "--eval-every", "10", "--log-every", "10", "--checkpoint-dir", tmp_path / "ck", "--out", tmp_path / "r.h5"]
+    args = [
+        "--task",
+        "digits",
+        "--backend",
+        "batched",
+        "--workers",
+        "4",
+        "--algo",
+        "relay",
+        "--steps",
+        "100000",
+        "--eval-every",
+        "10",
+        "--log-every",
+        "10",
+        "--checkpoint-dir",
+        tmp_path / "ck",
+        "--out",
+        tmp_path / "r.h5",
+    ]
     proc, out, err = _ctrl_c_at(train_command(args), "step 20/")
     assert proc.returncode == 4, err[-3000:]
     assert "Traceback" not in err and "checkpoint saved in" in out
@@ -182,14 +262,34 @@ def test_ctrl_c_to_the_process_group_stops_the_batched_run_with_a_checkpoint(tmp
 @pytest.mark.slow
 @requires_mpirun
 def test_mpi_ctrl_c_checkpoints_on_every_rank(tmp_path):
-    args = ["--task", "quadratics", "--algo", "relay", "--topology", "chain", "--steps", "100000", "--dim", "4",
-            "--eval-every", "100", "--log-every", "100", "--checkpoint-dir", tmp_path / "ck", "--out", tmp_path / "r.h5"]
+    args = [
+        "--task",
+        "quadratics",
+        "--algo",
+        "relay",
+        "--topology",
+        "chain",
+        "--steps",
+        "100000",
+        "--dim",
+        "4",
+        "--eval-every",
+        "100",
+        "--log-every",
+        "100",
+        "--checkpoint-dir",
+        tmp_path / "ck",
+        "--out",
+        tmp_path / "r.h5",
+    ]
     _, out, err = _ctrl_c_at(train_command(args, mpi=2), "step 200/")
     assert "KeyboardInterrupt" not in err and "Traceback" not in err, err[-3000:]
     run = read_run(tmp_path / "r.h5")
     assert run.status == "preempted" and run.attrs["checkpoint_saved"] is True
     step = run.attrs["stopped_step"]
-    assert sorted(p.name for p in (tmp_path / "ck").glob("*.pt")) == [f"rank{r:05d}.step{step:010d}.pt" for r in range(2)]
+    assert sorted(p.name for p in (tmp_path / "ck").glob("*.pt")) == [
+        f"rank{r:05d}.step{step:010d}.pt" for r in range(2)
+    ]
 
 
 # -- stopping: a full disk ------------------------------------------------------------------------
@@ -204,19 +304,57 @@ def small_disk(tmp_path):
 @pytest.mark.parametrize("backend", ["local", "batched"])
 def test_a_full_disk_fails_the_run_with_one_line_and_a_readable_file(small_disk, backend):
     out = small_disk / "r.h5"
-    proc = train(["--task", "digits", "--backend", backend, "--workers", 16, "--algo", "relay", "--steps", 400, "--eval-every", 5, "--out", out])
+    proc = train(
+        [
+            "--task",
+            "digits",
+            "--backend",
+            backend,
+            "--workers",
+            16,
+            "--algo",
+            "relay",
+            "--steps",
+            400,
+            "--eval-every",
+            5,
+            "--out",
+            out,
+        ]
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr and proc.stderr.strip().splitlines()[-1].startswith("failed: no space left on device")
+    assert "Traceback" not in proc.stderr and proc.stderr.strip().splitlines()[-1].startswith(
+        "failed: no space left on device"
+    )
     run = read_run(out)
     assert run.status == "failed" and "no space left on device" in run.attrs["error"]
-    assert run.data["step"].tolist() == [5 * k for k in range(len(run.data["step"]))]  # whole rows, no gap
+    assert run.data["step"].tolist() == [
+        5 * k for k in range(len(run.data["step"]))
+    ]  # whole rows, no gap
 
 
 @pytest.mark.slow
 def test_a_full_disk_for_checkpoints_leaves_nothing_partial(small_disk, tmp_path):
     ck = small_disk / "ck"
-    proc = train([*DIGITS[:2], "--backend", "local", "--workers", 16, "--algo", "relay", "--steps", 20, "--eval-every", 5,
-                  "--checkpoint-dir", ck, "--out", tmp_path / "r.h5"])
+    proc = train(
+        [
+            *DIGITS[:2],
+            "--backend",
+            "local",
+            "--workers",
+            16,
+            "--algo",
+            "relay",
+            "--steps",
+            20,
+            "--eval-every",
+            5,
+            "--checkpoint-dir",
+            ck,
+            "--out",
+            tmp_path / "r.h5",
+        ]
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "enforce fail" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("failed: cannot write the checkpoint")

@@ -15,8 +15,11 @@ from relaympi.tasks.cifar10 import read_python_batch
 
 def _batch(n: int = 3) -> dict:
     rng = np.random.default_rng(0)
-    return {b"batch_label": b"training batch 1 of 5", b"labels": [1, 2, 3][:n],
-            b"data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)}
+    return {
+        b"batch_label": b"training batch 1 of 5",
+        b"labels": [1, 2, 3][:n],
+        b"data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8),
+    }
 
 
 def test_python3_protocol2_repickle_loads(tmp_path) -> None:

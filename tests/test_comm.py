@@ -1,4 +1,5 @@
-"""Communicator semantics on every backend: neighbour exchange, collectives, byte counts, drops, failures."""
+"""Communicator semantics on every backend: neighbour exchange, collectives, byte counts, drops,
+failures."""
 
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ pytestmark = pytest.mark.spmd
 def _ring_exchange(comm, kind):
     n, r = comm.world_size, comm.rank
     left, right = (r - 1) % n, (r + 1) % n
-    make = {"numpy": lambda v: np.full(5, v, dtype=np.float64), "torch": lambda v: torch.full((5,), float(v), dtype=torch.float32)}[kind]
+    make = {
+        "numpy": lambda v: np.full(5, v, dtype=np.float64),
+        "torch": lambda v: torch.full((5,), float(v), dtype=torch.float32),
+    }[kind]
     send = make(r)
     recv = {left: make(-1), right: make(-1)} if left != right else {left: make(-1)}
     before = comm.bytes_sent.copy()  # under MPI the communicator lives for the whole session
@@ -181,7 +185,9 @@ def _replace(comm):
         for p in peers:
             lost = comm.drops.dropped(rnd, 1, p, r)
             assert (p not in got) == lost
-            expected = (100.0 * r + p) if lost else (100.0 * p + r)  # kept, or the peer's message to us
+            expected = (
+                (100.0 * r + p) if lost else (100.0 * p + r)
+            )  # kept, or the peer's message to us
             assert torch.all(bufs[p] == expected)
             results.append(lost)
     return results

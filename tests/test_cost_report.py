@@ -16,7 +16,9 @@ from tests import run_factories as rf
 
 # Seed 0 of a 2-worker run evaluated at steps 0, 100, 200, 300 (epochs 0..3, batch 32 per worker).
 EPOCHS = np.array([0.0, 1.0, 2.0, 3.0])
-ACC = np.array([[0.1, 0.1], [0.5, 0.9], [0.85, 0.8], [0.9, 0.9]])  # worst worker: 0.1, 0.5, 0.8, 0.9
+ACC = np.array(
+    [[0.1, 0.1], [0.5, 0.9], [0.85, 0.8], [0.9, 0.9]]
+)  # worst worker: 0.1, 0.5, 0.8, 0.9
 SEED0 = {
     "time_s": [0.0, 1.0, 2.5, 3.5],
     # slowest worker's evaluation per interval: 0.2 s each -> wall per step 8, 13, 8 ms
@@ -37,13 +39,23 @@ SEED1 = {
     "time_sync_s": [[0, 0], [0, 0], [0, 0], [0, 0]],
     "bytes_sent": [[0, 0], [500, 300], [1000, 600], [1500, 900]],  # 5 and 3 bytes per step
 }
-LOCAL = {"transport_backend": "local", "hosts": ["a"], "nodes": 1, "ranks_per_node": 2, "cpu_model": "CPU X"}
+LOCAL = {
+    "transport_backend": "local",
+    "hosts": ["a"],
+    "nodes": 1,
+    "ranks_per_node": 2,
+    "cpu_model": "CPU X",
+}
 BATCHED = {**LOCAL, "transport_backend": "batched", "transport_device": "cpu", "ranks_per_node": 1}
 
 
-def write(path: Path, costs: dict, acc: np.ndarray = ACC, prov: dict | None = None, **config) -> Path:
+def write(
+    path: Path, costs: dict, acc: np.ndarray = ACC, prov: dict | None = None, **config
+) -> Path:
     config = {"task": "digits", "alpha": 1.0, **config}
-    return rf.write_classification_run(path, acc, EPOCHS, costs=costs, provenance=prov or LOCAL, **config)
+    return rf.write_classification_run(
+        path, acc, EPOCHS, costs=costs, provenance=prov or LOCAL, **config
+    )
 
 
 def csv_tables(tmp_path: Path, *args: str) -> dict[str, list[dict[str, str]]]:
@@ -66,7 +78,10 @@ def cost_rows(tables: dict) -> dict[str, list[dict[str, str]]]:
 
 
 def test_every_cost_column_of_one_run_by_hand(tmp_path: Path) -> None:
-    write(tmp_path / "a.h5", {**SEED0, "inter_node_bytes_sent": [[0, 0], [50, 100], [100, 200], [150, 300]]})
+    write(
+        tmp_path / "a.h5",
+        {**SEED0, "inter_node_bytes_sent": [[0, 0], [50, 100], [100, 200], [150, 300]]},
+    )
     (rows,) = cost_rows(csv_tables(tmp_path, "--target-accuracy", "0.8")).values()
     (row,) = rows
     expected = {
@@ -125,13 +140,17 @@ def test_a_seed_short_of_the_target_is_counted(tmp_path: Path, capsys) -> None:
 
 
 def test_default_target_is_95_percent_of_allreduce(tmp_path: Path, capsys) -> None:
-    flat = np.array([[0.1, 0.1], [0.8, 0.8], [0.8, 0.8], [0.8, 0.8]])  # metric: worst worker mean 0.8
+    flat = np.array(
+        [[0.1, 0.1], [0.8, 0.8], [0.8, 0.8], [0.8, 0.8]]
+    )  # metric: worst worker mean 0.8
     write(tmp_path / "ar.h5", SEED0, acc=flat, algo="allreduce", topology="fully-connected")
     write(tmp_path / "relay.h5", SEED0, acc=np.minimum(ACC + 0.05, 1))  # better than all-reduce
     (rows,) = cost_rows(csv_tables(tmp_path)).values()
     assert [float(r["target"]) for r in rows] == pytest.approx([0.95 * 0.8] * 2)
     by_algo = {r["algo"]: r for r in rows}
-    assert float(by_algo["allreduce"]["time_to_target_s"]) == 1.0  # 0.8 >= 0.76 at the second evaluation
+    assert (
+        float(by_algo["allreduce"]["time_to_target_s"]) == 1.0
+    )  # 0.8 >= 0.76 at the second evaluation
     assert float(by_algo["relay"]["time_to_target_s"]) == 2.5  # 0.55 < 0.76 <= 0.85
     capsys.readouterr()
     assert report.main([str(tmp_path)]) == 0
@@ -139,7 +158,9 @@ def test_default_target_is_95_percent_of_allreduce(tmp_path: Path, capsys) -> No
 
 
 def test_default_target_without_allreduce_is_the_best_experiments(tmp_path: Path, capsys) -> None:
-    write(tmp_path / "relay.h5", SEED0)  # metric: worst of worker means (0.75, 0.8667) over epochs 1-3
+    write(
+        tmp_path / "relay.h5", SEED0
+    )  # metric: worst of worker means (0.75, 0.8667) over epochs 1-3
     write(tmp_path / "dpsgd.h5", SEED0, acc=ACC * 0.5, algo="dpsgd", topology="ring")
     (rows,) = cost_rows(csv_tables(tmp_path)).values()
     assert float(rows[0]["target"]) == pytest.approx(0.95 * (0.5 + 0.85 + 0.9) / 3)
@@ -150,13 +171,20 @@ def test_default_target_without_allreduce_is_the_best_experiments(tmp_path: Path
 
 def test_mixed_hardware_gets_two_labelled_tables(tmp_path: Path, capsys) -> None:
     write(tmp_path / "local.h5", SEED0, prov=LOCAL)
-    write(tmp_path / "batched.h5", SEED1, prov=BATCHED)  # the same experiment and seed, other engine
+    write(
+        tmp_path / "batched.h5", SEED1, prov=BATCHED
+    )  # the same experiment and seed, other engine
     write(tmp_path / "other_cpu.h5", SEED1, prov={**LOCAL, "cpu_model": "CPU Y"}, seed=4)
     tables = cost_rows(csv_tables(tmp_path, "--target-accuracy", "0.8"))
     assert len(tables) == 3
     titles = sorted(tables)
-    assert any("on batched engine on cpu, 1 node(s) x 1 process(es) per node, CPU CPU X" in t for t in titles)
-    assert any("on local engine, 1 node(s) x 2 in-process rank(s) per node, CPU CPU X" in t for t in titles)
+    assert any(
+        "on batched engine on cpu, 1 node(s) x 1 process(es) per node, CPU CPU X" in t
+        for t in titles
+    )
+    assert any(
+        "on local engine, 1 node(s) x 2 in-process rank(s) per node, CPU CPU X" in t for t in titles
+    )
     assert any("CPU CPU Y" in t for t in titles)
     batched = next(rows for t, rows in tables.items() if "batched" in t)
     assert float(batched[0]["step_ms"]) == pytest.approx(20.0) and batched[0]["n_seeds"] == "1"
@@ -196,7 +224,12 @@ def test_accuracy_over_time_plot(tmp_path: Path, monkeypatch) -> None:
     write(tmp_path / "runs" / "s1.h5", SEED1, seed=1)
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)
-    assert report.main([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--target-accuracy", "0.8"]) == 0
+    assert (
+        report.main(
+            [str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--target-accuracy", "0.8"]
+        )
+        == 0
+    )
     names = sorted(p.name for p in (tmp_path / "out").glob("time_cost_*.png"))
     assert len(names) == 1
     fig = next(f for f in figures if "Cost:" in f._suptitle.get_text())
@@ -207,7 +240,9 @@ def test_accuracy_over_time_plot(tmp_path: Path, monkeypatch) -> None:
     assert np.allclose(line.get_ydata(), [10, 50, 80, 90])
     caption = " ".join(ax.get_title().split())
     assert "Line: worst worker's test accuracy per evaluation over wall-clock seconds" in caption
-    assert caption.startswith("on local engine, 1 node(s) x 2 in-process rank(s) per node, CPU CPU X.")
+    assert caption.startswith(
+        "on local engine, 1 node(s) x 2 in-process rank(s) per node, CPU CPU X."
+    )
     assert ax.get_xlabel() == "wall-clock time (s)"
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "target 80.0%" in legend
@@ -221,7 +256,10 @@ def test_show_prints_time_to_target(tmp_path: Path, capsys) -> None:
     assert "step 8 ms, compute 3 ms, comm 1 ms, wait 0.5 ms, bytes/step 2 (max worker 3)" in out
     # default: 95% of its own final worst-worker accuracy, 0.9 -> 0.855: first reached at step 300
     assert results.main(["show", str(path)]) == 0
-    assert "time to 95% of its own final worst-worker accuracy (85.50%): 3.5 s" in capsys.readouterr().out
+    assert (
+        "time to 95% of its own final worst-worker accuracy (85.50%): 3.5 s"
+        in capsys.readouterr().out
+    )
     assert results.main(["show", str(path), "--target-accuracy", "0.99"]) == 0
     assert "99.00%: never reached" in capsys.readouterr().out
 
@@ -230,8 +268,10 @@ def test_provenance_records_hardware_and_launch_shape(monkeypatch) -> None:
     from relaympi.costs import hardware, hardware_label, launch_shape
 
     monkeypatch.setenv(provenance.EMULATED_LINK_ENV, "1gbit")
-    info = provenance.collect({"backend": "mpi", "mpi_library": "MPICH Version:      5.0.2\nMPICH Release date: x"},
-                              hosts=["n1", "n2", "n1", "n2"])
+    info = provenance.collect(
+        {"backend": "mpi", "mpi_library": "MPICH Version:      5.0.2\nMPICH Release date: x"},
+        hosts=["n1", "n2", "n1", "n2"],
+    )
     assert info["nodes"] == 2 and info["ranks_per_node"] == 2 and info["emulated_link"] == "1gbit"
     assert info["cpu_model"] and "gpu_model" not in info  # no CUDA initialized here
     key = hardware(json.loads(json.dumps(info)), world_size=4)
@@ -246,13 +286,34 @@ def test_provenance_records_hardware_and_launch_shape(monkeypatch) -> None:
 def test_real_local_and_batched_runs_land_in_separate_tables(tmp_path: Path) -> None:
     from relaympi import train
 
-    args = ["--task", "digits", "--algo", "relay", "--workers", "4", "--steps", "20", "--eval-every", "5"]
+    args = [
+        "--task",
+        "digits",
+        "--algo",
+        "relay",
+        "--workers",
+        "4",
+        "--steps",
+        "20",
+        "--eval-every",
+        "5",
+    ]
     for backend in ("local", "batched"):
-        assert train.main([*args, "--backend", backend, "--out", str(tmp_path / f"{backend}.h5")]) == 0
+        assert (
+            train.main([*args, "--backend", backend, "--out", str(tmp_path / f"{backend}.h5")]) == 0
+        )
     tables = cost_rows(csv_tables(tmp_path))
     assert len(tables) == 2
-    local = next(rows for t, rows in tables.items() if "on local engine, 1 node(s) x 4 in-process rank(s) per node" in t)
-    batched = next(rows for t, rows in tables.items() if "on batched engine on cpu, 1 node(s) x 1 process(es) per node" in t)
+    local = next(
+        rows
+        for t, rows in tables.items()
+        if "on local engine, 1 node(s) x 4 in-process rank(s) per node" in t
+    )
+    batched = next(
+        rows
+        for t, rows in tables.items()
+        if "on batched engine on cpu, 1 node(s) x 1 process(es) per node" in t
+    )
     # bytes compare across engines: the same messages
     assert float(local[0]["bytes_per_step"]) == float(batched[0]["bytes_per_step"]) > 0
     for rows in (local, batched):

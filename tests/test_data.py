@@ -1,4 +1,5 @@
-"""`python -m relaympi.data`: fetch (from a local HTTP server), check, prepare-imagenet, default root."""
+"""`python -m relaympi.data`: fetch (from a local HTTP server), check, prepare-imagenet, default
+root."""
 
 from __future__ import annotations
 
@@ -119,7 +120,9 @@ def cifar(tmp_path, server, monkeypatch):
     blob, arrays = cifar_tarball(tmp_path)
     server.files[f"/kriz/{ARCHIVE}"] = blob
     md5 = hashlib.md5(blob).hexdigest()
-    monkeypatch.setattr(Cifar10, "files", (RemoteFile(ARCHIVE, f"{server.url}/kriz/{ARCHIVE}", md5),))
+    monkeypatch.setattr(
+        Cifar10, "files", (RemoteFile(ARCHIVE, f"{server.url}/kriz/{ARCHIVE}", md5),)
+    )
     return blob, arrays
 
 
@@ -139,13 +142,19 @@ def run_cli(*args: object) -> int:
 
 def leftovers(root: Path) -> list[str]:
     """Everything under ``root`` except finished sets (partial files, staging folders)."""
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if ".part" in p.name or "partial" in str(p))
+    return sorted(
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if ".part" in p.name or "partial" in str(p)
+    )
 
 
 # -- fetch ------------------------------------------------------------------------------------
 
 
-def test_fetch_cifar10_verifies_lays_out_and_is_a_no_op_the_second_time(tmp_path, server, cifar, capsys, caplog):
+def test_fetch_cifar10_verifies_lays_out_and_is_a_no_op_the_second_time(
+    tmp_path, server, cifar, capsys, caplog
+):
     from relaympi.tasks.cifar10 import load_cifar10
 
     root = tmp_path / "root"
@@ -155,9 +164,13 @@ def test_fetch_cifar10_verifies_lays_out_and_is_a_no_op_the_second_time(tmp_path
     target = root / "cifar10"
     (train_x, train_y), (test_x, test_y) = load_cifar10(target)
     arrays = cifar[1]
-    assert np.array_equal(train_x, arrays.train_images) and np.array_equal(test_y, arrays.test_labels)
+    assert np.array_equal(train_x, arrays.train_images) and np.array_equal(
+        test_y, arrays.test_labels
+    )
     recorded = read(target)
-    assert recorded["name"] == "cifar10" and recorded["downloads"] == {ARCHIVE: hashlib.md5(cifar[0]).hexdigest()}
+    assert recorded["name"] == "cifar10" and recorded["downloads"] == {
+        ARCHIVE: hashlib.md5(cifar[0]).hexdigest()
+    }
     assert "cifar-10-batches-bin/data_batch_1.bin" in recorded["files"]
     assert leftovers(root) == [] and not (root / "downloads" / ARCHIVE).exists()
     requests = len(server.requests)
@@ -167,7 +180,9 @@ def test_fetch_cifar10_verifies_lays_out_and_is_a_no_op_the_second_time(tmp_path
 
 
 def test_wrong_checksum_leaves_nothing_in_place(tmp_path, server, cifar, monkeypatch, capsys):
-    monkeypatch.setattr(Cifar10, "files", (RemoteFile(ARCHIVE, f"{server.url}/kriz/{ARCHIVE}", "0" * 32),))
+    monkeypatch.setattr(
+        Cifar10, "files", (RemoteFile(ARCHIVE, f"{server.url}/kriz/{ARCHIVE}", "0" * 32),)
+    )
     root = tmp_path / "root"
     assert run_cli("fetch", "cifar10", "--root", root) == 1
     err = capsys.readouterr().err
@@ -223,7 +238,9 @@ def test_offline_says_where_to_put_the_file_and_uses_it(tmp_path, cifar, monkeyp
     (tmp_path / "cifar10" / MANIFEST).unlink()
     (tmp_path / "cifar10").rename(tmp_path / "elsewhere")
     assert run_cli("fetch", "cifar10", "--root", tmp_path) == 1
-    assert "is not the published file" in capsys.readouterr().err and dest.exists()  # a hand-placed file is never deleted
+    assert (
+        "is not the published file" in capsys.readouterr().err and dest.exists()
+    )  # a hand-placed file is never deleted
 
 
 def test_url_and_mirror_variable(tmp_path, server, cifar, monkeypatch):
@@ -232,7 +249,9 @@ def test_url_and_mirror_variable(tmp_path, server, cifar, monkeypatch):
     monkeypatch.setenv("RELAYMPI_DATA_MIRROR", f"{server.url}/mirror")
     assert run_cli("fetch", "cifar10", "--root", tmp_path / "a") == 0
     assert server.requests[-1][0] == f"/mirror/cifar10/{ARCHIVE}"
-    assert run_cli("fetch", "cifar10", "--root", tmp_path / "b", "--url", f"{server.url}/other/") == 0
+    assert (
+        run_cli("fetch", "cifar10", "--root", tmp_path / "b", "--url", f"{server.url}/other/") == 0
+    )
     assert server.requests[-1][0] == f"/other/{ARCHIVE}"
     assert read(tmp_path / "b" / "cifar10")["source"] == f"{server.url}/other/{ARCHIVE}"
 
@@ -250,7 +269,12 @@ def test_one_fetch_of_a_set_at_a_time(tmp_path, cifar, capsys):
 def test_a_file_url_serves_as_a_mirror(tmp_path, cifar):
     (tmp_path / "mirror").mkdir()
     (tmp_path / "mirror" / ARCHIVE).write_bytes(cifar[0])
-    assert run_cli("fetch", "cifar10", "--root", tmp_path / "root", "--url", (tmp_path / "mirror").as_uri()) == 0
+    assert (
+        run_cli(
+            "fetch", "cifar10", "--root", tmp_path / "root", "--url", (tmp_path / "mirror").as_uri()
+        )
+        == 0
+    )
     assert (tmp_path / "root" / "cifar10" / MANIFEST).is_file()
 
 
@@ -262,12 +286,17 @@ def test_fetch_agnews_csvs(tmp_path, server, monkeypatch):
     for name in ("train.csv", "test.csv"):
         blob = (tmp_path / "src" / name).read_bytes()
         server.files[f"/ag_news_csv/{name}"] = blob
-        remotes.append(RemoteFile(name, f"{server.url}/ag_news_csv/{name}", hashlib.md5(blob).hexdigest()))
+        remotes.append(
+            RemoteFile(name, f"{server.url}/ag_news_csv/{name}", hashlib.md5(blob).hexdigest())
+        )
     monkeypatch.setattr(AgNews, "files", tuple(remotes))
     assert run_cli("fetch", "agnews", "--root", tmp_path / "root") == 0
     texts, labels = read_agnews_csv(tmp_path / "root" / "agnews" / "train.csv")
     assert len(texts) == 32 and set(labels.tolist()) == {0, 1, 2, 3}
-    assert read_agnews_csv(tmp_path / "root" / "agnews" / "test.csv")[0] == read_agnews_csv(tmp_path / "src" / "test.csv")[0]
+    assert (
+        read_agnews_csv(tmp_path / "root" / "agnews" / "test.csv")[0]
+        == read_agnews_csv(tmp_path / "src" / "test.csv")[0]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -303,7 +332,9 @@ def test_fetch_distilbert_through_the_hub_call(tmp_path, tiny_model, monkeypatch
     assert check_model_dir(target) == target
     from transformers import AutoModelForSequenceClassification
 
-    model = AutoModelForSequenceClassification.from_pretrained(str(target), num_labels=4, local_files_only=True)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        str(target), num_labels=4, local_files_only=True
+    )
     assert model.config.num_labels == 4
 
 
@@ -341,11 +372,18 @@ def test_fetch_distilbert_from_a_local_hub(tmp_path, server, tiny_model):
     (repo / "README.md").write_text("not asked for\n")
     serve_hub_repo(server, DistilBert.repo_id, repo)
     env = {**env_for_subprocess(), "HF_ENDPOINT": server.url, "HF_HOME": str(tmp_path / "hf-home")}
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # huggingface_hub honours both; other tests leave them set
+    for name in (
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+    ):  # huggingface_hub honours both; other tests leave them set
         env.pop(name, None)
     proc = subprocess.run(
         module_command("relaympi.data", "fetch", "distilbert", "--root", tmp_path / "root"),
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     target = tmp_path / "root" / "distilbert"
@@ -359,14 +397,22 @@ def test_fetch_distilbert_from_a_local_hub(tmp_path, server, tiny_model):
     server.files[served] = server.files[served].replace(b"tiny", b"tinY")  # same size, other bytes
     proc = subprocess.run(
         module_command("relaympi.data", "fetch", "distilbert", "--root", tmp_path / "bad"),
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 1 and "vocab.txt has git-sha1" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "bad" / "distilbert").exists()
     env["HF_ENDPOINT"] = offline = closed_url()
     proc = subprocess.run(
         module_command("relaympi.data", "fetch", "distilbert", "--root", tmp_path / "offline"),
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 1 and f"cannot reach the Hugging Face Hub ({offline})" in proc.stderr
     assert "save_pretrained" in proc.stderr and not (tmp_path / "offline" / "distilbert").exists()
@@ -380,7 +426,9 @@ def test_distilbert_offline_says_how_to_save_it_by_hand(tmp_path, monkeypatch, c
     assert run_cli("fetch", "distilbert", "--root", tmp_path) == 1
     err = capsys.readouterr().err
     assert "save_pretrained" in err and str(tmp_path / "distilbert") in err and "HF_ENDPOINT" in err
-    assert not (tmp_path / "distilbert").exists() and not (tmp_path / ".distilbert.partial").exists()
+    assert (
+        not (tmp_path / "distilbert").exists() and not (tmp_path / ".distilbert.partial").exists()
+    )
 
 
 def test_fetch_distilbert_from_a_file_mirror(tmp_path, server, tiny_model, monkeypatch):
@@ -444,16 +492,27 @@ def test_default_root_comes_from_the_environment(tmp_path, monkeypatch, capsys):
     assert f"data root: {tmp_path / 'home' / '.cache' / 'relaympi'}" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("args", [
-    ["fetch"],
-    ["fetch", "imagenet", "cifar10"],
-    ["fetch", "mnist"],
-    ["check", "mnist"],
-    ["prepare-imagenet", "--train", "x"],
-    ["prepare-imagenet", "--train", "/nonexistent", "--val", "/nonexistent", "--devkit", "/nonexistent"],
-    ["prepare-imagenet", "--train", "a", "--val", "b", "--devkit", "c", "--link", "--move"],
-    [],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["fetch"],
+        ["fetch", "imagenet", "cifar10"],
+        ["fetch", "mnist"],
+        ["check", "mnist"],
+        ["prepare-imagenet", "--train", "x"],
+        [
+            "prepare-imagenet",
+            "--train",
+            "/nonexistent",
+            "--val",
+            "/nonexistent",
+            "--devkit",
+            "/nonexistent",
+        ],
+        ["prepare-imagenet", "--train", "a", "--val", "b", "--devkit", "c", "--link", "--move"],
+        [],
+    ],
+)
 def test_misuse_exits_2(tmp_path, args):
     assert run_cli(*args, *(["--root", tmp_path] if args else [])) == 2
 
@@ -462,14 +521,34 @@ def test_misuse_exits_2(tmp_path, args):
 
 
 def train(tmp_path: Path, data_root: Path, *args: str) -> subprocess.CompletedProcess:
-    args = ["--task", "cifar10", "--backend", "local", "--workers", "2", "--steps", "2",
-            "--batch-size", "4", "--eval-batch-size", "64", "--out", tmp_path / "run.h5", *args]
+    args = [
+        "--task",
+        "cifar10",
+        "--backend",
+        "local",
+        "--workers",
+        "2",
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--eval-batch-size",
+        "64",
+        "--out",
+        tmp_path / "run.h5",
+        *args,
+    ]
     return run_train(args, env={"RELAYMPI_DATA": str(data_root)}, timeout=600)
 
 
-@pytest.mark.parametrize("task, data, model", [
-    ("agnews", "agnews", "distilbert"), ("imagenet", "imagenet", None), ("digits", None, None),
-])
+@pytest.mark.parametrize(
+    "task, data, model",
+    [
+        ("agnews", "agnews", "distilbert"),
+        ("imagenet", "imagenet", None),
+        ("digits", None, None),
+    ],
+)
 def test_resolve_fills_the_default_folders(tmp_path, monkeypatch, task, data, model):
     from relaympi.config import RunConfig
     from relaympi.training.plan import resolve
@@ -489,7 +568,10 @@ def test_train_reads_the_default_root_and_records_it(tmp_path):
     root = tmp_path / "data root"
     proc = train(tmp_path, root)
     assert proc.returncode == 2
-    assert "python -m relaympi.data fetch cifar10" in proc.stderr and str(root / "cifar10") in proc.stderr
+    assert (
+        "python -m relaympi.data fetch cifar10" in proc.stderr
+        and str(root / "cifar10") in proc.stderr
+    )
     write_cifar10_binary(root / "cifar10", n_per_batch=8)
     proc = train(tmp_path, root)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -566,7 +648,18 @@ def official(tmp_path) -> dict[str, Path]:
 
 
 def prepare(root: Path, train: Path, val: Path, devkit: Path, *flags: str) -> int:
-    return run_cli("prepare-imagenet", "--train", train, "--val", val, "--devkit", devkit, "--root", root, *flags)
+    return run_cli(
+        "prepare-imagenet",
+        "--train",
+        train,
+        "--val",
+        val,
+        "--devkit",
+        devkit,
+        "--root",
+        root,
+        *flags,
+    )
 
 
 def test_prepare_imagenet_from_the_official_tars(tmp_path, official, caplog, capsys):
@@ -577,12 +670,22 @@ def test_prepare_imagenet_from_the_official_tars(tmp_path, official, caplog, cap
     assert prepare(root, official["train"], official["val"], official["devkit"]) == 0
     target = root / "imagenet"
     assert sorted(p.name for p in (target / "train").iterdir()) == list(WNIDS[:2])
-    assert sorted(p.name for p in (target / "train" / WNIDS[1]).iterdir()) == sorted(train_images(WNIDS[1]))
-    # val images 1 and 4 are class 1, 2 and 5 class 2; 3 and 6 (class 3, no training images) are left out
-    assert sorted(p.name for p in (target / "val" / WNIDS[0]).iterdir()) == ["ILSVRC2012_val_00000001.JPEG", "ILSVRC2012_val_00000004.JPEG"]
-    assert (target / "val" / WNIDS[1] / "ILSVRC2012_val_00000005.JPEG").read_bytes() == val_images()["ILSVRC2012_val_00000005.JPEG"]
+    assert sorted(p.name for p in (target / "train" / WNIDS[1]).iterdir()) == sorted(
+        train_images(WNIDS[1])
+    )
+    # val images 1 and 4 are class 1, 2 and 5 class 2; 3 and 6 (class 3, no training images) are
+    # left out
+    assert sorted(p.name for p in (target / "val" / WNIDS[0]).iterdir()) == [
+        "ILSVRC2012_val_00000001.JPEG",
+        "ILSVRC2012_val_00000004.JPEG",
+    ]
+    assert (
+        target / "val" / WNIDS[1] / "ILSVRC2012_val_00000005.JPEG"
+    ).read_bytes() == val_images()["ILSVRC2012_val_00000005.JPEG"]
     recorded = read(target)
-    assert recorded["counts"] == {"train": 4, "val": 4, "classes": 2} and recorded["val_skipped"] == 2
+    assert (
+        recorded["counts"] == {"train": 4, "val": 4, "classes": 2} and recorded["val_skipped"] == 2
+    )
     assert "a subset" in recorded["coverage"] and "left out 2 validation images" in caplog.text
     assert not (root / ".imagenet.partial").exists()
     task = ImageNetTask(TaskOptions(data_dir=target, num_loader_workers=0))
@@ -626,13 +729,20 @@ def test_prepare_imagenet_from_folders_links_moves_or_copies(tmp_path, mode):
     source = val / "ILSVRC2012_val_00000002.JPEG"
     inode = source.stat().st_ino
     root = tmp_path / "root"
-    assert prepare(root, train, val, loc_csv(tmp_path / "LOC_val_solution.csv"), *([mode] if mode else [])) == 0
+    assert (
+        prepare(
+            root, train, val, loc_csv(tmp_path / "LOC_val_solution.csv"), *([mode] if mode else [])
+        )
+        == 0
+    )
     placed = root / "imagenet" / "val" / WNIDS[1] / source.name
     assert read(root / "imagenet")["counts"] == {"train": 3, "val": 6, "classes": 3}
     if mode == "--link":
         assert placed.stat().st_ino == inode and source.exists()
     elif mode == "--move":
-        assert placed.stat().st_ino == inode and not source.exists() and not any(train.rglob("*.JPEG"))
+        assert (
+            placed.stat().st_ino == inode and not source.exists() and not any(train.rglob("*.JPEG"))
+        )
     else:
         assert placed.stat().st_ino != inode and source.exists()
 
@@ -650,7 +760,9 @@ def test_prepare_imagenet_accepts_a_sorted_validation_folder(tmp_path, official,
     train, val = folder_sources(tmp_path)
     for i, class_id in enumerate(VAL_IDS, start=1):
         (val / WNIDS[class_id - 1]).mkdir(exist_ok=True)
-        (val / f"ILSVRC2012_val_{i:08d}.JPEG").rename(val / WNIDS[class_id - 1] / f"ILSVRC2012_val_{i:08d}.JPEG")
+        (val / f"ILSVRC2012_val_{i:08d}.JPEG").rename(
+            val / WNIDS[class_id - 1] / f"ILSVRC2012_val_{i:08d}.JPEG"
+        )
     assert prepare(tmp_path / "root", train, val, official["devkit"], "--link") == 0
     assert read(tmp_path / "root" / "imagenet")["counts"] == {"train": 3, "val": 6, "classes": 3}
     empty = tmp_path / "empty"
@@ -663,12 +775,18 @@ def test_prepare_imagenet_reports_a_truncated_tar(tmp_path, official, capsys):
     blob = official["train"].read_bytes()
     official["train"].write_bytes(blob[: len(blob) // 2 + 700])
     assert prepare(tmp_path / "root", official["train"], official["val"], official["devkit"]) == 1
-    assert "truncated or damaged" in capsys.readouterr().err and not (tmp_path / "root" / "imagenet").exists()
+    assert (
+        "truncated or damaged" in capsys.readouterr().err
+        and not (tmp_path / "root" / "imagenet").exists()
+    )
 
 
 def test_prepare_imagenet_refuses_images_without_ground_truth(tmp_path, official, capsys):
     train, val = folder_sources(tmp_path)
     (val / "ILSVRC2012_val_00000099.JPEG").write_bytes(jpeg(1))
     assert prepare(tmp_path / "root", train, val, official["devkit"]) == 1
-    assert "1 validation images have no ground-truth entry (first: ILSVRC2012_val_00000099.JPEG)" in capsys.readouterr().err
+    assert (
+        "1 validation images have no ground-truth entry (first: ILSVRC2012_val_00000099.JPEG)"
+        in capsys.readouterr().err
+    )
     assert not (tmp_path / "root" / "imagenet").exists()

@@ -1,7 +1,8 @@
 """The batched engine's deferred checks: reading losses and timers every K steps, not every step,
 records the same run (rows, status, the diverged step) as reading them every step.
 
-On a GPU (engines/batched/run.py's check_lag) the host reads every DEFERRED_STEPS steps so that the device
+On a GPU (engines/batched/run.py's check_lag) the host reads every DEFERRED_STEPS steps so that the
+device
 runs ahead; here the same bookkeeping runs on CPU tensors with the lag forced.
 """
 
@@ -18,11 +19,25 @@ from relaympi.engines.batched import run as batched_run
 from relaympi.results import read_run
 from relaympi.training.plan import resolve
 
-ARGS = ["--task", "digits", "--algo", "dpsgd", "--alpha", "0.1", "--steps", "20", "--eval-every", "6", "--lr", "0.2"]
+ARGS = [
+    "--task",
+    "digits",
+    "--algo",
+    "dpsgd",
+    "--alpha",
+    "0.1",
+    "--steps",
+    "20",
+    "--eval-every",
+    "6",
+    "--lr",
+    "0.2",
+]
 
 
 def _poisoning(step_to_poison: int | None, rows: tuple[int, ...] = (2,)):
-    """make_batched_algorithm whose algorithm sets workers ``rows`` of X to NaN after step ``step_to_poison``."""
+    """make_batched_algorithm whose algorithm sets workers ``rows`` of X to NaN after step
+    ``step_to_poison``."""
 
     def make(algo, topology, optimizer, X0, options, drops, nodes=None):
         algorithm = make_batched_algorithm(algo, topology, optimizer, X0, options, drops, nodes)
@@ -42,25 +57,39 @@ def _poisoning(step_to_poison: int | None, rows: tuple[int, ...] = (2,)):
 def _run(tmp_path, monkeypatch, lag: int, poison: int | None, name: str, extra=(), rows=(2,)):
     monkeypatch.setattr(batched_run, "check_lag", lambda device: lag)
     out = tmp_path / f"{name}-lag{lag}.h5"
-    plan = resolve(parse_args([*ARGS, *extra, "--backend", "batched", "--workers", "4", "--out", str(out)]), 4).with_out(out)
-    status = batched_run.run_batched(plan, out, "test", make_optimizer=BatchedOptimizer, make_algorithm=_poisoning(poison, rows))
+    plan = resolve(
+        parse_args([*ARGS, *extra, "--backend", "batched", "--workers", "4", "--out", str(out)]), 4
+    ).with_out(out)
+    status = batched_run.run_batched(
+        plan, out, "test", make_optimizer=BatchedOptimizer, make_algorithm=_poisoning(poison, rows)
+    )
     return status, read_run(out)
 
 
 def _outcome(run):
     """The run file's attributes that say how it ended (not its times, provenance or identity)."""
-    return {k: v for k, v in run.attrs.items() if "time" not in k and k not in ("provenance", "config", "run_id")}
+    return {
+        k: v
+        for k, v in run.attrs.items()
+        if "time" not in k and k not in ("provenance", "config", "run_id")
+    }
 
 
 def _numbers(run):
     """The run's numbers: not its times, nor the process's peak GPU memory (bookkeeping that the
     pinned host copies and earlier runs in the same process move)."""
-    return {k: v for k, v in run.data.items() if not k.startswith("time") and k != "gpu_max_memory_bytes"}
+    return {
+        k: v
+        for k, v in run.data.items()
+        if not k.startswith("time") and k != "gpu_max_memory_bytes"
+    }
 
 
 @pytest.mark.parametrize("poison", [None, 0, 3, 4, 5, 11, 12])
 @pytest.mark.parametrize("lag", [4, 7])
-def test_deferred_checks_record_the_run_that_checking_every_step_records(tmp_path, monkeypatch, lag, poison):
+def test_deferred_checks_record_the_run_that_checking_every_step_records(
+    tmp_path, monkeypatch, lag, poison
+):
     # poisoned after step t, the loss of step t + 1 is the first non-finite one: with a finite
     # loss on worker 0 (rows=(2,)) message passing records step t + 2; an evaluation at step 6 or
     # 12 between them sees a non-finite model first
@@ -100,8 +129,29 @@ def test_deferred_checks_on_the_gpu_record_the_run_of_every_step(tmp_path, monke
         for lag in (1, 16):
             monkeypatch.setattr(batched_run, "check_lag", lambda device, lag=lag: lag)
             out = tmp_path / f"gpu-{poison}-{lag}.h5"
-            plan = resolve(parse_args([*ARGS, "--device", "cuda", "--backend", "batched", "--workers", "4", "--out", str(out)]), 4).with_out(out)
-            batched_run.run_batched(plan, out, "test", make_optimizer=BatchedOptimizer, make_algorithm=_poisoning(poison))
+            plan = resolve(
+                parse_args(
+                    [
+                        *ARGS,
+                        "--device",
+                        "cuda",
+                        "--backend",
+                        "batched",
+                        "--workers",
+                        "4",
+                        "--out",
+                        str(out),
+                    ]
+                ),
+                4,
+            ).with_out(out)
+            batched_run.run_batched(
+                plan,
+                out,
+                "test",
+                make_optimizer=BatchedOptimizer,
+                make_algorithm=_poisoning(poison),
+            )
             runs.append(read_run(out))
         assert runs[0].status == runs[1].status
         assert runs[0].attrs.get("diverged_step") == runs[1].attrs.get("diverged_step")

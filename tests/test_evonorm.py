@@ -49,10 +49,13 @@ def test_evonorm_s0_matches_formula(channels, groups, nonlinearity):
 
 
 def test_evonorm_is_per_sample():
-    """In float64 (a float32 batch may round its group variances differently from a single sample's, by CPU)."""
+    """In float64 (a float32 batch may round its group variances differently from a single sample's,
+    by CPU)."""
     layer = EvoNormS0(32).double()
     x = torch.randn(4, 32, 3, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    np.testing.assert_allclose(layer(x)[1:2].detach(), layer(x[1:2]).detach(), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(
+        layer(x)[1:2].detach(), layer(x[1:2]).detach(), rtol=1e-12, atol=1e-14
+    )
 
 
 def test_group_count():
@@ -69,7 +72,8 @@ def test_evonorm_rejects_wrong_channels():
 
 
 def _resnet20_evonorm_parameters(classes: int, width: int = 16, blocks: int = 3) -> int:
-    """Counted from the architecture: bias-free convs, EvoNorm-S0 (gamma, beta [, v]), a linear head.
+    """Counted from the architecture: bias-free convs, EvoNorm-S0 (gamma, beta [, v]), a linear
+    head.
 
     A k x k conv from c_in to c_out has c_in c_out k^2 weights; EvoNorm-S0 has 3 per channel with
     its nonlinearity (v) and 2 without. Block: conv3x3, EvoNorm, conv3x3, EvoNorm without
@@ -95,12 +99,18 @@ def _resnet20_evonorm_parameters(classes: int, width: int = 16, blocks: int = 3)
 
 def test_resnet20_parameter_count_by_hand():
     # stem 3*16*49 + 3*16 = 2400; stage 1 block 2*16*16*9 + 5*16 = 4688; stage 2 first block
-    # 16*32*9 + 32*32*9 + 5*32 + 16*32 + 2*32 = 14560, others 2*32*32*9 + 5*32 = 18592; stage 3 first
+    # 16*32*9 + 32*32*9 + 5*32 + 16*32 + 2*32 = 14560, others 2*32*32*9 + 5*32 = 18592; stage 3
+    # first
     # block 32*64*9 + 64*64*9 + 5*64 + 32*64 + 2*64 = 57792, others 74048; fc 64*1000 + 1000 = 65000
-    assert _resnet20_evonorm_parameters(1000) == 2400 + 3 * 4688 + 14560 + 2 * 18592 + 57792 + 2 * 74048 + 65000
+    assert (
+        _resnet20_evonorm_parameters(1000)
+        == 2400 + 3 * 4688 + 14560 + 2 * 18592 + 57792 + 2 * 74048 + 65000
+    )
     for width, classes in ((8, 10), (16, 200)):
         model = ResNetEvoNorm(classes, width=width, stem="imagenet")
-        assert sum(p.numel() for p in model.parameters()) == _resnet20_evonorm_parameters(classes, width)
+        assert sum(p.numel() for p in model.parameters()) == _resnet20_evonorm_parameters(
+            classes, width
+        )
 
 
 def test_resnet20_structure_and_shapes():
@@ -110,7 +120,9 @@ def test_resnet20_structure_and_shapes():
     ]
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert len(convs) + len(linears) == 20  # stem + 3 stages x 3 blocks x 2 convs + classifier
-    assert sum(p.numel() for p in model.parameters()) == _resnet20_evonorm_parameters(1000) == 339_096
+    assert (
+        sum(p.numel() for p in model.parameters()) == _resnet20_evonorm_parameters(1000) == 339_096
+    )
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
     assert model(torch.randn(2, 3, 64, 64)).shape == (2, 1000)
     cifar = ResNetEvoNorm(10, stem="cifar")

@@ -1,4 +1,5 @@
-"""Flags that cannot apply, or values that leave nothing to do, are refused: exit 2 and one line naming the flag."""
+"""Flags that cannot apply, or values that leave nothing to do, are refused: exit 2 and one line
+naming the flag."""
 
 from __future__ import annotations
 
@@ -37,7 +38,9 @@ TRAIN_CASES = [
 ]
 
 
-@pytest.mark.parametrize("flags, flag, why", TRAIN_CASES, ids=[" ".join(c[0][:2]) for c in TRAIN_CASES])
+@pytest.mark.parametrize(
+    "flags, flag, why", TRAIN_CASES, ids=[" ".join(c[0][:2]) for c in TRAIN_CASES]
+)
 def test_train_refuses_a_flag_that_cannot_apply(tmp_path: Path, capsys, flags, flag, why) -> None:
     base = [] if "--backend" in flags else LOCAL
     out = tmp_path / "run.h5"
@@ -47,22 +50,31 @@ def test_train_refuses_a_flag_that_cannot_apply(tmp_path: Path, capsys, flags, f
     assert not out.exists()
 
 
-@pytest.mark.parametrize("flags", [
-    ["--warmup-epochs", "0"],
-    ["--checkpoint-every", "5", "--checkpoint-dir", "ckpt"],
-    ["--relay-in-place", "--relay-chunk", "1024"],  # message passing (local): they apply
-    ["--drop-prob", "0", "--algo", "allreduce"],
-    ["--drop-prob", "0.1", "--algo", "dpsgd", "--topology", "ring"],
-    ["--loader-workers", "0", "--task", "imagenet"],
-])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--warmup-epochs", "0"],
+        ["--checkpoint-every", "5", "--checkpoint-dir", "ckpt"],
+        ["--relay-in-place", "--relay-chunk", "1024"],  # message passing (local): they apply
+        ["--drop-prob", "0", "--algo", "allreduce"],
+        ["--drop-prob", "0.1", "--algo", "dpsgd", "--topology", "ring"],
+        ["--loader-workers", "0", "--task", "imagenet"],
+    ],
+)
 def test_the_same_flags_where_they_apply_are_accepted(flags) -> None:
     parse_args([*LOCAL, *flags])
 
 
-def test_a_run_files_recorded_keys_that_cannot_apply_are_dropped_not_refused(tmp_path: Path) -> None:
-    """--config with a saved config (loader workers on digits, a checkpoint interval): only command-line flags are refused."""
+def test_a_run_files_recorded_keys_that_cannot_apply_are_dropped_not_refused(
+    tmp_path: Path,
+) -> None:
+    """--config with a saved config (loader workers on digits, a checkpoint interval): only
+    command-line flags are refused."""
     saved = tmp_path / "saved.json"
-    saved.write_text('{"task": "digits", "loader_workers": 2, "checkpoint_every": 5, "algo": "allreduce", "drop_prob": 0.1}')
+    saved.write_text(
+        '{"task": "digits", "loader_workers": 2, "checkpoint_every": 5, "algo": '
+        '"allreduce", "drop_prob": 0.1}'
+    )
     cfg = parse_args([*LOCAL, "--config", str(saved)])
     assert (cfg.loader_workers, cfg.checkpoint_every, cfg.drop_prob) == (None, None, 0.0)
 
@@ -81,7 +93,9 @@ def test_report_splits_by_a_config_key(tmp_path: Path, capsys) -> None:
     from tests import run_factories as rf
 
     for batch in (16, 32):
-        rf.write_classification_run(tmp_path / f"b{batch}.h5", np.full((3, 2), 0.5), batch_size=batch)
+        rf.write_classification_run(
+            tmp_path / f"b{batch}.h5", np.full((3, 2), 0.5), batch_size=batch
+        )
     assert report.main([str(tmp_path), "--split-by", "batch_size"]) == 0
     out = capsys.readouterr().out
     assert "batch_size=16" in out and "batch_size=32" in out
@@ -96,7 +110,9 @@ def test_engines_refuses_zero_steps(monkeypatch, capsys) -> None:
 
 
 def test_bench_report_refuses_zero_runs(monkeypatch, capsys) -> None:
-    monkeypatch.setattr(bench_report, "write_runs", lambda *a, **k: pytest.fail("runs were written"))
+    monkeypatch.setattr(
+        bench_report, "write_runs", lambda *a, **k: pytest.fail("runs were written")
+    )
     with pytest.raises(SystemExit) as info:
         bench_report.main(["--runs", "0"])
     assert info.value.code == 2
@@ -104,7 +120,11 @@ def test_bench_report_refuses_zero_runs(monkeypatch, capsys) -> None:
 
 
 def _clean_env(**settings: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELAYMPI_", "SLURM_")) and k != "DRY_RUN"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RELAYMPI_", "SLURM_")) and k != "DRY_RUN"
+    }
     env["PYTHONPATH"] = str(ROOT)
     return {**env, **settings}
 
@@ -112,8 +132,14 @@ def _clean_env(**settings: str) -> dict[str, str]:
 @pytest.mark.slow
 def test_sweep_index_past_the_grid_exits_2_naming_its_size() -> None:
     """The default sweep_alpha grid has 90 configurations (its #SBATCH --array=0-89)."""
-    proc = subprocess.run(["bash", str(ROOT / "jobs" / "sweep_alpha.sh"), "--index", "99"], capture_output=True,
-                          text=True, env=_clean_env(), cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "jobs" / "sweep_alpha.sh"), "--index", "99"],
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     line = _error_line(proc.stderr)
     assert "--index 99 is outside the grid of 90 configurations (indices 0-89)" in line
@@ -126,4 +152,6 @@ def test_array_task_past_the_grid_exits_2(monkeypatch, capsys) -> None:
         monkeypatch.delenv(name)
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "90")
     assert grid.main(["run", "sweep_alpha"]) == 2
-    assert "SLURM_ARRAY_TASK_ID 90 is outside the grid of 90 configurations" in _error_line(capsys.readouterr().err)
+    assert "SLURM_ARRAY_TASK_ID 90 is outside the grid of 90 configurations" in _error_line(
+        capsys.readouterr().err
+    )

@@ -1,6 +1,8 @@
-"""GPU buffers through the Communicator: torch CUDA tensors and cupy arrays, host-staged and CUDA-aware.
+"""GPU buffers through the Communicator: torch CUDA tensors and cupy arrays, host-staged and
+CUDA-aware.
 
-    python -m pytest tests/test_gpu.py -rs                                            # in-process ranks
+    python -m pytest tests/test_gpu.py -rs                                            # in-process
+    ranks
     mpirun -n 2 python -m pytest tests/test_gpu.py --with-mpi -m "gpu and spmd" -rs   # MPI ranks
 
 Every check runs the same computation on CPU tensors and compares the device result with
@@ -41,7 +43,10 @@ def _skip_reason() -> str | None:
     if _dry_run():
         return None
     if not torch.cuda.is_available():
-        return f"no CUDA device: torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}) reports torch.cuda.is_available() False"
+        return (
+            f"no CUDA device: torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}) "
+            "reports torch.cuda.is_available() False"
+        )
     return None
 
 
@@ -301,8 +306,14 @@ def _flatten_body(comm, dtype_name):
         assert p.untyped_storage().data_ptr() == flat_device.untyped_storage().data_ptr()
         assert p.grad.untyped_storage().data_ptr() == grad_device.untyped_storage().data_ptr()
     inputs = _data((comm.rank, 3), 5 * 7, dtype).reshape(5, 7)
-    reference = copy.deepcopy(model_cpu).double()  # the same (exactly widened) weights, for float32's bound
-    for model, x in ((model_cpu, inputs), (model_device, inputs.to(device)), (reference, inputs.double())):
+    reference = copy.deepcopy(
+        model_cpu
+    ).double()  # the same (exactly widened) weights, for float32's bound
+    for model, x in (
+        (model_cpu, inputs),
+        (model_device, inputs.to(device)),
+        (reference, inputs.double()),
+    ):
         model.zero_grad(set_to_none=model is reference)
         model(x).square().sum().backward()
     if dtype == torch.float32:
@@ -314,7 +325,8 @@ def _flatten_body(comm, dtype_name):
         cpu_error = float((grad_cpu.double() - grad64).abs().max())
         device_error = float((grad_device.cpu().double() - grad64).abs().max())
         assert device_error <= 10 * cpu_error + 64 * torch.finfo(torch.float32).eps * scale, (
-            f"rank {comm.rank}: device gradient {device_error / scale:.1e} of the scale from float64, the CPU's {cpu_error / scale:.1e}"
+            f"rank {comm.rank}: device gradient {device_error / scale:.1e} of the scale "
+            f"from float64, the CPU's {cpu_error / scale:.1e}"
         )
     else:
         torch.testing.assert_close(grad_device.cpu(), grad_cpu, rtol=1e-10, atol=1e-12)

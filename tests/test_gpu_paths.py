@@ -1,7 +1,9 @@
 """The device paths that only a GPU exercises, each held to the same computation on the CPU.
 
-    python -m pytest tests/test_gpu_paths.py -rs                                            # one process
-    mpirun -n 2 python -m pytest tests/test_gpu_paths.py --with-mpi -m "gpu and spmd" -rs   # MPI ranks
+    python -m pytest tests/test_gpu_paths.py -rs                                            # one
+    process
+    mpirun -n 2 python -m pytest tests/test_gpu_paths.py --with-mpi -m "gpu and spmd" -rs   # MPI
+    ranks
 
 - host staging on a side stream (DeviceStaging.side_copy in relaympi.comm.staging): the copy to
   the host waits for the kernels that wrote the send buffer, and kernels reading a receive buffer
@@ -51,7 +53,9 @@ def _staged_race_body(comm, rounds: int = 3):
     numel = 1 << 22
     send = torch.zeros(numel, device=device)
     recv = {p: torch.zeros(numel, device=device) for p in peers}
-    for r in range(rounds):  # the same host buffers again: a copy out must finish before MPI rewrites them
+    for r in range(
+        rounds
+    ):  # the same host buffers again: a copy out must finish before MPI rewrites them
         _busy(device)
         send.fill_(comm.rank + 10.0 * r)  # queued behind the busy kernels when exchange starts
         comm.exchange({p: send for p in peers}, recv, tag=40 + r).wait()
@@ -59,14 +63,18 @@ def _staged_race_body(comm, rounds: int = 3):
         for p in peers:
             want = 2 * (p + 10.0 * r)
             got = doubled[p]
-            assert bool((got == want).all()), f"rank {comm.rank} round {r} from {p}: {int((got != want).sum())} of {numel} wrong"
+            assert bool((got == want).all()), (
+                f"rank {comm.rank} round {r} from {p}: {int((got != want).sum())} of {numel} wrong"
+            )
     return True
 
 
 @pytest.mark.spmd
 def test_staged_copies_follow_the_streams_that_write_and_read_the_buffers(run, transport):  # noqa: F811 - run is the fixture
     if transport == "local":
-        pytest.skip("the side stream is the MPI backend's host staging: run under mpirun ... --with-mpi")
+        pytest.skip(
+            "the side stream is the MPI backend's host staging: run under mpirun ... --with-mpi"
+        )
     if not CUDA:
         pytest.skip("needs a CUDA GPU")
     assert all(run(_staged_race_body))
@@ -80,13 +88,16 @@ def test_array_kinds_of_device_tensors_are_cached_per_type():
         assert buffers.array_kind(x) == "torch" and buffers.is_device(x)
         assert buffers.array_kind(parameter) == "torch" and buffers.is_device(parameter)
         assert buffers.array_kind(np.zeros(3)) == "numpy" and not buffers.is_device(np.zeros(3))
-        assert buffers.array_kind(torch.zeros(3)) == "torch" and not buffers.is_device(torch.zeros(3))
+        assert buffers.array_kind(torch.zeros(3)) == "torch" and not buffers.is_device(
+            torch.zeros(3)
+        )
     cupy = pytest.importorskip("cupy")
     c = cupy.zeros(3)
     assert buffers.array_kind(c) == "cupy" and buffers.is_device(c)
 
 
-# -- device augmentation ------------------------------------------------------------------------------
+# -- device augmentation
+# ------------------------------------------------------------------------------
 
 
 @needs_cuda
@@ -115,14 +126,16 @@ def test_batched_image_batches_on_the_gpu_match_the_cpu(tmp_path):
     for step in (0, 1, 7):
         (xc, yc), (xg, yg) = on_cpu.batch(step), on_gpu.batch(step)
         assert torch.equal(yg.cpu(), yc)
-        # (pixel / 255 - mean) / std: a GPU divides by a scalar as a multiplication by its reciprocal
+        # (pixel / 255 - mean) / std: a GPU divides by a scalar as a multiplication by its
+        # reciprocal
         # (up to 1.5 ulp), and the subtraction cancels: bound by 2 ulp of the operands' scale (<= 1)
         # over the smallest std, plus 2 ulp of the result
         eps = torch.finfo(torch.float32).eps
         torch.testing.assert_close(xg.cpu(), xc, rtol=2 * eps, atol=2 * eps / min(cifar10.STD))
 
 
-# -- the batched RelaySum's index_add_ sums -----------------------------------------------------------
+# -- the batched RelaySum's index_add_ sums
+# -----------------------------------------------------------
 
 
 def _relay_trajectory(device: str, topology: str, n: int, steps: int = 12) -> torch.Tensor:
@@ -133,7 +146,14 @@ def _relay_trajectory(device: str, topology: str, n: int, steps: int = 12) -> to
     A, b = A.to(device), b.to(device)
     X = torch.zeros(n, d, dtype=torch.float64, device=device)
     optimizer = BatchedOptimizer(OptimizerConfig(momentum=0.9), X)
-    algorithm = make_batched_algorithm("relay", build(topology, n), optimizer, X.clone(), AlgorithmOptions(relay_mode="previous"), DropPolicy(0.1, seed=2))
+    algorithm = make_batched_algorithm(
+        "relay",
+        build(topology, n),
+        optimizer,
+        X.clone(),
+        AlgorithmOptions(relay_mode="previous"),
+        DropPolicy(0.1, seed=2),
+    )
     for t in range(steps):
         G = torch.einsum("nij,nj->ni", A, X) - b
         algorithm.step(X, G, 0.05, t)
@@ -143,10 +163,16 @@ def _relay_trajectory(device: str, topology: str, n: int, steps: int = 12) -> to
 @needs_cuda
 @pytest.mark.parametrize("topology,n", [("double-binary-trees", 16), ("chain", 5), ("star", 6)])
 def test_batched_relaysum_on_the_gpu_matches_the_cpu(topology, n):
-    torch.testing.assert_close(_relay_trajectory("cuda", topology, n), _relay_trajectory("cpu", topology, n), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        _relay_trajectory("cuda", topology, n),
+        _relay_trajectory("cpu", topology, n),
+        rtol=1e-12,
+        atol=1e-12,
+    )
 
 
-# -- the gossip product -------------------------------------------------------------------------------
+# -- the gossip product
+# -------------------------------------------------------------------------------
 
 
 def _mixing(n: int, seed: int) -> torch.Tensor:
@@ -156,7 +182,9 @@ def _mixing(n: int, seed: int) -> torch.Tensor:
 
 
 def test_mix_is_the_float64_product_rounded_once_and_leaves_the_matmul_precision_alone(monkeypatch):
-    monkeypatch.setattr(batched_mixer, "MIX_COLUMNS", 100)  # several column blocks and a short last one
+    monkeypatch.setattr(
+        batched_mixer, "MIX_COLUMNS", 100
+    )  # several column blocks and a short last one
 
     def refuse(*args):
         raise AssertionError("mix changed the global float32 matmul precision")
@@ -174,17 +202,22 @@ def test_mix_on_the_gpu_ignores_tf32():
     W = _mixing(16, 1)
     X = torch.randn(16, 3 * batched_mixer.MIX_COLUMNS + 5, dtype=torch.float64).float()
     want = (W.float().double() @ X.double()).float()
-    # TF32 on through one API only (torch >= 2.9 refuses to read a mix of the legacy and new switches)
+    # TF32 on through one API only (torch >= 2.9 refuses to read a mix of the legacy and new
+    # switches)
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")
     try:
         out = torch.empty_like(X, device="cuda")
         batched_mixer.mix(W.float().cuda(), X.cuda(), out)
-        # (cuBLAS may take a non-tensor-core kernel for the whole 16 x 786437 product: prove TF32 on a slice)
+        # (cuBLAS may take a non-tensor-core kernel for the whole 16 x 786437 product: prove TF32 on
+        # a slice)
         tf32 = W.float().cuda() @ X[:, :4096].cuda()
         assert torch.get_float32_matmul_precision() == "high", "mix changed the matmul precision"
     finally:
         torch.set_float32_matmul_precision(before)
-    # float64 products on the GPU sum in another order than the CPU's: at most one float32 rounding apart
+    # float64 products on the GPU sum in another order than the CPU's: at most one float32 rounding
+    # apart
     torch.testing.assert_close(out.cpu(), want, rtol=1.2e-7, atol=1e-30)
-    assert float((tf32.cpu() - want[:, :4096]).abs().max()) > 1e-5, "TF32 was not in effect: the check proves nothing"
+    assert float((tf32.cpu() - want[:, :4096]).abs().max()) > 1e-5, (
+        "TF32 was not in effect: the check proves nothing"
+    )

@@ -25,11 +25,14 @@ EVALS = 8
 def _figure_text(fig) -> str:
     from matplotlib.text import Text
 
-    return " ".join(" ".join(t.get_text() for t in fig.findobj(Text)).split())  # wrapped lines joined
+    return " ".join(
+        " ".join(t.get_text() for t in fig.findobj(Text)).split()
+    )  # wrapped lines joined
 
 
 def _data_lines(ax) -> list:
-    """One Line2D per legend entry (an errorbar's entry is a container: its first item is the line)."""
+    """One Line2D per legend entry (an errorbar's entry is a container: its first item is the
+    line)."""
     handles, _ = ax.get_legend_handles_labels()
     return [h if hasattr(h, "get_linestyle") else h[0] for h in handles]
 
@@ -44,11 +47,22 @@ def _many_series_table(count: int):
     from relaympi.report.tables import Table
 
     series = {
-        f"algorithm {i} on ring": {0.0: (0.5 + 0.01 * i, 0.49, 0.52 + 0.01 * i), 0.1: (0.4 + 0.01 * i, 0.39, 0.41 + 0.01 * i)}
+        f"algorithm {i} on ring": {
+            0.0: (0.5 + 0.01 * i, 0.49, 0.52 + 0.01 * i),
+            0.1: (0.4 + 0.01 * i, 0.39, 0.41 + 0.01 * i),
+        }
         for i in range(count)
     }
-    return Table(name="robustness_digits_alpha0.1_n4", title="Robustness", caption="", header=[], rows=[],
-                 kind="robustness", metric="the worst worker's mean test accuracy over the last 5 epochs", series=series)
+    return Table(
+        name="robustness_digits_alpha0.1_n4",
+        title="Robustness",
+        caption="",
+        header=[],
+        rows=[],
+        kind="robustness",
+        metric="the worst worker's mean test accuracy over the last 5 epochs",
+        series=series,
+    )
 
 
 def _curves(count: int) -> dict:
@@ -56,7 +70,9 @@ def _curves(count: int) -> dict:
 
     epoch = np.arange(1.0, EVALS + 1)
     return {
-        f"algorithm {i} on chain": [Curve(epoch, 0.1 * epoch / EVALS, 0.2 * epoch / EVALS + 0.01 * i, 0.3 * epoch / EVALS)]
+        f"algorithm {i} on chain": [
+            Curve(epoch, 0.1 * epoch / EVALS, 0.2 * epoch / EVALS + 0.01 * i, 0.3 * epoch / EVALS)
+        ]
         for i in range(count)
     }
 
@@ -65,7 +81,9 @@ def _curves(count: int) -> dict:
 def test_every_series_of_a_plot_has_its_own_colour_line_style_and_marker(count: int) -> None:
     from relaympi.report.plots import curves_figure, series_figure
 
-    series = series_figure(_many_series_table(count), "drop probability", "test accuracy (%)", logx=False)
+    series = series_figure(
+        _many_series_table(count), "drop probability", "test accuracy (%)", logx=False
+    )
     curves = curves_figure("Test accuracy", _curves(count))
     for fig in (series, curves):
         lines = _data_lines(fig.axes[0])
@@ -80,7 +98,9 @@ def test_every_series_of_a_plot_has_its_own_colour_line_style_and_marker(count: 
 def test_the_legend_is_outside_the_axes_and_inside_the_figure(count: int) -> None:
     from relaympi.report.plots import curves_figure, series_figure
 
-    series = series_figure(_many_series_table(count), "drop probability", "test accuracy (%)", logx=False)
+    series = series_figure(
+        _many_series_table(count), "drop probability", "test accuracy (%)", logx=False
+    )
     curves = curves_figure("Test accuracy", _curves(count))
     for fig in (series, curves):
         fig.canvas.draw()
@@ -91,7 +111,9 @@ def test_the_legend_is_outside_the_axes_and_inside_the_figure(count: int) -> Non
         assert not box.overlaps(axes_box), (box, axes_box)
         assert box.y1 <= ax.get_tightbbox().y0  # under the axes, their tick labels and x label
         figure_box = fig.bbox
-        assert box.x1 <= figure_box.x1 + 1 and box.y1 <= figure_box.y1 + 1 and box.y0 >= -1  # not clipped
+        assert (
+            box.x1 <= figure_box.x1 + 1 and box.y1 <= figure_box.y1 + 1 and box.y0 >= -1
+        )  # not clipped
 
 
 def _write_runs(directory: Path) -> dict[int, np.ndarray]:
@@ -104,14 +126,23 @@ def _write_runs(directory: Path) -> dict[int, np.ndarray]:
         for seed in range(2):
             acc = ramp * (top - 0.1 * np.arange(WORKERS) - 0.05 * seed)[None, :] + 0.02 * seed
             for drop in (0.0, 0.1):
-                rf.write_classification_run(directory / f"{algo}_{seed}_{drop}.h5", acc * (1 - drop), task="digits",
-                                            algo=algo, alpha=0.1, seed=seed, drop_prob=drop, lr=0.1)
+                rf.write_classification_run(
+                    directory / f"{algo}_{seed}_{drop}.h5",
+                    acc * (1 - drop),
+                    task="digits",
+                    algo=algo,
+                    alpha=0.1,
+                    seed=seed,
+                    drop_prob=drop,
+                    lr=0.1,
+                )
             accuracies[(algo, seed)] = acc
     return accuracies
 
 
 def test_each_plot_says_what_its_lines_bands_and_bars_are(tmp_path: Path) -> None:
-    """The caption names the reduction over workers and seeds; the drawn numbers are that reduction."""
+    """The caption names the reduction over workers and seeds; the drawn numbers are that
+    reduction."""
     from relaympi import report
     from relaympi.report.plots import curves_figure, series_figure
     from relaympi.report.summary import ReportSettings
@@ -130,24 +161,35 @@ def test_each_plot_says_what_its_lines_bands_and_bars_are(tmp_path: Path) -> Non
     assert "band: worst to best worker" in text and "averaged over seeds" in text
     ax = fig.axes[0]
     labels = ax.get_legend_handles_labels()[1]
-    relay_line = _data_lines(ax)[labels.index(next(lbl for lbl in labels if lbl.startswith("RelaySGD")))]
+    relay_line = _data_lines(ax)[
+        labels.index(next(lbl for lbl in labels if lbl.startswith("RelaySGD")))
+    ]
     seeds = [accuracies[("relay", s)] for s in range(2)]
-    np.testing.assert_allclose(relay_line.get_ydata(), 100 * np.mean([a.mean(axis=1) for a in seeds], axis=0))
+    np.testing.assert_allclose(
+        relay_line.get_ydata(), 100 * np.mean([a.mean(axis=1) for a in seeds], axis=0)
+    )
     band = ax.collections[labels.index(relay_line.get_label())].get_paths()[0].vertices[:, 1]
     worst = 100 * np.mean([a.min(axis=1) for a in seeds], axis=0)
     best = 100 * np.mean([a.max(axis=1) for a in seeds], axis=0)
     assert np.allclose(band.min(), worst.min()) and np.allclose(band.max(), best.max())
-    assert all(np.isclose(band, w).any() for w in worst) and all(np.isclose(band, b).any() for b in best)
+    assert all(np.isclose(band, w).any() for w in worst) and all(
+        np.isclose(band, b).any() for b in best
+    )
 
     robustness = tables["robustness_digits_alpha0.1_n3"]
     fig = series_figure(robustness, "drop probability", "test accuracy (%)", logx=False)
     text = _figure_text(fig)
-    assert "point: the worst worker's mean test accuracy over the last 5 epochs, mean over seeds" in text
+    assert (
+        "point: the worst worker's mean test accuracy over the last 5 epochs, mean over seeds"
+        in text
+    )
     assert "bars: min to max over seeds" in text
     ax = fig.axes[0]
     labels = ax.get_legend_handles_labels()[1]
     container = ax.containers[next(i for i, lbl in enumerate(labels) if lbl.startswith("RelaySGD"))]
-    metric = [min(a[-5:, w].mean() for w in range(WORKERS)) for a in seeds]  # worst worker, last 5 epochs
+    metric = [
+        min(a[-5:, w].mean() for w in range(WORKERS)) for a in seeds
+    ]  # worst worker, last 5 epochs
     np.testing.assert_allclose(container.lines[0].get_ydata()[0], 100 * np.mean(metric))
     segment = container.lines[2][0].get_segments()[0]  # the error bar at drop 0
     np.testing.assert_allclose(sorted(segment[:, 1]), [100 * min(metric), 100 * max(metric)])
@@ -160,7 +202,9 @@ def test_the_report_writes_the_plots(tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert report.main([str(tmp_path / "runs"), "--out", str(out)]) == 0
     pngs = sorted(p.name for p in out.glob("*.png"))
-    assert "robustness_digits_alpha0.1_n3.png" in pngs and any(p.startswith("curves_") for p in pngs)
+    assert "robustness_digits_alpha0.1_n3.png" in pngs and any(
+        p.startswith("curves_") for p in pngs
+    )
 
 
 # ---------------------------------------------------------------------------------- data advice
@@ -180,11 +224,14 @@ def cifar_source(tmp_path, monkeypatch):
     source = tmp_path / "source" / ARCHIVE
     source.parent.mkdir()
     source.write_bytes(blob)
-    monkeypatch.setattr(Cifar10, "files", (RemoteFile(ARCHIVE, source.as_uri(), hashlib.md5(blob).hexdigest()),))
+    monkeypatch.setattr(
+        Cifar10, "files", (RemoteFile(ARCHIVE, source.as_uri(), hashlib.md5(blob).hexdigest()),)
+    )
 
 
 def _follow(advice: str) -> None:
-    """Run advice of the form `mv A B && python -m relaympi.data ARGS` as a user would (in-process)."""
+    """Run advice of the form `mv A B && python -m relaympi.data ARGS` as a user would
+    (in-process)."""
     from relaympi.commands import data as cli
 
     for command in advice.split(" && "):
@@ -205,7 +252,9 @@ def _check(root: Path, capsys) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("damage", ["complete", "incomplete"])
-def test_following_checks_advice_for_data_put_there_by_hand_verifies_it(tmp_path, cifar_source, capsys, damage):
+def test_following_checks_advice_for_data_put_there_by_hand_verifies_it(
+    tmp_path, cifar_source, capsys, damage
+):
     from tests.data_factories import write_cifar10_binary
 
     root = tmp_path / "data root"
@@ -221,10 +270,14 @@ def test_following_checks_advice_for_data_put_there_by_hand_verifies_it(tmp_path
     _follow(advice)
     status, out = _check(root, capsys)
     assert status == 0 and "cifar10     verified" in out
-    assert (root / "cifar10.by-hand" / "cifar-10-batches-bin" / "data_batch_1.bin").is_file()  # kept
+    assert (
+        root / "cifar10.by-hand" / "cifar-10-batches-bin" / "data_batch_1.bin"
+    ).is_file()  # kept
 
 
-def test_following_the_jobs_data_advice_and_the_trainers_hint_verifies_it(tmp_path, cifar_source, capsys):
+def test_following_the_jobs_data_advice_and_the_trainers_hint_verifies_it(
+    tmp_path, cifar_source, capsys
+):
     from relaympi.data.paths import fetch_hint
     from relaympi.data.sets import data_problems
     from tests.data_factories import write_cifar10_binary
@@ -237,7 +290,10 @@ def test_following_the_jobs_data_advice_and_the_trainers_hint_verifies_it(tmp_pa
     _follow(problem.split("run `", 1)[1].rstrip("`"))
     assert data_problems([("cifar10", root / "cifar10")]) == []
     # a verified or corrupt copy (it has a manifest): fetch alone, which repairs it
-    assert fetch_hint("cifar10", root / "cifar10") == f"Get it with `python -m relaympi.data fetch cifar10 --root {shlex.quote(str(root))}`."
+    assert (
+        fetch_hint("cifar10", root / "cifar10")
+        == f"Get it with `python -m relaympi.data fetch cifar10 --root {shlex.quote(str(root))}`."
+    )
 
 
 def test_fetch_refusing_a_folder_gives_the_command_that_works(tmp_path, cifar_source, capsys):
@@ -278,20 +334,34 @@ def cli_error(argv: list[str], capsys) -> str:
 # -------------------------------------------------------------------------------------- jobs/
 
 JOBS = ROOT / "jobs"
-SMALL_GRID = {"RELAYMPI_WORKERS": "4", "RELAYMPI_SEEDS": "0", "RELAYMPI_ALPHAS": "0.1", "RELAYMPI_MOMENTA": "0",
-              "RELAYMPI_LAUNCHER": "local"}
+SMALL_GRID = {
+    "RELAYMPI_WORKERS": "4",
+    "RELAYMPI_SEEDS": "0",
+    "RELAYMPI_ALPHAS": "0.1",
+    "RELAYMPI_MOMENTA": "0",
+    "RELAYMPI_LAUNCHER": "local",
+}
 
 
 def _jobs_script(tmp_path: Path, *args: str, **settings: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYMPI_") and k != "DRY_RUN"}
-    env.update(PYTHONPATH=str(ROOT), RELAYMPI_PYTHON=sys.executable, RELAYMPI_RESULTS_DIR=str(tmp_path / "results"),
-               **SMALL_GRID, **settings)
-    return subprocess.run(["bash", *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    env.update(
+        PYTHONPATH=str(ROOT),
+        RELAYMPI_PYTHON=sys.executable,
+        RELAYMPI_RESULTS_DIR=str(tmp_path / "results"),
+        **SMALL_GRID,
+        **settings,
+    )
+    return subprocess.run(
+        ["bash", *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
 
 
 def _refusals(stderr: str) -> str:
     """stderr without submit.sh's own lines (the sbatch commands it would run)."""
-    return "\n".join(line for line in stderr.splitlines() if " configuration(s) with --ntasks=" not in line)
+    return "\n".join(
+        line for line in stderr.splitlines() if " configuration(s) with --ntasks=" not in line
+    )
 
 
 @pytest.mark.slow
@@ -299,17 +369,29 @@ def _refusals(stderr: str) -> str:
 def test_a_listing_refuses_and_warns_as_submit_dry_run_does(tmp_path: Path, case: str) -> None:
     (tmp_path / "empty root").mkdir()
     settings = (
-        {"RELAYMPI_TASK": "cifar10", "RELAYMPI_ALGOS": "relay", "RELAYMPI_DATA": str(tmp_path / "empty root")}
+        {
+            "RELAYMPI_TASK": "cifar10",
+            "RELAYMPI_ALGOS": "relay",
+            "RELAYMPI_DATA": str(tmp_path / "empty root"),
+        }
         if case == "no data"
         else {"RELAYMPI_TASK": "digits", "RELAYMPI_ALGOS": "relay:ring"}
     )
     listing = _jobs_script(tmp_path, str(JOBS / "sweep_alpha.sh"), DRY_RUN="1", **settings)
-    dry_run = _jobs_script(tmp_path, str(JOBS / "submit.sh"), "sweep_alpha", "--dry-run", **settings)
+    dry_run = _jobs_script(
+        tmp_path, str(JOBS / "submit.sh"), "sweep_alpha", "--dry-run", **settings
+    )
     assert "[0] missing" in listing.stdout  # the listing itself is there
-    assert listing.returncode == dry_run.returncode == (0 if case == "no data" else 2), (listing.stderr, dry_run.stderr)
+    assert listing.returncode == dry_run.returncode == (0 if case == "no data" else 2), (
+        listing.stderr,
+        dry_run.stderr,
+    )
     assert _refusals(listing.stderr) == _refusals(dry_run.stderr)
     if case == "no data":
-        assert "warning:" in listing.stderr and "python -m relaympi.data fetch cifar10" in listing.stderr
+        assert (
+            "warning:" in listing.stderr
+            and "python -m relaympi.data fetch cifar10" in listing.stderr
+        )
     else:
         assert "error:" in listing.stderr and "not a tree" in listing.stderr
 
@@ -329,7 +411,15 @@ def test_submit_help_exits_0_and_names_every_option(tmp_path: Path) -> None:
 
 # value-taking options of relaympi.train without a default value (nothing is assumed for them)
 NO_DEFAULT = {"--config", "--steps", "--workers", "--problem-file", "--save-problem"}
-TASK_DEPENDENT = ("momentum", "optimizer", "weight_decay", "batch_size", "epochs", "warmup_epochs", "milestones")
+TASK_DEPENDENT = (
+    "momentum",
+    "optimizer",
+    "weight_decay",
+    "batch_size",
+    "epochs",
+    "warmup_epochs",
+    "milestones",
+)
 
 
 def _shown(value) -> str:
@@ -344,11 +434,17 @@ def test_train_help_shows_every_default() -> None:
     from relaympi.tasks.quadratics import QuadraticsSpec
 
     config, spec = RunConfig(), QuadraticsSpec()
-    actions = {a.option_strings[0]: a for a in build_parser()._actions if a.option_strings and a.dest != "help"}
+    actions = {
+        a.option_strings[0]: a
+        for a in build_parser()._actions
+        if a.option_strings and a.dest != "help"
+    }
     for flag, action in actions.items():
         text = " ".join((action.help or "").split())
         assert text, flag
-        if action.nargs == 0 or flag in NO_DEFAULT:  # on/off flags, and options with nothing assumed
+        if (
+            action.nargs == 0 or flag in NO_DEFAULT
+        ):  # on/off flags, and options with nothing assumed
             continue
         assert "default" in text.lower(), f"{flag}: {text}"
         assert "the task's" not in text, f"{flag}: say 'task default: ...' ({text})"
@@ -356,7 +452,9 @@ def test_train_help_shows_every_default() -> None:
         if value is None and hasattr(spec, action.dest):
             value = getattr(spec, action.dest)  # the generated quadratics problem's constants
         if value is not None:
-            assert f"default {_shown(value)}" in text or f"default {value}" in text, f"{flag}: {text}"
+            assert f"default {_shown(value)}" in text or f"default {value}" in text, (
+                f"{flag}: {text}"
+            )
         if action.dest in TASK_DEPENDENT:
             assert "task default: " in text, f"{flag}: {text}"
             for task in TASK_NAMES:
@@ -368,7 +466,11 @@ def test_train_help_shows_every_default() -> None:
     for flag in ("--threads", "--epochs", "--batch-size", "--momentum", "--eval-every"):
         assert "default" in actions[flag].help
     evals = " ".join(actions["--eval-every"].help.split())
-    assert "task default: " in evals and "quadratics 200 evaluations per run" in evals and "digits every epoch" in evals
+    assert (
+        "task default: " in evals
+        and "quadratics 200 evaluations per run" in evals
+        and "digits every epoch" in evals
+    )
     assert "agnews: relay chain" in " ".join(actions["--topology"].help.split())
 
 
@@ -378,7 +480,9 @@ def test_every_benchmark_option_has_help(module: str) -> None:
 
     parser = importlib.import_module(module).build_parser()
     for action in parser._actions:
-        assert action.help and action.help.strip(), f"{module} {action.option_strings or action.dest}: no help"
+        assert action.help and action.help.strip(), (
+            f"{module} {action.option_strings or action.dest}: no help"
+        )
         if action.option_strings and action.default not in (None, False) and action.dest != "help":
             assert "default" in action.help, f"{module} {action.option_strings}: {action.help}"
 
@@ -400,12 +504,25 @@ def _entry_points() -> list[str]:
 @pytest.mark.slow
 def test_every_entry_point_calls_itself_python_m_module() -> None:
     modules = _entry_points()
-    assert {"relaympi.train", "relaympi.data", "relaympi.report", "relaympi.studies.quadratics",
-            "benchmarks.report", "benchmarks.comm", "benchmarks.engines"} <= set(modules)
+    assert {
+        "relaympi.train",
+        "relaympi.data",
+        "relaympi.report",
+        "relaympi.studies.quadratics",
+        "benchmarks.report",
+        "benchmarks.comm",
+        "benchmarks.engines",
+    } <= set(modules)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     procs = {  # all at once: each mostly waits for its imports
-        m: subprocess.Popen([sys.executable, "-m", m, "--help"], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        m: subprocess.Popen(
+            [sys.executable, "-m", m, "--help"],
+            cwd=ROOT,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         for m in modules
     }
     for module, proc in procs.items():

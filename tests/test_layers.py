@@ -20,10 +20,26 @@ PACKAGE = Path(__file__).resolve().parent.parent / "relaympi"
 LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     # what everything may use: the run file's schema (results), the launcher's environment, the
     # package version, where data sets live, the CLI's exit-status conventions
-    ("foundation", 0, ("relaympi", "relaympi.entrypoint", "relaympi.launcher", "relaympi.threads",
-                       "relaympi.provenance", "relaympi.results", "relaympi.costs", "relaympi.data", "relaympi.data.download",
-                       "relaympi.data.manifest", "relaympi.data.paths", "relaympi.registry")),
-    # pure graphs and schedules; the Communicator and its backends; the model's flat memory layout (flat)
+    (
+        "foundation",
+        0,
+        (
+            "relaympi",
+            "relaympi.entrypoint",
+            "relaympi.launcher",
+            "relaympi.threads",
+            "relaympi.provenance",
+            "relaympi.results",
+            "relaympi.costs",
+            "relaympi.data",
+            "relaympi.data.download",
+            "relaympi.data.manifest",
+            "relaympi.data.paths",
+            "relaympi.registry",
+        ),
+    ),
+    # pure graphs and schedules; the Communicator and its backends; the model's flat memory layout
+    # (flat)
     ("topology, comm, flat layout", 1, ("relaympi.topology", "relaympi.comm", "relaympi.flat")),
     ("optim", 2, ("relaympi.optim",)),
     # each algorithm as message passing, its matrix form, and its vectorized (batched) form
@@ -32,7 +48,8 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     # the files a task reads, laid out and fetched (they name the tasks' formats)
     # exception: relaympi.data spans two layers, a store tasks use and a catalogue that asks tasks
     ("data sets", 4, ("relaympi.data.layouts", "relaympi.data.sets", "relaympi.data.imagenet")),
-    # the run's configuration: its flags are checked against the registries below (topology, algorithm,
+    # the run's configuration: its flags are checked against the registries below (topology,
+    # algorithm,
     # optimizer and task names) and its --help shows their defaults, so it sits above them; nothing
     # below imports it (a task takes its own options, an algorithm its own options class)
     ("config", 5, ("relaympi.config",)),
@@ -43,8 +60,16 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("engines", 7, ("relaympi.engines",)),
     # command lines; a package's __main__ is its command's entry, in this layer, while the package
     # itself stays in its own
-    ("commands", 8, ("relaympi.train", "relaympi.commands", "relaympi.topology.__main__",
-                     "relaympi.data.__main__")),
+    (
+        "commands",
+        8,
+        (
+            "relaympi.train",
+            "relaympi.commands",
+            "relaympi.topology.__main__",
+            "relaympi.data.__main__",
+        ),
+    ),
     # what reads the run files of many runs and may use everything below: the paper's tables
     ("report", 9, ("relaympi.report",)),
     # the paper's studies outside the training loop (random quadratics on the matrix engine)
@@ -75,12 +100,30 @@ def _lazy_targets(tree: ast.Module, package: str) -> set[str]:
     (name -> submodule)."""
     targets = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("relaympi.") and ":" in node.value:
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.startswith("relaympi.")
+            and ":" in node.value
+        ):
             targets.add(node.value.partition(":")[0])
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module":
-            targets |= {a.value for a in node.args[:1] if isinstance(a, ast.Constant) and isinstance(a.value, str)}
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_HOME" for t in node.targets):
-            targets |= {f"{package}.{v.value}" for v in getattr(node.value, "values", []) if isinstance(v, ast.Constant)}
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+        ):
+            targets |= {
+                a.value
+                for a in node.args[:1]
+                if isinstance(a, ast.Constant) and isinstance(a.value, str)
+            }
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "_HOME" for t in node.targets
+        ):
+            targets |= {
+                f"{package}.{v.value}"
+                for v in getattr(node.value, "values", [])
+                if isinstance(v, ast.Constant)
+            }
     return targets
 
 
@@ -98,10 +141,21 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], *([base] if base else [])])
-                # `from pkg import submodule` imports the submodule; `from module import name` the module
-                targets |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names}
-        owners = {_owner(t, modules) for t in targets if t == "relaympi" or t.startswith("relaympi.")}
+                    base = ".".join(
+                        [
+                            *package.split(".")[: len(package.split(".")) - node.level + 1],
+                            *([base] if base else []),
+                        ]
+                    )
+                # `from pkg import submodule` imports the submodule; `from module import name` the
+                # module
+                targets |= {
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                    for alias in node.names
+                }
+        owners = {
+            _owner(t, modules) for t in targets if t == "relaympi" or t.startswith("relaympi.")
+        }
         graph[name] = {o for o in owners if o is not None and o != name}
     return graph
 
@@ -110,7 +164,9 @@ def layer_of(module: str) -> tuple[str, int] | None:
     best = None
     for layer, rank, names in LAYERS:
         for prefix in names:
-            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > len(best[0])):
+            if (module == prefix or module.startswith(prefix + ".")) and (
+                best is None or len(prefix) > len(best[0])
+            ):
                 best = (prefix, layer, rank)
     return None if best is None else best[1:]
 
@@ -160,7 +216,10 @@ def upward_arrows(graph: dict[str, set[str]]) -> list[str]:
 
 def test_every_module_has_a_layer() -> None:
     missing = [m for m in sorted(import_graph()) if layer_of(m) is None]
-    assert not missing, "modules without a layer (add them to LAYERS in tests/test_layers.py):\n  " + "\n  ".join(missing)
+    assert not missing, (
+        "modules without a layer (add them to LAYERS in tests/test_layers.py):\n  "
+        + "\n  ".join(missing)
+    )
 
 
 def test_no_import_runs_up_a_layer() -> None:
@@ -171,26 +230,38 @@ def test_no_import_runs_up_a_layer() -> None:
 def test_no_import_circles() -> None:
     graph = import_graph()
     circles = _circles(graph)
-    lines = [" <-> ".join(c) + "\n    " + "\n    ".join(f"{a} -> {b}" for a in c for b in sorted(graph[a]) if b in c) for c in circles]
+    lines = [
+        " <-> ".join(c)
+        + "\n    "
+        + "\n    ".join(f"{a} -> {b}" for a in c for b in sorted(graph[a]) if b in c)
+        for c in circles
+    ]
     assert not circles, f"{len(circles)} import circle(s):\n  " + "\n  ".join(lines)
 
 
 def test_the_graph_sees_lazy_type_checking_and_relative_imports(tmp_path: Path) -> None:
-    """The checker itself: each kind of import is an arrow, and a circle and an upward arrow are found."""
+    """The checker itself: each kind of import is an arrow, and a circle and an upward arrow are
+    found."""
     pkg = tmp_path / "relaympi"
     (pkg / "tasks").mkdir(parents=True)
     (pkg / "training").mkdir()
     for init in (pkg, pkg / "tasks", pkg / "training"):
         (init / "__init__.py").write_text("")
     (pkg / "tasks" / "base.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from relaympi.training.plan import Plan\n"
-        "def f():\n    from . import other\n")
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from "
+        "relaympi.training.plan import Plan\n"
+        "def f():\n    from . import other\n"
+    )
     (pkg / "tasks" / "other.py").write_text("X = 'relaympi.training.plan:Plan'\n")
     (pkg / "training" / "plan.py").write_text("import relaympi.tasks.base\n")
     graph = import_graph(pkg)
     assert graph["relaympi.tasks.base"] == {"relaympi.training.plan", "relaympi.tasks.other"}
     assert graph["relaympi.tasks.other"] == {"relaympi.training.plan"}
     assert graph["relaympi.training.plan"] == {"relaympi.tasks.base"}
-    assert _circles(graph) == [["relaympi.tasks.base", "relaympi.tasks.other", "relaympi.training.plan"]]
-    assert upward_arrows(graph) == ["relaympi.tasks.base (tasks) -> relaympi.training.plan (training)",
-                                    "relaympi.tasks.other (tasks) -> relaympi.training.plan (training)"]
+    assert _circles(graph) == [
+        ["relaympi.tasks.base", "relaympi.tasks.other", "relaympi.training.plan"]
+    ]
+    assert upward_arrows(graph) == [
+        "relaympi.tasks.base (tasks) -> relaympi.training.plan (training)",
+        "relaympi.tasks.other (tasks) -> relaympi.training.plan (training)",
+    ]

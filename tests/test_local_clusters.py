@@ -18,7 +18,8 @@ from tests.test_slurm import bash, clean_env, cluster  # noqa: F401 - cluster: t
 
 
 def slurm(conf: str | None, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """A SLURM client command against the cluster of ``conf`` (None: the suite's, as the environment says)."""
+    """A SLURM client command against the cluster of ``conf`` (None: the suite's, as the environment
+    says)."""
     env = clean_env()
     if conf is not None:
         env["SLURM_CONF"] = conf
@@ -44,14 +45,22 @@ def daemons_running(folder: Path) -> list[str]:
 def second(cluster: None, tmp_path: Path):  # noqa: F811 - the imported fixture
     """A second cluster in its own folder, on ports it picks; stopped afterwards."""
     if os.geteuid() != 0 or shutil.which("slurmctld") is None:
-        pytest.skip("a second local cluster needs root and slurmctld (bash cluster/local_cluster.sh install)")
+        pytest.skip(
+            "a second local cluster needs root and slurmctld (bash "
+            "cluster/local_cluster.sh install)"
+        )
     folder = tmp_path / "second cluster"
     proc = bash("cluster/local_cluster.sh", "start", "--dir", str(folder))
     try:
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        # one line that scripts eval (scripts/test.sh does), right for a folder with a space in its name
+        # one line that scripts eval (scripts/test.sh does), right for a folder with a space in its
+        # name
         assert len(proc.stdout.splitlines()) == 1
-        evaluated = subprocess.run(["bash", "-c", 'eval "$1" && printf %s "$SLURM_CONF"', "-", proc.stdout], capture_output=True, text=True)
+        evaluated = subprocess.run(
+            ["bash", "-c", 'eval "$1" && printf %s "$SLURM_CONF"', "-", proc.stdout],
+            capture_output=True,
+            text=True,
+        )
         assert evaluated.stdout == str(folder / "slurm.conf")
         yield folder
     finally:
@@ -68,13 +77,23 @@ def test_a_second_cluster_runs_beside_the_suites_and_stops_alone(second: Path) -
         proc = slurm(conf, "srun", "-N", "1", "-n", "1", "hostname")
         assert (proc.returncode, proc.stdout.strip()) == (0, socket.gethostname()), proc.stderr
         out = second / f"job-{ctld_port(conf)}.out"
-        proc = slurm(conf, "sbatch", "--wait", "-o", str(out), "--wrap", "echo $SLURM_JOB_ID on $SLURM_SUBMIT_HOST")
+        proc = slurm(
+            conf,
+            "sbatch",
+            "--wait",
+            "-o",
+            str(out),
+            "--wrap",
+            "echo $SLURM_JOB_ID on $SLURM_SUBMIT_HOST",
+        )
         assert proc.returncode == 0, proc.stderr
         job = re.search(r"Submitted batch job (\d+)", proc.stdout).group(1)
         assert out.read_text() == f"{job} on {socket.gethostname()}\n"
     # each cluster sees its own queue only
     name = f"relaympi-second-{os.getpid()}"
-    proc = slurm(second_conf, "sbatch", "--parsable", "-J", name, "-o", "/dev/null", "--wrap", "sleep 120")
+    proc = slurm(
+        second_conf, "sbatch", "--parsable", "-J", name, "-o", "/dev/null", "--wrap", "sleep 120"
+    )
     assert proc.returncode == 0, proc.stderr
     try:
         assert name in slurm(second_conf, "squeue", "-h", "-o", "%j").stdout
@@ -93,17 +112,24 @@ def test_a_second_cluster_runs_beside_the_suites_and_stops_alone(second: Path) -
 def test_bad_options_exit_2_with_the_usage(tmp_path: Path) -> None:
     for args, message in [
         (["start", "--ctld-port", "80"], "a port must be a number in 1024-65535, got '80'"),
-        (["start", "--ctld-port", "7000", "--slurmd-port", "7000"], "--ctld-port and --slurmd-port must differ"),
+        (
+            ["start", "--ctld-port", "7000", "--slurmd-port", "7000"],
+            "--ctld-port and --slurmd-port must differ",
+        ),
         (["status", "--dri", str(tmp_path)], "unknown option --dri"),
         (["status", "--dir"], "--dir needs a value"),
         (["restart"], "unknown command 'restart'"),
     ]:
         proc = bash("cluster/local_cluster.sh", *args)
-        assert proc.returncode == 2 and message in proc.stderr and "usage:" in proc.stderr, (args, proc.stderr)
+        assert proc.returncode == 2 and message in proc.stderr and "usage:" in proc.stderr, (
+            args,
+            proc.stderr,
+        )
 
 
-@pytest.mark.parametrize("args", [["--help"], ["-h"], ["help"], ["start", "--nodes", "2", "--help"],
-                                  ["link", "-h"]])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["-h"], ["help"], ["start", "--nodes", "2", "--help"], ["link", "-h"]]
+)
 def test_help_prints_the_usage_and_exits_0(args: list[str]) -> None:
     proc = bash("cluster/local_cluster.sh", *args)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr

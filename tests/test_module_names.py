@@ -23,10 +23,19 @@ def test_the_flat_layout_is_its_own_module_not_comm() -> None:
     assert model.weight.data.data_ptr() == x.data_ptr()
     fb = flat.FlatBuffer.zeros([(2, 2), (1,)], like=np.zeros(1))
     assert fb.flat.shape == (5,) and fb.views[0].shape == (2, 2)
-    for name in ("FlatBuffer", "flatten_module", "padded_zeros", "padded_zeros_like", "spare_slots"):
+    for name in (
+        "FlatBuffer",
+        "flatten_module",
+        "padded_zeros",
+        "padded_zeros_like",
+        "spare_slots",
+    ):
         assert not hasattr(buffers, name), f"comm.buffers still holds {name}"
         assert not hasattr(comm, name), f"relaympi.comm still exports {name}"
-    assert comm.BufferError is buffers.BufferError and comm.query_cuda_aware_mpi is buffers.query_cuda_aware_mpi
+    assert (
+        comm.BufferError is buffers.BufferError
+        and comm.query_cuda_aware_mpi is buffers.query_cuda_aware_mpi
+    )
 
 
 def test_one_ranks_message_passing_run_is_a_message_passing_rank() -> None:
@@ -40,7 +49,10 @@ def test_one_ranks_message_passing_run_is_a_message_passing_rank() -> None:
 def test_the_checkpoint_file_format_is_checkpoint_files() -> None:
     from relaympi.training import checkpoint_files
 
-    assert all(callable(getattr(checkpoint_files, f)) for f in ("save", "load", "prune", "read_meta", "write_meta", "forget"))
+    assert all(
+        callable(getattr(checkpoint_files, f))
+        for f in ("save", "load", "prune", "read_meta", "write_meta", "forget")
+    )
     assert not (Path(checkpoint_files.__file__).parent / "checkpoint.py").exists()
     # it moved into training, its only user: the top-level module is gone
     assert not (Path(checkpoint_files.__file__).parent.parent / "checkpoint_files.py").exists()
@@ -51,7 +63,9 @@ def test_a_matrix_form_names_the_matrix_algorithm_it_steps() -> None:
     from relaympi.optim import OptimizerConfig
     from relaympi.topology import build
 
-    algo = make_matrix_algorithm("dpsgd", build("ring", 4), 4, np.zeros(3), OptimizerConfig(name="sgd"))
+    algo = make_matrix_algorithm(
+        "dpsgd", build("ring", 4), 4, np.zeros(3), OptimizerConfig(name="sgd")
+    )
     assert algo.form.matrix_algorithm is algo and not hasattr(algo.form, "engine")
 
 
@@ -61,13 +75,22 @@ def test_the_two_world_size_checks_have_two_names() -> None:
     from relaympi.topology import TopologyError
     from relaympi.topology.core import as_world_size
 
-    assert as_world_size(np.int64(5)) == 5 and type(as_world_size(np.int64(5))) is int  # a count, as an int
+    assert (
+        as_world_size(np.int64(5)) == 5 and type(as_world_size(np.int64(5))) is int
+    )  # a count, as an int
     with pytest.raises(TopologyError, match="ring world_size must be >= 2, got 1"):
         as_world_size(1, what="ring world_size", minimum=2)
-    algorithms.check_topology_fits_world(topology.build("ring", 4), 4)  # a topology against the world
+    algorithms.check_topology_fits_world(
+        topology.build("ring", 4), 4
+    )  # a topology against the world
     with pytest.raises(AlgorithmError, match="topology 'ring' is for 4 workers, the world has 3"):
         algorithms.check_topology_fits_world(topology.build("ring", 4), 3)
-    for module in ("relaympi.topology.core", "relaympi.topology.graphs", "relaympi.algorithms.registry", "relaympi.tasks.partition"):
+    for module in (
+        "relaympi.topology.core",
+        "relaympi.topology.graphs",
+        "relaympi.algorithms.registry",
+        "relaympi.tasks.partition",
+    ):
         names = vars(importlib.import_module(module))
         assert "check_world_size" not in names and "_check_world_size" not in names
     assert "check_world_size" not in algorithms.__all__
@@ -81,7 +104,9 @@ def test_the_docs_layout_names_real_modules_and_where_new_pieces_go() -> None:
     root = Path(__file__).resolve().parent.parent
     design = (root / "docs" / "design.md").read_text(encoding="utf-8")
     layout = design.split("## Layout", 1)[1].split("\n## ", 1)[0]
-    for path in re.findall(r"(?:relaympi|benchmarks|jobs|cluster|scripts)/[\w/.]+\.(?:py|sh)", layout):
+    for path in re.findall(
+        r"(?:relaympi|benchmarks|jobs|cluster|scripts)/[\w/.]+\.(?:py|sh)", layout
+    ):
         # a module, or the package it became
         assert (root / path).is_file() or (root / path).with_suffix("").is_dir(), (
             f"docs/design.md's Layout names {path}, which does not exist"
@@ -90,7 +115,13 @@ def test_the_docs_layout_names_real_modules_and_where_new_pieces_go() -> None:
         assert name in layout
     contributing = (root / "docs" / "contributing.md").read_text(encoding="utf-8")
     where = contributing.split("## Where a new piece goes", 1)[1].split("\n## ", 1)[0]
-    for piece, home in (("algorithm", "relaympi/algorithms/registry.py"), ("task", "relaympi/tasks/__init__.py"),
-                        ("engine", "relaympi/engines/__init__.py"), ("flag", "relaympi/config/")):
+    for piece, home in (
+        ("algorithm", "relaympi/algorithms/registry.py"),
+        ("task", "relaympi/tasks/__init__.py"),
+        ("engine", "relaympi/engines/__init__.py"),
+        ("flag", "relaympi/config/"),
+    ):
         line = re.search(rf"^- a new {piece}:(.*?)(?=^- |\Z)", where, re.S | re.M)
-        assert line and home in line.group(1), f"docs/contributing.md says nowhere where a new {piece} goes"
+        assert line and home in line.group(1), (
+            f"docs/contributing.md says nowhere where a new {piece} goes"
+        )

@@ -72,9 +72,14 @@ def test_build_checks_placement_and_nodes():
     assert build("chain", 4).placement == "ranks"
 
 
-@pytest.mark.parametrize("name, n", [("social-network", 32), ("social-network-tree", 32), ("spanning-tree:ring", 8)])
+@pytest.mark.parametrize(
+    "name, n", [("social-network", 32), ("social-network-tree", 32), ("spanning-tree:ring", 8)]
+)
 def test_nodes_refused_where_edges_are_given_rank_by_rank(name, n):
-    with pytest.raises(TopologyError, match=f"placement 'nodes' does not apply to {name!r}: its edges are given rank by rank"):
+    with pytest.raises(
+        TopologyError,
+        match=f"placement 'nodes' does not apply to {name!r}: its edges are given rank by rank",
+    ):
         build(name, n, placement="nodes", nodes=nodes_of(n, 4))
 
 
@@ -88,22 +93,41 @@ def test_edge_list_refuses_nodes(tmp_path):
 def test_exponential_needs_contiguous_nodes():
     contiguous = build("exponential", 8, placement="nodes", nodes=nodes_of(8, 2))
     assert contiguous.placement == "nodes" and contiguous.edges() == build("exponential", 8).edges()
-    with pytest.raises(TopologyError, match="needs every node's ranks contiguous.*rank 2 is on an earlier node than rank 1"):
+    with pytest.raises(
+        TopologyError,
+        match="needs every node's ranks contiguous.*rank 2 is on an earlier node than rank 1",
+    ):
         build("exponential", 8, placement="nodes", nodes=[0, 1, 0, 1, 0, 1, 0, 1])
 
 
-@pytest.mark.parametrize("name", ["ring", "chain", "star", "binary-tree", "double-binary-trees", "fully-connected",
-                                  "hypercube", "exponential"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ring",
+        "chain",
+        "star",
+        "binary-tree",
+        "double-binary-trees",
+        "fully-connected",
+        "hypercube",
+        "exponential",
+    ],
+)
 @pytest.mark.parametrize("n", [4, 8, 16])
 def test_one_node_is_the_rank_order_topology(name, n):
     ranks, placed = build(name, n), build(name, n, placement="nodes", nodes=["host"] * n)
     assert placed.placement == "nodes" and placed.name == ranks.name
-    assert [placed.edges(k) for k in range(placed.num_layers)] == [ranks.edges(k) for k in range(ranks.num_layers)]
+    assert [placed.edges(k) for k in range(placed.num_layers)] == [
+        ranks.edges(k) for k in range(ranks.num_layers)
+    ]
 
 
 def test_placement_is_part_of_the_value():
     placed = build("double-binary-trees", 12, placement="nodes", nodes=nodes_of(12, 3))
-    assert placed.to_dict()["placement"] == "nodes" and build("chain", 3).to_dict()["placement"] == "ranks"
+    assert (
+        placed.to_dict()["placement"] == "nodes"
+        and build("chain", 3).to_dict()["placement"] == "ranks"
+    )
     copy = pickle.loads(pickle.dumps(placed))
     assert copy == placed and copy.placement == "nodes" and copy.to_dict() == placed.to_dict()
     one_node = build("chain", 5, placement="nodes", nodes=[0] * 5)
@@ -114,29 +138,38 @@ def test_placement_is_part_of_the_value():
 # -- properties, over many layouts ------------------------------------------------------
 
 
-@pytest.mark.parametrize("n, layout_name, nodes", LAYOUTS, ids=[f"n{n}-{name}" for n, name, _ in LAYOUTS])
+@pytest.mark.parametrize(
+    "n, layout_name, nodes", LAYOUTS, ids=[f"n{n}-{name}" for n, name, _ in LAYOUTS]
+)
 def test_trees_keep_each_nodes_ranks_in_one_subtree(n, layout_name, nodes):
     groups = _by_node(nodes)
     m = len(groups)
     for name in TREES:
         topology = build(name, n, placement="nodes", nodes=nodes)
-        assert topology.is_tree and topology.inter_node_edges(nodes) == [m - 1] * topology.num_layers
+        assert (
+            topology.is_tree and topology.inter_node_edges(nodes) == [m - 1] * topology.num_layers
+        )
         for k, graph in enumerate(topology.layers):
             assert nx.is_tree(graph)
             for ranks in groups.values():
                 assert nx.is_connected(graph.subgraph(ranks)), (name, k, ranks)
-            # the nodes are joined by a tree: M - 1 inter-node edges, the fewest that connect M nodes
+            # the nodes are joined by a tree: M - 1 inter-node edges, the fewest that connect M
+            # nodes
             quotient = _quotient(graph, nodes)
             assert quotient.number_of_edges() == m - 1 and nx.is_connected(quotient)
         if name == "binary-tree":
             assert max(d for _, d in topology.layers[0].degree) <= 3
         if name == "chain":  # a node's ranks in a row, nodes in the order of their lowest rank
-            path = nx.shortest_path(topology.layers[0], *[r for r, d in topology.layers[0].degree if d == 1])
+            path = nx.shortest_path(
+                topology.layers[0], *[r for r, d in topology.layers[0].degree if d == 1]
+            )
             order = sorted(range(n), key=lambda r: (min(groups[nodes[r]]), r))
             assert path in (order, order[::-1])
 
 
-@pytest.mark.parametrize("n, layout_name, nodes", LAYOUTS, ids=[f"n{n}-{name}" for n, name, _ in LAYOUTS])
+@pytest.mark.parametrize(
+    "n, layout_name, nodes", LAYOUTS, ids=[f"n{n}-{name}" for n, name, _ in LAYOUTS]
+)
 def test_double_binary_trees_keep_their_properties_at_the_node_level(n, layout_name, nodes):
     topology = build("double-binary-trees", n, placement="nodes", nodes=nodes)
     groups = _by_node(nodes)
@@ -145,8 +178,13 @@ def test_double_binary_trees_keep_their_properties_at_the_node_level(n, layout_n
     degree = [np.array([topology.layers[k].degree[r] for r in range(n)]) for k in range(2)]
     assert ((degree[0] + degree[1]) / 2 <= 2).all() and topology.max_models_per_step() <= 2
     # the node-level trees are the paper's pair over M nodes: complementary, B the mirror of A
-    node_index = {node: i for i, node in enumerate(sorted(groups, key=lambda node: min(groups[node])))}
-    node_trees = [nx.Graph([(node_index[a], node_index[b]) for a, b in _quotient(g, nodes).edges()]) for g in topology.layers]
+    node_index = {
+        node: i for i, node in enumerate(sorted(groups, key=lambda node: min(groups[node])))
+    }
+    node_trees = [
+        nx.Graph([(node_index[a], node_index[b]) for a, b in _quotient(g, nodes).edges()])
+        for g in topology.layers
+    ]
     if m >= 2:
         paper = build("double-binary-trees", m)
         assert sorted(tuple(sorted(e)) for e in node_trees[0].edges) == paper.edges(0)
@@ -160,7 +198,9 @@ def test_double_binary_trees_keep_their_properties_at_the_node_level(n, layout_n
     assert topology.coordinate_blocks(11) == coordinate_blocks(11, 2) == (slice(0, 6), slice(6, 11))
 
 
-@pytest.mark.parametrize("n, layout_name, nodes", LAYOUTS, ids=[f"n{n}-{name}" for n, name, _ in LAYOUTS])
+@pytest.mark.parametrize(
+    "n, layout_name, nodes", LAYOUTS, ids=[f"n{n}-{name}" for n, name, _ in LAYOUTS]
+)
 def test_graphs_cross_between_nodes_as_little_as_placement_allows(n, layout_name, nodes):
     groups = _by_node(nodes)
     m = len(groups)
@@ -168,7 +208,9 @@ def test_graphs_cross_between_nodes_as_little_as_placement_allows(n, layout_name
         ring = build("ring", n, placement="nodes", nodes=nodes)
         assert nx.is_isomorphic(ring.layers[0], nx.cycle_graph(n))
         assert ring.inter_node_edges(nodes) == [m if m >= 2 else 0]
-        assert ring.gossip_extremes() == build("ring", n).gossip_extremes()  # the same spectrum: a relabelled ring
+        assert (
+            ring.gossip_extremes() == build("ring", n).gossip_extremes()
+        )  # the same spectrum: a relabelled ring
     star = build("star", n, placement="nodes", nodes=nodes)
     hub = max(range(n), key=lambda r: star.degree(r))
     largest = max(len(ranks) for ranks in groups.values())
@@ -178,7 +220,10 @@ def test_graphs_cross_between_nodes_as_little_as_placement_allows(n, layout_name
         assert nx.is_isomorphic(cube.layers[0], nx.hypercube_graph(n.bit_length() - 1))
 
 
-@pytest.mark.parametrize("spec, n", [("double-binary-trees", 10), ("double-binary-trees", 9), ("chain", 8), ("binary-tree", 11)])
+@pytest.mark.parametrize(
+    "spec, n",
+    [("double-binary-trees", 10), ("double-binary-trees", 9), ("chain", 8), ("binary-tree", 11)],
+)
 @pytest.mark.parametrize("where", ["3", "3rr", "2"])
 def test_lr_correction_of_node_aware_trees_is_the_simulation(spec, n, where):
     from relaympi.algorithms.relay_lr import lr_correction
@@ -189,9 +234,18 @@ def test_lr_correction_of_node_aware_trees_is_the_simulation(spec, n, where):
 
 def test_inter_node_edges_counts_edges_between_hosts():
     ring = build("ring", 6)
-    hosts = ["a", "a", "b", "b", "a", "c"]  # between hosts: 1-2 (a-b), 3-4 (b-a), 4-5 (a-c), 5-0 (c-a)
+    hosts = [
+        "a",
+        "a",
+        "b",
+        "b",
+        "a",
+        "c",
+    ]  # between hosts: 1-2 (a-b), 3-4 (b-a), 4-5 (a-c), 5-0 (c-a)
     assert ring.inter_node_edges(hosts) == [4]
-    assert ring.inter_node_degrees(hosts).tolist() == [[4, 2, 2]]  # ends on a, b, c (in order of lowest rank)
+    assert ring.inter_node_degrees(hosts).tolist() == [
+        [4, 2, 2]
+    ]  # ends on a, b, c (in order of lowest rank)
 
 
 # -- at cluster scale -------------------------------------------------------------------
@@ -202,12 +256,25 @@ def test_node_aware_double_binary_trees_at_100000_ranks():
     n, k = 100_000, 8
     nodes = nodes_of(n, k)
     topology = build("double-binary-trees", n, placement="nodes", nodes=nodes)
-    assert topology.inter_node_edges(nodes) == [n // k - 1] * 2 and topology.max_models_per_step() == 2
+    assert (
+        topology.inter_node_edges(nodes) == [n // k - 1] * 2 and topology.max_models_per_step() == 2
+    )
     # every node of 8 ranks: a subtree of 7 intra-node edges in each tree
     for edges in (topology.edge_array(0), topology.edge_array(1)):
         inside = edges[edges[:, 0] // k == edges[:, 1] // k]
         assert np.bincount(inside[:, 0] // k, minlength=n // k).tolist() == [k - 1] * (n // k)
-    status, out, err = _run(["double-binary-trees", "-n", str(n), "--ranks-per-node", str(k), "--placement", "nodes", "--json"])
+    status, out, err = _run(
+        [
+            "double-binary-trees",
+            "-n",
+            str(n),
+            "--ranks-per-node",
+            str(k),
+            "--placement",
+            "nodes",
+            "--json",
+        ]
+    )
     assert status == 0, err
     summary = json.loads(out)
     assert summary["inter_node_edges"] == [n // k - 1] * 2 and summary["nodes"] == n // k
@@ -237,15 +304,32 @@ def test_default_model_size_is_vgg11():
 
 def test_cli_plans_double_binary_trees_for_a_cluster():
     n, k, d = 12, 3, 1001
-    status, out, err = _run(["double-binary-trees", "-n", str(n), "--ranks-per-node", str(k), "--placement", "nodes",
-                             "--model-size", str(d), "--dtype-bytes", "2", "--json"])
+    status, out, err = _run(
+        [
+            "double-binary-trees",
+            "-n",
+            str(n),
+            "--ranks-per-node",
+            str(k),
+            "--placement",
+            "nodes",
+            "--model-size",
+            str(d),
+            "--dtype-bytes",
+            "2",
+            "--json",
+        ]
+    )
     assert status == 0, err
     summary = json.loads(out)
     nodes = nodes_of(n, k)
     topology = build("double-binary-trees", n, placement="nodes", nodes=nodes)
-    assert summary["placement"] == "nodes" and summary["ranks_per_node"] == k and summary["nodes"] == 4
+    assert (
+        summary["placement"] == "nodes" and summary["ranks_per_node"] == k and summary["nodes"] == 4
+    )
     assert summary["inter_node_edges"] == [3, 3]
-    # by hand from the edges: each edge between nodes carries its tree's block (501, 500 elements) each step
+    # by hand from the edges: each edge between nodes carries its tree's block (501, 500 elements)
+    # each step
     sent = {node: 0 for node in range(4)}
     for layer, block in enumerate((501, 500)):
         for i, j in topology.edges(layer):
@@ -258,7 +342,9 @@ def test_cli_plans_double_binary_trees_for_a_cluster():
         mean = sum(pairs[i][j] for i in range(n) for j in range(n) if i != j) / (n * (n - 1))
         assert summary["mean_delays"][layer] == pytest.approx(mean, rel=1e-12)
         assert summary["layer_diameters"][layer] == nx.diameter(graph)
-    status, text, _ = _run(["double-binary-trees", "-n", str(n), "--ranks-per-node", str(k), "--placement", "nodes"])
+    status, text, _ = _run(
+        ["double-binary-trees", "-n", str(n), "--ranks-per-node", str(k), "--placement", "nodes"]
+    )
     assert "placement         nodes  (4 nodes of 3 ranks)" in text
     assert "  layer 0: inter-node edges 3, diameter" in text and "lr correction" in text
     assert "per node per step (most over nodes; model of 9225610 x 4 bytes)" in text
@@ -267,15 +353,27 @@ def test_cli_plans_double_binary_trees_for_a_cluster():
 def test_cli_rank_order_counts_every_edge_between_single_rank_nodes():
     status, out, _ = _run(["ring", "-n", "8", "--json"])
     summary = json.loads(out)
-    assert summary["placement"] == "ranks" and summary["ranks_per_node"] == 1 and summary["inter_node_edges"] == [8]
-    assert summary["inter_node_bytes_per_node_per_step"] == 2 * DEFAULT_MODEL_SIZE * 4  # a model to each neighbour
-    status, out, _ = _run(["ring", "-n", "8", "--ranks-per-node", "2", "--placement", "nodes", "--json"])
+    assert (
+        summary["placement"] == "ranks"
+        and summary["ranks_per_node"] == 1
+        and summary["inter_node_edges"] == [8]
+    )
+    assert (
+        summary["inter_node_bytes_per_node_per_step"] == 2 * DEFAULT_MODEL_SIZE * 4
+    )  # a model to each neighbour
+    status, out, _ = _run(
+        ["ring", "-n", "8", "--ranks-per-node", "2", "--placement", "nodes", "--json"]
+    )
     assert json.loads(out)["inter_node_edges"] == [4]
-    assert json.loads(out)["inter_node_bytes_per_node_per_step"] == 2 * DEFAULT_MODEL_SIZE * 4  # one edge out each way
+    assert (
+        json.loads(out)["inter_node_bytes_per_node_per_step"] == 2 * DEFAULT_MODEL_SIZE * 4
+    )  # one edge out each way
 
 
 def test_cli_counts_sgp_sends_between_nodes_per_round():
-    status, out, _ = _run(["exponential", "-n", "16", "--ranks-per-node", "4", "--model-size", "10", "--json"])
+    status, out, _ = _run(
+        ["exponential", "-n", "16", "--ranks-per-node", "4", "--model-size", "10", "--json"]
+    )
     summary = json.loads(out)
     nodes = nodes_of(16, 4)
     expected = [sum(nodes[r] != nodes[(r - o) % 16] for r in range(16)) for o in (1, 2, 4, 8)]
@@ -286,20 +384,43 @@ def test_cli_counts_sgp_sends_between_nodes_per_round():
     assert "round 0 (offset 1): 4 of 16 sends between nodes" in text
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["ring", "-n", "8", "--ranks-per-node", "0"], "error: argument --ranks-per-node: must be an integer >= 1, got 0"),
-    (["ring", "-n", "8", "--ranks-per-node", "x"], "error: argument --ranks-per-node: must be an integer >= 1, got 'x'"),
-    (["ring", "-n", "8", "--model-size", "-1"], "error: argument --model-size: must be an integer >= 1, got -1"),
-    (["ring", "-n", "8", "--placement", "hosts"], "error: argument --placement: invalid choice: 'hosts'"),
-    (["ring", "-n", "8", "--placement", "nodes"], "error: --placement nodes needs --ranks-per-node K"),
-    (["social-network", "-n", "32", "--placement", "nodes", "--ranks-per-node", "4"],
-     "error: placement 'nodes' does not apply to 'social-network'"),
-    (["exponential", "-n", "8", "--placement", "nodes", "--ranks-per-node", "3"], None),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["ring", "-n", "8", "--ranks-per-node", "0"],
+            "error: argument --ranks-per-node: must be an integer >= 1, got 0",
+        ),
+        (
+            ["ring", "-n", "8", "--ranks-per-node", "x"],
+            "error: argument --ranks-per-node: must be an integer >= 1, got 'x'",
+        ),
+        (
+            ["ring", "-n", "8", "--model-size", "-1"],
+            "error: argument --model-size: must be an integer >= 1, got -1",
+        ),
+        (
+            ["ring", "-n", "8", "--placement", "hosts"],
+            "error: argument --placement: invalid choice: 'hosts'",
+        ),
+        (
+            ["ring", "-n", "8", "--placement", "nodes"],
+            "error: --placement nodes needs --ranks-per-node K",
+        ),
+        (
+            ["social-network", "-n", "32", "--placement", "nodes", "--ranks-per-node", "4"],
+            "error: placement 'nodes' does not apply to 'social-network'",
+        ),
+        (["exponential", "-n", "8", "--placement", "nodes", "--ranks-per-node", "3"], None),
+    ],
+)
 def test_cli_misuse_is_one_error_line_and_exit_2(argv, message):
     status, out, err = _run(argv)
     if message is None:  # contiguous nodes of 3 (the last one of 2): accepted
-        assert status == 0 and "placement         nodes  (3 nodes of 3 ranks, the last one smaller)" in out
+        assert (
+            status == 0
+            and "placement         nodes  (3 nodes of 3 ranks, the last one smaller)" in out
+        )
         return
     assert status == 2 and out == ""
     errors = [line for line in err.splitlines() if line.startswith("error:")]
@@ -315,7 +436,10 @@ def test_trees_deep_from_rank_0_count_eigenvalues_from_their_centre():
     path = np.stack([np.arange(99), np.arange(1, 100)], axis=1)
     leaves = np.stack([np.full(1000, 99), np.arange(100, 1100)], axis=1)
     broom = Topology("broom", 1100, (np.concatenate([path, leaves]),))
-    assert broom.world_size > DENSE_SPECTRUM_MAX_RANKS and broom.hops_from(0).max() > TREE_INERTIA_MAX_HEIGHT
+    assert (
+        broom.world_size > DENSE_SPECTRUM_MAX_RANKS
+        and broom.hops_from(0).max() > TREE_INERTIA_MAX_HEIGHT
+    )
     root = broom._tree_root(0)
     assert broom.hops_from(root).max() == 50  # ceil(diameter 100 / 2)
     w = broom.mixing_matrix()
@@ -326,7 +450,11 @@ def test_trees_deep_from_rank_0_count_eigenvalues_from_their_centre():
 def test_node_ids_as_a_numpy_array_number_nodes_by_their_lowest_rank():
     from relaympi.topology.core import node_labels
 
-    assert node_labels(np.array([5, 5, 2, 9, 2]), 5).tolist() == [0, 0, 1, 2, 1] == node_labels([5, 5, 2, 9, 2], 5).tolist()
+    assert (
+        node_labels(np.array([5, 5, 2, 9, 2]), 5).tolist()
+        == [0, 0, 1, 2, 1]
+        == node_labels([5, 5, 2, 9, 2], 5).tolist()
+    )
     ids = np.random.default_rng(0).integers(0, 7, 40)
     assert node_labels(ids, 40).tolist() == node_labels(ids.tolist(), 40).tolist()
 
@@ -335,6 +463,21 @@ def test_node_ids_as_a_numpy_array_number_nodes_by_their_lowest_rank():
 def test_topology_scale_benchmark_runs_node_aware(capsys):
     from benchmarks import topology_scale
 
-    assert topology_scale.main(["--sizes", "64", "--names", "double-binary-trees,social-network", "--ranks-per-node", "8"]) == 0
+    assert (
+        topology_scale.main(
+            [
+                "--sizes",
+                "64",
+                "--names",
+                "double-binary-trees,social-network",
+                "--ranks-per-node",
+                "8",
+            ]
+        )
+        == 0
+    )
     rows = capsys.readouterr().out.splitlines()[1:]
-    assert [row.split()[:4] for row in rows] == [["double-binary-trees", "64", "text", "0"], ["double-binary-trees", "64", "json", "0"]]
+    assert [row.split()[:4] for row in rows] == [
+        ["double-binary-trees", "64", "text", "0"],
+        ["double-binary-trees", "64", "json", "0"],
+    ]

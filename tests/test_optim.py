@@ -1,4 +1,5 @@
-"""Local optimizers against torch.optim where the forms coincide, and against the paper's formulas written out."""
+"""Local optimizers against torch.optim where the forms coincide, and against the paper's formulas
+written out."""
 
 from __future__ import annotations
 
@@ -23,8 +24,11 @@ def _lr(t: int) -> float:
     return 0.1 + 0.02 * t  # time-varying, as warm-up and decay produce
 
 
-def _ours(config: OptimizerConfig, apply: bool = False, ranges: tuple[tuple[int, int], ...] | None = None) -> np.ndarray:
-    """The trajectory of our optimizer; with ``ranges``, each step's update range by range (applied)."""
+def _ours(
+    config: OptimizerConfig, apply: bool = False, ranges: tuple[tuple[int, int], ...] | None = None
+) -> np.ndarray:
+    """The trajectory of our optimizer; with ``ranges``, each step's update range by range
+    (applied)."""
     hessian, b, x0 = _problem()
     x = torch.tensor(x0)
     optimizer = make_optimizer(config, x)
@@ -135,15 +139,20 @@ def test_matches_the_written_out_formula(case: str) -> None:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_cache_blocks_and_applied_updates_change_no_bit(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Blocks of 2 elements (3 blocks for 5) and x += u inside the sweep: the same bits as one block."""
+def test_cache_blocks_and_applied_updates_change_no_bit(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks of 2 elements (3 blocks for 5) and x += u inside the sweep: the same bits as one
+    block."""
     import relaympi.optim as optim
 
     config = CASES[case][0]
     whole = _ours(config)
     monkeypatch.setattr(optim, "UPDATE_BLOCK", 2)
     if config.name == "sgd":  # Adam runs one sweep; SGD's blocks are really split
-        assert len(make_optimizer(config, torch.zeros(DIM, dtype=torch.float64))._blocks(0, DIM)) == 3
+        assert (
+            len(make_optimizer(config, torch.zeros(DIM, dtype=torch.float64))._blocks(0, DIM)) == 3
+        )
     for apply in (False, True):
         np.testing.assert_array_equal(_ours(config, apply=apply), whole, err_msg=f"apply={apply}")
 
@@ -184,6 +193,9 @@ def test_state_round_trip_continues_the_same_trajectory() -> None:
 @pytest.mark.parametrize("case", CASES)
 def test_an_update_range_by_range_in_backward_order_changes_no_bit(case: str) -> None:
     """begin_step, then update_range over [3, 5), [1, 3), [0, 1) (last layers first, as backward
-    finishes them): the same bits as one update of the whole model (the overlapped step relies on it)."""
+    finishes them): the same bits as one update of the whole model (the overlapped step relies on
+    it)."""
     config = CASES[case][0]
-    np.testing.assert_array_equal(_ours(config, ranges=((3, 5), (1, 3), (0, 1))), _ours(config, apply=True))
+    np.testing.assert_array_equal(
+        _ours(config, ranges=((3, 5), (1, 3), (0, 1))), _ours(config, apply=True)
+    )

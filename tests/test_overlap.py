@@ -1,4 +1,5 @@
-"""--overlap: gradient buckets delivered from backward's hooks, and the same numbers with and without it.
+"""--overlap: gradient buckets delivered from backward's hooks, and the same numbers with and
+without it.
 
 The buckets (relaympi/training/buckets.py) must cover the flat model exactly once per step, in the
 same order every step, each with its gradient final when it is delivered; the runs must be bit
@@ -46,15 +47,23 @@ class _Tied(torch.nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.hidden(self.embed(tokens)))
-        return self.last(h) @ self.embed.weight.T  # the embedding again: its gradient accumulates twice
+        return (
+            self.last(h) @ self.embed.weight.T
+        )  # the embedding again: its gradient accumulates twice
 
 
-def _deliveries(model: torch.nn.Module, grad: torch.Tensor, buckets: GradientBuckets, batch: torch.Tensor):
+def _deliveries(
+    model: torch.nn.Module, grad: torch.Tensor, buckets: GradientBuckets, batch: torch.Tensor
+):
     """One step's deliveries: (lo, hi, grad[lo:hi] at delivery, delivered during backward)."""
     got, in_backward = [], [True]
     grad.zero_()
-    with buckets.delivering(lambda lo, hi: got.append((lo, hi, grad[lo:hi].clone(), in_backward[0]))):
-        torch.nn.functional.cross_entropy(model(batch).reshape(-1, 11), batch.reshape(-1)).backward()
+    with buckets.delivering(
+        lambda lo, hi: got.append((lo, hi, grad[lo:hi].clone(), in_backward[0]))
+    ):
+        torch.nn.functional.cross_entropy(
+            model(batch).reshape(-1, 11), batch.reshape(-1)
+        ).backward()
         in_backward[0] = False
     return got
 
@@ -72,9 +81,13 @@ def test_buckets_cover_the_model_once_in_the_same_order_with_final_gradients(buc
         covered = np.zeros(grad.numel(), dtype=int)
         for lo, hi, at_delivery, _ in got:
             covered[lo:hi] += 1
-            assert torch.equal(at_delivery, grad[lo:hi]), f"grad[{lo}:{hi}] changed after its delivery"
+            assert torch.equal(at_delivery, grad[lo:hi]), (
+                f"grad[{lo}:{hi}] changed after its delivery"
+            )
         assert (covered == 1).all()  # every element exactly once
-        assert [hi for _, hi, _, _ in got] == sorted((hi for _, hi, _, _ in got), reverse=True)  # last layers first
+        assert [hi for _, hi, _, _ in got] == sorted(
+            (hi for _, hi, _, _ in got), reverse=True
+        )  # last layers first
         orders.append([(lo, hi) for lo, hi, _, _ in got])
         unused = range(*_flat_range(model.unused, grad))
         # the bucket holding the unused layer waits for the end (its gradient never comes); the tied
@@ -111,13 +124,17 @@ def test_two_backwards_in_one_step_are_refused():
     model = torch.nn.Linear(3, 2)
     _, grad = flatten_module(model)
     buckets = GradientBuckets(grad, list(model.parameters()), 1.0)
-    with pytest.raises(RuntimeError, match="accumulated twice"), buckets.delivering(lambda lo, hi: None):
+    with (
+        pytest.raises(RuntimeError, match="accumulated twice"),
+        buckets.delivering(lambda lo, hi: None),
+    ):
         for _ in range(2):
             model(torch.ones(1, 3)).sum().backward()
 
 
 def _on_another_thread(work) -> None:
-    """Run ``work`` on a new thread and wait for it (backward there runs its hooks there, as autograd
+    """Run ``work`` on a new thread and wait for it (backward there runs its hooks there, as
+    autograd
     runs CUDA parameters' hooks on its own device thread); its exception is raised here."""
     errors: list[BaseException] = []
 
@@ -143,18 +160,47 @@ def test_hooks_on_another_thread_leave_the_delivery_to_the_stepping_thread(any_t
     buckets = GradientBuckets(grad, list(model.parameters()), 1e-5, any_thread=any_thread)
     got, threads = [], set()
     grad.zero_()
-    with buckets.delivering(lambda lo, hi: (got.append((lo, hi, grad[lo:hi].clone())), threads.add(threading.get_ident()))):
-        _on_another_thread(lambda: torch.nn.functional.cross_entropy(model(batch).reshape(-1, 11), batch.reshape(-1)).backward())
-    assert [(lo, hi) for lo, hi, _ in got] == [(lo, hi) for lo, hi, _, _ in here]  # the same buckets in the same order
+    with buckets.delivering(
+        lambda lo, hi: (
+            got.append((lo, hi, grad[lo:hi].clone())),
+            threads.add(threading.get_ident()),
+        )
+    ):
+        _on_another_thread(
+            lambda: torch.nn.functional.cross_entropy(
+                model(batch).reshape(-1, 11), batch.reshape(-1)
+            ).backward()
+        )
+    assert [(lo, hi) for lo, hi, _ in got] == [
+        (lo, hi) for lo, hi, _, _ in here
+    ]  # the same buckets in the same order
     for (_, _, at_delivery), (_, _, want, _) in zip(got, here, strict=True):
         assert torch.equal(at_delivery, want)
-    assert (threads != {threading.get_ident()}) == any_thread  # any_thread: the hooks' thread delivers too (the path that hung)
+    assert (
+        threads != {threading.get_ident()}
+    ) == any_thread  # any_thread: the hooks' thread delivers too (the path that hung)
 
 
 # ---------------------------------------------------------------- the same numbers, run files
 
-DIGITS = ["--task", "digits", "--backend", "local", "--workers", "4", "--steps", "6", "--eval-every", "3", "--alpha", "0.5"]
-SMALL_BUCKETS = ["--bucket-size", "0.002"]  # 524 float32: the digits MLP's 4,810 parameters in 4 buckets
+DIGITS = [
+    "--task",
+    "digits",
+    "--backend",
+    "local",
+    "--workers",
+    "4",
+    "--steps",
+    "6",
+    "--eval-every",
+    "3",
+    "--alpha",
+    "0.5",
+]
+SMALL_BUCKETS = [
+    "--bucket-size",
+    "0.002",
+]  # 524 float32: the digits MLP's 4,810 parameters in 4 buckets
 
 CASES = {
     "allreduce": ["--algo", "allreduce"],
@@ -167,7 +213,14 @@ CASES = {
     "relay-previous-drops": ["--algo", "relay", "--relay-mode", "previous", "--drop-prob", "0.2"],
     "relay-initial-drops": ["--algo", "relay", "--relay-mode", "initial", "--drop-prob", "0.2"],
     "relay-chunked-in-place": ["--algo", "relay", "--relay-chunk", "300", "--relay-in-place"],
-    "relay-grad-chain-chunked": ["--algo", "relay-grad", "--topology", "chain", "--relay-chunk", "700"],
+    "relay-grad-chain-chunked": [
+        "--algo",
+        "relay-grad",
+        "--topology",
+        "chain",
+        "--relay-chunk",
+        "700",
+    ],
     "dpsgd-drops-momentum": ["--algo", "dpsgd", "--drop-prob", "0.2", "--momentum", "0.9"],
 }
 
@@ -181,7 +234,11 @@ def _train(tmp_path: Path, name: str, *args: str) -> Path:
 def _numbers(path: Path) -> tuple[dict[str, np.ndarray], dict]:
     """A run file's datasets but the times, and its config but the overlap keys."""
     with h5py.File(path, "r") as file:
-        data = {name: file[name][:] for name in file if isinstance(file[name], h5py.Dataset) and not name.startswith("time")}
+        data = {
+            name: file[name][:]
+            for name in file
+            if isinstance(file[name], h5py.Dataset) and not name.startswith("time")
+        }
         config = json.loads(file.attrs["config"])
     return data, {k: v for k, v in config.items() if k not in ("overlap", "bucket_size", "out")}
 
@@ -215,7 +272,14 @@ def test_the_bucket_size_changes_no_bit(tmp_path):
 def test_a_checkpoint_resumes_with_the_other_overlap_setting(tmp_path, monkeypatch):
     args = ["--algo", "relay", "--steps", "8", "--eval-every", "2"]
     full = _train(tmp_path, "full", *args)
-    resumed = [*DIGITS, *args, "--out", str(tmp_path / "resumed.h5"), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    resumed = [
+        *DIGITS,
+        *args,
+        "--out",
+        str(tmp_path / "resumed.h5"),
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+    ]
     monkeypatch.setenv("RELAYMPI_INJECT_FAILURE", "1:5")
     assert train.main([*resumed, "--overlap"]) == train.EXIT_FAILED
     monkeypatch.delenv("RELAYMPI_INJECT_FAILURE")
@@ -226,7 +290,20 @@ def test_a_checkpoint_resumes_with_the_other_overlap_setting(tmp_path, monkeypat
 
 
 def test_quadratics_overlap_in_float64(tmp_path):
-    args = ["--task", "quadratics", "--backend", "local", "--workers", "4", "--steps", "5", "--eval-every", "1", "--algo", "relay"]
+    args = [
+        "--task",
+        "quadratics",
+        "--backend",
+        "local",
+        "--workers",
+        "4",
+        "--steps",
+        "5",
+        "--eval-every",
+        "1",
+        "--algo",
+        "relay",
+    ]
     outs = []
     for extra in ([], ["--overlap"]):
         outs.append(tmp_path / f"q{len(outs)}.h5")
@@ -234,22 +311,38 @@ def test_quadratics_overlap_in_float64(tmp_path):
     assert_same_numbers(outs[1], outs[0])
 
 
-# --overlap and --progress-thread as they run (relaympi.training.plan.resolve): --overlap by default on
+# --overlap and --progress-thread as they run (relaympi.training.plan.resolve): --overlap by default
+# on
 # for MPI ranks on more than one node on the CPU (measured faster there) with a model of several
 # buckets (VGG-11 here), else off; the thread only where given and MPI overlaps
-@pytest.mark.parametrize("flags, nodes, want", [
-    ([], (0, 0, 1, 1), (True, False)),  # MPI across two nodes
-    ([], (0, 0, 0, 0), (False, False)),  # one node: the transfers are the ranks' own copies
-    (["--ranks-per-node", "2"], None, (True, False)),  # emulated nodes count as nodes (as for --placement)
-    (["--device", "cuda"], (0, 0, 1, 1), (False, False)),  # refused on GPUs for now
-    (["--progress-thread"], (0, 0, 1, 1), (True, True)),
-    (["--progress-thread"], (0, 0, 0, 0), (False, False)),  # nothing to progress on one node (auto: no overlap)
-    (["--no-overlap"], (0, 0, 1, 1), (False, False)),
-    (["--overlap", "--progress-thread"], (0, 0, 0, 0), (True, True)),
-    (["--backend", "local", "--workers", "4", "--ranks-per-node", "2"], None, (False, False)),  # no wire between threads
-    (["--backend", "local", "--workers", "4", "--overlap"], None, (True, False)),
-    (["--backend", "batched", "--workers", "4", "--ranks-per-node", "2"], None, (False, False)),
-])
+@pytest.mark.parametrize(
+    "flags, nodes, want",
+    [
+        ([], (0, 0, 1, 1), (True, False)),  # MPI across two nodes
+        ([], (0, 0, 0, 0), (False, False)),  # one node: the transfers are the ranks' own copies
+        (
+            ["--ranks-per-node", "2"],
+            None,
+            (True, False),
+        ),  # emulated nodes count as nodes (as for --placement)
+        (["--device", "cuda"], (0, 0, 1, 1), (False, False)),  # refused on GPUs for now
+        (["--progress-thread"], (0, 0, 1, 1), (True, True)),
+        (
+            ["--progress-thread"],
+            (0, 0, 0, 0),
+            (False, False),
+        ),  # nothing to progress on one node (auto: no overlap)
+        (["--no-overlap"], (0, 0, 1, 1), (False, False)),
+        (["--overlap", "--progress-thread"], (0, 0, 0, 0), (True, True)),
+        (
+            ["--backend", "local", "--workers", "4", "--ranks-per-node", "2"],
+            None,
+            (False, False),
+        ),  # no wire between threads
+        (["--backend", "local", "--workers", "4", "--overlap"], None, (True, False)),
+        (["--backend", "batched", "--workers", "4", "--ranks-per-node", "2"], None, (False, False)),
+    ],
+)
 def test_overlap_and_the_progress_thread_resolve_per_run(flags, nodes, want):
     from relaympi.config import parse_args
     from relaympi.training.plan import resolve
@@ -258,33 +351,50 @@ def test_overlap_and_the_progress_thread_resolve_per_run(flags, nodes, want):
     assert (plan.cfg.overlap, plan.cfg.progress_thread) == want
 
 
-@pytest.mark.parametrize("flags, nodes, notice", [
-    (["--progress-thread"], (0, 0, 0, 0), "--progress-thread does nothing: --overlap is off in this run"),
-    (["--progress-thread", "--bucket-size", "8", "--progress-interval", "1"], (0, 0, 0, 0),
-     "--progress-thread, --bucket-size, --progress-interval do nothing"),
-    (["--progress-thread", "--device", "cuda"], (0, 0, 1, 1), "--progress-thread does nothing"),
-    (["--progress-thread"], (0, 0, 1, 1), None),  # overlapping by default across nodes: the thread runs
-    (["--overlap", "--bucket-size", "8"], (0, 0, 0, 0), None),
-    ([], (0, 0, 0, 0), None),
-])
+@pytest.mark.parametrize(
+    "flags, nodes, notice",
+    [
+        (
+            ["--progress-thread"],
+            (0, 0, 0, 0),
+            "--progress-thread does nothing: --overlap is off in this run",
+        ),
+        (
+            ["--progress-thread", "--bucket-size", "8", "--progress-interval", "1"],
+            (0, 0, 0, 0),
+            "--progress-thread, --bucket-size, --progress-interval do nothing",
+        ),
+        (["--progress-thread", "--device", "cuda"], (0, 0, 1, 1), "--progress-thread does nothing"),
+        (
+            ["--progress-thread"],
+            (0, 0, 1, 1),
+            None,
+        ),  # overlapping by default across nodes: the thread runs
+        (["--overlap", "--bucket-size", "8"], (0, 0, 0, 0), None),
+        ([], (0, 0, 0, 0), None),
+    ],
+)
 def test_overlap_flags_a_run_resolves_away_are_named(flags, nodes, notice):
     from relaympi.config import parse_args
     from relaympi.training.plan import resolve
 
     notices = resolve(parse_args(["--task", "cifar10", *flags]), 4, nodes).notices
-    assert (notices[0].startswith(notice) if notice else notices == ()), notices
+    assert notices[0].startswith(notice) if notice else notices == (), notices
 
 
 # Across nodes, a model within one --bucket-size bucket has nothing to overlap: its one bucket is
 # complete when backward ends. Off by default there; several buckets (or --overlap) turn it on.
-@pytest.mark.parametrize("task, flags, want", [
-    ("digits", [], False),  # 4,810 float32: 19 KiB, one 4 MiB bucket
-    ("digits", ["--bucket-size", "0.004"], True),  # 19 KiB in 4 KiB buckets
-    ("digits", ["--overlap"], True),  # asked for
-    ("cifar10", [], True),  # VGG-11: 35 MiB, 5 buckets
-    ("cifar10", ["--bucket-size", "64"], False),  # all in one bucket
-    ("quadratics", ["--steps", "2"], False),  # dim float64s
-])
+@pytest.mark.parametrize(
+    "task, flags, want",
+    [
+        ("digits", [], False),  # 4,810 float32: 19 KiB, one 4 MiB bucket
+        ("digits", ["--bucket-size", "0.004"], True),  # 19 KiB in 4 KiB buckets
+        ("digits", ["--overlap"], True),  # asked for
+        ("cifar10", [], True),  # VGG-11: 35 MiB, 5 buckets
+        ("cifar10", ["--bucket-size", "64"], False),  # all in one bucket
+        ("quadratics", ["--steps", "2"], False),  # dim float64s
+    ],
+)
 def test_overlap_is_on_by_default_only_for_a_model_of_several_buckets(task, flags, want):
     from relaympi.config import parse_args
     from relaympi.training.plan import resolve
@@ -297,19 +407,26 @@ def test_a_model_of_one_bucket_names_the_flags_that_do_nothing():
     from relaympi.config import parse_args
     from relaympi.training.plan import resolve
 
-    notices = resolve(parse_args(["--task", "digits", "--progress-thread"]), 4, (0, 0, 1, 1)).notices
-    assert notices == ("--progress-thread does nothing: --overlap is off in this run (its default on one "
-                       "node, for a model within one --bucket-size bucket, on --backend local and with "
-                       "--device cuda; pass --overlap to overlap)",)
+    notices = resolve(
+        parse_args(["--task", "digits", "--progress-thread"]), 4, (0, 0, 1, 1)
+    ).notices
+    assert notices == (
+        "--progress-thread does nothing: --overlap is off in this run (its default on one "
+        "node, for a model within one --bucket-size bucket, on --backend local and with "
+        "--device cuda; pass --overlap to overlap)",
+    )
 
 
-@pytest.mark.parametrize("model_bytes, bucket_mb, pays", [
-    (None, 4.0, True),  # not known before the data loads: as before, on
-    (4 * 2**20, 4.0, False),  # exactly one bucket
-    (4 * 2**20 + 4, 4.0, True),
-    (4 * 4810, 4.0, False),
-    (4 * 4810, 0.004, True),
-])
+@pytest.mark.parametrize(
+    "model_bytes, bucket_mb, pays",
+    [
+        (None, 4.0, True),  # not known before the data loads: as before, on
+        (4 * 2**20, 4.0, False),  # exactly one bucket
+        (4 * 2**20 + 4, 4.0, True),
+        (4 * 4810, 4.0, False),
+        (4 * 4810, 0.004, True),
+    ],
+)
 def test_overlap_pays_above_one_bucket(model_bytes, bucket_mb, pays):
     from relaympi.training.plan import overlap_pays
 
@@ -322,13 +439,25 @@ def test_tasks_model_bytes_are_their_models():
     from relaympi.tasks import TaskOptions, get_task_class
     from relaympi.tasks.models import VGG11_NUM_PARAMETERS
 
-    digits, cifar10, quadratics = (get_task_class(name) for name in ("digits", "cifar10", "quadratics"))
+    digits, cifar10, quadratics = (
+        get_task_class(name) for name in ("digits", "cifar10", "quadratics")
+    )
     model = digits(TaskOptions()).build_model(0)
-    spec = {"problem_file": None, "seed": 0, "dim": 7, "mu": None, "L": None, "zeta2": None, "r0": None,
-            "sigma2": None}
+    spec = {
+        "problem_file": None,
+        "seed": 0,
+        "dim": 7,
+        "mu": None,
+        "L": None,
+        "zeta2": None,
+        "r0": None,
+        "sigma2": None,
+    }
     settled, problem = quadratics.settle(spec, 4)
     rng = torch.get_rng_state()
-    assert digits.model_bytes({}, None) == 4 * sum(p.numel() for p in model.parameters()) == 4 * 4810
+    assert (
+        digits.model_bytes({}, None) == 4 * sum(p.numel() for p in model.parameters()) == 4 * 4810
+    )
     assert cifar10.model_bytes({}, None) == 4 * VGG11_NUM_PARAMETERS  # VGG-11's float32
     assert quadratics.model_bytes(settled, problem) == 8 * 7  # x in float64
     assert torch.equal(torch.get_rng_state(), rng)  # built on the meta device: nothing drawn
@@ -348,26 +477,58 @@ def test_a_run_file_records_the_resolved_settings(tmp_path):
     assert (config["overlap"], config["progress_thread"]) == (False, False)
 
 
-@pytest.mark.parametrize("flags, refused", [
-    (["--backend", "batched", "--workers", "2", "--overlap"], "--overlap cannot apply: the batched engine has no wire"),
-    (["--backend", "local", "--workers", "2", "--bucket-size", "1"], "--bucket-size cannot apply"),
-    (["--backend", "local", "--workers", "2", "--device", "cuda", "--overlap"], "--overlap cannot apply: it has not passed a check on a GPU yet"),
-    (["--backend", "local", "--workers", "2", "--device", "cuda:0", "--overlap"], "--overlap cannot apply: it has not passed a check on a GPU yet"),
-    (["--backend", "local", "--workers", "2", "--overlap", "--bucket-size", "0"], "--bucket-size must be > 0"),
-    (["--backend", "local", "--workers", "2", "--overlap", "--progress-thread"], "--progress-thread cannot apply: it runs MPI's progress engine"),
-    (["--no-overlap", "--progress-thread"], "--progress-thread cannot apply: it progresses transfers started during backward"),
-    (["--no-overlap", "--bucket-size", "2"], "--bucket-size cannot apply"),
-    (["--overlap", "--progress-interval", "1"], "--progress-interval cannot apply"),
-    (["--backend", "local", "--workers", "2", "--overlap", "--progress-interval", "1"], "--progress-interval cannot apply"),
-    (["--progress-thread", "--progress-interval", "0"], "--progress-interval must be > 0"),
-])
+@pytest.mark.parametrize(
+    "flags, refused",
+    [
+        (
+            ["--backend", "batched", "--workers", "2", "--overlap"],
+            "--overlap cannot apply: the batched engine has no wire",
+        ),
+        (
+            ["--backend", "local", "--workers", "2", "--bucket-size", "1"],
+            "--bucket-size cannot apply",
+        ),
+        (
+            ["--backend", "local", "--workers", "2", "--device", "cuda", "--overlap"],
+            "--overlap cannot apply: it has not passed a check on a GPU yet",
+        ),
+        (
+            ["--backend", "local", "--workers", "2", "--device", "cuda:0", "--overlap"],
+            "--overlap cannot apply: it has not passed a check on a GPU yet",
+        ),
+        (
+            ["--backend", "local", "--workers", "2", "--overlap", "--bucket-size", "0"],
+            "--bucket-size must be > 0",
+        ),
+        (
+            ["--backend", "local", "--workers", "2", "--overlap", "--progress-thread"],
+            "--progress-thread cannot apply: it runs MPI's progress engine",
+        ),
+        (
+            ["--no-overlap", "--progress-thread"],
+            "--progress-thread cannot apply: it progresses transfers started during backward",
+        ),
+        (["--no-overlap", "--bucket-size", "2"], "--bucket-size cannot apply"),
+        (["--overlap", "--progress-interval", "1"], "--progress-interval cannot apply"),
+        (
+            ["--backend", "local", "--workers", "2", "--overlap", "--progress-interval", "1"],
+            "--progress-interval cannot apply",
+        ),
+        (["--progress-thread", "--progress-interval", "0"], "--progress-interval must be > 0"),
+    ],
+)
 def test_misuse_exits_2_naming_the_flag(tmp_path, capsys, flags, refused):
-    assert train.main(["--task", "digits", "--steps", "2", *flags, "--out", str(tmp_path / "r.h5")]) == 2
+    assert (
+        train.main(["--task", "digits", "--steps", "2", *flags, "--out", str(tmp_path / "r.h5")])
+        == 2
+    )
     assert refused in capsys.readouterr().err
     assert not (tmp_path / "r.h5").exists()
 
 
-@pytest.mark.parametrize("value, refused", [("", True), ("0", True), ("1", False), ("hooks", False)])
+@pytest.mark.parametrize(
+    "value, refused", [("", True), ("0", True), ("1", False), ("hooks", False)]
+)
 def test_the_diagnostic_switch_lifts_the_refusal_of_overlap_on_cuda(monkeypatch, value, refused):
     from relaympi.config import not_applicable, parse_args
 
@@ -385,33 +546,87 @@ def test_the_diagnostic_switch_refuses_other_values(monkeypatch):
 
 
 def test_batched_accepts_no_overlap(tmp_path):
-    assert train.main(["--task", "digits", "--steps", "2", "--backend", "batched", "--workers", "2", "--no-overlap",
-                       "--out", str(tmp_path / "r.h5")]) == 0
+    assert (
+        train.main(
+            [
+                "--task",
+                "digits",
+                "--steps",
+                "2",
+                "--backend",
+                "batched",
+                "--workers",
+                "2",
+                "--no-overlap",
+                "--out",
+                str(tmp_path / "r.h5"),
+            ]
+        )
+        == 0
+    )
 
 
 # ------------------------------------------------- message passing on MPI ranks (mpirun -n 4)
 
-ALGOS = [("relay", "double-binary-trees", "counts"), ("relay", "chain", "previous"), ("relay-grad", "double-binary-trees", "counts"),
-         ("allreduce", "fully-connected", "counts"), ("dpsgd", "chain", "counts"), ("gt", "chain", "counts")]  # chain: any world size >= 2
+ALGOS = [
+    ("relay", "double-binary-trees", "counts"),
+    ("relay", "chain", "previous"),
+    ("relay-grad", "double-binary-trees", "counts"),
+    ("allreduce", "fully-connected", "counts"),
+    ("dpsgd", "chain", "counts"),
+    ("gt", "chain", "counts"),
+]  # chain: any world size >= 2
 
 
-def _model_steps(comm, algo: str, topology: str, mode: str, overlap: bool, thread: bool = False,
-                 backward=lambda work: work(), any_thread: bool = False) -> np.ndarray:
-    """Six steps of a small MLP per rank (its own data) with the algorithm: bucketed (overlap) or whole
+def _model_steps(
+    comm,
+    algo: str,
+    topology: str,
+    mode: str,
+    overlap: bool,
+    thread: bool = False,
+    backward=lambda work: work(),
+    any_thread: bool = False,
+) -> np.ndarray:
+    """Six steps of a small MLP per rank (its own data) with the algorithm: bucketed (overlap) or
+    whole
     steps; ``thread``: with a progress thread polling every 0.1 ms during backward (MPI only);
     ``backward(work)`` runs each backward; ``any_thread``: GradientBuckets' option."""
-    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).double()
-    init = torch.Generator().manual_seed(0)  # the same x(0) everywhere (not the global RNG: in-process ranks are threads)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(5, 8),
+        torch.nn.Tanh(),
+        torch.nn.Linear(8, 8),
+        torch.nn.Tanh(),
+        torch.nn.Linear(8, 3),
+    ).double()
+    init = torch.Generator().manual_seed(
+        0
+    )  # the same x(0) everywhere (not the global RNG: in-process ranks are threads)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(generator=init)
     x, grad = flatten_module(model)
     optimizer = make_optimizer(OptimizerConfig(momentum=0.9), x)
-    algorithm = make_algorithm(algo, comm, build(topology, comm.world_size), optimizer, x, AlgorithmOptions(relay_mode=mode, relay_chunk=7))
-    buckets = GradientBuckets(grad, list(model.parameters()), 1e-4, comm.progress, any_thread=any_thread) if overlap else None
+    algorithm = make_algorithm(
+        algo,
+        comm,
+        build(topology, comm.world_size),
+        optimizer,
+        x,
+        AlgorithmOptions(relay_mode=mode, relay_chunk=7),
+    )
+    buckets = (
+        GradientBuckets(grad, list(model.parameters()), 1e-4, comm.progress, any_thread=any_thread)
+        if overlap
+        else None
+    )
     if thread:
-        assert comm.start_progress_thread(1e-4) == (comm.backend == "mpi" and comm.thread_level() == "multiple")
-    inputs = torch.randn(6, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(comm.rank))
+        assert comm.start_progress_thread(1e-4) == (
+            comm.backend == "mpi" and comm.thread_level() == "multiple"
+        )
+    inputs = torch.randn(
+        6, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(comm.rank)
+    )
     for t in range(6):
         lr = 0.05 + 0.01 * t
         grad.zero_()
@@ -430,7 +645,15 @@ class _CallThreads:
     """The threads that call into ``comm`` (its calls that reach the transport, and its requests'
     test and wait) until ``close()``."""
 
-    NAMES = ("exchange", "exchange_replace", "allreduce_sum", "iallreduce_sum", "allreduce_flags", "progress", "barrier")
+    NAMES = (
+        "exchange",
+        "exchange_replace",
+        "allreduce_sum",
+        "iallreduce_sum",
+        "allreduce_flags",
+        "progress",
+        "barrier",
+    )
 
     def __init__(self, comm) -> None:
         self.comm, self.threads = comm, set()
@@ -452,12 +675,17 @@ class _CallThreads:
             delattr(self.comm, name)
 
 
-def _steps_with_backward_elsewhere(comm, algo: str, topology: str, any_thread: bool) -> tuple[np.ndarray, bool]:
-    """_model_steps' overlapped steps with each backward on another thread: x, and whether every call
+def _steps_with_backward_elsewhere(
+    comm, algo: str, topology: str, any_thread: bool
+) -> tuple[np.ndarray, bool]:
+    """_model_steps' overlapped steps with each backward on another thread: x, and whether every
+    call
     into the communicator came from this rank's thread."""
     calls = _CallThreads(comm)
     try:
-        x = _model_steps(comm, algo, topology, "counts", True, backward=_on_another_thread, any_thread=any_thread)
+        x = _model_steps(
+            comm, algo, topology, "counts", True, backward=_on_another_thread, any_thread=any_thread
+        )
     finally:
         calls.close()
     return x, calls.threads == {threading.get_ident()}
@@ -465,7 +693,8 @@ def _steps_with_backward_elsewhere(comm, algo: str, topology: str, any_thread: b
 
 class _CopyStillRunning:
     """A staging copy's event that reports "not done" until waited for (on a busy GPU, the copies
-    of the sends queued in backward's hooks are still behind backward's kernels when they return)."""
+    of the sends queued in backward's hooks are still behind backward's kernels when they
+    return)."""
 
     def __init__(self) -> None:
         self.done = False
@@ -487,7 +716,9 @@ def _wait_with_sends_held_back(comm, blocking: str) -> bool:
     left, right = (comm.rank - 1) % comm.world_size, (comm.rank + 1) % comm.world_size
     send, recv = torch.full((5,), float(comm.rank)), torch.full((5,), -1.0)
     comm._async_staging = lambda buf: buf is send  # the send goes through the staging queue
-    comm._stage_send = lambda buf, slot, peer, tag: _StagedSend(buf.clone(), _CopyStillRunning(), peer, tag)
+    comm._stage_send = lambda buf, slot, peer, tag: _StagedSend(
+        buf.clone(), _CopyStillRunning(), peer, tag
+    )
     try:
         received = comm.exchange({}, {left: recv}, tag=7)
         sent = comm.exchange({right: send}, {}, tag=7)
@@ -511,14 +742,20 @@ def test_a_blocking_wait_posts_the_ranks_held_back_sends_first(spmd, request, bl
 
 
 @pytest.mark.spmd
-@pytest.mark.parametrize("algo, topology", [("relay", "double-binary-trees"), ("allreduce", "fully-connected")])
-def test_with_backward_on_another_thread_every_call_into_the_transport_stays_on_the_ranks_thread(spmd, algo, topology):
+@pytest.mark.parametrize(
+    "algo, topology", [("relay", "double-binary-trees"), ("allreduce", "fully-connected")]
+)
+def test_with_backward_on_another_thread_every_call_into_the_transport_stays_on_the_ranks_thread(
+    spmd, algo, topology
+):
     plain = spmd(_model_steps, algo, topology, "counts", False)
     for any_thread in (False, True):
         results = spmd(_steps_with_backward_elsewhere, algo, topology, any_thread)
         for (got, on_rank_thread), want in zip(results, plain, strict=True):
             np.testing.assert_array_equal(got, want)
-            assert on_rank_thread != any_thread  # any_thread: the hooks' thread called the transport
+            assert (
+                on_rank_thread != any_thread
+            )  # any_thread: the hooks' thread called the transport
 
 
 @pytest.mark.spmd
@@ -534,19 +771,28 @@ def test_bucketed_steps_match_whole_steps_on_every_rank(spmd, algo, topology, mo
 
 def _moved_while_computing(comm) -> tuple[bool, int, bool]:
     """Rank 0 sends 16 MiB to rank 1 (a rendezvous: it moves only while the progress engine runs);
-    then every rank computes for 0.4 s without an MPI call, inside ``progressing()``. Returns (rank 1's
+    then every rank computes for 0.4 s without an MPI call, inside ``progressing()``. Returns (rank
+    1's
     buffer held the message before its first MPI call after posting, the thread's polls, the request
     completed)."""
     assert comm.start_progress_thread(2e-4)
     n = 4 << 20
     buf = np.zeros(n, dtype=np.float32) if comm.rank else np.arange(n, dtype=np.float32)
-    request = comm.exchange({1: buf}, {}, tag=17) if comm.rank == 0 else comm.exchange({}, {0: buf}, tag=17) if comm.rank == 1 else None
+    request = (
+        comm.exchange({1: buf}, {}, tag=17)
+        if comm.rank == 0
+        else comm.exchange({}, {0: buf}, tag=17)
+        if comm.rank == 1
+        else None
+    )
     polls = comm.progress_polls
     with comm.progressing():
         deadline = time.monotonic() + 0.4
         while time.monotonic() < deadline:
             torch.ones(256, 256) @ torch.ones(256, 256)  # compute, no MPI call
-    moved = bool(comm.rank != 1 or np.array_equal(buf, np.arange(n, dtype=np.float32)))  # read before any MPI call
+    moved = bool(
+        comm.rank != 1 or np.array_equal(buf, np.arange(n, dtype=np.float32))
+    )  # read before any MPI call
     if request is not None:
         request.wait()
     comm.barrier()
@@ -556,38 +802,71 @@ def _moved_while_computing(comm) -> tuple[bool, int, bool]:
 def test_the_in_process_transport_starts_no_progress_thread():
     from relaympi.comm import run_local
 
-    assert run_local(2, lambda comm: comm.start_progress_thread()) == [False, False]  # its copies move inside its own calls
+    assert run_local(2, lambda comm: comm.start_progress_thread()) == [
+        False,
+        False,
+    ]  # its copies move inside its own calls
 
 
 @pytest.mark.mpi
 @pytest.mark.spmd
 def test_the_progress_thread_moves_a_transfer_while_the_rank_computes(spmd, request):
     if not request.config.getoption("--with-mpi", default=False):
-        pytest.skip("MPI ranks only: the in-process transport has no progress engine (start_progress_thread is False there)")
+        pytest.skip(
+            "MPI ranks only: the in-process transport has no progress engine "
+            "(start_progress_thread is False there)"
+        )
     if spmd(lambda comm: comm.thread_level())[0] != "multiple":
         pytest.skip("this MPI does not provide MPI_THREAD_MULTIPLE: no progress thread")
-    (moved, polls, completed), = spmd(_moved_while_computing)
+    ((moved, polls, completed),) = spmd(_moved_while_computing)
     assert completed
-    assert polls > 10  # asked to poll every 0.2 ms for 0.4 s (~700 polls on an idle machine; fewer when ranks share cores)
+    assert (
+        polls > 10
+        # asked to poll every 0.2 ms for 0.4 s (~700 polls on an idle machine; fewer when ranks
+        # share
+        # cores)
+    )
     assert moved
 
 
 @pytest.mark.slow
 @requires_mpirun
 @pytest.mark.parametrize("thread_level, ran", [("multiple", True), ("serialized", False)])
-def test_mpi_ranks_on_two_nodes_overlap_by_default_and_say_whether_the_thread_ran(tmp_path, thread_level, ran):
+def test_mpi_ranks_on_two_nodes_overlap_by_default_and_say_whether_the_thread_ran(
+    tmp_path, thread_level, ran
+):
     """Under mpirun on 2 emulated nodes --overlap is on without being asked; --progress-thread runs
     where MPI provides MPI_THREAD_MULTIPLE, and where it does not rank 0 warns, the run goes on
     without it, and the run file and the summary say so."""
     out = tmp_path / "r.h5"
-    args = ["--task", "digits", "--algo", "relay", "--steps", "4", "--ranks-per-node", "1",
-            "--progress-thread", "--bucket-size", "0.004", "--out", out]
-    # buckets of 4 KiB: digits' 19 KiB model spans several, so --overlap's default is on across nodes
+    args = [
+        "--task",
+        "digits",
+        "--algo",
+        "relay",
+        "--steps",
+        "4",
+        "--ranks-per-node",
+        "1",
+        "--progress-thread",
+        "--bucket-size",
+        "0.004",
+        "--out",
+        out,
+    ]
+    # buckets of 4 KiB: digits' 19 KiB model spans several, so --overlap's default is on across
+    # nodes
     proc = run_train(args, mpi=2, env={"MPI4PY_RC_THREAD_LEVEL": thread_level})
     assert proc.returncode == 0, proc.stderr[-2000:]
     with h5py.File(out, "r") as file:
         config, provenance = json.loads(file.attrs["config"]), json.loads(file.attrs["provenance"])
     assert config["overlap"] is True and config["progress_thread"] is True  # as asked and resolved
-    assert provenance["transport_thread_level"] == thread_level and provenance["transport_progress_thread"] is ran
-    assert ("no progress thread: this MPI does not provide MPI_THREAD_MULTIPLE" in proc.stdout + proc.stderr) is not ran
+    assert (
+        provenance["transport_thread_level"] == thread_level
+        and provenance["transport_progress_thread"] is ran
+    )
+    assert (
+        "no progress thread: this MPI does not provide MPI_THREAD_MULTIPLE"
+        in proc.stdout + proc.stderr
+    ) is not ran
     assert proc.stdout.rstrip().endswith("| overlap with a progress thread" if ran else "| overlap")

@@ -44,7 +44,6 @@ def test_each_worker_keeps_half_its_share(alpha):
         assert min(len(part) for part in parts) >= 0.5 * len(CIFAR_LABELS) / 16
 
 
-
 def _taken_while_full(alpha: float, seed: int, workers: int = 8) -> np.ndarray:
     """Per worker and class: samples received although the worker already held its share.
 
@@ -65,10 +64,14 @@ def test_full_workers_take_no_more_classes(alpha):
         assert _taken_while_full(alpha, seed).max() <= 1, (alpha, seed)
 
 
-@pytest.mark.xfail(strict=True, reason="partition.py: cumsum(p / total) of the capped last worker can end "
-                   "at 0.9999999999999999, so floor() hands it one sample of the class")
+@pytest.mark.xfail(
+    strict=True,
+    reason="partition.py: cumsum(p / total) of the capped last worker can end "
+    "at 0.9999999999999999, so floor() hands it one sample of the class",
+)
 def test_full_last_worker_gets_no_stray_sample():
     assert _taken_while_full(0.1, 1).max() == 0
+
 
 def test_balance_gives_equal_sizes():
     parts = dirichlet_partition(SMALL_LABELS, 16, 0.01, seed=0)

@@ -26,28 +26,69 @@ def test_provenance_records_every_ranks_node_and_local_rank():
     assert info["nodes"] == 2 and info["ranks_per_node"] == 2
 
 
-@pytest.mark.parametrize("world_size,nodes,text", [(16, 4, " | 16 workers on 4 nodes"), (1, 1, " | 1 worker on 1 node"), (None, 2, ""), (8, None, "")])
+@pytest.mark.parametrize(
+    "world_size,nodes,text",
+    [
+        (16, 4, " | 16 workers on 4 nodes"),
+        (1, 1, " | 1 worker on 1 node"),
+        (None, 2, ""),
+        (8, None, ""),
+    ],
+)
 def test_summary_placement_text(world_size, nodes, text):
     assert placement_text(world_size, {} if nodes is None else {"nodes": nodes}) == text
 
 
 def test_a_local_run_records_its_ranks_and_says_where_it_ran(tmp_path, capsys):
     out = tmp_path / "r.h5"
-    args = ["--task", "quadratics", "--backend", "local", "--workers", "3", "--algo", "relay", "--topology", "chain", "--steps", "2", "--out", str(out)]
+    args = [
+        "--task",
+        "quadratics",
+        "--backend",
+        "local",
+        "--workers",
+        "3",
+        "--algo",
+        "relay",
+        "--topology",
+        "chain",
+        "--steps",
+        "2",
+        "--out",
+        str(out),
+    ]
     assert train.main(args) == 0
     run = read_run(out)
     host = run.provenance["rank_hosts"][0]
-    assert run.provenance["rank_hosts"] == [host] * 3 and run.provenance["rank_local_ranks"] == [0, 1, 2]
+    assert run.provenance["rank_hosts"] == [host] * 3 and run.provenance["rank_local_ranks"] == [
+        0,
+        1,
+        2,
+    ]
     assert "| 3 workers on 1 node" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("env,count,device", [
-    ({"MPI_LOCALRANKID": "1"}, 2, "cuda:1"),                          # MPICH, second rank of its node
-    ({"OMPI_COMM_WORLD_LOCAL_RANK": "3"}, 2, "cuda:1"),               # Open MPI: local rank modulo the GPUs
-    ({"SLURM_LOCALID": "0", "SLURM_PROCID": "5"}, 4, "cuda:0"),        # srun: node-local, not the world rank
-])
+@pytest.mark.parametrize(
+    "env,count,device",
+    [
+        ({"MPI_LOCALRANKID": "1"}, 2, "cuda:1"),  # MPICH, second rank of its node
+        ({"OMPI_COMM_WORLD_LOCAL_RANK": "3"}, 2, "cuda:1"),  # Open MPI: local rank modulo the GPUs
+        (
+            {"SLURM_LOCALID": "0", "SLURM_PROCID": "5"},
+            4,
+            "cuda:0",
+        ),  # srun: node-local, not the world rank
+    ],
+)
 def test_device_cuda_picks_the_gpu_of_the_node_local_rank(monkeypatch, env, count, device):
-    for variable in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+    for variable in (
+        "MPI_LOCALRANKID",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "SLURM_LOCALID",
+        "SLURM_PROCID",
+        "PMI_RANK",
+        "OMPI_COMM_WORLD_RANK",
+    ):
         monkeypatch.delenv(variable, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -74,5 +115,9 @@ def test_a_node_local_checkpoint_folder_is_refused(tmp_path):
     rank0 = _checkpoints(tmp_path / "node1-disk")
     _checkpoints(tmp_path / "node2-disk").mark_host("node2")
     rank0.mark_host("node1")
-    with pytest.raises(ConfigError, match=r"not shared between the run's nodes: rank 0 on node1 cannot see what the ranks on node2 write"):
+    with pytest.raises(
+        ConfigError,
+        match=r"not shared between the run's nodes: rank 0 on node1 cannot see what the ranks "
+        r"on node2 write",
+    ):
         rank0.check_shared(["node1", "node2"])

@@ -1,4 +1,5 @@
-"""Random quadratics, the tuned-learning-rate machinery, RelaySGD's lr correction, RelaySum mean estimation, and the study CLI."""
+"""Random quadratics, the tuned-learning-rate machinery, RelaySGD's lr correction, RelaySum mean
+estimation, and the study CLI."""
 
 from __future__ import annotations
 
@@ -120,7 +121,8 @@ def test_batched_learning_rates_equal_separate_runs(algo, topology, n):
 
 
 def test_tuning_finds_the_fastest_learning_rate_of_gradient_descent():
-    """All-reduce on quadratics is gradient descent: the tuned lr must beat its neighbours on a fine grid."""
+    """All-reduce on quadratics is gradient descent: the tuned lr must beat its neighbours on a fine
+    grid."""
     q = generate(4, QuadraticsSpec(dim=6, zeta2=1.0, r0=5.0), seed=0)
     method = Method("all-reduce", "allreduce", build("fully-connected", 4))
     tuned = tune(q, method, SearchConfig(target=1e-8, max_steps=500))
@@ -167,7 +169,8 @@ def _pending_weights(topology, layer: int) -> np.ndarray:
 
 
 def _check_impulse_run(topology, xs: np.ndarray, impulse_step: int) -> None:
-    """xs[t] = models x(t) [n, layers] for t = 0..T; the update +1 on every worker at impulse_step."""
+    """xs[t] = models x(t) [n, layers] for t = 0..T; the update +1 on every worker at
+    impulse_step."""
     n = topology.world_size
     hs = xs[:-1].copy()
     hs[impulse_step] += 1.0
@@ -267,7 +270,8 @@ def test_lr_correction_agrees_with_message_passing(name, n):
 
 @pytest.mark.slow
 def test_relaysgd_and_d2_are_independent_of_heterogeneity_dpsgd_is_not():
-    """Tuned per setting, steps to 1e-6 at zeta2 = 0 and 10 (the paper's setting adds gradient noise).
+    """Tuned per setting, steps to 1e-6 at zeta2 = 0 and 10 (the paper's setting adds gradient
+    noise).
 
     Without noise zeta2 = 0 is special: x* is every worker's own optimum, so no communication
     is needed and all methods finish in a few dozen steps (the study reports that variant too).

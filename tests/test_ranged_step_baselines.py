@@ -20,7 +20,11 @@ from tests.algorithm_cases import ADAM, HEAVY_BALL, MOMENTUM, SGD, Case
 
 DIM = 203  # odd: ranges of every alignment
 STEPS = 4
-BUCKETS = (2, 25, DIM)  # typical range lengths of a cut (each cut's lengths vary around one of them)
+BUCKETS = (
+    2,
+    25,
+    DIM,
+)  # typical range lengths of a cut (each cut's lengths vary around one of them)
 
 CASES = [
     Case("allreduce", "fully-connected", 5, MOMENTUM),
@@ -43,7 +47,8 @@ def _id(case: Case) -> str:
 
 
 def backward_cut(numel: int, bucket: int, seed: int) -> list[tuple[int, int]]:
-    """Random contiguous ranges covering [0, numel), about ``bucket`` long, highest first (as backward
+    """Random contiguous ranges covering [0, numel), about ``bucket`` long, highest first (as
+    backward
     finishes layers); the same on every rank (seeded by step, not rank)."""
     rng = np.random.default_rng(seed)
     bounds, position = [0], 0
@@ -54,19 +59,26 @@ def backward_cut(numel: int, bucket: int, seed: int) -> list[tuple[int, int]]:
 
 
 def _gradient(rank: int, x: torch.Tensor, t: int) -> torch.Tensor:
-    """A heterogeneous gradient that depends on x (elementwise quadratic plus a step-dependent term)."""
+    """A heterogeneous gradient that depends on x (elementwise quadratic plus a step-dependent
+    term)."""
     g = torch.Generator().manual_seed(1000 * rank + 17)
     a = torch.rand(x.numel(), generator=g, dtype=torch.float64).to(x.dtype) + 0.5
     b = torch.randn(x.numel(), generator=g, dtype=torch.float64).to(x.dtype)
     return a * x - b + 0.01 * t
 
 
-def _run(comm, case: Case, dtype: torch.dtype, cuts: list[list[tuple[int, int]]] | None) -> np.ndarray:
-    """x after STEPS steps: step() when ``cuts`` is None, else begin_step, ready per range of cuts[t] with
-    grad filled range by range (NaN elsewhere: a range may read only its own gradient), finish_step."""
+def _run(
+    comm, case: Case, dtype: torch.dtype, cuts: list[list[tuple[int, int]]] | None
+) -> np.ndarray:
+    """x after STEPS steps: step() when ``cuts`` is None, else begin_step, ready per range of
+    cuts[t] with
+    grad filled range by range (NaN elsewhere: a range may read only its own gradient),
+    finish_step."""
     x = torch.linspace(-1.0, 1.0, DIM, dtype=torch.float64).to(dtype) + 0.1 * comm.rank
     optimizer = make_optimizer(case.optimizer, x)
-    algorithm = make_algorithm(case.algo, comm, build(case.topology, comm.world_size), optimizer, x, AlgorithmOptions())
+    algorithm = make_algorithm(
+        case.algo, comm, build(case.topology, comm.world_size), optimizer, x, AlgorithmOptions()
+    )
     grad = torch.empty_like(x)
     for t in range(STEPS):
         lr = 0.05 + 0.01 * t
@@ -105,7 +117,9 @@ def test_ranges_in_backward_order_give_the_whole_steps_bits(case: Case, dtype: t
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=_id)
-def test_the_comparison_catches_a_range_made_ready_twice(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_comparison_catches_a_range_made_ready_twice(
+    case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A cut that covers one range twice (the check that refuses it switched off) changes the bits,
     so the comparison above can see a range processed twice; with the check on, it is refused."""
     cut = backward_cut(DIM, 5, seed=3)
@@ -119,7 +133,9 @@ def test_the_comparison_catches_a_range_made_ready_twice(case: Case, monkeypatch
 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
-def test_ready_updates_and_starts_sending_its_range_before_the_rest_is_final(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ready_updates_and_starts_sending_its_range_before_the_rest_is_final(
+    case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """After ready() of the last layers' range only, that range's exchange or all-reduce has been
     posted (GT: its [x+u+c, c+u] message), and nothing of the rest of the model was read."""
     posted: dict[int, list[int]] = {}
@@ -139,7 +155,14 @@ def test_ready_updates_and_starts_sending_its_range_before_the_rest_is_final(cas
 
     def body(comm):
         x = torch.linspace(-1.0, 1.0, DIM, dtype=torch.float64)
-        algorithm = make_algorithm(case.algo, comm, build(case.topology, comm.world_size), make_optimizer(case.optimizer, x), x, AlgorithmOptions())
+        algorithm = make_algorithm(
+            case.algo,
+            comm,
+            build(case.topology, comm.world_size),
+            make_optimizer(case.optimizer, x),
+            x,
+            AlgorithmOptions(),
+        )
         grad = torch.full_like(x, float("nan"))
         algorithm.begin_step(x, grad, 0.1, 0)
         grad[lo:hi] = _gradient(comm.rank, x, 0)[lo:hi]
@@ -157,9 +180,13 @@ def test_ready_updates_and_starts_sending_its_range_before_the_rest_is_final(cas
         assert finite
 
 
-@pytest.mark.parametrize("ranges", [[(0, 5), (5, 9)], [(5, 10), (0, 5)], [(0, 5), (4, 10)], [(0, 4), (5, 10)], [(0, 10), (3, 3)]])
+@pytest.mark.parametrize(
+    "ranges",
+    [[(0, 5), (5, 9)], [(5, 10), (0, 5)], [(0, 5), (4, 10)], [(0, 4), (5, 10)], [(0, 10), (3, 3)]],
+)
 def test_check_ranges(ranges) -> None:
-    """Disjoint ranges covering [0, 10) once pass (an empty range too); a gap, an overlap or a short cover is refused."""
+    """Disjoint ranges covering [0, 10) once pass (an empty range too); a gap, an overlap or a short
+    cover is refused."""
     ok = sorted(r for r in ranges if r[0] != r[1]) in ([(0, 5), (5, 10)], [(0, 10)])
     if ok:
         algorithms_base.check_ranges(ranges, 10)
@@ -168,7 +195,8 @@ def test_check_ranges(ranges) -> None:
             algorithms_base.check_ranges(ranges, 10)
 
 
-# -- iallreduce_sum: pieces of a buffer sum to the whole buffer's bits, on every backend ------------
+# -- iallreduce_sum: pieces of a buffer sum to the whole buffer's bits, on every backend
+# ------------
 
 
 def _fixed_tree_sum(values: list[np.ndarray], order: tuple[int, ...] | None = None) -> np.ndarray:
@@ -179,7 +207,9 @@ def _fixed_tree_sum(values: list[np.ndarray], order: tuple[int, ...] | None = No
     leaves = [values[q] + values[q + p] if q < n - p else values[q].copy() for q in range(p)]
     for d in order or [p >> i for i in range(1, p.bit_length())]:
         for q in range(p):
-            if not q & d:  # q and q | d hold the two partial sums this stage adds (a + b == b + a in IEEE)
+            if (
+                not q & d
+            ):  # q and q | d hold the two partial sums this stage adds (a + b == b + a in IEEE)
                 leaves[q] = leaves[q] + leaves[q | d]
     return leaves[0]
 
@@ -193,11 +223,16 @@ def _rank_order_sum(values: list[np.ndarray]) -> np.ndarray:
 
 def _iallreduce_pieces(comm, numel: int, dtype: str):
     rng = np.random.default_rng(7 * comm.rank + numel)
-    a = (rng.standard_normal(numel) * rng.exponential(1.0, numel)).astype(dtype)  # float32 sums that depend on their order
+    a = (rng.standard_normal(numel) * rng.exponential(1.0, numel)).astype(
+        dtype
+    )  # float32 sums that depend on their order
     whole = torch.from_numpy(a.copy())
     comm.iallreduce_sum(whole).wait()
     pieces = torch.from_numpy(a.copy())
-    requests = [comm.iallreduce_sum(pieces[lo:hi]) for lo, hi in backward_cut(numel, max(1, numel // 7), seed=numel)]
+    requests = [
+        comm.iallreduce_sum(pieces[lo:hi])
+        for lo, hi in backward_cut(numel, max(1, numel // 7), seed=numel)
+    ]
     for request in requests:
         request.wait()
     values = comm.gather(a)
@@ -208,16 +243,25 @@ def _iallreduce_pieces(comm, numel: int, dtype: str):
     return True
 
 
-@pytest.mark.parametrize("nodes, order", [
-    ((0, 0, 0, 0), (2, 1)),  # one node: the order before node-awareness (the same bits)
-    ((0, 0, 1, 1), (1, 2)),  # 2 nodes x 2: the intra-node pairs first, a quarter of the buffer crosses each way
-    ((0, 1, 0, 1), (2, 1)),  # round-robin nodes: r ^ 2 is the same node
-    ((0, 0, 0, 0, 1, 1, 1, 1), (2, 1, 4)),  # both intra-node bits before the one across
-    ((0, 0, 1, 1, 2, 2, 3, 3), (1, 4, 2)),  # ties (every pair across nodes) keep the larger bit first
-    ((0, 0, 0, 1, 1, 1), (2, 1)),  # p = 4: both bits pair 2 of 4 ranks across nodes
-    ((0,), ()),
-    ((0, 1), (1,)),
-])
+@pytest.mark.parametrize(
+    "nodes, order",
+    [
+        ((0, 0, 0, 0), (2, 1)),  # one node: the order before node-awareness (the same bits)
+        (
+            (0, 0, 1, 1),
+            (1, 2),
+        ),  # 2 nodes x 2: the intra-node pairs first, a quarter of the buffer crosses each way
+        ((0, 1, 0, 1), (2, 1)),  # round-robin nodes: r ^ 2 is the same node
+        ((0, 0, 0, 0, 1, 1, 1, 1), (2, 1, 4)),  # both intra-node bits before the one across
+        (
+            (0, 0, 1, 1, 2, 2, 3, 3),
+            (1, 4, 2),
+        ),  # ties (every pair across nodes) keep the larger bit first
+        ((0, 0, 0, 1, 1, 1), (2, 1)),  # p = 4: both bits pair 2 of 4 ranks across nodes
+        ((0,), ()),
+        ((0, 1), (1,)),
+    ],
+)
 def test_the_tree_sums_pairs_on_one_node_first(nodes, order) -> None:
     from relaympi.comm.tree_allreduce import stage_order
 
@@ -225,7 +269,8 @@ def test_the_tree_sums_pairs_on_one_node_first(nodes, order) -> None:
 
 
 def _node_aware_sum(comm, numel: int) -> bool:
-    """A communicator on emulated nodes (ranks 2k, 2k + 1 on node k) sums in the node-aware order."""
+    """A communicator on emulated nodes (ranks 2k, 2k + 1 on node k) sums in the node-aware
+    order."""
     from relaympi.comm.mpi import MPICommunicator
 
     nodes = [r // 2 for r in range(comm.world_size)]
@@ -236,12 +281,18 @@ def _node_aware_sum(comm, numel: int) -> bool:
         whole = torch.from_numpy(a.copy())
         placed.iallreduce_sum(whole).wait()
         pieces = torch.from_numpy(a.copy())
-        for request in [placed.iallreduce_sum(pieces[lo:hi]) for lo, hi in backward_cut(numel, max(1, numel // 5), seed=numel)]:
+        for request in [
+            placed.iallreduce_sum(pieces[lo:hi])
+            for lo, hi in backward_cut(numel, max(1, numel // 5), seed=numel)
+        ]:
             request.wait()
         values = placed.gather(a)
         if values is not None:
             p = 1 << (len(values).bit_length() - 1)
-            order = (1, *(p >> i for i in range(1, p.bit_length() - 1)))  # nodes of 2 ranks: d = 1, then p/2, ..., 2
+            order = (
+                1,
+                *(p >> i for i in range(1, p.bit_length() - 1)),
+            )  # nodes of 2 ranks: d = 1, then p/2, ..., 2
             np.testing.assert_array_equal(whole.numpy(), _fixed_tree_sum(values, order))
         np.testing.assert_array_equal(pieces.numpy(), whole.numpy())
     finally:
@@ -252,8 +303,14 @@ def _node_aware_sum(comm, numel: int) -> bool:
 @pytest.mark.mpi
 @pytest.mark.spmd
 def test_a_node_aware_tree_sum_gives_its_own_trees_bits(spmd, request) -> None:
-    if not request.config.getoption("--with-mpi", default=False) or spmd(lambda comm: comm.world_size)[0] < 4:
-        pytest.skip("MPI ranks only (4 or more, on emulated nodes of 2): the in-process transport sums in rank order")
+    if (
+        not request.config.getoption("--with-mpi", default=False)
+        or spmd(lambda comm: comm.world_size)[0] < 4
+    ):
+        pytest.skip(
+            "MPI ranks only (4 or more, on emulated nodes of 2): the in-process transport "
+            "sums in rank order"
+        )
     assert all(spmd(_node_aware_sum, 10_000))
 
 
@@ -262,7 +319,8 @@ def test_a_node_aware_tree_sum_gives_its_own_trees_bits(spmd, request) -> None:
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("numel", [1, 100, 10_000, 1_000_000])
 def test_iallreduce_pieces_sum_to_the_whole_buffers_bits(spmd, numel: int, dtype: str) -> None:
-    """Under mpirun (the fixed tree, not MPI_Allreduce, whose algorithm changes with the size) and locally (rank order)."""
+    """Under mpirun (the fixed tree, not MPI_Allreduce, whose algorithm changes with the size) and
+    locally (rank order)."""
     assert all(spmd(_iallreduce_pieces, numel, dtype))
 
 
@@ -281,12 +339,22 @@ def _spmd_whole_and_ranged(comm, algo: str, topology: str):
 
 
 @pytest.mark.spmd
-@pytest.mark.parametrize("algo, topology, drop_prob", [
-    ("allreduce", "fully-connected", 0.0), ("dpsgd", "chain", 0.3), ("qgm", "chain", 0.0), ("d2", "chain", 0.0), ("gt", "chain", 0.3),
-    ("sgp", "exponential", 0.3),
-])
-def test_ranged_steps_match_whole_steps_over_mpi(spmd, algo: str, topology: str, drop_prob: float) -> None:
-    """float32 (MPI's staging and the fixed-tree all-reduce), drops where they apply; any world size >= 2 (sgp: a power of two)."""
+@pytest.mark.parametrize(
+    "algo, topology, drop_prob",
+    [
+        ("allreduce", "fully-connected", 0.0),
+        ("dpsgd", "chain", 0.3),
+        ("qgm", "chain", 0.0),
+        ("d2", "chain", 0.0),
+        ("gt", "chain", 0.3),
+        ("sgp", "exponential", 0.3),
+    ],
+)
+def test_ranged_steps_match_whole_steps_over_mpi(
+    spmd, algo: str, topology: str, drop_prob: float
+) -> None:
+    """float32 (MPI's staging and the fixed-tree all-reduce), drops where they apply; any world size
+    >= 2 (sgp: a power of two)."""
     assert all(spmd(_spmd_whole_and_ranged, algo, topology, drops=DropPolicy(drop_prob, seed=9)))
 
 
@@ -298,7 +366,9 @@ def _iallreduce_bfloat16(comm):
         request.wait()
     assert torch.equal(whole, pieces)
     expected = torch.arange(64, dtype=torch.float32) * sum(range(1, comm.world_size + 1)) / 7
-    torch.testing.assert_close(whole.float(), expected, rtol=2e-2, atol=0)  # summed as numbers, not bytes
+    torch.testing.assert_close(
+        whole.float(), expected, rtol=2e-2, atol=0
+    )  # summed as numbers, not bytes
     return True
 
 
@@ -309,7 +379,8 @@ def test_iallreduce_sums_bfloat16_as_numbers(spmd) -> None:
 
 def test_gossip_messages_travel_in_pieces_that_change_no_bit(monkeypatch):
     """GossipMixer sends a range in pieces of PIECE elements (each averaged in as it lands): pieces
-    of 7 give the bits of one whole message, with drops (a message's pieces are dropped together)."""
+    of 7 give the bits of one whole message, with drops (a message's pieces are dropped
+    together)."""
     import relaympi.algorithms.gossip as gossip
     from relaympi.comm import DropPolicy, run_local
     from relaympi.topology import build

@@ -27,28 +27,49 @@ from relaympi.optim import OptimizerConfig
 from relaympi.topology import build
 from tests.drop_oracle import LossyOracle, LossyRelaySum, delivered_by, layer_coordinates
 
-PROTOCOL = [name for name, value in vars(Relays).items() if inspect.isfunction(value) and not name.startswith("_")]
+PROTOCOL = [
+    name
+    for name, value in vars(Relays).items()
+    if inspect.isfunction(value) and not name.startswith("_")
+]
 
 
 @pytest.mark.parametrize("algo", ["relay", "relay-grad"])
 def test_the_batched_engine_runs_the_algorithm_class_itself(algo):
     X0 = torch.zeros(4, 6, dtype=torch.float64)
-    batched = make_batched_algorithm(algo, build("chain", 4), BatchedOptimizer(OptimizerConfig(), X0), X0, AlgorithmOptions())
+    batched = make_batched_algorithm(
+        algo, build("chain", 4), BatchedOptimizer(OptimizerConfig(), X0), X0, AlgorithmOptions()
+    )
     assert type(batched.stacked) is ALGORITHMS[algo]
     assert isinstance(batched.stacked.relay, batched_relay.BatchedRelaySum)
-    assert not hasattr(batched_relay, "BatchedRelaySGD") and not hasattr(batched_relay, "BatchedRelaySGDGrad")
+    assert not hasattr(batched_relay, "BatchedRelaySGD") and not hasattr(
+        batched_relay, "BatchedRelaySGDGrad"
+    )
 
 
 @pytest.mark.parametrize("implementation", [RelaySum, batched_relay.BatchedRelaySum])
 def test_both_relaysums_implement_the_protocol(implementation):
-    assert set(PROTOCOL) == {"exchange", "counts", "factor", "add_received", "coords", "state_dict", "load_state_dict"}
+    assert set(PROTOCOL) == {
+        "exchange",
+        "counts",
+        "factor",
+        "add_received",
+        "coords",
+        "state_dict",
+        "load_state_dict",
+    }
     for name in PROTOCOL:
         want = list(inspect.signature(getattr(Relays, name)).parameters)
-        assert list(inspect.signature(getattr(implementation, name)).parameters) == want, f"{implementation.__name__}.{name}"
+        assert list(inspect.signature(getattr(implementation, name)).parameters) == want, (
+            f"{implementation.__name__}.{name}"
+        )
 
 
 def test_the_protocol_imports_without_torch():
-    code = "import sys, relaympi.algorithms.relays; sys.exit('torch' in sys.modules or 'numpy' in sys.modules)"
+    code = (
+        "import sys, relaympi.algorithms.relays; sys.exit('torch' in sys.modules or 'numpy' "
+        "in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -58,7 +79,10 @@ class _OracleRelays:
 
     def __init__(self, topology, like: torch.Tensor, delivered):
         self.relay = LossyRelaySum(topology, like.shape[1], delivered)
-        self.blocks = [slice(int(c[0]), int(c[-1]) + 1) for c in layer_coordinates(like.shape[1], topology.num_layers)]
+        self.blocks = [
+            slice(int(c[0]), int(c[-1]) + 1)
+            for c in layer_coordinates(like.shape[1], topology.num_layers)
+        ]
         self.sums = self.nbar = None
 
     def exchange(self, parcel, round):
@@ -93,10 +117,14 @@ class _OracleMixers:
         return _OracleRelays(topology, like, self.delivered)
 
 
-@pytest.mark.parametrize("algo,mode", [("relay", "counts"), ("relay", "previous"), ("relay", "initial"), ("relay-grad", "counts")])
+@pytest.mark.parametrize(
+    "algo,mode",
+    [("relay", "counts"), ("relay", "previous"), ("relay", "initial"), ("relay-grad", "counts")],
+)
 @pytest.mark.parametrize("topo,n", [("chain", 5), ("double-binary-trees", 8)])
 def test_the_rule_runs_on_any_relays(algo, mode, topo, n):
-    """RelaySGD's and RelaySGD/Grad's own classes, given a Relays of the test's own making, follow the
+    """RelaySGD's and RelaySGD/Grad's own classes, given a Relays of the test's own making, follow
+    the
     loss model step for step (float64), dropped messages included."""
     topology, d, steps, lr = build(topo, n), 7, 12, 0.1
     delivered = delivered_by(DropPolicy(0.2, seed=4))
@@ -106,7 +134,14 @@ def test_the_rule_runs_on_any_relays(algo, mode, topo, n):
     X = x0.repeat(n, 1)
     config = OptimizerConfig(momentum=0.9)
     cls = RelaySGD if algo == "relay" else RelaySGDGrad
-    algorithm = cls(None, topology, BatchedOptimizer(config, X), X.clone(), AlgorithmOptions(relay_mode=mode), _OracleMixers(delivered))
+    algorithm = cls(
+        None,
+        topology,
+        BatchedOptimizer(config, X),
+        X.clone(),
+        AlgorithmOptions(relay_mode=mode),
+        _OracleMixers(delivered),
+    )
     oracle = LossyOracle(algo, topology, x0.numpy(), config, delivered, relay_mode=mode)
     Y = X.numpy().copy()
     lost = 0

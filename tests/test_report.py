@@ -1,4 +1,5 @@
-"""The report: table numbers against hand computations, problem files, formats, outputs, exit codes."""
+"""The report: table numbers against hand computations, problem files, formats, outputs, exit
+codes."""
 
 from __future__ import annotations
 
@@ -125,7 +126,8 @@ def test_accuracy_table_numbers(tables: dict) -> None:
     assert relay["min"] == pytest.approx(min(per_seed), abs=1e-12)
     assert relay["max"] == pytest.approx(max(per_seed), abs=1e-12)
     assert relay["n_seeds"] == 3 and relay["n_diverged"] == 0
-    # by hand: worker 3 is worst (top 0.84); mean of ramp over epochs 6..10 = mean(linspace(.1,1,10)[5:]) = 0.8
+    # by hand: worker 3 is worst (top 0.84); mean of ramp over epochs 6..10 =
+    # mean(linspace(.1,1,10)[5:]) = 0.8
     assert per_seed[0] == pytest.approx(0.8 * 0.84)
     expected = (
         f"{100 * np.mean(per_seed):.1f}% [{100 * min(per_seed):.1f}%, {100 * max(per_seed):.1f}%]"
@@ -185,7 +187,9 @@ def test_mean_metric_for_imagenet_and_short_runs(tmp_path: Path) -> None:
         np.mean([(0.2 + 0.3 + 0.4 + 0.5) / 4, (0.4 + 0.5 + 0.6 + 0.9) / 4])
     )
     assert by_task["cifar10"].metric == pytest.approx((0.2 + 0.3 + 0.4 + 0.5) / 4)
-    tables = {t.records[0]["task"]: t for t in all_tables(runs, ReportSettings()) if t.kind == "accuracy"}
+    tables = {
+        t.records[0]["task"]: t for t in all_tables(runs, ReportSettings()) if t.kind == "accuracy"
+    }
     assert "mean over workers" in tables["imagenet"].caption
     assert "worst worker" in tables["cifar10"].caption
 
@@ -391,7 +395,8 @@ WRONG_ORDERS = {
 
 
 def test_crossing_curves_hand_values_are_all_different() -> None:
-    """The fixture discriminates: all orders differ (> 0.01), the paper's from every other by > 0.02."""
+    """The fixture discriminates: all orders differ (> 0.01), the paper's from every other by >
+    0.02."""
     assert CROSSING_WINDOW.mean(axis=0) == pytest.approx([0.700, 0.670, 0.734])
     assert CROSSING[1:].mean(axis=0).min() == pytest.approx(0.6)
     values = [PAPER_WORST, PAPER_MEAN, *WRONG_ORDERS.values()]
@@ -401,7 +406,13 @@ def test_crossing_curves_hand_values_are_all_different() -> None:
 
 
 @pytest.mark.parametrize(
-    "task, expected", [("cifar10", PAPER_WORST), ("digits", PAPER_WORST), ("imagenet", PAPER_MEAN), ("agnews", PAPER_MEAN)]
+    "task, expected",
+    [
+        ("cifar10", PAPER_WORST),
+        ("digits", PAPER_WORST),
+        ("imagenet", PAPER_MEAN),
+        ("agnews", PAPER_MEAN),
+    ],
 )
 def test_metric_order_on_crossing_curves(tmp_path: Path, task: str, expected: float) -> None:
     rf.write_classification_run(tmp_path / "r.h5", CROSSING, CROSSING_EPOCHS, task=task)
@@ -413,11 +424,14 @@ def test_metric_order_on_crossing_curves(tmp_path: Path, task: str, expected: fl
         assert abs(run.metric - wrong) > 0.02, name
     (table,) = [t for t in all_tables(runs, ReportSettings()) if t.kind == "accuracy"]
     assert table.records[0]["display"] == f"{100 * expected:.1f}%"
-    assert any(row[0].startswith("RelaySGD") and row[-1] == f"{100 * expected:.1f}%" for row in table.rows), table.rows
+    assert any(
+        row[0].startswith("RelaySGD") and row[-1] == f"{100 * expected:.1f}%" for row in table.rows
+    ), table.rows
 
 
 def test_scaling_and_robustness_tables_on_crossing_curves(tmp_path: Path) -> None:
-    """Each table cell is the mean over seeds of the per-run metric, computed in the paper's order."""
+    """Each table cell is the mean over seeds of the per-run metric, computed in the paper's
+    order."""
     shifted = CROSSING + 0.02  # seed 1: every worker 2 points higher, window means 0.72/0.69/0.754
     wide = np.hstack([CROSSING, CROSSING[:, ::-1] * 0.9])  # 6 workers; worst: 0.9 x B = 0.603
     lossy = CROSSING[:, [2, 0, 1]] - 0.05  # permuted workers: worst is still B, 0.62
@@ -425,7 +439,9 @@ def test_scaling_and_robustness_tables_on_crossing_curves(tmp_path: Path) -> Non
     rf.write_classification_run(tmp_path / "n3s0.h5", CROSSING, CROSSING_EPOCHS, seed=0, **common)
     rf.write_classification_run(tmp_path / "n3s1.h5", shifted, CROSSING_EPOCHS, seed=1, **common)
     rf.write_classification_run(tmp_path / "n6s0.h5", wide, CROSSING_EPOCHS, seed=0, **common)
-    rf.write_classification_run(tmp_path / "n3d.h5", lossy, CROSSING_EPOCHS, seed=0, drop_prob=0.1, **common)
+    rf.write_classification_run(
+        tmp_path / "n3d.h5", lossy, CROSSING_EPOCHS, seed=0, drop_prob=0.1, **common
+    )
     runs, problems = report.load_runs(report.find_run_files([tmp_path]), ReportSettings())
     assert problems == []
     kinds = {t.kind: t for t in all_tables(runs, ReportSettings())}
@@ -433,7 +449,9 @@ def test_scaling_and_robustness_tables_on_crossing_curves(tmp_path: Path) -> Non
     scaling = kinds["scaling"]
     assert scaling.header[2:] == ["3 workers", "6 workers"]
     three = _record(scaling, world_size=3)
-    assert (three["mean"], three["min"], three["max"]) == pytest.approx((0.680, 0.670, 0.690), abs=1e-12)
+    assert (three["mean"], three["min"], three["max"]) == pytest.approx(
+        (0.680, 0.670, 0.690), abs=1e-12
+    )
     assert three["display"] == "68.0% [67.0%, 69.0%]"
     assert _record(scaling, world_size=6)["mean"] == pytest.approx(0.603, abs=1e-12)
     assert any(row[2:] == ["68.0% [67.0%, 69.0%]", "60.3%"] for row in scaling.rows), scaling.rows
@@ -442,4 +460,6 @@ def test_scaling_and_robustness_tables_on_crossing_curves(tmp_path: Path) -> Non
     assert robustness.header[2:] == ["reliable", "10% dropped"]
     assert _record(robustness, drop_prob=0.0)["mean"] == pytest.approx(0.680, abs=1e-12)
     assert _record(robustness, drop_prob=0.1)["mean"] == pytest.approx(0.620, abs=1e-12)
-    assert any(row[2:] == ["68.0% [67.0%, 69.0%]", "62.0%"] for row in robustness.rows), robustness.rows
+    assert any(row[2:] == ["68.0% [67.0%, 69.0%]", "62.0%"] for row in robustness.rows), (
+        robustness.rows
+    )

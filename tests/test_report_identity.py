@@ -27,8 +27,22 @@ def _load(path: Path):
 
 def test_non_semantic_keys_are_named_and_everything_else_is_identity() -> None:
     fields = set(RunConfig().to_dict())
-    assert {"out", "checkpoint_dir", "log_every", "threads", "loader_workers", "eval_batch_size",
-            "data_dir", "model_dir", "backend", "device"} <= NON_SEMANTIC_KEYS <= fields
+    assert (
+        {
+            "out",
+            "checkpoint_dir",
+            "log_every",
+            "threads",
+            "loader_workers",
+            "eval_batch_size",
+            "data_dir",
+            "model_dir",
+            "backend",
+            "device",
+        }
+        <= NON_SEMANTIC_KEYS
+        <= fields
+    )
     settings = experiment_settings({"algo": "relay", "relay_lr_correction": True, "out": "a.h5"})
     assert settings["relay_lr_correction"] is True and "out" not in settings
     # a flag that cannot apply to the algorithm is not part of its identity
@@ -38,10 +52,19 @@ def test_non_semantic_keys_are_named_and_everything_else_is_identity() -> None:
 
 @pytest.mark.parametrize(
     "algo, topology, flag, word",
-    [("relay", "double-binary-trees", {"relay_lr_correction": True}, "RelaySGD + momentum, lr correction"),
-     ("qgm", "ring", {"nesterov": False}, "D-PSGD + quasi-global momentum, heavy ball")],
+    [
+        (
+            "relay",
+            "double-binary-trees",
+            {"relay_lr_correction": True},
+            "RelaySGD + momentum, lr correction",
+        ),
+        ("qgm", "ring", {"nesterov": False}, "D-PSGD + quasi-global momentum, heavy ball"),
+    ],
 )
-def test_runs_differing_in_one_flag_are_two_experiments(tmp_path: Path, algo, topology, flag, word) -> None:
+def test_runs_differing_in_one_flag_are_two_experiments(
+    tmp_path: Path, algo, topology, flag, word
+) -> None:
     base = dict(algo=algo, topology=topology, momentum=0.9, task="digits")
     rf.write_classification_run(tmp_path / "plain.h5", curve(0.5), **base)
     rf.write_classification_run(tmp_path / "flag.h5", curve(0.7), **base, **flag)
@@ -59,19 +82,26 @@ def test_runs_differing_in_batch_size_get_distinct_labels(tmp_path: Path) -> Non
     _, problems, tables = _load(tmp_path)
     (table,) = [t for t in tables if t.kind == "accuracy"]
     assert problems == []
-    assert sorted(row[0] for row in table.rows) == ["RelaySGD, batch_size=16", "RelaySGD, batch_size=32"]
+    assert sorted(row[0] for row in table.rows) == [
+        "RelaySGD, batch_size=16",
+        "RelaySGD, batch_size=32",
+    ]
 
 
 def test_non_semantic_differences_are_still_duplicates(tmp_path: Path, capsys) -> None:
     rf.write_classification_run(tmp_path / "a.h5", curve(0.5), threads=1, out="a.h5", backend="mpi")
-    rf.write_classification_run(tmp_path / "b.h5", curve(0.5), threads=4, out="b.h5", backend="local", workers=4)
+    rf.write_classification_run(
+        tmp_path / "b.h5", curve(0.5), threads=4, out="b.h5", backend="local", workers=4
+    )
     assert report.main([str(tmp_path)]) == 0
     assert "duplicate of" in capsys.readouterr().out
 
 
 def test_drop_runs_appear_in_a_table(tmp_path: Path, capsys) -> None:
     for mode in ("counts", "previous", "initial"):
-        rf.write_classification_run(tmp_path / f"drop_{mode}.h5", curve(0.6), alpha=0.01, drop_prob=0.1, relay_mode=mode)
+        rf.write_classification_run(
+            tmp_path / f"drop_{mode}.h5", curve(0.6), alpha=0.01, drop_prob=0.1, relay_mode=mode
+        )
     rf.write_classification_run(tmp_path / "reliable.h5", curve(0.9), alpha=1.0)
     runs, _, tables = _load(tmp_path)
     held = set().union(*(t.paths for t in tables))
@@ -85,9 +115,17 @@ def test_drop_runs_appear_in_a_table(tmp_path: Path, capsys) -> None:
 
 def test_a_run_no_table_can_hold_is_listed(tmp_path: Path, capsys) -> None:
     rf.write_classification_run(tmp_path / "good.h5", curve(0.9))
-    with rf.RunWriter.create(tmp_path / "bare.h5", config=rf.make_config(seed=3), provenance={}, world_size=4) as w:
-        w.extend({"step": np.array([1]), "epoch": np.array([1.0]), "time_s": np.array([0.0]),
-                  "train_loss": np.ones((1, 4))})
+    with rf.RunWriter.create(
+        tmp_path / "bare.h5", config=rf.make_config(seed=3), provenance={}, world_size=4
+    ) as w:
+        w.extend(
+            {
+                "step": np.array([1]),
+                "epoch": np.array([1.0]),
+                "time_s": np.array([0.0]),
+                "train_loss": np.ones((1, 4)),
+            }
+        )
         w.set_status("completed")
     assert report.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -115,8 +153,12 @@ def test_plots_keep_rows_apart_with_a_legend_per_curve(tmp_path: Path, monkeypat
     runs_dir = tmp_path / "runs"
     for topo in ("chain", "star", "double-binary-trees"):
         for alpha in (1.0, 0.1):
-            rf.write_classification_run(runs_dir / f"{topo}_{alpha}.h5", curve(0.5 + alpha / 10), topology=topo, alpha=alpha)
-    rf.write_classification_run(runs_dir / "chain8.h5", curve(0.6, 8), topology="edge-list:/data/chain.txt", alpha=0.1)
+            rf.write_classification_run(
+                runs_dir / f"{topo}_{alpha}.h5", curve(0.5 + alpha / 10), topology=topo, alpha=alpha
+            )
+    rf.write_classification_run(
+        runs_dir / "chain8.h5", curve(0.6, 8), topology="edge-list:/data/chain.txt", alpha=0.1
+    )
     rf.write_classification_run(runs_dir / "star8.h5", curve(0.6, 8), topology="star", alpha=0.1)
     _, _, tables = _load(runs_dir)
     figures = _figures(monkeypatch, tables, tmp_path)
@@ -147,7 +189,10 @@ def test_accuracy_vs_alpha_shows_inf_with_plain_ticks(tmp_path: Path, monkeypatc
     ax = figures["accuracy_cifar10_n4.png"].axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["0.01", "1", "inf"]
     (container,) = ax.containers
-    assert len(container.lines[0].get_xdata()) == 3 and np.isfinite(np.asarray(container.lines[0].get_xdata(), dtype=float)).all()
+    assert (
+        len(container.lines[0].get_xdata()) == 3
+        and np.isfinite(np.asarray(container.lines[0].get_xdata(), dtype=float)).all()
+    )
 
 
 def test_out_naming_an_existing_file_exits_2(tmp_path: Path, capsys) -> None:

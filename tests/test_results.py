@@ -187,14 +187,20 @@ def test_refuses_to_overwrite_finished_runs(tmp_path: Path) -> None:
             writer.set_status(status)
         RunWriter.create(path, config={"new": 1}, provenance={}, world_size=2).close()
         assert run_status(path) == "running"
-    rf.write_empty_file(tmp_path / "corrupt.h5")  # a broken file only with overwrite (it may not be a run file)
+    rf.write_empty_file(
+        tmp_path / "corrupt.h5"
+    )  # a broken file only with overwrite (it may not be a run file)
     with pytest.raises(NotARunFileError):
         RunWriter.create(tmp_path / "corrupt.h5", config={}, provenance={}, world_size=1)
-    RunWriter.create(tmp_path / "corrupt.h5", config={}, provenance={}, world_size=1, overwrite=True).close()
+    RunWriter.create(
+        tmp_path / "corrupt.h5", config={}, provenance={}, world_size=1, overwrite=True
+    ).close()
     assert run_status(tmp_path / "corrupt.h5") == "running"
     rf.write_not_hdf5(tmp_path / "other.h5")  # and a file that is not a run file never
     with pytest.raises(NotARunFileError):
-        RunWriter.create(tmp_path / "other.h5", config={}, provenance={}, world_size=1, overwrite=True)
+        RunWriter.create(
+            tmp_path / "other.h5", config={}, provenance={}, world_size=1, overwrite=True
+        )
 
 
 def test_create_checks_arguments(tmp_path: Path) -> None:

@@ -106,8 +106,13 @@ def test_sweep_scripts_are_written_from_the_grids() -> None:
     check = grid("scripts", "--check")
     assert check.returncode == 0, check.stderr
     for sweep in SWEEPS:
-        assert "\n#SBATCH --output=results/logs/%x-%A_%a.out\n" in (JOBS / f"{sweep}.sh").read_text()
-    assert (ROOT / "results" / "logs" / ".gitignore").read_text().splitlines()[1:] == ["*", "!.gitignore"]
+        assert (
+            "\n#SBATCH --output=results/logs/%x-%A_%a.out\n" in (JOBS / f"{sweep}.sh").read_text()
+        )
+    assert (ROOT / "results" / "logs" / ".gitignore").read_text().splitlines()[1:] == [
+        "*",
+        "!.gitignore",
+    ]
 
 
 def test_paper_grids() -> None:
@@ -118,9 +123,7 @@ def test_paper_grids() -> None:
     # the trainer reads each configuration from its --config JSON: the listing's field lines show it
     fields = [line + " " for line in out.splitlines() if line.startswith("[")]
     relay = [
-        c
-        for c in fields
-        if " algo=relay " in c and " alpha=0.01 " in c and " momentum=0.9 " in c
+        c for c in fields if " algo=relay " in c and " alpha=0.01 " in c and " momentum=0.9 " in c
     ]
     assert len(relay) == 3 and all(
         " lr=0.15 " in c and " topology=double-binary-trees " in c for c in relay
@@ -132,8 +135,13 @@ def test_paper_grids() -> None:
     agnews = grid("list", "sweep_agnews", RELAYMPI_DATA="/data root").stdout
     assert " algo=relay topology=chain " in agnews and " optimizer=adam " in agnews
     assert " lr=0.0009 " in agnews
-    config = json.loads(grid("config", "sweep_agnews", "--index", "1", RELAYMPI_DATA="/data root").stdout)
-    assert (config["data_dir"], config["model_dir"]) == ("/data root/agnews", "/data root/distilbert")
+    config = json.loads(
+        grid("config", "sweep_agnews", "--index", "1", RELAYMPI_DATA="/data root").stdout
+    )
+    assert (config["data_dir"], config["model_dir"]) == (
+        "/data root/agnews",
+        "/data root/distilbert",
+    )
     workers = grid("plan", "sweep_workers", "--all", "--dry-run").stdout
     assert [line.split("\t")[1] for line in workers.splitlines() if line.startswith("group")] == [
         "16",
@@ -219,11 +227,16 @@ def test_dry_run_lists_exact_commands(tmp_path: Path) -> None:
 def test_run_needs_an_index_and_data() -> None:
     proc = bash("sweep_alpha.sh")
     assert proc.returncode == 2 and "jobs/submit.sh sweep_alpha" in proc.stderr
-    proc = bash("sweep_imagenet.sh", "--index", "0", RELAYMPI_LAUNCHER="local", RELAYMPI_DATA="/nonexistent")
+    proc = bash(
+        "sweep_imagenet.sh", "--index", "0", RELAYMPI_LAUNCHER="local", RELAYMPI_DATA="/nonexistent"
+    )
     assert proc.returncode == 2 and "imagenet in /nonexistent/imagenet: missing" in proc.stderr
     assert "prepare-imagenet" in proc.stderr
     proc = bash("sweep_alpha.sh", "--index", "999", **QUADRATICS)
-    assert proc.returncode == 2 and "--index 999 is outside the grid of 3 configurations" in proc.stderr
+    assert (
+        proc.returncode == 2
+        and "--index 999 is outside the grid of 3 configurations" in proc.stderr
+    )
 
 
 def test_submit_refuses_data_that_is_not_verified(tmp_path: Path) -> None:
@@ -231,8 +244,14 @@ def test_submit_refuses_data_that_is_not_verified(tmp_path: Path) -> None:
     from tests.data_factories import write_cifar10_binary
 
     root = tmp_path / "data root"
-    small = {"RELAYMPI_DATA": str(root), "RELAYMPI_ALGOS": "relay", "RELAYMPI_ALPHAS": "0.1",
-             "RELAYMPI_SEEDS": "0", "RELAYMPI_MOMENTA": "0", "RELAYMPI_RESULTS_DIR": str(tmp_path / "r")}
+    small = {
+        "RELAYMPI_DATA": str(root),
+        "RELAYMPI_ALGOS": "relay",
+        "RELAYMPI_ALPHAS": "0.1",
+        "RELAYMPI_SEEDS": "0",
+        "RELAYMPI_MOMENTA": "0",
+        "RELAYMPI_RESULTS_DIR": str(tmp_path / "r"),
+    }
     proc = bash("submit.sh", "sweep_alpha", **small)
     assert proc.returncode == 2 and "not present and verified" in proc.stderr
     assert f"python -m relaympi.data fetch cifar10 --root '{root}'" in proc.stderr
@@ -258,8 +277,13 @@ def test_local_run_is_idempotent(tmp_path: Path) -> None:
     assert first.returncode == 0, first.stdout + first.stderr
     (out,) = (tmp_path / "results dir" / "sweep_alpha" / "quadratics").glob("relay_*.h5")
     assert run_status(out) == "completed"
-    config_file = out.with_suffix(".json")  # the trainer's --config, beside the run file: the recorded command reruns it
-    assert shlex.split(read_run(out, datasets=()).provenance["command"])[-2:] == ["--config", str(config_file)]
+    config_file = out.with_suffix(
+        ".json"
+    )  # the trainer's --config, beside the run file: the recorded command reruns it
+    assert shlex.split(read_run(out, datasets=()).provenance["command"])[-2:] == [
+        "--config",
+        str(config_file),
+    ]
     assert json.loads(config_file.read_text())["out"] == str(out)
     mtime = out.stat().st_mtime_ns
     again = bash("sweep_alpha.sh", "--index", "0", **settings)
@@ -271,20 +295,38 @@ def test_local_run_is_idempotent(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not HAVE_TRAIN, reason="relaympi.train is not available")
 def test_batched_backend_runs_each_configuration_as_one_process(tmp_path: Path) -> None:
-    """RELAYMPI_BACKEND=batched: one process per configuration, the same numbers as the local backend."""
-    batched = {**QUADRATICS, "RELAYMPI_BACKEND": "batched", "RELAYMPI_RESULTS_DIR": str(tmp_path / "batched")}
+    """RELAYMPI_BACKEND=batched: one process per configuration, the same numbers as the local
+    backend."""
+    batched = {
+        **QUADRATICS,
+        "RELAYMPI_BACKEND": "batched",
+        "RELAYMPI_RESULTS_DIR": str(tmp_path / "batched"),
+    }
     plan = grid("plan", "sweep_alpha", **batched).stdout
-    assert "group\t1\t0-2\t3" in plan and "sbatch\t--gpus-per-node=1" in plan  # one GPU per configuration
-    assert "sbatch\t" not in grid("plan", "sweep_alpha", **batched, RELAYMPI_GPUS_PER_NODE="2").stdout  # the site's own
+    assert (
+        "group\t1\t0-2\t3" in plan and "sbatch\t--gpus-per-node=1" in plan
+    )  # one GPU per configuration
+    assert (
+        "sbatch\t" not in grid("plan", "sweep_alpha", **batched, RELAYMPI_GPUS_PER_NODE="2").stdout
+    )  # the site's own
     runs = {}
-    for name, settings in (("batched", {**batched, "RELAYMPI_DEVICE": "cpu"}), ("local", {**QUADRATICS, "RELAYMPI_RESULTS_DIR": str(tmp_path / "local")})):
+    for name, settings in (
+        ("batched", {**batched, "RELAYMPI_DEVICE": "cpu"}),
+        ("local", {**QUADRATICS, "RELAYMPI_RESULTS_DIR": str(tmp_path / "local")}),
+    ):
         proc = bash("sweep_alpha.sh", "--index", "0", **settings)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         (out,) = (tmp_path / name / "sweep_alpha" / "quadratics").glob("relay_*.h5")
         runs[name] = read_run(out)
     assert runs["batched"].config["backend"] == "batched" and runs["batched"].config["workers"] == 2
     for metric in ("suboptimality", "consensus_distance", "train_loss", "bytes_sent"):
-        np.testing.assert_allclose(runs["batched"].metric(metric), runs["local"].metric(metric), rtol=1e-9, atol=1e-12, err_msg=metric)
+        np.testing.assert_allclose(
+            runs["batched"].metric(metric),
+            runs["local"].metric(metric),
+            rtol=1e-9,
+            atol=1e-12,
+            err_msg=metric,
+        )
 
 
 # ------------------------------------------------------------------------------- real cluster
@@ -297,7 +339,8 @@ def _cluster_reason() -> str | None:
     conf = os.environ.get("SLURM_CONF")
     if conf and not Path(conf).is_file():
         return (
-            f"SLURM_CONF={conf} does not exist (cluster/local_cluster.sh start prints the right one)"
+            f"SLURM_CONF={conf} does not exist (cluster/local_cluster.sh start prints the "
+            "right one)"
         )
     try:
         proc = subprocess.run(
@@ -309,7 +352,10 @@ def _cluster_reason() -> str | None:
     if proc.returncode != 0 or not any(
         s.rstrip("*~#") in ("idle", "mixed", "allocated") for s in states
     ):
-        return f"no reachable SLURM cluster (SLURM_CONF={os.environ.get('SLURM_CONF')}): {proc.stderr.strip()[:200]}"
+        return (
+            f"no reachable SLURM cluster (SLURM_CONF={os.environ.get('SLURM_CONF')}): "
+            f"{proc.stderr.strip()[:200]}"
+        )
     return None
 
 

@@ -61,8 +61,16 @@ CLOSED_FORMS = {
 }
 FAMILY_SIZES = [
     (name, n)
-    for name in ("ring", "chain", "star", "binary-tree", "double-binary-trees", "fully-connected",
-                 "hypercube", "exponential")
+    for name in (
+        "ring",
+        "chain",
+        "star",
+        "binary-tree",
+        "double-binary-trees",
+        "fully-connected",
+        "hypercube",
+        "exponential",
+    )
     for n in (POWERS[:6] if name in ("hypercube", "exponential") else [2, 3, 5, 8, 12, 33, 64])
     if not (name == "ring" and n < 3)
 ] + [("social-network", 32), ("social-network-tree", 32)]
@@ -138,7 +146,9 @@ def test_tree_inertia_counts_match_dense(topology):
         parent = np.full(topology.world_size, -1)
         for child, above in nx.bfs_predecessors(topology.layers[k], 0):
             parent[child] = above
-        depth = np.array([nx.shortest_path_length(topology.layers[k], 0, r) for r in range(topology.world_size)])
+        depth = np.array(
+            [nx.shortest_path_length(topology.layers[k], 0, r) for r in range(topology.world_size)]
+        )
         counted = tree_extremes(topology.world_size, topology.edge_array(k), parent, depth)
         w = topology.mixing_matrix(k)
         assert counted.spectral_gap == pytest.approx(spectral_gap(w), abs=1e-12)
@@ -164,7 +174,10 @@ def test_spectrum_rule_at_each_size():
     summary = json.loads(json.dumps(describe(deep)))
     assert summary["spectral_gap"] is None and summary["min_eigenvalue"] is None
     assert summary["d2_allowed"] is None
-    assert f"not computed for n > {SPARSE_SPECTRUM_MAX_RANKS}" in summary["not_computed"]["spectral_gap"]
+    assert (
+        f"not computed for n > {SPARSE_SPECTRUM_MAX_RANKS}"
+        in summary["not_computed"]["spectral_gap"]
+    )
     # closed forms have no limit
     ring = describe(build("ring", SPARSE_SPECTRUM_MAX_RANKS + 2))
     assert ring["min_eigenvalue"] == pytest.approx(-1 / 3) and "not_computed" not in ring
@@ -182,7 +195,11 @@ def test_small_summaries_have_no_not_computed_key():
 def test_diameter_matches_all_pairs_bfs(name, n):
     topology = build(name, n)
     for k in range(topology.num_layers):
-        assert topology.layer_diameter(k) == int(topology.delays(k).max()) == nx.diameter(topology.layers[k])
+        assert (
+            topology.layer_diameter(k)
+            == int(topology.delays(k).max())
+            == nx.diameter(topology.layers[k])
+        )
 
 
 def test_diameter_of_general_graphs_and_the_work_limit():
@@ -196,7 +213,9 @@ def test_diameter_of_general_graphs_and_the_work_limit():
     edges = np.concatenate([np.stack([ranks, (ranks + 1) % n], 1), [[0, n // 2]]])
     big = Topology("ring-with-chord", n, (edges,))
     summary = big.to_dict()
-    assert summary["diameter"] is None and "BFS from every rank" in summary["not_computed"]["diameter"]
+    assert (
+        summary["diameter"] is None and "BFS from every rank" in summary["not_computed"]["diameter"]
+    )
 
 
 # -- RelaySGD's learning-rate correction ------------------------------------------------
@@ -205,11 +224,22 @@ def test_diameter_of_general_graphs_and_the_work_limit():
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "n"),
-    [(name, n) for name in ("chain", "star", "binary-tree", "double-binary-trees")
-     for n in (2, 3, 7, 12, 33, 100, 200)]
+    [
+        (name, n)
+        for name in ("chain", "star", "binary-tree", "double-binary-trees")
+        for n in (2, 3, 7, 12, 33, 100, 200)
+    ]
     + [("social-network-tree", 32)]
-    + [(f"spanning-tree:{base}", n) for base, n in
-       [("ring", 9), ("ring", 101), ("hypercube", 128), ("exponential", 64), ("fully-connected", 150)]],
+    + [
+        (f"spanning-tree:{base}", n)
+        for base, n in [
+            ("ring", 9),
+            ("ring", 101),
+            ("hypercube", 128),
+            ("exponential", 64),
+            ("fully-connected", 150),
+        ]
+    ],
 )
 def test_lr_correction_closed_form_is_the_simulation(name, n):
     topology = build(name, n)
@@ -227,7 +257,8 @@ def test_lr_correction_of_a_random_tree_and_of_a_graph():
 
 
 def _old_spanning_tree_edges(graph: nx.Graph, root: int) -> list[tuple[int, int]]:
-    """The Spanning Tree Protocol rule, written out: each rank's parent is its lowest neighbour one hop closer."""
+    """The Spanning Tree Protocol rule, written out: each rank's parent is its lowest neighbour one
+    hop closer."""
     distance = nx.single_source_shortest_path_length(graph, root)
     edges = []
     for rank in graph:
@@ -247,7 +278,9 @@ def test_spanning_tree_follows_the_protocol(seed):
 
 def test_edge_arrays_and_graphs_build_equal_topologies():
     graph = nx.cycle_graph(7)
-    edges = np.array([[1, 0], [1, 2], [3, 2], [3, 4], [5, 4], [5, 6], [0, 6], [0, 1]])  # unsorted, repeated
+    edges = np.array(
+        [[1, 0], [1, 2], [3, 2], [3, 4], [5, 4], [5, 6], [0, 6], [0, 1]]
+    )  # unsorted, repeated
     from_array = Topology("ring", 7, (edges,))
     assert from_array == Topology("ring", 7, (graph,)) == build("ring", 7)
     assert from_array.edges() == sorted(tuple(sorted(e)) for e in graph.edges())
@@ -255,7 +288,9 @@ def test_edge_arrays_and_graphs_build_equal_topologies():
         Topology("x", 7, (np.array([[0, 7]]),))
     with pytest.raises(TopologyError, match=r"self-loops at ranks \[3\]"):
         Topology("x", 4, (np.array([[0, 1], [1, 2], [2, 3], [3, 3]]),))
-    with pytest.raises(TopologyError, match=r"disconnected \(2 components\); e.g. rank 2 cannot reach rank 0"):
+    with pytest.raises(
+        TopologyError, match=r"disconnected \(2 components\); e.g. rank 2 cannot reach rank 0"
+    ):
         Topology("x", 4, (np.array([[0, 1], [2, 3]]),))
     with pytest.raises(TopologyError, match="integer array"):
         Topology("x", 4, (np.array([[0.0, 1.0]]),))
@@ -274,10 +309,15 @@ def test_topologies_pickle(name):
 @pytest.mark.parametrize("seed", range(3))
 def test_wrap_is_textwrap(seed):
     rng = np.random.default_rng(seed)
-    words = [f"{i}-{j}" if seed < 2 else f"{i}->{j}" for i, j in rng.integers(0, 10**rng.integers(1, 7), (500, 2))]
+    words = [
+        f"{i}-{j}" if seed < 2 else f"{i}->{j}"
+        for i, j in rng.integers(0, 10 ** rng.integers(1, 7), (500, 2))
+    ]
     text = " ".join(words)
     for indent in ("  ", "    "):
-        assert _wrap(text, indent) == textwrap.wrap(text, width=78, initial_indent=indent, subsequent_indent=indent)
+        assert _wrap(text, indent) == textwrap.wrap(
+            text, width=78, initial_indent=indent, subsequent_indent=indent
+        )
     assert _wrap("", "  ") == textwrap.wrap("", width=78) == []
 
 
@@ -288,7 +328,9 @@ def test_streamed_json_is_json_dumps(name, n):
     assert "".join(_json_chunks(describe(topology, edge_arrays=True))) == expected
 
 
-@pytest.mark.parametrize(("name", "n"), FAMILY_SIZES + [("spanning-tree:ring", 9), ("spanning-tree:hypercube", 16)])
+@pytest.mark.parametrize(
+    ("name", "n"), FAMILY_SIZES + [("spanning-tree:ring", 9), ("spanning-tree:hypercube", 16)]
+)
 def test_edges_to_build_counts_without_building(name, n):
     topology = build(name, n)
     built = sum(len(topology.edges(k)) for k in range(topology.num_layers))
@@ -317,7 +359,8 @@ def test_cli_describes_100000_ranks():
     # heap layout, computed here without relaympi: the parent of r is (r - 1) // 2
     assert summary["edges"][0] == [[(r - 1) // 2, r] for r in range(1, n)]
     assert summary["edges"][1] == sorted([n - 1 - r, n - 1 - (r - 1) // 2] for r in range(1, n))
-    # depth 16 holds ranks 65535..99999, in both subtrees of the root (the right one starts at 98303)
+    # depth 16 holds ranks 65535..99999, in both subtrees of the root (the right one starts at
+    # 98303)
     assert summary["diameter"] == 2 * 16
     assert summary["models_per_step"] == 2 and summary["is_tree"]
     # 1 + (2 W - n (n - 1)) / n^2 with the Wiener index W = sum over edges of s (n - s)
@@ -325,7 +368,9 @@ def test_cli_describes_100000_ranks():
     for rank in range(n - 1, 0, -1):  # heap layout: children come after their parent
         size[(rank - 1) // 2] += size[rank]
     wiener = sum(s * (n - s) for s in size[1:])
-    assert summary["lr_correction"] == pytest.approx(1 + (2 * wiener - n * (n - 1)) / n**2, rel=1e-12)
+    assert summary["lr_correction"] == pytest.approx(
+        1 + (2 * wiener - n * (n - 1)) / n**2, rel=1e-12
+    )
     # inertia counts (held to eigvalsh at small n above); the mirrored tree has the same spectrum
     assert summary["spectral_gap"][0] == pytest.approx(summary["spectral_gap"][1], abs=1e-15)
     assert 0 < summary["spectral_gap"][0] < 1e-5 and -0.5 < summary["min_eigenvalue"][0] < -0.4
@@ -339,7 +384,8 @@ def test_cli_refuses_more_edges_than_it_lists():
     status, out, err = _run(["fully-connected", "-n", "100000"])
     assert status == 2 and out == ""
     assert err == (
-        f"error: -n 100000 is too large to describe fully-connected: it takes 4999950000 edges to build; "
+        "error: -n 100000 is too large to describe fully-connected: it takes 4999950000 "
+        "edges to build; "
         f"the summary lists at most {MAX_DESCRIBED_EDGES} (fully-connected: at most -n 2896)\n"
     )
     assert 2896 * 2895 // 2 <= MAX_DESCRIBED_EDGES < 2897 * 2896 // 2
@@ -356,6 +402,8 @@ def test_lanczos_that_does_not_converge_reports_why():
     assert "sparse Lanczos did not converge" in summary["not_computed"]["min_eigenvalue"]
     status, out, _ = _run(["spanning-tree:ring", "-n", str(n)])
     assert status == 0
-    assert ("Metropolis-Hastings: spectral gap and smallest eigenvalue not computed: "
-            "sparse Lanczos did not converge") in out
+    assert (
+        "Metropolis-Hastings: spectral gap and smallest eigenvalue not computed: "
+        "sparse Lanczos did not converge"
+    ) in out
     assert f"diameter          {n - 1}" in out  # the two arms from rank 0 form a path of n ranks

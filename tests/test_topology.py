@@ -623,7 +623,10 @@ def test_coordinate_blocks_are_numpy_array_split():
         for layers in (1, 2, 3):
             expected = np.array_split(np.arange(d), layers)
             got = coordinate_blocks(d, layers)
-            assert [(b.start, b.stop) for b in got] == [(int(e[0]), int(e[-1]) + 1) if len(e) else (b.start, b.start) for e, b in zip(expected, got, strict=True)]
+            assert [(b.start, b.stop) for b in got] == [
+                (int(e[0]), int(e[-1]) + 1) if len(e) else (b.start, b.start)
+                for e, b in zip(expected, got, strict=True)
+            ]
             assert sum(b.stop - b.start for b in got) == d
 
 

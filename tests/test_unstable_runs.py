@@ -1,4 +1,5 @@
-"""Runs whose loss ends far above where it started are flagged: end summary, results CLI and report."""
+"""Runs whose loss ends far above where it started are flagged: end summary, results CLI and
+report."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ UNDER = [2.0, 1.0, 2.5, 3.99]
 
 
 def _losses(means: list[float], spread: float = 0.5) -> np.ndarray:
-    """[evals, workers] with these means over workers (workers mean-spread, mean+spread); NaN at step 0."""
+    """[evals, workers] with these means over workers (workers mean-spread, mean+spread); NaN at
+    step 0."""
     rows = [[NAN] * WORKERS] + [[m - spread, m + spread] for m in means]
     return np.array(rows)
 
@@ -33,27 +35,42 @@ def _accuracy(evals: int) -> np.ndarray:
 
 def _run(path: Path, means: list[float], **config) -> Path:
     loss = _losses(means)
-    epochs = np.arange(len(loss), dtype=float)  # the first evaluation at epoch 0, as the trainer records it
-    return rf.write_classification_run(path, _accuracy(len(loss)), epochs, train_loss=loss, task="digits", **config)
+    epochs = np.arange(
+        len(loss), dtype=float
+    )  # the first evaluation at epoch 0, as the trainer records it
+    return rf.write_classification_run(
+        path, _accuracy(len(loss)), epochs, train_loss=loss, task="digits", **config
+    )
 
 
-@pytest.mark.parametrize("means, expected", [
-    (CLIMB, (2.0, 78.0)),
-    (UNDER, None),
-    ([2.0, 1.0, 4.01], (2.0, 4.01)),  # just over: 2.005x
-    ([2.0, 0.5, 0.1], None),  # a run that learns
-    ([2.0, 30.0, 1.0], None),  # climbed, and came back below 2x before the end
-])
-def test_the_rule_compares_the_last_mean_train_loss_with_the_first_recorded(means, expected) -> None:
+@pytest.mark.parametrize(
+    "means, expected",
+    [
+        (CLIMB, (2.0, 78.0)),
+        (UNDER, None),
+        ([2.0, 1.0, 4.01], (2.0, 4.01)),  # just over: 2.005x
+        ([2.0, 0.5, 0.1], None),  # a run that learns
+        ([2.0, 30.0, 1.0], None),  # climbed, and came back below 2x before the end
+    ],
+)
+def test_the_rule_compares_the_last_mean_train_loss_with_the_first_recorded(
+    means, expected
+) -> None:
     found = unstable_loss(_losses(means))
     assert found == (None if expected is None else pytest.approx(expected))
 
 
 def test_the_rule_uses_the_mean_over_workers_and_skips_what_cannot_be_judged() -> None:
     # worker 0 improves (1 -> 0.5), worker 1 climbs (3 -> 8): mean 2 -> 4.25 > 2 x 2
-    assert unstable_loss(np.array([[NAN, NAN], [1.0, 3.0], [0.5, 8.0]])) == pytest.approx((2.0, 4.25))
-    assert unstable_loss(np.array([[1.0, 3.0], [0.5, NAN]])) is None  # ends non-finite: status diverged says it
-    assert unstable_loss(np.array([[NAN, NAN], [2.0, 2.0]])) is None  # one recorded value: nothing to compare
+    assert unstable_loss(np.array([[NAN, NAN], [1.0, 3.0], [0.5, 8.0]])) == pytest.approx(
+        (2.0, 4.25)
+    )
+    assert (
+        unstable_loss(np.array([[1.0, 3.0], [0.5, NAN]])) is None
+    )  # ends non-finite: status diverged says it
+    assert (
+        unstable_loss(np.array([[NAN, NAN], [2.0, 2.0]])) is None
+    )  # one recorded value: nothing to compare
     assert UNSTABLE_FACTOR == 2.0
 
 
@@ -73,7 +90,9 @@ def test_results_show_flags_an_unstable_run(tmp_path: Path, capsys) -> None:
     assert "unstable" not in capsys.readouterr().out
 
 
-def test_report_flags_an_unstable_run_in_its_table_and_as_a_duplicate(tmp_path: Path, capsys) -> None:
+def test_report_flags_an_unstable_run_in_its_table_and_as_a_duplicate(
+    tmp_path: Path, capsys
+) -> None:
     _run(tmp_path / "runs" / "climb.h5", CLIMB, algo="d2", topology="ring", drop_prob=0.1)
     _run(tmp_path / "runs" / "under.h5", UNDER, algo="dpsgd", topology="ring", drop_prob=0.1)
     assert report.main([str(tmp_path / "runs")]) == 0
@@ -84,13 +103,28 @@ def test_report_flags_an_unstable_run_in_its_table_and_as_a_duplicate(tmp_path: 
     _run(tmp_path / "runs" / "climb-batched.h5", CLIMB, algo="d2", topology="ring", drop_prob=0.1)
     report.main([str(tmp_path / "runs")])
     out = capsys.readouterr().out
-    assert "duplicate of" in out and "this run is unstable, so the two may differ beyond rounding" in out
+    assert (
+        "duplicate of" in out
+        and "this run is unstable, so the two may differ beyond rounding" in out
+    )
 
 
 def test_report_flags_an_unstable_quadratics_run(tmp_path: Path, capsys) -> None:
     steps = np.arange(5) * 10
-    rf.write_quadratics_run(tmp_path / "q.h5", np.geomspace(1, 1e-8, 5), steps, train_loss=_losses([50.0, 80.0, 90.0, 101.0])[:5])
-    rf.write_quadratics_run(tmp_path / "ok.h5", np.geomspace(1, 1e-8, 5), steps, train_loss=_losses([50.0, 20.0, 9.0, 99.0])[:5], algo="dpsgd", topology="ring")
+    rf.write_quadratics_run(
+        tmp_path / "q.h5",
+        np.geomspace(1, 1e-8, 5),
+        steps,
+        train_loss=_losses([50.0, 80.0, 90.0, 101.0])[:5],
+    )
+    rf.write_quadratics_run(
+        tmp_path / "ok.h5",
+        np.geomspace(1, 1e-8, 5),
+        steps,
+        train_loss=_losses([50.0, 20.0, 9.0, 99.0])[:5],
+        algo="dpsgd",
+        topology="ring",
+    )
     assert report.main([str(tmp_path)]) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if "unstable" in line]
     assert len(notes) == 1 and "q.h5" in notes[0] and "world_size=4" in notes[0]

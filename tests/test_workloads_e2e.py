@@ -1,4 +1,5 @@
-"""The paper's ImageNet and AG News workloads through the one training loop, both backends, into the report."""
+"""The paper's ImageNet and AG News workloads through the one training loop, both backends, into the
+report."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ def _train(args, mpi=None):
 
 @pytest.fixture(scope="module")
 def imagenet_dir(tmp_path_factory):
-    return make_imagenet_dir(tmp_path_factory.mktemp("imagenet"), train_per_class=4, val_per_class=2)
+    return make_imagenet_dir(
+        tmp_path_factory.mktemp("imagenet"), train_per_class=4, val_per_class=2
+    )
 
 
 @pytest.fixture(scope="module")
@@ -55,17 +58,24 @@ def _csv_rows(path: Path) -> int:
 
 
 def _check_rows(run, num_train: int, num_test: int) -> None:
-    """One row per step (eval every step, plus the initial model), epochs, and per-worker metrics."""
+    """One row per step (eval every step, plus the initial model), epochs, and per-worker
+    metrics."""
     assert run.status == "completed"
     assert run.data["step"].tolist() == list(range(STEPS + 1))
-    steps_per_epoch = math.ceil(num_train / (WORKERS * BATCH))  # all workers together see the training set once
-    np.testing.assert_allclose(run.data["epoch"], np.arange(STEPS + 1) / steps_per_epoch, rtol=0, atol=1e-12)
+    steps_per_epoch = math.ceil(
+        num_train / (WORKERS * BATCH)
+    )  # all workers together see the training set once
+    np.testing.assert_allclose(
+        run.data["epoch"], np.arange(STEPS + 1) / steps_per_epoch, rtol=0, atol=1e-12
+    )
     for key in ("test_accuracy", "test_loss", "train_loss", "bytes_sent"):
         assert run.data[key].shape == (STEPS + 1, WORKERS), key
     accuracy = run.data["test_accuracy"]
     correct = accuracy * num_test  # each worker's own model on the full test set
     np.testing.assert_allclose(correct, np.round(correct), rtol=0, atol=1e-9)
-    assert np.isfinite(run.data["test_loss"]).all() and np.isfinite(run.data["train_loss"][1:]).all()
+    assert (
+        np.isfinite(run.data["test_loss"]).all() and np.isfinite(run.data["train_loss"][1:]).all()
+    )
     sent = run.data["bytes_sent"]  # the same messages every step: grows linearly from 0
     assert (sent[0] == 0).all() and (sent[1] > 0).all()
     np.testing.assert_array_equal(sent, np.arange(STEPS + 1)[:, None] * sent[1])
@@ -75,15 +85,25 @@ def _check_backends_agree(local, mpi) -> None:
     assert (local.status, mpi.status) == ("completed", "completed")
     for key in NUMBERS:
         np.testing.assert_array_equal(local.data[key], mpi.data[key], err_msg=key)
-    differ = {k for k in local.config.keys() | mpi.config.keys() if local.config.get(k) != mpi.config.get(k)}
+    differ = {
+        k
+        for k in local.config.keys() | mpi.config.keys()
+        if local.config.get(k) != mpi.config.get(k)
+    }
     assert differ <= {"out", "workers", "backend", "relay_in_place"}, differ
-    assert (local.provenance["transport_backend"], mpi.provenance["transport_backend"]) == ("local", "mpi")
+    assert (local.provenance["transport_backend"], mpi.provenance["transport_backend"]) == (
+        "local",
+        "mpi",
+    )
 
 
 def _report_row(out: str, label: str, topology: str, run) -> None:
-    """The report's row for this run: the label, the topology and the mean-over-workers metric (by hand)."""
+    """The report's row for this run: the label, the topology and the mean-over-workers metric (by
+    hand)."""
     epoch, accuracy = run.data["epoch"], run.data["test_accuracy"]
-    window = (epoch > epoch.max() - 5) & (epoch > 0)  # shorter than 5 epochs: every evaluation after the first
+    window = (epoch > epoch.max() - 5) & (
+        epoch > 0
+    )  # shorter than 5 epochs: every evaluation after the first
     value = f"{100 * accuracy[window].mean(axis=0).mean():.1f}%"
     rows = [line.split() for line in out.splitlines()]
     wanted = [*label.split(), topology, value]
@@ -92,7 +112,19 @@ def _report_row(out: str, label: str, topology: str, run) -> None:
 
 
 def test_imagenet_runs_on_both_backends_and_reaches_the_report(tmp_path, imagenet_dir):
-    args = ["--task", "imagenet", "--data-dir", imagenet_dir, "--algo", "relay", "--alpha", "0.1", "--loader-workers", 0, *COMMON]
+    args = [
+        "--task",
+        "imagenet",
+        "--data-dir",
+        imagenet_dir,
+        "--algo",
+        "relay",
+        "--alpha",
+        "0.1",
+        "--loader-workers",
+        0,
+        *COMMON,
+    ]
     _train([*args, "--backend", "local", "--workers", WORKERS, "--out", tmp_path / "local.h5"])
     local = read_run(tmp_path / "local.h5")
     _check_rows(local, _images(Path(imagenet_dir) / "train"), _images(Path(imagenet_dir) / "val"))
@@ -108,10 +140,35 @@ def test_imagenet_runs_on_both_backends_and_reaches_the_report(tmp_path, imagene
 def test_agnews_runs_on_both_backends_and_reaches_the_report(tmp_path, agnews_dirs):
     """In-process with --relay-in-place against MPI with separate send buffers: the same numbers."""
     data_dir, model_dir = agnews_dirs
-    args = ["--task", "agnews", "--data-dir", data_dir, "--model-dir", model_dir, "--algo", "relay", "--alpha", "0.1", *COMMON]
-    _train([*args, "--backend", "local", "--workers", WORKERS, "--relay-in-place", "--out", tmp_path / "local.h5"])
+    args = [
+        "--task",
+        "agnews",
+        "--data-dir",
+        data_dir,
+        "--model-dir",
+        model_dir,
+        "--algo",
+        "relay",
+        "--alpha",
+        "0.1",
+        *COMMON,
+    ]
+    _train(
+        [
+            *args,
+            "--backend",
+            "local",
+            "--workers",
+            WORKERS,
+            "--relay-in-place",
+            "--out",
+            tmp_path / "local.h5",
+        ]
+    )
     local = read_run(tmp_path / "local.h5")
-    _check_rows(local, _csv_rows(Path(data_dir) / "train.csv"), _csv_rows(Path(data_dir) / "test.csv"))
+    _check_rows(
+        local, _csv_rows(Path(data_dir) / "train.csv"), _csv_rows(Path(data_dir) / "test.csv")
+    )
     assert (local.config["topology"], local.config["optimizer"]) == ("chain", "adam")
     if mpirun_path():
         _train([*args, "--out", tmp_path / "mpi.h5"], mpi=WORKERS)
@@ -119,4 +176,3 @@ def test_agnews_runs_on_both_backends_and_reaches_the_report(tmp_path, agnews_di
     out = _report(tmp_path)
     assert "Test accuracy: agnews, 2 workers" in out
     _report_row(out, "RelaySGD (Adam)", "chain", local)
-
