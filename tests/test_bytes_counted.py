@@ -260,6 +260,7 @@ def test_show_and_the_cost_table_give_each_workers_inter_node_bytes(tmp_path, ca
     assert float(rows["relay"]["inter_node_bytes_per_step"]) > 0
 
 
+@pytest.mark.slow
 def test_a_run_resumed_in_an_older_file_goes_on_without_the_new_dataset(tmp_path):
     """A file written before inter_node_bytes_sent was recorded keeps its datasets on resume."""
     out, ckpt = tmp_path / "r.h5", tmp_path / "ckpt"

@@ -12,6 +12,9 @@ import pytest
 from relaympi.results import read_run
 from tests.conftest import env_for_subprocess
 
+# every test launches the trainer as a process (about 2 s each)
+pytestmark = pytest.mark.slow
+
 RUN = [
     "--task",
     "digits",

@@ -73,6 +73,7 @@ def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_report_names_each_damaged_file_and_tabulates_the_rest(damaged) -> None:
     root, bad, good = damaged
     started = time.monotonic()
@@ -95,6 +96,7 @@ def test_report_names_each_damaged_file_and_tabulates_the_rest(damaged) -> None:
     assert elapsed < 30, elapsed
 
 
+@pytest.mark.slow
 def test_results_status_and_show_give_up_on_an_endless_file(damaged) -> None:
     _, bad, good = damaged
     endless = bad[: len(ENDLESS)]
@@ -175,6 +177,7 @@ def test_reading_in_workers_gives_the_same_runs_and_reasons(damaged, tmp_path) -
             np.testing.assert_array_equal(outcome.data[name], expected.data[name])
 
 
+@pytest.mark.slow
 def test_a_process_with_threads_reads_in_workers_that_are_not_forks_of_it(damaged) -> None:
     from relaympi.results import RunFileError
 

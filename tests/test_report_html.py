@@ -137,6 +137,7 @@ def _browse(page: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProce
     return result
 
 
+@pytest.mark.slow
 def test_a_browser_loads_the_page_without_errors(written: tuple[Path, str], tmp_path) -> None:
     out, _ = written
     page = out / PAGE_NAME

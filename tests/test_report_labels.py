@@ -143,6 +143,7 @@ def _overlap(a, b) -> bool:
     return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
 
 
+@pytest.mark.slow
 def test_legends_cover_neither_title_caption_nor_axes(
     sweep: Path, tmp_path: Path, monkeypatch
 ) -> None:

@@ -32,6 +32,7 @@ def _train(*args: str) -> None:
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 def test_save_problem_then_problem_file_runs_share_one_table(tmp_path: Path) -> None:
     """The recipe in the docs: relay generates and saves the problem, d2 reads it; a relay rerun
     on the file gives the same numbers and is a duplicate."""

@@ -17,6 +17,9 @@ from relaympi.training.run_file import print_summary
 from tests import run_factories as rf
 from tests.conftest import env_for_subprocess, mpirun_path, requires_mpirun
 
+# most tests launch the trainer as a process (2-17 s each)
+pytestmark = pytest.mark.slow
+
 DIGITS = ["--task", "digits", "--backend", "local"]
 
 

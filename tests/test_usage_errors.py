@@ -11,6 +11,9 @@ import pytest
 from relaympi.entrypoint import UsageParser
 from tests.conftest import ROOT, env_for_subprocess, mpirun_path, requires_mpirun
 
+# every test launches a command line as a process (about 2 s each)
+pytestmark = pytest.mark.slow
+
 TRAIN_HELP = " (see `python -m relaympi.train --help`)\n"
 
 
