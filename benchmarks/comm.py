@@ -1,3 +1,4 @@
+# Long module: one program timing every communication operation with one harness
 """Communication micro-benchmark: RelaySum, the RelaySGD step, gossip, SGP and allreduce against raw
 Isend/Irecv.
 

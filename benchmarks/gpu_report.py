@@ -1,3 +1,4 @@
+# Long module: the GPU check's one reporting tool: a subcommand per stage, one table format
 """GPU checks: MPI CUDA-awareness, a device-buffer communication benchmark, training memory, a
 summary.
 
@@ -44,7 +45,6 @@ import numpy as np
 from relaympi.comm.buffers import loaded_libmpi
 
 MEMORY_SUFFIX = ".mem-rank"
-
 
 # -- MPI CUDA-awareness ---------------------------------------------------------------------
 

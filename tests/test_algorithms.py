@@ -1,6 +1,8 @@
 """Message-passing algorithms against the matrix-form oracle, hand-derived trajectories, and
 refusals."""
 
+# Long module: the one table of algorithm cases against the matrix-form oracle
+
 from __future__ import annotations
 
 from fractions import Fraction

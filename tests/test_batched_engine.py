@@ -15,6 +15,8 @@ lost message moves the loss by > 1e-3). Test accuracies may differ by an image w
 logits are within that noise: at most one image per worker.
 """
 
+# Long module: the batched engine against message passing, case by case
+
 from __future__ import annotations
 
 import math

@@ -7,6 +7,8 @@ module: started by the ``nodes`` fixture in a folder of its own, on ports and a 
 namespace, link, daemon or file. Without root, namespaces or SLURM the tests skip with the reason.
 """
 
+# Long module: the emulated multi-node cluster, started once for all its tests
+
 from __future__ import annotations
 
 import contextlib

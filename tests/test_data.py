@@ -1,6 +1,8 @@
 """`python -m relaympi.data`: fetch (from a local HTTP server), check, prepare-imagenet, default
 root."""
 
+# Long module: one table of cases per on-disk format, each with its writer
+
 from __future__ import annotations
 
 import hashlib

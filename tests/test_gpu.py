@@ -17,6 +17,8 @@ tensors instead (a dry run of the test logic on a machine without a GPU; cupy te
 need cupy and a GPU).
 """
 
+# Long module: the GPU paths of every buffer kind, skipped without a GPU
+
 from __future__ import annotations
 
 import copy

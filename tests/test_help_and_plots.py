@@ -1,6 +1,8 @@
 """The report's plots say what they show and keep every series apart; the command
 lines' help, usage lines and advice are complete and lead somewhere."""
 
+# Long module: every command's --help and every plot the report draws
+
 from __future__ import annotations
 
 import os

@@ -125,3 +125,22 @@ def test_the_docs_layout_names_real_modules_and_where_new_pieces_go() -> None:
         assert line and home in line.group(1), (
             f"docs/contributing.md says nowhere where a new {piece} goes"
         )
+
+
+LONG_MODULE_LINES = 500
+
+
+def test_a_module_over_500_lines_says_why_at_its_top() -> None:
+    """A module is short enough to read at once, or says in one line near its top why it is not."""
+    root = Path(__file__).resolve().parent.parent
+    unexplained = []
+    for tree in ("relaympi", "benchmarks", "jobs", "scripts", "tests"):
+        for path in sorted((root / tree).rglob("*.py")):
+            lines = path.read_text(encoding="utf-8").splitlines()
+            if len(lines) > LONG_MODULE_LINES and not any(
+                line.startswith("# Long module: ") for line in lines[:20]
+            ):
+                unexplained.append(f"{path.relative_to(root)} ({len(lines)} lines)")
+    assert not unexplained, "over 500 lines without a '# Long module: ' reason: " + ", ".join(
+        unexplained
+    )

@@ -8,6 +8,8 @@ aside) for every algorithm and relay mode, chunked and in-place RelaySum, drops,
 a checkpoint resumed with the other setting, and on MPI ranks (the spmd test under mpirun -n 4).
 """
 
+# Long module: every part of --overlap (buckets, hooks, resolution, run files) in one place
+
 from __future__ import annotations
 
 import dataclasses

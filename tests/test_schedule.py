@@ -7,6 +7,8 @@ by the code under test. The run-file tests use digits with a large batch so that
 three steps (the recipe's shape in miniature), or small quadratics.
 """
 
+# Long module: every rule that shapes a run's steps, against values counted by hand
+
 from __future__ import annotations
 
 import json

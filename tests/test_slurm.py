@@ -5,6 +5,8 @@ The cluster tests need a reachable cluster: `bash cluster/local_cluster.sh insta
 cluster/local_cluster.sh start` and the printed `export SLURM_CONF=...`.
 """
 
+# Long module: the sweeps against a real SLURM cluster, one fixture for all
+
 from __future__ import annotations
 
 import csv

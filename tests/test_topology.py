@@ -1,5 +1,7 @@
 """Tests for relaympi.topology: graph invariants, schedules, gossip weights, lr correction, CLI."""
 
+# Long module: every topology family against hand-derived graphs, delays and weights
+
 from __future__ import annotations
 
 import itertools

@@ -1,5 +1,7 @@
 """`python -m relaympi.train` end to end: contracts, both backends, resume, failures, bad input."""
 
+# Long module: the trainer end to end: engines, resume, signals, run files
+
 from __future__ import annotations
 
 import os

@@ -1,6 +1,8 @@
 """RelaySum (paper Algorithm 1): per-edge relayed messages with counters, on one or more spanning
 trees, for one worker."""
 
+# Long module: RelaySum's one mechanism (messages, counters, drops, ranges)
+
 from __future__ import annotations
 
 from collections.abc import Callable

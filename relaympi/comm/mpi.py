@@ -5,6 +5,8 @@ Its parts that need no MPI call of their own live beside it: device staging (sta
 fixed-tree sum's schedule (tree_allreduce.py) and the progress thread (progress.py).
 """
 
+# Long module: the only module importing mpi4py: the communicator and its requests
+
 from __future__ import annotations
 
 import atexit

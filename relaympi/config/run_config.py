@@ -1,5 +1,7 @@
 """RunConfig: everything that defines a run, each field with its command-line flag and its text."""
 
+# Long module: RunConfig is one dataclass, a field per flag with its one text
+
 from __future__ import annotations
 
 import argparse

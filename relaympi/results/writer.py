@@ -1,6 +1,8 @@
 """Writing a run file: one process (rank 0) creates or reopens it and appends a row per
 evaluation."""
 
+# Long module: every write of a run file (create, resume, append, close) in one place
+
 from __future__ import annotations
 
 import fcntl

@@ -6,6 +6,8 @@ is built on first use, and dense n x n matrices (``delays``, ``mixing_matrix``) 
 algorithm or a test asks for them.
 """
 
+# Long module: Topology, the frozen value every layer reads, and its derived facts
+
 from __future__ import annotations
 
 import operator
