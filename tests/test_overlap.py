@@ -713,12 +713,13 @@ def _wait_with_sends_held_back(comm, blocking: str) -> bool:
     (a receive's wait, or a collective) before waiting for the send: the blocking call must post
     the rank's queued sends first, or every rank waits there for the others' (the hang of
     --device cuda --overlap after its first step)."""
-    from relaympi.comm.mpi import _StagedSend
+    from relaympi.comm.staging import StagedSend
 
     left, right = (comm.rank - 1) % comm.world_size, (comm.rank + 1) % comm.world_size
     send, recv = torch.full((5,), float(comm.rank)), torch.full((5,), -1.0)
     comm._async_staging = lambda buf: buf is send  # the send goes through the staging queue
-    comm._stage_send = lambda buf, slot, peer, tag: _StagedSend(
+    staging = comm._staging
+    staging.stage_send = lambda buf, slot, peer, tag: StagedSend(
         buf.clone(), _CopyStillRunning(), peer, tag
     )
     try:
@@ -730,7 +731,7 @@ def _wait_with_sends_held_back(comm, blocking: str) -> bool:
         received.wait()
         sent.wait()
     finally:
-        del comm._async_staging, comm._stage_send
+        del comm._async_staging, staging.stage_send
     return bool((recv == float(left)).all())
 
 
