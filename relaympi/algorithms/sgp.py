@@ -24,7 +24,7 @@ class SGPMatrix(MatrixForm):
 
     def __init__(self, matrix_algorithm):
         super().__init__(matrix_algorithm)
-        self.schedule = ExponentialSchedule(matrix_algorithm.n)
+        self.schedule = ExponentialSchedule(matrix_algorithm.n, any_size=True)
 
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
         Y = X + self.matrix_algorithm.optimizer.update(G, X, lr)
@@ -52,7 +52,8 @@ class SGP(RangedAlgorithm):
 
     def _setup(self, x0: torch.Tensor) -> None:
         try:
-            self.schedule = ExponentialSchedule(self.topology.world_size)
+            # the topology refused a count that is not a power of two, unless survivors built it
+            self.schedule = ExponentialSchedule(self.topology.world_size, any_size=True)
         except TopologyError as exc:
             raise AlgorithmError(f"sgp: {exc}") from exc
         # one gossip mixer per hop length: W(t') sends to i - o and mixes in i + o with weights 1/2

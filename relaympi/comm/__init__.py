@@ -2,7 +2,15 @@
 
 from collections.abc import Sequence
 
-from relaympi.comm.base import CommError, Communicator, DropPolicy, RemoteFailure, Request
+from relaympi.comm.base import (
+    CommError,
+    Communicator,
+    DropPolicy,
+    PeerLost,
+    RemoteFailure,
+    Request,
+    Vanished,
+)
 from relaympi.comm.buffers import BufferError, query_cuda_aware_mpi
 from relaympi.comm.local import LocalCommunicator, LocalWorld, WorldAborted, run_local
 
@@ -50,8 +58,10 @@ __all__ = [
     "DropPolicy",
     "LocalCommunicator",
     "LocalWorld",
+    "PeerLost",
     "RemoteFailure",
     "Request",
+    "Vanished",
     "WorldAborted",
     "mpi_communicator",
     "query_cuda_aware_mpi",

@@ -27,6 +27,19 @@ class RemoteFailure(CommError):
     """Another rank failed (or the world was aborted) while this rank was waiting for it."""
 
 
+class PeerLost(CommError):
+    """A rank of this world is gone (its process died, or an injected loss made it vanish) and the
+    world is revoked: every survivor's next call raises this until it calls ``shrink``.
+
+    Raised only by a communicator that ``survive_losses`` was called on; elsewhere a lost rank
+    fails the run (RemoteFailure, or MPI's own error)."""
+
+
+class Vanished(BaseException):  # noqa: N818 - not an error: a worker leaving on purpose
+    """Raised in an in-process rank that an injected loss removes: it leaves its thread at once, as
+    a killed process would (no failure recorded, nothing reported)."""
+
+
 class DropPolicy:
     """Seeded, reproducible simulated message loss.
 
@@ -428,6 +441,30 @@ class Communicator(ABC):
         if self._in_flight is None:
             self._in_flight = []
         self._in_flight = [r for r in self._in_flight if not r.test()]
+
+    # -- membership: the survivors of a lost rank (--on-failure continue, docs/membership.md) ----
+    def survive_losses(self) -> None:
+        """From now on a lost rank raises PeerLost in the survivors' calls, instead of failing the
+        run.
+
+        Raises:
+            CommError: this backend cannot survive a lost rank (one line: which, and what can).
+        """
+        raise CommError(f"the {self.backend} backend cannot survive a lost rank")
+
+    def shrink(self) -> tuple[Communicator, tuple[int, ...]]:
+        """After PeerLost: collective over the survivors. The communicator of the survivors (ranks
+        renumbered in their old order, nodes kept) and the old ranks that were lost.
+
+        Raises:
+            PeerLost: another rank was lost while shrinking (shrink again).
+        """
+        raise CommError(f"the {self.backend} backend cannot survive a lost rank")
+
+    def vanish(self) -> None:
+        """This rank leaves the world at once, as a killed process would (an injected loss): never
+        returns."""
+        raise CommError(f"the {self.backend} backend cannot lose a rank on purpose")
 
     @abstractmethod
     def abort(self, code: int = 1) -> None:

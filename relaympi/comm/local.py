@@ -10,7 +10,16 @@ from typing import Any
 import numpy as np
 
 from relaympi.comm import buffers
-from relaympi.comm.base import Communicator, DropPolicy, RemoteFailure, Request, checked_nodes
+from relaympi.comm.base import (
+    Communicator,
+    DropPolicy,
+    PeerLost,
+    RemoteFailure,
+    Request,
+    Vanished,
+    checked_nodes,
+    number_nodes,
+)
 
 
 class WorldAborted(RemoteFailure):
@@ -44,6 +53,12 @@ class LocalWorld:
         self._sums: dict[
             int, _PendingSum
         ] = {}  # nonblocking all-reduces in flight, by sequence number
+        # membership (--on-failure continue): ranks that vanished, whether losses are survived
+        # (else a vanished rank aborts the world), and the survivors' shrink rendezvous
+        self.lost: set[int] = set()
+        self.survives = False
+        self._shrinking: set[int] = set()
+        self._shrunk: tuple[LocalWorld, tuple[int, ...], tuple[int, ...]] | None = None
 
     def communicator(self, rank: int) -> LocalCommunicator:
         return LocalCommunicator(self, rank)
@@ -53,10 +68,53 @@ class LocalWorld:
             if self._aborted is None:
                 self._aborted = reason
             self._cond.notify_all()
+            shrunk = self._shrunk
+        if shrunk is not None:  # the survivors' world: a failure there must release them too
+            shrunk[0].abort(reason)
 
     def _check(self) -> None:
         if self._aborted is not None:
             raise WorldAborted(f"local world aborted: {self._aborted}")
+        if self.lost and self.survives:
+            lost = ", ".join(str(r) for r in sorted(self.lost))
+            raise PeerLost(f"local world revoked: rank {lost} lost")
+
+    def lose(self, rank: int) -> None:
+        """Rank ``rank`` vanished: the world is revoked (every survivor's next call raises
+        PeerLost), or aborted where losses are not survived."""
+        with self._cond:
+            self.lost.add(rank)
+            if not self.survives and self._aborted is None:
+                self._aborted = f"rank {rank} vanished"
+            self._cond.notify_all()
+
+    def shrink(self, rank: int) -> tuple[LocalWorld, int, tuple[int, ...]]:
+        """Rank ``rank``'s part of the survivors' shrink: once every rank not lost arrived, the
+        survivors' new world (ranks in old order, nodes kept), this rank's rank in it and the old
+        ranks lost."""
+        with self._cond:
+            if self._aborted is not None:
+                raise WorldAborted(f"local world aborted: {self._aborted}")
+            self._shrinking.add(rank)
+            self._cond.notify_all()
+            while self._shrunk is None:
+                alive = set(range(self.world_size)) - self.lost
+                if alive <= self._shrinking:
+                    survivors = tuple(sorted(alive))
+                    world = LocalWorld(
+                        len(survivors),
+                        self.drops,
+                        number_nodes([self.nodes[r] for r in survivors]),
+                    )
+                    world.survives = True
+                    self._shrunk = (world, survivors, tuple(sorted(self.lost)))
+                    self._cond.notify_all()
+                    break
+                if self._aborted is not None:
+                    raise WorldAborted(f"local world aborted: {self._aborted}")
+                self._cond.wait(timeout=1.0)
+            world, survivors, lost = self._shrunk
+            return world, survivors.index(rank), lost
 
     def _deliver(self, src: int, dst: int, tag: int, payload: Any) -> None:
         with self._cond:
@@ -242,9 +300,23 @@ class LocalCommunicator(Communicator):
     def abort(self, code: int = 1) -> None:
         self.world.abort(f"rank {self.rank} called abort({code})")
 
+    def survive_losses(self) -> None:
+        self.world.survives = True
+
+    def shrink(self) -> tuple[Communicator, tuple[int, ...]]:
+        world, rank, lost = self.world.shrink(self.rank)
+        return world.communicator(rank), lost
+
+    def vanish(self) -> None:
+        self.world.lose(self.rank)
+        raise Vanished(f"rank {self.rank} vanished")
+
     @property
     def backend(self) -> str:
         return "local"
+
+
+VANISHED = "vanished"  # run_local's result for a rank that vanished (an injected loss)
 
 
 def run_local(
@@ -292,6 +364,8 @@ def run_local(
     def body(rank: int) -> None:
         try:
             results[rank] = fn(world.communicator(rank), *args, **kwargs)
+        except Vanished:  # an injected loss: the rank is gone (vanish() revoked its world)
+            results[rank] = VANISHED
         except BaseException as exc:  # noqa: BLE001 - every failure must release the other ranks
             with lock:
                 errors.append((rank, exc))

@@ -10,6 +10,9 @@ fixed-tree sum's schedule (tree_allreduce.py) and the progress thread (progress.
 from __future__ import annotations
 
 import atexit
+import functools
+import os
+import signal
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -23,6 +26,7 @@ from relaympi.comm.base import (
     PROGRESS_INTERVAL_S,
     Communicator,
     DropPolicy,
+    PeerLost,
     RemoteFailure,
     Request,
     number_nodes,
@@ -33,6 +37,27 @@ from relaympi.comm.tree_allreduce import SUM_STAGES, tree_sum
 
 _FAILURE_TAG = 0x7E
 _FAILURE_BYTES = 1 << 16
+
+
+def _lost_on_failure(method: Any) -> Any:
+    """A method of a communicator (or of a request with ``_comm``) under --on-failure continue:
+    an MPI error (a dead peer, a revoked communicator) revokes this rank's communicators, so that
+    no survivor stays blocked on a live rank that waits for the dead one, and raises PeerLost."""
+
+    @functools.wraps(method)
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        comm = getattr(self, "_comm", self)
+        if not comm.survives:
+            return method(self, *args, **kwargs)
+        try:
+            return method(self, *args, **kwargs)
+        except MPI.Exception as exc:
+            comm._revoke()
+            raise PeerLost(
+                f"rank {comm.rank}: a rank is gone ({exc.Get_error_string().strip()})"
+            ) from None
+
+    return guarded
 
 
 def world_size() -> int:
@@ -88,6 +113,7 @@ class _MPIRequest(Request):
             self._staged = []
         return self._requests
 
+    @_lost_on_failure
     def wait(self) -> frozenset[int]:
         if not self._done:
             requests = self._all_requests(block=True)
@@ -98,6 +124,7 @@ class _MPIRequest(Request):
             self._done = True
         return self._delivered
 
+    @_lost_on_failure
     def test(self) -> bool:
         if self._done:
             return True
@@ -129,6 +156,7 @@ class _TreeSumRequest(Request):
             for finish in self._on_complete:
                 finish()
 
+    @_lost_on_failure
     def test(self) -> bool:
         if self._done:
             return True
@@ -137,6 +165,7 @@ class _TreeSumRequest(Request):
             self._finish()
         return self._done
 
+    @_lost_on_failure
     def wait(self) -> frozenset[int]:
         if self._comm._staged_sends:  # as _wait: no blocking with this rank's sends held back
             self._comm._post_staged(until=self._comm._staged_sends[-1])
@@ -205,6 +234,7 @@ class MPICommunicator(Communicator):
         # failed its set-up and waits in another collective, would leave the others waiting)
         self._progress_comm = (comm or MPI.COMM_WORLD).Dup()
         self._progress_thread: ProgressThread | None = None
+        self.survives = False  # survive_losses(): an MPI error raises PeerLost (ULFM)
         atexit.register(self.close)
 
     # -- progress while the ranks compute (--overlap) ----------------------------------------
@@ -246,8 +276,11 @@ class MPICommunicator(Communicator):
             self._progress_thread.close()
             self._progress_thread = None
         if self._failure_req is not None:
-            self._failure_req.Cancel()
-            self._failure_req.Wait()
+            try:
+                self._failure_req.Cancel()
+                self._failure_req.Wait()
+            except MPI.Exception:  # a revoked communicator (a lost rank): nothing left to cancel
+                pass
             self._failure_req = None
 
     # -- waiting ---------------------------------------------------------------------------
@@ -346,6 +379,7 @@ class MPICommunicator(Communicator):
             if send is until:
                 return
 
+    @_lost_on_failure
     def _post(
         self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int, chunk: int = 0
     ) -> Request:
@@ -374,6 +408,7 @@ class MPICommunicator(Communicator):
             self._post_staged()  # whatever copies are done: their transfers start now
         return _MPIRequest(self, requests, frozenset(recvs), on_complete, staged)
 
+    @_lost_on_failure
     def _post_replace(self, items: list[tuple[int, Any, bool, bool]], tag: int) -> Request:
         requests, on_complete = [], []
         for peer, buf, send, recv in sorted(items, key=lambda item: item[0]):
@@ -413,6 +448,7 @@ class MPICommunicator(Communicator):
             ]
 
     # -- collectives -----------------------------------------------------------------------
+    @_lost_on_failure
     def allreduce_sum(self, buf: Any) -> None:
         buffers.check_transferable(buf, "allreduce buffer")
         if buffers.is_half(buf):
@@ -436,6 +472,7 @@ class MPICommunicator(Communicator):
         else:
             self._wait([self.comm.Iallreduce(MPI.IN_PLACE, buffers.host_view(buf), op=MPI.SUM)])
 
+    @_lost_on_failure
     def iallreduce_sum(self, buf: Any) -> Request:
         """Nonblocking, and the same bits for any cut (tree_sum, not MPI_Iallreduce); device memory
         and bfloat16/float16 are summed on the host in float32, as allreduce_sum stages them."""
@@ -469,26 +506,32 @@ class MPICommunicator(Communicator):
         for request in list(self._sums):
             request.advance()
 
+    @_lost_on_failure
     def allreduce_flags(self, values: np.ndarray) -> np.ndarray:
         values = np.ascontiguousarray(values, dtype=np.float64).copy()
         self._wait([self.comm.Iallreduce(MPI.IN_PLACE, values, op=MPI.MAX)])
         return values
 
+    @_lost_on_failure
     def gather_rows(self, row: np.ndarray) -> np.ndarray | None:
         row = np.ascontiguousarray(row, dtype=np.float64)
         out = np.empty((self.world_size, row.shape[0])) if self.rank == 0 else None
         self._wait([self.comm.Igather(row, out, root=0)])
         return out
 
+    @_lost_on_failure
     def gather(self, obj: Any) -> list[Any] | None:
         return self.comm.gather(obj, root=0)
 
+    @_lost_on_failure
     def bcast(self, obj: Any) -> Any:
         return self.comm.bcast(obj, root=0)
 
+    @_lost_on_failure
     def barrier(self) -> None:
         self._wait([self.comm.Ibarrier()])
 
+    @_lost_on_failure
     def progress(self) -> None:
         if self._staged_sends:
             self._post_staged()  # device sends whose host copy is done start now
@@ -497,6 +540,57 @@ class MPICommunicator(Communicator):
 
     def abort(self, code: int = 1) -> None:
         MPI.COMM_WORLD.Abort(code)
+
+    # -- membership (ULFM: Open MPI under --with-ft ulfm) --------------------------------------
+    def survive_losses(self) -> None:
+        self.survives = True
+
+    def _communicators(self) -> tuple[Any, ...]:
+        return (self.comm, self._sum_comm, self._failures, self._progress_comm)
+
+    def _revoke(self) -> None:
+        """Revoke every communicator of this rank (ULFM): each survivor's pending or next call on
+        them fails at once, wherever it waits."""
+        for comm in self._communicators():
+            try:
+                comm.Revoke()
+            except (MPI.Exception, NotImplementedError):
+                pass
+
+    def shrink(self) -> tuple[Communicator, tuple[int, ...]]:
+        self._revoke()
+        if self._progress_thread is not None:
+            self._progress_thread.close()
+            self._progress_thread = None
+        self._failure_req = None  # its receive died with the revoked communicator
+        try:
+            survivors_comm = self.comm.Shrink()
+        except MPI.Exception as exc:
+            raise PeerLost(f"rank {self.rank}: shrinking failed ({exc})") from None
+        try:
+            old = self.comm.Get_group()
+            new = survivors_comm.Get_group()
+            survivors = MPI.Group.Translate_ranks(new, list(range(new.Get_size())), old)
+            old.Free()
+            new.Free()
+            lost = tuple(sorted(set(range(self.world_size)) - set(survivors)))
+            healed = MPICommunicator(
+                survivors_comm,
+                self.drops,
+                self.cuda_aware,
+                number_nodes([self.nodes[r] for r in survivors]),
+            )
+        except MPI.Exception as exc:  # another rank died while the survivors rebuilt
+            raise PeerLost(f"rank {self.rank}: a rank was lost while shrinking ({exc})") from None
+        finally:
+            survivors_comm.Free()
+        healed.survives = True
+        return healed, lost
+
+    def vanish(self) -> None:
+        """An injected loss: this process dies as a killed one would (SIGKILL: no clean-up, no
+        MPI_Finalize), so the survivors see exactly what a real loss shows them."""
+        os.kill(os.getpid(), signal.SIGKILL)
 
     @property
     def backend(self) -> str:

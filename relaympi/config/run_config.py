@@ -230,6 +230,33 @@ class RunConfig:
         metavar="P",
         applies=(_DROPPABLE,),
     )
+    # what the survivors do when a worker is lost (docs/membership.md): stop (the run fails, a
+    # rerun resumes from its checkpoints) or continue (they shrink the membership and go on)
+    on_failure: str = flag_field(
+        "stop",
+        "what the other workers do when one is lost mid-run: stop (the run fails; default) or "
+        "continue (the survivors rebuild the topology among themselves and train to the end; MPI "
+        "needs Open MPI with ULFM, see `scripts/mpirun-ulfm`)",
+        choices=lambda: ("stop", "continue"),
+        numbers=False,
+        resume_free=True,
+        applies=(
+            Applies(
+                lambda c: c.get("on_failure") != "continue" or c.get("overlap") is not True,
+                lambda c: (
+                    "--on-failure continue redoes an interrupted step from its start, and "
+                    "--overlap starts the step inside backward (use --no-overlap)"
+                ),
+            ),
+            Applies(
+                lambda c: c.get("on_failure") != "continue" or not c.get("drop_prob"),
+                lambda c: (
+                    "--on-failure continue renumbers the workers after a loss, and simulated "
+                    "drops are decided by worker number (use --drop-prob 0)"
+                ),
+            ),
+        ),
+    )
     # algorithms' options: each applies to the algorithms whose options have it
     # (relaympi.algorithms.options), and its text starts with them
     relay_mode: str | None = flag_field(  # "counts" (Algorithm 1) unless given

@@ -19,6 +19,7 @@ import torch
 
 from relaympi.algorithms import make_algorithm
 from relaympi.comm import Communicator, run_local
+from relaympi.comm.local import VANISHED
 from relaympi.config import ConfigError
 from relaympi.launcher import cuda_overlap_mode
 from relaympi.optim import make_optimizer
@@ -26,6 +27,7 @@ from relaympi.training.buckets import GradientBuckets
 from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.evaluation import Evaluator
 from relaympi.training.loop import STOP, USAGE_ERRORS, TrainingLoop, WriterFactory, device_for
+from relaympi.training.membership import check_heals, survivor_topology
 from relaympi.training.plan import Plan
 from relaympi.training.run_file import writer_factory
 from relaympi.training.workloads import build_workload
@@ -37,7 +39,7 @@ def run(plan: Plan, out: Path, command: str, comm: Communicator | None = None) -
     """Train ``plan`` on this MPI rank (``comm``), or with every worker a thread of this process
     (``comm`` None); return the run's status (rank 0's, for threads)."""
     if comm is None:
-        return run_local(
+        statuses = run_local(
             plan.world_size,
             run_rank,
             plan,
@@ -45,7 +47,9 @@ def run(plan: Plan, out: Path, command: str, comm: Communicator | None = None) -
             command,
             drops=plan.drops,
             nodes=plan.nodes or None,
-        )[0]
+        )
+        # the lowest surviving rank's (it wrote the run file last)
+        return next(status for status in statuses if status != VANISHED)
     return run_rank(comm, plan, out, command)
 
 
@@ -79,8 +83,11 @@ class MessagePassingRank(TrainingLoop):
         self.comm, self.plan = comm, plan
         self.rank, self.n = comm.rank, comm.world_size
         self.is_root = self.rank == 0
-        self.workers = range(self.rank, self.rank + 1)
+        self.workers = range(self.rank, self.rank + 1)  # this worker's id for life (its first rank)
+        self.members, self.n0, self.nodes0 = list(range(self.n)), self.n, comm.nodes
         self.check_injection(self.n)
+        if plan.cfg.on_failure == "continue":
+            check_heals(plan)
         cfg = plan.cfg
         self.workload = build_workload(plan, self.rank, device_for(cfg, self.rank))
         self.num_classes = self.workload.num_classes
@@ -159,6 +166,42 @@ class MessagePassingRank(TrainingLoop):
 
     def report_failure(self, message: str) -> None:
         self.comm.report_failure(message)
+
+    # -- membership (--on-failure continue) -------------------------------------------------
+    def share_hosts(self, hosts: list[str] | None) -> list[str]:
+        return self.comm.bcast(hosts)
+
+    def survive_losses(self) -> None:
+        self.comm.survive_losses()
+
+    def vanish(self) -> None:
+        self.comm.vanish()
+
+    def shrink(self) -> tuple[Any, list[int]]:
+        new, lost = self.comm.shrink()
+        return new, [self.members[r] for r in lost]
+
+    def min_over(self, new: Any, value: int) -> int:
+        return int(-new.allreduce_flags(np.array([-float(value)]))[0])
+
+    def all_max(self, values: np.ndarray) -> np.ndarray:
+        return self.comm.allreduce_flags(values)
+
+    def rebuild(self, new: Any, lost: list[int], step: int) -> None:
+        old = self.comm
+        self.evaluator.carried_bytes += (float(old.bytes_sent.sum()), float(old.inter_node_bytes()))
+        self.members = [m for m in self.members if m not in lost]
+        self.comm, self.rank, self.n = new, new.rank, new.world_size
+        self.is_root = self.rank == 0
+        plan, cfg = self.plan, self.plan.cfg
+        topology = survivor_topology(plan, [self.nodes0[m] for m in self.members])
+        # the heal rule: each algorithm built again from the survivors' models (its class says
+        # what that restarts); the model and the local optimizer's state are the survivor's own
+        self.algorithm = make_algorithm(
+            cfg.algo, new, topology, self.optimizer, self.workload.x, plan.algorithm_options
+        )
+        self.evaluator.comm, self.evaluator.members = new, self.members
+        self.checkpoints.heal(self.rank, new.barrier, self.members, new.nodes)
 
     # -- the steps ----------------------------------------------------------------------------
     def gradient(self, step: int) -> float:

@@ -163,12 +163,13 @@ def hypercube(world_size: int) -> Topology:
     return Topology("hypercube", n, (edges,), facts=(facts,))
 
 
-def exponential(world_size: int) -> Topology:
-    """Union graph of SGP's exponential schedule (for display and delays); n a power of two >= 2.
+def exponential(world_size: int, any_size: bool = False) -> Topology:
+    """Union graph of SGP's exponential schedule (for display and delays); n a power of two >= 2
+    (any n >= 2 with ``any_size``: the survivors of a lost worker).
 
     Who talks to whom in which round is ExponentialSchedule's job.
     """
-    schedule = ExponentialSchedule(world_size)
+    schedule = ExponentialSchedule(world_size, any_size=any_size)
     n = schedule.world_size
     offsets = tuple(2**k for k in range(schedule.period))
     facts = LayerFacts(

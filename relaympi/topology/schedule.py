@@ -34,18 +34,22 @@ class ExponentialSchedule:
     A pure function of (round, rank): it never communicates.
     """
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, any_size: bool = False) -> None:
+        """``any_size``: any world_size >= 2, with hops 2^k < n and a period of ceil(log2 n)
+        rounds (the survivors of a lost worker; the average is exact only for a power of two).
+        Without it, a power of two only (the paper's schedule)."""
         if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)):
             raise TopologyError(
                 f"exponential schedule world_size must be an integer, got {world_size!r}"
             )
-        if world_size < 2 or not is_power_of_two(int(world_size)):
+        if world_size < 2 or not (any_size or is_power_of_two(int(world_size))):
             raise TopologyError(
                 "the exponential schedule needs a power of two world_size (2, 4, 8, 16, "
                 f"...), got {world_size}"
             )
         self.world_size = int(world_size)
-        self.period = self.world_size.bit_length() - 1  # log2 n
+        # log2 n for a power of two; ceil(log2 n) hops 1, 2, 4, ... < n otherwise
+        self.period = (self.world_size - 1).bit_length()
 
     def __repr__(self) -> str:
         return f"ExponentialSchedule(world_size={self.world_size})"

@@ -64,6 +64,19 @@ class Checkpoints:
         )
         self.directory = cfg.checkpoint_dir
         self.owner: dict[str, Any] = {}  # rank 0: the run file this run writes (see claim())
+        # after a lost worker (--on-failure continue): each rank still saves under its first rank
+        # (its id), the lowest survivor names the step, and meta.json lists the survivors
+        self.writes_meta = rank == 0
+        self.members: list[int] | None = None
+
+    def heal(
+        self, rank: int, barrier: Callable[[], None], members: list[int], nodes: Sequence[int]
+    ) -> None:
+        """Checkpoints of the survivors: ``rank`` in the new membership, its barrier, the ids of
+        the survivors (rank order)."""
+        self.writes_meta, self.barrier, self.members = rank == 0, barrier, list(members)
+        if self.nodes is not None:
+            self.nodes = [int(node) for node in nodes]
 
     @property
     def enabled(self) -> bool:
@@ -74,7 +87,7 @@ class Checkpoints:
         assert self.directory is not None  # called only where checkpointing is enabled
         checkpoint_files.save(self.directory, self.rank, step, state)
         self.barrier()
-        if self.rank == 0:
+        if self.writes_meta:
             engine = {"engine": self.engine} if self.engine else {}
             nodes = {"nodes": self.nodes} if self.nodes is not None else {}
             meta = {
@@ -82,6 +95,7 @@ class Checkpoints:
                 "world_size": self.world_size,
                 **engine,
                 **nodes,
+                **({"members": self.members} if self.members is not None else {}),
                 "config": resume_key(self.cfg),
                 "owner": self.owner,
             }
@@ -237,4 +251,12 @@ class Checkpoints:
                 "use another --checkpoint-dir or delete it"
             )
         step = int(meta["step"])
+        members = meta.get("members")
+        if members is not None and members != list(range(n)):
+            lost = sorted(set(range(n)) - set(members))
+            raise ConfigError(
+                f"the checkpoint in {self.directory} (step {step}) was saved after workers "
+                f"{', '.join(map(str, lost))} were lost, and resuming a shrunk run is not "
+                "supported yet: delete the folder to start again, or pass --overwrite"
+            )
         return step, checkpoint_files.load(self.directory, self.rank, step)

@@ -91,6 +91,12 @@ class Evaluator:
 
     def __init__(self, comm: Communicator, plan: Plan, schedule: Schedule, workload: Workload):
         self.comm, self.plan, self.schedule, self.workload = comm, plan, schedule, workload
+        # after a lost worker (--on-failure continue): the original ids of the current ranks, the
+        # run's first worker count (the run file's columns), and the bytes sent over earlier
+        # communicators (total, inter-node)
+        self.members: list[int] | None = None
+        self.n0 = comm.world_size
+        self.carried_bytes = np.zeros(2)
 
     def evaluate(
         self,
@@ -105,7 +111,11 @@ class Evaluator:
         (its
         RunWriter) and returns it."""
         record = worker_record(
-            self.workload, train_loss, bytes_sent, timers, float(self.comm.inter_node_bytes())
+            self.workload,
+            train_loss,
+            bytes_sent + self.carried_bytes[0],
+            timers,
+            float(self.comm.inter_node_bytes()) + self.carried_bytes[1],
         )
         columns = gather_record(self.comm, record)
         params = (
@@ -116,13 +126,23 @@ class Evaluator:
         if self.comm.rank != 0:
             return None
         assert columns is not None  # rank 0 gathers every rank's record
+        if self.members is not None:  # lost workers' columns: NaN
+            columns = {name: self._widened(values) for name, values in columns.items()}
         row: dict[str, Any] = {**row_header(self.schedule, step, elapsed), **columns}
         if params is not None:
-            row.update(self.workload.summarize(params))
+            row.update(self.workload.summarize(params))  # the survivors' iterates
             if self.plan.cfg.record_params:
-                row["params"] = params
+                row["params"] = self._widened(params)
         writer.append(row)
         return row
+
+    def _widened(self, values: np.ndarray) -> np.ndarray:
+        """The current workers' values (rows by rank) as the run's columns (rows by original id),
+        NaN for the lost ones."""
+        assert self.members is not None
+        wide = np.full((self.n0, *values.shape[1:]), np.nan)
+        wide[self.members] = values
+        return wide
 
 
 def log_line(

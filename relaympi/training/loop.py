@@ -4,6 +4,7 @@ checkpoints (start, state, restore), injected failures and how a run ends or fai
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from relaympi.comm.base import PeerLost, Vanished
 from relaympi.config import ConfigError, RunConfig
 from relaympi.launcher import launch
 from relaympi.tasks import TaskError
@@ -27,6 +29,7 @@ from relaympi.training.checkpoint_files import CheckpointError
 from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.clocks import EventClock, HostClock, Pending
 from relaympi.training.evaluation import Timers, log_line
+from relaympi.training.membership import FAULT_ENV, Snapshots, change_record, injected_losses
 from relaympi.training.plan import Plan, Schedule
 from relaympi.training.run_file import close_quietly, record_failure
 
@@ -39,7 +42,6 @@ STOP = (
     threading.Event()
 )  # set by SIGTERM/SIGUSR1/SIGINT: checkpoint at the next step boundary and exit
 
-FAULT_ENV = "RELAYMPI_INJECT_FAILURE"
 SIGNAL_ENV = "RELAYMPI_INJECT_SIGNAL"
 
 # rank 0 makes the run file's writer once the ranks agreed where to start:
@@ -65,19 +67,6 @@ def device_for(cfg: RunConfig, rank: int) -> str:
     local = launch().local_rank
     local = rank if local is None else local
     return f"cuda:{local % count}"
-
-
-def fault_injection() -> tuple[int, int] | None:
-    """RELAYMPI_INJECT_FAILURE=RANK:STEP makes that rank raise at that step (to test failure
-    handling)."""
-    value = os.environ.get(FAULT_ENV, "")
-    if not value:
-        return None
-    try:
-        rank, step = (int(v) for v in value.split(":"))
-    except ValueError as exc:
-        raise ConfigError(f"{FAULT_ENV}={value!r}; expected RANK:STEP, e.g. 1:5") from exc
-    return rank, step
 
 
 def signal_injection() -> tuple[signal.Signals, int] | None:
@@ -110,6 +99,12 @@ class TrainingLoop(ABC):
     algorithm: Any  # state_dict() / load_state_dict()
     is_root: bool  # this process writes the run file
     workers: range  # the workers (ranks) this process runs, for RELAYMPI_INJECT_FAILURE
+    # --on-failure continue (docs/membership.md): the original ids of the run's current workers, in
+    # rank order, and how many it started with (its run file's per-worker columns)
+    members: list[int]
+    n0: int
+    nodes0: tuple[int, ...]  # each original worker's node
+    hosts0: list[str]  # each original worker's host (one entry: every worker on that host)
     worker_noun: str  # what the error of an injected failure calls one: "rank" or "worker"
     num_classes: int | None = None  # recorded for the chance-accuracy check (classification)
 
@@ -126,7 +121,11 @@ class TrainingLoop(ABC):
         self.timers = Timers()
         self.wall_offset = 0.0  # seconds run before a resume
         self.t0 = time.perf_counter()
-        self.inject = fault_injection()
+        # RELAYMPI_INJECT_FAILURE: {step: [workers]}; they raise (--on-failure stop) or vanish
+        self.inject = injected_losses()
+        self.continues = False  # --on-failure continue: survivors of a lost worker carry on
+        self.snapshots = Snapshots()
+        self._pending_change: dict[str, Any] | None = None  # written after its first step
         # steps between host reads of the losses (the divergence check) and of the step timers:
         # 1 reads every step; more lets a GPU run ahead of the host (see _settle)
         self.check_lag = 1
@@ -137,11 +136,13 @@ class TrainingLoop(ABC):
 
     def check_injection(self, world_size: int) -> None:
         """Refuse a RELAYMPI_INJECT_FAILURE that names no worker of the run."""
-        if self.inject is not None and not 0 <= self.inject[0] < world_size:
-            raise ConfigError(
-                f"{FAULT_ENV} names {self.worker_noun} {self.inject[0]}, but the run has "
-                f"{self.worker_noun}s 0..{world_size - 1}"
-            )
+        for ranks in self.inject.values():
+            for rank in ranks:
+                if not 0 <= rank < world_size:
+                    raise ConfigError(
+                        f"{FAULT_ENV} names {self.worker_noun} {rank}, but the run has "
+                        f"{self.worker_noun}s 0..{world_size - 1}"
+                    )
 
     @property
     @abstractmethod
@@ -195,6 +196,7 @@ class TrainingLoop(ABC):
         self.prepare()
         self.t0 = time.perf_counter()
         hosts = self.hosts()
+        self.start_membership(hosts)
         if self.checkpoints.enabled:  # every node must see the folder before anyone resumes from it
             self.checkpoints.mark_host(socket.gethostname())
             self.checkpoints.barrier()
@@ -249,11 +251,9 @@ class TrainingLoop(ABC):
 
     def injected_failure(self, step: int) -> str | None:
         """The message of a failure RELAYMPI_INJECT_FAILURE asks for at this step, else None."""
-        if self.inject is not None and self.inject[1] == step and self.inject[0] in self.workers:
-            return (
-                f"injected failure on {self.worker_noun} {self.inject[0]} at step {step} "
-                f"({FAULT_ENV})"
-            )
+        for rank in self.inject.get(step, ()):
+            if rank in self.workers:
+                return f"injected failure on {self.worker_noun} {rank} at step {step} ({FAULT_ENV})"
         return None
 
     def elapsed(self) -> float:
@@ -322,6 +322,8 @@ class TrainingLoop(ABC):
         re-raised."""
         try:
             return self._run()
+        except Vanished:  # an injected loss: gone, as a killed process (nothing recorded)
+            raise
         except BaseException as exc:
             if self.writer is not None:
                 record_failure(self.writer, exc)
@@ -368,12 +370,32 @@ class TrainingLoop(ABC):
         return "completed"
 
     def _steps(self, bar: Any) -> None:
-        schedule, cfg, timers, x = self.schedule, self.plan.cfg, self.timers, self.x
+        """The steps from start_step to the end; under --on-failure continue, a lost worker's
+        survivors heal (``heal``) and go on from the step it interrupted."""
+        step = self.start_step
+        if self.continues:
+            self.snapshots.take(step, self.live_state(), (False, False))
+        while True:
+            try:
+                self._steps_from(step, bar)
+                if self._pending_change is not None:  # lost at the last evaluation
+                    self._write_change()
+                return
+            except PeerLost as lost:
+                if not self.continues:
+                    raise
+                step = self._heal(lost, bar)
+
+    def _steps_from(self, step: int, bar: Any) -> None:
+        schedule, cfg, timers = self.schedule, self.plan.cfg, self.timers
+        x = self.x
         clock = self._clock = EventClock() if x.is_cuda and self.check_lag > 1 else HostClock(x)
         pending: list[Pending] = []
-        step = self.start_step
         self._model_finite = True
         while True:
+            if self.continues and step in self.inject:
+                self.lose_injected(step, self.inject[step])
+                x = self.x  # the batched engine's rows of the survivors
             if step % schedule.eval_every == 0 or step == schedule.total_steps:
                 self._settle_or_stop(pending)  # the evaluation reads the losses and the model
                 t_eval = time.perf_counter()
@@ -389,7 +411,7 @@ class TrainingLoop(ABC):
             ):
                 self._settle_or_stop(pending)  # never checkpoint past a diverged step
                 self.checkpoints.save(step, self.state())
-            failure = self.injected_failure(step)
+            failure = None if self.continues else self.injected_failure(step)
             if failure is not None:
                 raise RuntimeError(failure)
             if (
@@ -412,9 +434,13 @@ class TrainingLoop(ABC):
             bad_step = None
             if len(pending) >= self.check_lag or stop or logs:
                 bad_step = self._settle(pending)
+            if self.continues:  # what this step is redone from, should a loss interrupt the next
+                self.snapshots.take(step, self.live_state(), (stop, bad_step is not None))
             t_sync = time.perf_counter()
             stopping, diverged = self.agree(stop, bad_step is not None)
             timers.sync += time.perf_counter() - t_sync
+            if self._pending_change is not None:  # the first step on the new membership is done
+                self._write_change()
             if diverged:
                 raise Stopped(
                     "diverged", step if bad_step is None else bad_step, "non-finite loss or model"
@@ -431,6 +457,136 @@ class TrainingLoop(ABC):
                 )
         if not bool(torch.isfinite(x).all()):
             raise Stopped("diverged", step, "non-finite model")
+
+    # -- membership: --on-failure continue (docs/membership.md) -------------------------------
+    def start_membership(self, hosts: list[str] | None) -> None:
+        """Under --on-failure continue: every worker learns every worker's host and node (a lost
+        one is recorded by whichever rank writes the run file then), and losses are survived."""
+        self.continues = self.plan.cfg.on_failure == "continue"
+        if not self.continues:
+            return
+        self.check_lag = 1  # a healed step is redone from the last step start: settle every step
+        self.hosts0 = self.share_hosts(hosts)
+        self.survive_losses()
+
+    def share_hosts(self, hosts: list[str] | None) -> list[str]:
+        """The root's list of every worker's host, on every rank (one process: itself)."""
+        assert hosts is not None
+        return hosts
+
+    def survive_losses(self) -> None:  # noqa: B027 - one process has no peer to lose
+        """Make this engine's communication raise PeerLost where a worker is lost."""
+
+    def live_state(self) -> dict[str, Any]:
+        """What a healed step is redone from (on the device, unlike a checkpoint's state)."""
+        return {
+            "x": self.x,
+            "optimizer": self.optimizer.state_dict(),
+            "bytes_sent": torch.from_numpy(np.array(self.bytes_counter, dtype=np.int64)),
+            "losses": (np.copy(self.loss_sum), self.loss_count, copy.copy(self.last_train_loss)),
+        }
+
+    def lose_injected(self, step: int, ranks: list[int]) -> None:
+        """RELAYMPI_INJECT_FAILURE's workers of this step vanish (message passing: this rank, if it
+        is one of them, leaves as a killed process would; the survivors notice it)."""
+        if any(rank in self.workers for rank in ranks):
+            self.vanish()
+
+    def vanish(self) -> None:
+        raise NotImplementedError
+
+    def shrink(self) -> tuple[Any, list[int]]:
+        """After PeerLost: (the survivors' communicator, the original ids lost)."""
+        raise NotImplementedError
+
+    def min_over(self, new: Any, value: int) -> int:
+        """The minimum of ``value`` over the survivors of ``new`` (collective)."""
+        raise NotImplementedError
+
+    def rebuild(self, new: Any, lost: list[int], step: int) -> None:
+        """Carry on over ``new``: the algorithm built again over the survivors (its heal rule),
+        evaluation and checkpoints over the new membership."""
+        raise NotImplementedError
+
+    def all_max(self, values: np.ndarray) -> np.ndarray:
+        """The element-wise maximum over the current workers (one process: the values)."""
+        return values
+
+    def _heal(self, lost: PeerLost, bar: Any) -> int:
+        """A worker was lost: shrink to the survivors, agree on the step it interrupted (the
+        earliest step any survivor was in), go back to the state each had when that step began,
+        rebuild over the survivors and return that step."""
+        t0 = time.perf_counter()
+        position = self.snapshots.latest
+        new, lost_ids = self.shrink()
+        step = self.min_over(new, position)
+        snapshot = self.snapshots.at(step)
+        self.x.copy_(snapshot.state["x"])
+        self.optimizer.load_state_dict(snapshot.state["optimizer"])
+        self.bytes_counter[...] = snapshot.state["bytes_sent"].numpy()
+        loss_sum, self.loss_count, last = snapshot.state["losses"]
+        self.loss_sum = float(loss_sum) if loss_sum.ndim == 0 else loss_sum.copy()
+        self.last_train_loss = copy.copy(last)
+        self.rebuild(new, lost_ids, step)
+        self.snapshots = Snapshots()
+        self.snapshots.take(step, self.live_state(), snapshot.flags)
+        return self._after_change(step, lost_ids, t0, snapshot.flags, bar)
+
+    def _after_change(
+        self, step: int, lost_ids: list[int], t0: float, flags: tuple[bool, bool], bar: Any
+    ) -> int:
+        """The run file after a change at ``step``: rows from it on are redone; the change itself
+        is written once the first step on the new membership completed (changes at one step are
+        merged). Then the stop flags of the step before, agreed among the survivors."""
+        if self.is_root:
+            self._claim_writer(step)
+        heal_s = time.perf_counter() - t0
+        stop, bad, heal_s = self.all_max(np.array([float(flags[0]), float(flags[1]), heal_s]))
+        nodes = [self.nodes0[i] for i in lost_ids]
+        hosts = [self.hosts0[i] if len(self.hosts0) == self.n0 else None for i in lost_ids]
+        change = self._pending_change
+        if change is not None and change["step"] == step:
+            lost_ids, nodes = change["lost"] + lost_ids, change["lost_nodes"] + nodes
+            hosts, heal_s = change["lost_hosts"] + hosts, change["heal_s"] + heal_s
+        count = len(self.members)
+        self._pending_change = change_record(step, lost_ids, nodes, hosts, count, heal_s)
+        if self.is_root:
+            log.warning(
+                "lost %s at step %d; %d workers carry on (healed in %.2f s)",
+                ", ".join(
+                    f"{self.worker_noun} {i} (node {n})"
+                    for i, n in zip(lost_ids, nodes, strict=True)
+                ),
+                step,
+                len(self.members),
+                heal_s,
+            )
+        if bar is not None:
+            bar.n = step
+            bar.refresh()
+        if bad > 0:
+            raise Stopped("diverged", step, "non-finite loss or model")
+        if stop > 0 and step < self.schedule.total_steps:
+            raise Stopped("preempted", step)
+        return step
+
+    def _claim_writer(self, step: int) -> None:
+        """The root after a change: its writer drops the rows from ``step`` on (they are redone);
+        a new root (the old one was lost) takes the run file over."""
+        if self.writer is not None:
+            self.writer.rewind(step)
+            return
+        from relaympi.results import RunWriter
+
+        assert self.plan.cfg.out is not None
+        self.writer = RunWriter.take_over(self.plan.cfg.out, from_step=step)
+        if self.checkpoints.enabled and self.writer.run_id is not None:
+            self.checkpoints.claim(self.writer.run_id)
+
+    def _write_change(self) -> None:
+        change, self._pending_change = self._pending_change, None
+        if self.is_root and change is not None:
+            self.writer.add_membership(change)
 
     def _settle(self, pending: list[Pending]) -> int | None:
         """Account the pending steps' losses and times (one host read for all of them); return the

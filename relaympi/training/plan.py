@@ -190,6 +190,8 @@ def resolve_overlap(
     it has
     nothing to progress)."""
     overlap = cfg.overlap
+    if overlap is None and cfg.on_failure == "continue":
+        overlap = False  # a healed step is redone whole (docs/membership.md)
     if overlap is None:
         across_nodes = cfg.backend == "mpi" and len(set(nodes)) > 1
         overlap = (

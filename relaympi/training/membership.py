@@ -1,0 +1,156 @@
+"""Membership under --on-failure continue: who is still in the run, the topology the survivors
+build, the snapshots a healed step is redone from, and the record of each change
+(docs/membership.md).
+
+A worker keeps its original rank as its id for life: ``members`` lists the ids of the current
+workers in their (new) rank order, and the run file's per-worker columns stay as wide as the run
+started, NaN for a lost worker from the step it was lost on.
+
+The rule that makes every engine agree: a worker lost at step s takes no part in step s or later.
+The survivors agree on s (the earliest step any of them was in when the loss interrupted it), go
+back to the state they had when step s began (each rank keeps the snapshots of its last two step
+starts: the per-step agreement on stop flags keeps the ranks within one step of each other), build
+the algorithm again over the survivors and run step s on it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from relaympi.comm.base import number_nodes
+from relaympi.config import ConfigError
+from relaympi.topology import Topology, TopologyError, build
+from relaympi.topology.graphs import exponential
+from relaympi.training.plan import Plan
+
+FAULT_ENV = "RELAYMPI_INJECT_FAILURE"
+
+
+def injected_losses() -> dict[int, list[int]]:
+    """RELAYMPI_INJECT_FAILURE=RANK:STEP[,RANK:STEP...] as {step: [ranks]} (empty when unset).
+
+    Raises:
+        ConfigError: a malformed value (one line, with an example).
+    """
+    value = os.environ.get(FAULT_ENV, "")
+    losses: dict[int, list[int]] = {}
+    if not value:
+        return losses
+    for item in value.split(","):
+        try:
+            rank, step = (int(v) for v in item.split(":"))
+        except ValueError:
+            raise ConfigError(
+                f"{FAULT_ENV}={value!r}; expected RANK:STEP or RANK:STEP,RANK:STEP..., e.g. 1:5"
+            ) from None
+        if rank < 0 or step < 0:
+            raise ConfigError(f"{FAULT_ENV}={value!r}: ranks and steps are >= 0")
+        losses.setdefault(step, []).append(rank)
+    return losses
+
+
+def survivor_topology(plan: Plan, survivor_nodes: Sequence[int]) -> Topology:
+    """The run's topology family built again over the survivors (one node id each, in their rank
+    order), placed as the run was (--placement, as resolved).
+
+    Raises:
+        ConfigError: the family cannot be built for that many workers (one line).
+    """
+    name, count = plan.topology.name, len(survivor_nodes)
+    nodes = number_nodes(survivor_nodes)
+    try:
+        if name == "exponential":  # SGP: hops 2^k over any count (exact mixing needs 2^m)
+            return exponential(count, any_size=True)
+        if plan.cfg.placement == "nodes":
+            return build(name, count, placement="nodes", nodes=nodes)
+        return build(name, count)
+    except TopologyError as exc:
+        raise ConfigError(
+            f"--on-failure continue: topology {name!r} cannot be built again over the "
+            f"{count} surviving workers: {exc}"
+        ) from None
+
+
+def check_heals(plan: Plan) -> None:
+    """Refuse --on-failure continue at the start for a topology that cannot be rebuilt over fewer
+    workers (an edge list fixes its count, say), rather than at the first loss."""
+    if plan.world_size > 2:
+        survivors = list(plan.nodes or (0,) * plan.world_size)[:-1]
+        survivor_topology(plan, survivors)
+
+
+@dataclass
+class Snapshot:
+    """One rank's state when a step began: what a healed step is redone from."""
+
+    step: int
+    state: dict[str, Any]  # TrainingLoop.state() (x, optimizer, algorithm, loop, bytes)
+    flags: tuple[bool, bool]  # the stop and divergence flags this rank brought to the last agree
+
+
+class Snapshots:
+    """The last two step starts of this rank (a rank is never more than one step ahead of another
+    survivor: every step ends in an agreement of all ranks)."""
+
+    def __init__(self) -> None:
+        self._kept: list[Snapshot] = []
+
+    def take(self, step: int, state: dict[str, Any], flags: tuple[bool, bool]) -> None:
+        if self._kept and self._kept[-1].step == step:
+            self._kept.pop()
+        self._kept.append(Snapshot(step, _copied(state), flags))
+        del self._kept[:-2]
+
+    @property
+    def latest(self) -> int:
+        """The step of the latest snapshot (this rank's position: it has finished every step
+        before it)."""
+        return self._kept[-1].step
+
+    def at(self, step: int) -> Snapshot:
+        for snapshot in self._kept:
+            if snapshot.step == step:
+                return snapshot
+        raise RuntimeError(
+            f"no snapshot of step {step} (kept: {[s.step for s in self._kept]}): the survivors "
+            "drifted more than one step apart"
+        )
+
+
+def _copied(state: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy of a state (tensors cloned: the live ones change in place)."""
+    return {
+        key: (
+            value.detach().clone()
+            if isinstance(value, torch.Tensor)
+            else _copied(value)
+            if isinstance(value, dict)
+            else copy.deepcopy(value)
+        )
+        for key, value in state.items()
+    }
+
+
+def change_record(
+    step: int,
+    lost: Sequence[int],
+    lost_nodes: Sequence[int],
+    lost_hosts: Sequence[str | None],
+    world_size: int,
+    heal_s: float,
+) -> dict[str, Any]:
+    """One membership change as the run file's ``membership`` attribute lists it."""
+    return {
+        "step": int(step),
+        "lost": [int(r) for r in lost],
+        "lost_nodes": [int(n) for n in lost_nodes],
+        "lost_hosts": list(lost_hosts),
+        "world_size": int(world_size),
+        "heal_s": float(heal_s),
+    }
