@@ -3,11 +3,18 @@
 One job per module: ``schema`` (version, statuses, how attributes and rows are laid out),
 ``errors``, ``reader`` (read_run, run_status, file_kind), ``bounded`` (the same reads in worker
 processes with a time limit, for files that may be damaged), ``writer`` (RunWriter), ``space``
-(a full disk while writing), ``quality`` (runs at chance, unstable runs) and ``cli``
+(a full disk while writing), ``membership`` (the workers a run lost and when: its membership
+changes), ``quality`` (runs at chance, unstable runs) and ``cli``
 (``python -m relaympi.results status|show``). Every name below is importable from here.
 """
 
-from relaympi.results.cli import OWN_TARGET_FRACTION, cost_lines, main, topology_lines
+from relaympi.results.cli import (
+    OWN_TARGET_FRACTION,
+    cost_lines,
+    main,
+    membership_lines,
+    topology_lines,
+)
 from relaympi.results.errors import (
     NotARunFileError,
     RunExistsError,
@@ -15,10 +22,18 @@ from relaympi.results.errors import (
     RunFileWriteError,
     RunInUseError,
 )
+from relaympi.results.membership import (
+    MEMBERSHIP_ATTR,
+    change_text,
+    finished_workers,
+    summary_text,
+)
 from relaympi.results.quality import (
     CHANCE_FACTOR,
     UNSTABLE_FACTOR,
     UNSTABLE_RULE,
+    nonfinite_workers,
+    present_mean,
     unstable_loss,
     unstable_text,
     workers_at_chance,
@@ -39,6 +54,7 @@ from relaympi.results.writer import UNCLOSABLE, RunWriter
 __all__ = [
     "CHANCE_FACTOR",
     "FINISHED_STATUSES",
+    "MEMBERSHIP_ATTR",
     "OWN_TARGET_FRACTION",
     "PROBLEM_DIGEST_ATTR",
     "RESUMABLE_STATUSES",
@@ -57,11 +73,17 @@ __all__ = [
     "RunInUseError",
     "RunTopology",
     "RunWriter",
+    "change_text",
     "cost_lines",
     "file_kind",
+    "finished_workers",
     "main",
+    "membership_lines",
+    "nonfinite_workers",
+    "present_mean",
     "read_run",
     "run_status",
+    "summary_text",
     "topology_lines",
     "unstable_loss",
     "unstable_text",

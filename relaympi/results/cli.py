@@ -11,6 +11,7 @@ import numpy as np
 
 from relaympi.results.bounded import read_run_bounded, read_timeout, run_statuses
 from relaympi.results.errors import RunFileError
+from relaympi.results.membership import change_text
 from relaympi.results.quality import unstable_loss, unstable_text
 from relaympi.results.reader import Run
 from relaympi.results.schema import RunTopology
@@ -54,7 +55,7 @@ def cost_lines(run: Run, target: float | None = None) -> list[str]:
         )
     if "test_accuracy" not in run.data or "time_s" not in run.data:
         return lines
-    accuracy = run.data["test_accuracy"]
+    accuracy = _present_only(run, run.data["test_accuracy"])
     if target is None:
         target = costs.own_target(accuracy, OWN_TARGET_FRACTION)
         if target is None:
@@ -68,6 +69,24 @@ def cost_lines(run: Run, target: float | None = None) -> list[str]:
     seconds = costs.time_to_accuracy(run.data["time_s"], accuracy, target)
     lines.append(f"{what}: " + ("never reached" if seconds is None else f"{seconds:.3g} s"))
     return lines
+
+
+def _present_only(run: Run, values: np.ndarray) -> np.ndarray:
+    """[rows, workers] ``values`` with each lost worker's entries (NaN from its membership change
+    on) replaced by a present worker's value of the same row, so that a row's worst worker is the
+    worst of the workers that took part in it."""
+    if not run.membership or "step" not in run.data:
+        return values
+    values = np.asarray(values, dtype=float)
+    values = values.reshape(len(values), -1)
+    present = run.present()
+    stand_in = values[np.arange(len(values)), np.argmax(present, axis=1)][:, None]
+    return np.where(present, values, stand_in)
+
+
+def membership_lines(run: Run) -> list[str]:
+    """`show`'s lines on the run's membership changes (none without any)."""
+    return [f"membership: {change_text(change)}" for change in run.membership]
 
 
 def topology_lines(topology: RunTopology | None) -> list[str]:
@@ -102,11 +121,14 @@ def _show(path: Path, target: float | None = None) -> int:
     print(f"path: {run.path}")
     print(f"schema_version: {run.schema_version}")
     print(f"status: {run.status}")
-    unstable = unstable_loss(run.data["train_loss"]) if "train_loss" in run.data else None
+    present = run.present() if "step" in run.data else None
+    unstable = unstable_loss(run.data["train_loss"], present) if "train_loss" in run.data else None
     if unstable:
         print(f"warning: {unstable_text(unstable)}")
     for name, value in sorted(run.attrs.items()):
         print(f"{name}: {value}")
+    for line in membership_lines(run):
+        print(line)
     print("config:")
     for name, value in sorted(run.config.items()):
         print(f"  {name}: {json.dumps(value)}")

@@ -32,19 +32,49 @@ UNSTABLE_FACTOR = 2.0
 UNSTABLE_RULE = f"final mean train loss > {UNSTABLE_FACTOR:g}x the first recorded"
 
 
-def unstable_loss(train_loss: np.ndarray) -> tuple[float, float] | None:
+def present_mean(values: np.ndarray, present: np.ndarray | None = None) -> np.ndarray:
+    """Per row of [rows, workers] ``values``, the mean over the workers ``present`` there
+    ([rows, workers] bool, ``Run.present()``; None: all). A lost worker's NaN (not present) is
+    left out; a NaN of a present worker makes its row's mean NaN, as a non-finite value should."""
+    values = np.asarray(values, dtype=float)
+    values = values.reshape(len(values), -1)
+    if present is None:
+        return values.mean(axis=1)
+    mask = np.asarray(present, dtype=bool).reshape(values.shape)
+    count = mask.sum(axis=1)
+    total = np.where(mask, values, 0.0).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def nonfinite_workers(values: np.ndarray, present: np.ndarray | None = None) -> list[int]:
+    """The workers with a non-finite value in [rows, workers] ``values`` at a row where they were
+    ``present`` (a lost worker's NaN after its membership change does not count)."""
+    values = np.asarray(values, dtype=float)
+    values = values.reshape(len(values), -1)
+    bad = ~np.isfinite(values)
+    if present is not None:
+        bad &= np.asarray(present, dtype=bool).reshape(values.shape)
+    return [int(w) for w in np.flatnonzero(bad.any(axis=0))]
+
+
+def unstable_loss(
+    train_loss: np.ndarray, present: np.ndarray | None = None
+) -> tuple[float, float] | None:
     """(first, final) mean train loss over workers when the run is unstable (UNSTABLE_RULE), else
     None.
 
-    ``train_loss`` is a run file's [evals, workers] dataset. The first recorded value is the first
-    evaluation whose mean is finite (a classification run records NaN at step 0, before any step);
-    the final one is the last evaluation's. A non-finite final loss is not judged: such a run has
-    status diverged.
+    ``train_loss`` is a run file's [evals, workers] dataset; ``present`` ([evals, workers] bool,
+    ``Run.present()``) says which workers took part in each row: a worker lost by a membership
+    change leaves the means from its change on (its NaN there is by design). The first recorded
+    value is the first evaluation whose mean is finite (a classification run records NaN at step
+    0, before any step); the final one is the last evaluation's. A non-finite final loss (of a
+    worker present) is not judged: such a run has status diverged.
     """
     values = np.asarray(train_loss, dtype=float)
     if values.ndim == 0 or len(values) < 2:
         return None
-    means = values.reshape(len(values), -1).mean(axis=1)
+    means = present_mean(values, present)
     finite = np.flatnonzero(np.isfinite(means))
     if len(finite) < 2 or finite[-1] != len(means) - 1:
         return None

@@ -13,6 +13,12 @@ import h5py
 import numpy as np
 
 from relaympi.results.errors import RunFileError
+from relaympi.results.membership import (
+    MEMBERSHIP_ATTR,
+    finished_workers,
+    parse_membership,
+    present,
+)
 from relaympi.results.schema import (
     HDF5_SIGNATURE,
     SCHEMA_VERSION,
@@ -69,6 +75,8 @@ class Run:
         data: the datasets read, one row per evaluation (``step`` first).
         topology: the ranks' nodes and the graph they ran on; None in a file from before it was
             recorded.
+        membership: the run's membership changes (``--on-failure continue``), in order: each a
+            dict with step, lost, lost_nodes, lost_hosts, world_size and heal_s; [] without any.
     """
 
     path: Path
@@ -79,6 +87,7 @@ class Run:
     attrs: dict[str, Any] = field(default_factory=dict)
     data: dict[str, np.ndarray] = field(default_factory=dict)
     topology: RunTopology | None = None  # None: a file from before the topology was recorded
+    membership: list[dict[str, Any]] = field(default_factory=list)
 
     def metric(self, name: str) -> np.ndarray:
         """The dataset ``name``, one row per evaluation.
@@ -103,6 +112,19 @@ class Run:
     def num_rows(self) -> int:
         """The number of evaluations read (rows of ``step``; 0 without it)."""
         return len(self.data["step"]) if "step" in self.data else 0
+
+    @property
+    def finished_workers(self) -> list[int]:
+        """The original ids of the workers that took part to the end (every worker without
+        membership changes)."""
+        return finished_workers(self.world_size, self.membership)
+
+    def present(self) -> np.ndarray:
+        """[rows, world_size] bool: whether each worker took part at each row (false where a
+        membership change had lost it: its NaN there is by design, not a non-finite value)."""
+        if "step" not in self.data:
+            raise KeyError(f"{self.path}: the rows' step was not read")
+        return present(self.data["step"], self.world_size, self.membership)
 
 
 def _precheck(path: Path) -> None:
@@ -217,6 +239,10 @@ def read_run(path: str | os.PathLike, *, datasets: Iterable[str] | None = None) 
         version, status, attrs = _read_header(path, file)
         config = _parse_json(path, attrs, "config")
         provenance = _parse_json(path, attrs, "provenance")
+        try:
+            membership = parse_membership(attrs.pop(MEMBERSHIP_ATTR, None))
+        except ValueError as error:
+            raise RunFileError(path, f"attribute {MEMBERSHIP_ATTR!r} is {error}") from None
         available = row_datasets(file)
         if available and "step" not in available:
             raise RunFileError(path, f"datasets {sorted(available)} without a 'step' dataset")
@@ -232,7 +258,7 @@ def read_run(path: str | os.PathLike, *, datasets: Iterable[str] | None = None) 
         raise RunFileError(path, f"corrupt run file ({type(error).__name__}: {error})") from None
     finally:
         file.close()
-    return Run(path, version, status, config, provenance, attrs, data, topology)
+    return Run(path, version, status, config, provenance, attrs, data, topology, membership)
 
 
 def run_status(path: str | os.PathLike) -> str:

@@ -24,6 +24,7 @@ from relaympi.results.errors import (
     RunFileWriteError,
     RunInUseError,
 )
+from relaympi.results.membership import MEMBERSHIP_ATTR, check_record, parse_membership
 from relaympi.results.reader import file_kind, read_run, run_status
 from relaympi.results.schema import (
     FINISHED_STATUSES,
@@ -44,7 +45,15 @@ _CHUNK_BYTES = 1 << 16  # target bytes per chunk for small rows
 _MAX_CHUNK_ROWS = 1024
 _METADATA_MARGIN_BYTES = 64 << 10  # what HDF5's metadata may grow by with one append
 # Root attributes the writer owns; set_attrs() may not overwrite them.
-_RESERVED_ATTRS = ("schema_version", "config", "provenance", "status", "world_size", "run_id")
+_RESERVED_ATTRS = (
+    "schema_version",
+    "config",
+    "provenance",
+    "status",
+    "world_size",
+    "run_id",
+    MEMBERSHIP_ATTR,
+)
 # Terminal attributes cleared when a run is reopened for resume.
 _TERMINAL_ATTRS = (
     "end_time",
@@ -325,6 +334,81 @@ class RunWriter:
             file.close()
             raise
         return cls(file, path)
+
+    @classmethod
+    def take_over(cls, path: str | os.PathLike, *, from_step: int) -> RunWriter:
+        """The writer of a running run whose writing process died (a lost rank 0, with
+        ``--on-failure continue``): the file reopened as it is, its rows with step >= from_step
+        dropped (the survivors redo them).
+
+        Unlike ``reopen`` it is no resume: the status stays "running" and ``resumed_at_*`` are
+        left alone.
+
+        Args:
+            path: the run file.
+            from_step: the first step the survivors write again.
+
+        Returns:
+            The writer of the file.
+
+        Raises:
+            FileNotFoundError: there is no file at ``path``.
+            RunFileError: the file cannot be read.
+            RunExistsError: the run is not "running" (it finished, failed or was preempted).
+        """
+        path = Path(path)
+        status = run_status(path)
+        if status == "missing":
+            raise FileNotFoundError(f"no run file to take over: {path}")
+        if status == "corrupt":
+            read_run(path)  # raises RunFileError with the reason
+        if status != "running":
+            raise RunExistsError(
+                f"{path} holds a {status} run; only a running run's file is taken over"
+            )
+        file = h5py.File(path, "r+", locking="best-effort")
+        try:
+            _truncate_rows(file, int(from_step) - 1)
+            file.flush()
+        except BaseException:
+            file.close()
+            raise
+        return cls(file, path)
+
+    def rewind(self, step: int) -> None:
+        """Drop every row whose step is >= ``step`` (after a heal the survivors redo that step),
+        and flush.
+
+        Raises:
+            RunFileWriteError: no space left on the device.
+        """
+        self._write(lambda: _truncate_rows(self._file, int(step) - 1), f"a rewind to step {step}")
+
+    @property
+    def membership(self) -> list[dict[str, Any]]:
+        """The membership changes recorded so far ([] without any)."""
+        return parse_membership(decode_attr(self._file.attrs.get(MEMBERSHIP_ATTR)))
+
+    def add_membership(self, record: Mapping[str, Any]) -> None:
+        """Append one membership change to the ``membership`` attribute, and flush.
+
+        Args:
+            record: ``step`` (the first step without the lost workers), ``lost`` (their original
+                ranks), ``lost_nodes`` and ``lost_hosts`` (host names or None; one per lost
+                worker), ``world_size`` (the workers after the change) and ``heal_s`` (seconds
+                from the failure being noticed to the first step on the new membership).
+
+        Raises:
+            ValueError: a missing, unknown or ill-typed key (named), or a record that does not
+                follow the earlier ones.
+            RunFileWriteError: no space left on the device.
+        """
+        earlier = self.membership
+        checked = check_record(record, self.world_size, earlier)
+        text = json.dumps([*earlier, checked], sort_keys=True)
+        self._write(
+            lambda: _set_attr(self._file.attrs, MEMBERSHIP_ATTR, text), "a membership change"
+        )
 
     def append(self, row: Mapping[str, float | int | np.ndarray]) -> None:
         """Append one evaluation; the first row fixes the dataset names and per-row shapes.

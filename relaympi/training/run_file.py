@@ -25,6 +25,7 @@ from relaympi.results import (
     file_kind,
     read_run,
     run_status,
+    summary_text,
     unstable_loss,
     unstable_text,
     workers_at_chance,
@@ -224,8 +225,11 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
     final = {"test": "final test accuracy", "sub": "final suboptimality"}
     if status != "completed":
         final = {"test": f"test accuracy {at}", "sub": f"suboptimality {at}"}
+    # with membership changes, the metrics are over the workers that finished: a lost worker's
+    # columns are NaN by design; a NaN of a worker that finished still shows (as nan)
+    finished = run.finished_workers
     if "test_accuracy" in run.data and len(run.data["test_accuracy"]):
-        acc = run.data["test_accuracy"][-1]
+        acc = run.data["test_accuracy"][-1][finished]
         line += (
             f" | {final['test']}: worst worker {np.min(acc):.4f}, mean {np.mean(acc):.4f}, "
             f"best {np.max(acc):.4f}"
@@ -235,7 +239,7 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
             epoch > 0
         )  # the paper's last-5-epochs window, as the report uses it
         if window.any():
-            acc = run.data["test_accuracy"][window].mean(axis=0)
+            acc = run.data["test_accuracy"][window][:, finished].mean(axis=0)
             line += (
                 f" | last 5 epochs (paper metric): worst worker {acc.min():.4f}, mean "
                 f"{acc.mean():.4f}"
@@ -243,7 +247,7 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
         num_classes = run.attrs.get("num_classes")
         # judged only after some training: any model is near chance before (step 0 is untrained)
         trained = float(run.data["epoch"][-1]) >= CHANCE_AFTER_EPOCHS
-        chance = workers_at_chance(acc, num_classes) if trained else []
+        chance = [finished[w] for w in workers_at_chance(acc, num_classes)] if trained else []
         if chance:
             assert num_classes is not None  # none are at chance without a number of classes
             line += (
@@ -253,6 +257,8 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
             )
     if "suboptimality" in run.data and len(run.data["suboptimality"]):
         line += f" | {final['sub']} {run.data['suboptimality'][-1]:.3e}"
+    if run.membership:
+        line += f" | {summary_text(run.world_size, run.membership)}"
     line += placement_text(run.attrs.get("world_size"), run.provenance) + topology_text(
         run.topology
     )
@@ -263,7 +269,9 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
             "transport_progress_thread", run.config.get("progress_thread")
         )  # False where MPI lacked THREAD_MULTIPLE
         line += " | overlap" + (" with a progress thread" if ran else "")
-    unstable = unstable_loss(run.data["train_loss"]) if "train_loss" in run.data else None
+    unstable = (
+        unstable_loss(run.data["train_loss"], run.present()) if "train_loss" in run.data else None
+    )
     if unstable:
         line += f" | WARNING: {unstable_text(unstable)}"
     print(line, flush=True)

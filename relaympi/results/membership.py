@@ -1,0 +1,194 @@
+"""Membership changes of a run (``--on-failure continue``): the ``membership`` attribute's records,
+which workers each row holds, and how the changes read in words."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+MEMBERSHIP_ATTR = "membership"  # root attribute: a JSON list of the records below, in order
+# One record per change: the step from which the lost workers take no part (their columns are NaN
+# from that step's row on), their original ranks, nodes and hosts, the workers left after it, and
+# the seconds from the failure being noticed to the first step on the new membership.
+RECORD_KEYS = ("step", "lost", "lost_nodes", "lost_hosts", "world_size", "heal_s")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_record(
+    record: Mapping[str, Any], world_size: int, earlier: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """One membership record, checked against the run's starting ``world_size`` and the
+    ``earlier`` records, as plain JSON-able values.
+
+    Raises:
+        ValueError: a missing, unknown or ill-typed key, a worker id out of range or already lost,
+            a step before an earlier record's, or a ``world_size`` that is not the workers left;
+            the message names the key.
+    """
+    if not isinstance(record, Mapping):
+        raise ValueError(f"a membership record must be a dict, got {type(record).__name__}")
+    missing = [key for key in RECORD_KEYS if key not in record]
+    if missing:
+        raise ValueError(f"membership record: missing key {missing[0]!r} (needs {RECORD_KEYS})")
+    unknown = sorted(set(record) - set(RECORD_KEYS))
+    if unknown:
+        raise ValueError(f"membership record: unknown key {unknown[0]!r} (knows {RECORD_KEYS})")
+    step = record["step"]
+    if not _is_int(step) or step < 0:
+        raise ValueError(f"membership record: 'step' must be an integer >= 0, got {step!r}")
+    lost = record["lost"]
+    if (
+        not isinstance(lost, (list, tuple))
+        or not lost
+        or not all(_is_int(w) and 0 <= w < world_size for w in lost)
+        or len(set(lost)) != len(lost)
+    ):
+        raise ValueError(
+            "membership record: 'lost' must be a non-empty list of distinct worker ids in "
+            f"[0, {world_size}), got {lost!r}"
+        )
+    nodes = record["lost_nodes"]
+    if (
+        not isinstance(nodes, (list, tuple))
+        or len(nodes) != len(lost)
+        or not all(_is_int(n) and n >= 0 for n in nodes)
+    ):
+        raise ValueError(
+            f"membership record: 'lost_nodes' must be {len(lost)} node id(s), one per lost "
+            f"worker, got {nodes!r}"
+        )
+    hosts = record["lost_hosts"]
+    if (
+        not isinstance(hosts, (list, tuple))
+        or len(hosts) != len(lost)
+        or not all(h is None or isinstance(h, str) for h in hosts)
+    ):
+        raise ValueError(
+            f"membership record: 'lost_hosts' must be {len(lost)} host name(s) or null, one per "
+            f"lost worker, got {hosts!r}"
+        )
+    heal_s = record["heal_s"]
+    if (
+        isinstance(heal_s, (bool, np.bool_))
+        or not isinstance(heal_s, (int, float, np.integer, np.floating))
+        or not math.isfinite(heal_s)
+        or heal_s < 0
+    ):
+        raise ValueError(f"membership record: 'heal_s' must be seconds >= 0, got {heal_s!r}")
+    gone = {w for change in earlier for w in change["lost"]}
+    again = sorted(gone & {int(w) for w in lost})
+    if again:
+        raise ValueError(f"membership record: 'lost' names worker(s) {again} lost before")
+    if earlier and step < earlier[-1]["step"]:
+        raise ValueError(
+            f"membership record: 'step' {step} is before the previous change's "
+            f"{earlier[-1]['step']} (records go in order)"
+        )
+    left = (earlier[-1]["world_size"] if earlier else world_size) - len(lost)
+    size = record["world_size"]
+    if not _is_int(size) or size != left:
+        raise ValueError(
+            f"membership record: 'world_size' must be the workers left after the change, {left}, "
+            f"got {size!r}"
+        )
+    return {
+        "step": int(step),
+        "lost": [int(w) for w in lost],
+        "lost_nodes": [int(n) for n in nodes],
+        "lost_hosts": [None if h is None else str(h) for h in hosts],
+        "world_size": int(size),
+        "heal_s": float(heal_s),
+    }
+
+
+def parse_membership(text: Any) -> list[dict[str, Any]]:
+    """The records of a ``membership`` attribute's JSON text ([] for None: an older file).
+
+    Raises:
+        ValueError: text that is not a JSON list of objects with RECORD_KEYS.
+    """
+    if text is None:
+        return []
+    try:
+        records = json.loads(text)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"not valid JSON ({error})") from None
+    if not isinstance(records, list) or not all(
+        isinstance(r, dict) and set(RECORD_KEYS) <= set(r) for r in records
+    ):
+        raise ValueError(f"not a JSON list of records with the keys {list(RECORD_KEYS)}")
+    return records
+
+
+def lost_at(membership: Sequence[Mapping[str, Any]]) -> dict[int, int]:
+    """Each lost worker's original id -> the step from which it took no part."""
+    return {int(w): int(change["step"]) for change in membership for w in change["lost"]}
+
+
+def finished_workers(world_size: int, membership: Sequence[Mapping[str, Any]]) -> list[int]:
+    """The original ids of the workers no change lost (all ``world_size`` without changes)."""
+    gone = lost_at(membership)
+    return [w for w in range(world_size) if w not in gone]
+
+
+def present(
+    step: np.ndarray, world_size: int, membership: Sequence[Mapping[str, Any]]
+) -> np.ndarray:
+    """[rows, world_size] bool: whether worker w took part at each row's ``step`` (false from
+    the step of the change that lost it on, where its columns are NaN by design)."""
+    steps = np.asarray(step, dtype=np.int64).reshape(-1, 1)
+    mask = np.ones((len(steps), world_size), dtype=bool)
+    for worker, at in lost_at(membership).items():
+        if worker < world_size:
+            mask[:, worker] = steps[:, 0] < at
+    return mask
+
+
+def _node_host(node: Any, host: Any) -> str:
+    return f"node {node}" + ("" if host is None else f", host {host}")
+
+
+def change_text(change: Mapping[str, Any]) -> str:
+    """One change in words: 'step 1230: lost rank 7 (node 1, host node2); 15 workers after;
+    healed in 0.41 s'."""
+    ranks = [
+        f"rank {w} ({_node_host(n, h)})"
+        for w, n, h in zip(change["lost"], change["lost_nodes"], change["lost_hosts"], strict=False)
+    ]
+    after = int(change["world_size"])
+    workers = f"{after} worker{'s' if after != 1 else ''}"
+    return (
+        f"step {change['step']}: lost {', '.join(ranks)}; {workers} after; "
+        f"healed in {float(change['heal_s']):.3g} s"
+    )
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f}" if value >= 0.1 else f"{value:.1g}"
+
+
+def summary_text(world_size: int, membership: Sequence[Mapping[str, Any]]) -> str:
+    """The end summary's words: '15 of 16 workers finished; rank 7 (node2) lost at step 1230,
+    healed in 0.4 s' ('; ' between changes); '' without changes."""
+    if not membership:
+        return ""
+    parts = [f"{len(finished_workers(world_size, membership))} of {world_size} workers finished"]
+    for change in membership:
+        ranks = [
+            f"rank {w} ({h if h is not None else f'node {n}'})"
+            for w, n, h in zip(
+                change["lost"], change["lost_nodes"], change["lost_hosts"], strict=False
+            )
+        ]
+        parts.append(
+            f"{' and '.join(ranks)} lost at step {change['step']}, "
+            f"healed in {_seconds(float(change['heal_s']))} s"
+        )
+    return "; ".join(parts)

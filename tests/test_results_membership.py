@@ -1,0 +1,407 @@
+"""Membership changes in the run file (--on-failure continue): the writer's records, rewind and
+take-over, the reader, `show`, the end summary and the quality rules with lost workers' NaN."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+
+from relaympi.results import (
+    RunExistsError,
+    RunWriter,
+    finished_workers,
+    main,
+    nonfinite_workers,
+    read_run,
+    unstable_loss,
+)
+from relaympi.results.membership import present
+from relaympi.training.run_file import print_summary
+
+N0 = 4
+
+
+def record(step: int, lost: list[int], world_size: int, heal_s: float = 0.41, **extra: Any):
+    return {
+        "step": step,
+        "lost": lost,
+        "lost_nodes": [w // 2 for w in lost],
+        "lost_hosts": [f"node{w // 2 + 1}" for w in lost],
+        "world_size": world_size,
+        "heal_s": heal_s,
+        **extra,
+    }
+
+
+def new_run(path: Path, rows: int = 0, n: int = N0) -> RunWriter:
+    writer = RunWriter.create(
+        path, config={"task": "digits", "epochs": 2}, provenance={}, world_size=n
+    )
+    for k in range(rows):
+        writer.append({"step": 10 * k, "train_loss": np.full(n, 1.0 + k)})
+    return writer
+
+
+def steps_of(path: Path) -> list[int]:
+    """Every row's step as stored (a half-written row's -1 included)."""
+    try:
+        file = h5py.File(path, "r", locking=False)
+    except OSError:  # this process is writing it: HDF5 shares that handle
+        file = h5py.File(path, "r", locking="best-effort")
+    with file:
+        return file["step"][:].tolist()
+
+
+# ----------------------------------------------------------------------------- the writer
+
+
+def test_add_membership_appends_records_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "run.h5"
+    with new_run(path, rows=3) as writer:
+        writer.add_membership(record(20, [3], 3))
+        # flushed at once: another reader sees it while the writer is open
+        assert len(read_run(path).membership) == 1
+        writer.add_membership(record(20, [1, 0], 1, heal_s=2))
+    with h5py.File(path, "r") as file:
+        stored = json.loads(file.attrs["membership"])
+    assert stored == [
+        record(20, [3], 3),
+        {**record(20, [1, 0], 1), "heal_s": 2.0},
+    ]
+    run = read_run(path)
+    assert run.membership == stored
+    assert run.finished_workers == [2]
+    assert "membership" not in run.attrs  # parsed, not left as raw text among the attributes
+
+
+@pytest.mark.parametrize(
+    "bad, key",
+    [
+        ({"lost": [4]}, "lost"),  # not an original rank of a 4-worker run
+        ({"lost": []}, "lost"),
+        ({"lost": [True]}, "lost"),
+        ({"lost_nodes": [0, 1]}, "lost_nodes"),
+        ({"lost_hosts": [3]}, "lost_hosts"),
+        ({"step": -1}, "step"),
+        ({"step": 1.5}, "step"),
+        ({"heal_s": "fast"}, "heal_s"),
+        ({"heal_s": math.nan}, "heal_s"),
+        ({"world_size": 4}, "world_size"),  # one lost of four leaves three
+        ({"colour": "red"}, "colour"),
+    ],
+)
+def test_add_membership_names_the_bad_key(tmp_path: Path, bad: dict, key: str) -> None:
+    path = tmp_path / "run.h5"
+    with new_run(path, rows=1) as writer:
+        with pytest.raises(ValueError, match=rf"'{key}'"):
+            writer.add_membership({**record(10, [1], 3), **bad})
+        assert writer.membership == []
+    missing = record(10, [1], 3)
+    del missing["heal_s"]
+    with RunWriter.take_over(path, from_step=10) as writer:
+        with pytest.raises(ValueError, match="'heal_s'"):
+            writer.add_membership(missing)
+
+
+def test_add_membership_checks_against_earlier_records(tmp_path: Path) -> None:
+    with new_run(tmp_path / "run.h5") as writer:
+        writer.add_membership(record(50, [2], 3))
+        with pytest.raises(ValueError, match="'lost'.*lost before"):
+            writer.add_membership(record(60, [2], 2))
+        with pytest.raises(ValueError, match="'step' 40 is before"):
+            writer.add_membership(record(40, [1], 2))
+        with pytest.raises(ValueError, match="'world_size'.*2, got 3"):
+            writer.add_membership(record(60, [1], 3))
+        assert len(writer.membership) == 1
+
+
+def test_membership_is_not_a_free_attribute(tmp_path: Path) -> None:
+    with new_run(tmp_path / "run.h5") as writer:
+        with pytest.raises(ValueError, match="owned by the writer"):
+            writer.set_attrs(membership="[]")
+
+
+def test_rewind_drops_the_step_and_later(tmp_path: Path) -> None:
+    path = tmp_path / "run.h5"
+    with new_run(path, rows=5) as writer:  # steps 0 10 20 30 40
+        writer.rewind(30)
+        assert writer.num_rows == 3
+        assert steps_of(path) == [0, 10, 20]
+        writer.rewind(25)  # between rows: nothing at or after it left
+        assert steps_of(path) == [0, 10, 20]
+        writer.append({"step": 30, "train_loss": np.full(N0, 7.0)})
+    run = read_run(path)
+    assert run.data["step"].tolist() == [0, 10, 20, 30]
+    np.testing.assert_array_equal(run.data["train_loss"][:, 0], [1, 2, 3, 7])
+    assert run.status == "running" and "resumed_at_steps" not in run.attrs
+
+
+def test_take_over_a_running_file_whose_writer_died(tmp_path: Path) -> None:
+    path = tmp_path / "run.h5"
+    writer = new_run(path, rows=4)  # steps 0 10 20 30
+    writer.add_membership(record(15, [1], 3))
+    writer.close()  # the dead rank 0's process: its file handle is gone
+    with RunWriter.take_over(path, from_step=20) as taker:
+        assert taker.world_size == N0 and taker.num_rows == 2
+        taker.append({"step": 20, "train_loss": np.full(N0, 9.0)})
+        taker.add_membership(record(25, [0], 2))
+    run = read_run(path)
+    assert run.status == "running"
+    assert run.data["step"].tolist() == [0, 10, 20]
+    assert run.data["train_loss"][-1, 0] == 9.0
+    assert [c["step"] for c in run.membership] == [15, 25]
+    assert "resumed_at_steps" not in run.attrs and "resumed_at_times" not in run.attrs
+
+
+def test_take_over_in_the_process_that_still_holds_the_file(tmp_path: Path) -> None:
+    """The local backend: rank 0's thread vanished, its h5py handle is still open here."""
+    path = tmp_path / "run.h5"
+    dead = new_run(path, rows=3)
+    with RunWriter.take_over(path, from_step=10) as taker:
+        taker.append({"step": 10, "train_loss": np.full(N0, 5.0)})
+    assert read_run(path).data["train_loss"][:, 0].tolist() == [1.0, 5.0]
+    dead.close()
+
+
+def test_take_over_drops_a_half_written_row(tmp_path: Path) -> None:
+    path = tmp_path / "run.h5"
+    with new_run(path, rows=2) as writer:
+        pass
+    with h5py.File(path, "r+") as file:  # rank 0 died inside an append: step not written
+        for name in ("train_loss", "step"):
+            file[name].resize(3, axis=0)
+    assert steps_of(path) == [0, 10, -1]
+    with RunWriter.take_over(path, from_step=100) as writer:
+        assert writer.num_rows == 2
+        writer.append({"step": 20, "train_loss": np.full(N0, 3.0)})
+    assert read_run(path).data["step"].tolist() == [0, 10, 20]
+
+
+@pytest.mark.parametrize("status", ["completed", "diverged", "failed", "preempted"])
+def test_take_over_refuses_a_run_not_running(tmp_path: Path, status: str) -> None:
+    path = tmp_path / "run.h5"
+    with new_run(path, rows=2) as writer:
+        writer.set_status(status)
+    with pytest.raises(RunExistsError, match=f"{status} run"):
+        RunWriter.take_over(path, from_step=0)
+    assert steps_of(path) == [0, 10]
+
+
+def test_take_over_refuses_missing_and_damaged_files(tmp_path: Path) -> None:
+    from relaympi.results import RunFileError
+
+    with pytest.raises(FileNotFoundError):
+        RunWriter.take_over(tmp_path / "none.h5", from_step=0)
+    (tmp_path / "bad.h5").write_bytes(b"")
+    with pytest.raises(RunFileError, match="empty"):
+        RunWriter.take_over(tmp_path / "bad.h5", from_step=0)
+
+
+# ----------------------------------------------------------------------------- the reader
+
+
+def test_old_files_read_without_membership(tmp_path: Path) -> None:
+    path = tmp_path / "run.h5"
+    with new_run(path, rows=2):
+        pass
+    run = read_run(path)
+    assert run.membership == [] and run.finished_workers == [0, 1, 2, 3]
+    assert run.present().all()
+
+
+def test_a_damaged_membership_attribute_is_a_run_file_error(tmp_path: Path) -> None:
+    from relaympi.results import RunFileError
+
+    path = tmp_path / "run.h5"
+    with new_run(path, rows=1):
+        pass
+    with h5py.File(path, "r+") as file:
+        file.attrs["membership"] = "[{not json"
+    with pytest.raises(RunFileError, match="'membership' is not valid JSON"):
+        read_run(path)
+
+
+def test_present_marks_rows_from_the_change_on() -> None:
+    changes = [record(20, [3], 3), record(40, [0, 2], 1)]
+    mask = present(np.array([0, 10, 20, 30, 40, 50]), N0, changes)
+    expected = np.ones((6, N0), dtype=bool)
+    expected[2:, 3] = False
+    expected[4:, 0] = expected[4:, 2] = False
+    np.testing.assert_array_equal(mask, expected)
+    assert finished_workers(N0, changes) == [1]
+
+
+# ------------------------------------------------------- a run file with a lost worker: show
+
+LOST_STEP = 1230
+
+
+def lost_worker_run(path: Path, *, status: str = "completed", n: int = 16) -> Path:
+    """16 workers on 8 nodes, evaluations every 100 steps to 2000; worker 7 (node 3, host node4)
+    lost at step 1230, its columns NaN from the evaluation of step 1300 on."""
+    steps = np.arange(0, 2001, 100)
+    epochs = steps / 200.0
+    rng = np.random.default_rng(0)
+    accuracy = 0.5 + 0.4 * np.linspace(0, 1, len(steps))[:, None] + 0.01 * rng.random((21, n))
+    loss = 2.0 - accuracy
+    lost = steps >= LOST_STEP
+    accuracy[lost, 7] = loss[lost, 7] = np.nan
+    with RunWriter.create(
+        path,
+        config={"task": "digits", "algo": "relay", "world_size": n},
+        provenance={},
+        world_size=n,
+    ) as writer:
+        writer.extend(
+            {
+                "step": steps,
+                "epoch": epochs,
+                "time_s": steps / 100.0,
+                "train_loss": loss,
+                "test_accuracy": accuracy,
+            }
+        )
+        writer.set_attrs(num_classes=10)
+        writer.add_membership(
+            {
+                "step": LOST_STEP,
+                "lost": [7],
+                "lost_nodes": [3],
+                "lost_hosts": ["node4"],
+                "world_size": n - 1,
+                "heal_s": 0.41,
+            }
+        )
+        writer.set_status(status)
+    return path
+
+
+def test_show_prints_each_membership_change(tmp_path: Path, capsys) -> None:
+    path = lost_worker_run(tmp_path / "run.h5")
+    with h5py.File(path, "r+") as file:  # a second change, with a host that was not known
+        changes = json.loads(file.attrs["membership"])
+        changes.append(
+            {
+                "step": 1500,
+                "lost": [2, 9],
+                "lost_nodes": [1, 4],
+                "lost_hosts": [None, "node5"],
+                "world_size": 13,
+                "heal_s": 1.25,
+            }
+        )
+        file.attrs["membership"] = json.dumps(changes)
+    assert main(["show", str(path)]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("membership")]
+    assert lines == [
+        "membership: step 1230: lost rank 7 (node 3, host node4); 15 workers after; "
+        "healed in 0.41 s",
+        "membership: step 1500: lost rank 2 (node 1), rank 9 (node 4, host node5); 13 workers "
+        "after; healed in 1.25 s",
+    ]
+    assert "warning" not in out  # the lost workers' NaN is no unstable or non-finite run
+
+
+def test_show_prints_no_membership_for_a_run_without_changes(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "run.h5"
+    with new_run(path, rows=2):
+        pass
+    assert main(["show", str(path)]) == 0
+    assert "\nmembership" not in capsys.readouterr().out
+
+
+def test_show_time_to_target_over_the_workers_present(tmp_path: Path, capsys) -> None:
+    """The worst worker per evaluation is the worst of those that took part: a lost worker's NaN
+    would otherwise make every later evaluation miss any target."""
+    path = lost_worker_run(tmp_path / "run.h5")
+    run = read_run(path)
+    accuracy = run.data["test_accuracy"]
+    target = float(np.min(np.delete(accuracy[-1], 7)) - 1e-9)
+    assert main(["show", str(path), "--target-accuracy", f"{target:.12f}"]) == 0
+    out = capsys.readouterr().out
+    worst = np.nanmin(accuracy, axis=1)  # independent: the lost column is NaN from step 1300 on
+    first = int(np.flatnonzero(worst >= float(f"{target:.12f}"))[0])
+    assert re.search(rf": {run.data['time_s'][first]:.3g} s$", out, re.M), out
+
+
+# ----------------------------------------------------------------------- the end summary
+
+
+def test_summary_line_says_who_finished_and_uses_their_metrics(tmp_path: Path, capsys) -> None:
+    path = lost_worker_run(tmp_path / "run.h5")
+    print_summary(path, "completed")
+    line = capsys.readouterr().out.strip()
+    assert "| 15 of 16 workers finished; rank 7 (node4) lost at step 1230, healed in 0.4 s" in line
+    accuracy = read_run(path).data["test_accuracy"]
+    final = np.delete(accuracy[-1], 7)
+    assert (
+        f"final test accuracy: worst worker {final.min():.4f}, mean {final.mean():.4f}, "
+        f"best {final.max():.4f}" in line
+    )
+    epochs = np.arange(0, 2001, 100) / 200.0
+    window = epochs > epochs[-1] - 5
+    last5 = np.delete(accuracy[window], 7, axis=1).mean(axis=0)
+    assert f"worst worker {last5.min():.4f}, mean {last5.mean():.4f}" in line
+    assert "nan" not in line and "WARNING" not in line
+
+
+def test_summary_line_joins_several_changes(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "run.h5"
+    with new_run(path, rows=3) as writer:
+        writer.add_membership(record(10, [3], 3, heal_s=0.04))
+        writer.add_membership(record(20, [0, 1], 1, heal_s=12.34))
+        writer.set_status("completed")
+    print_summary(path, "completed")
+    line = capsys.readouterr().out
+    assert (
+        "| 1 of 4 workers finished; rank 3 (node2) lost at step 10, healed in 0.04 s; "
+        "rank 0 (node1) and rank 1 (node1) lost at step 20, healed in 12.3 s" in line
+    )
+
+
+def test_summary_line_still_shows_a_nan_of_a_worker_that_finished(tmp_path: Path, capsys) -> None:
+    path = lost_worker_run(tmp_path / "run.h5")
+    with h5py.File(path, "r+") as file:
+        file["test_accuracy"][-1, 2] = np.nan  # worker 2 was never lost
+    print_summary(path, "completed")
+    assert "worst worker nan" in capsys.readouterr().out
+
+
+# -------------------------------------------------------------------- the quality rules
+
+
+def test_unstable_loss_ignores_the_lost_workers_nan(tmp_path: Path) -> None:
+    steps = np.array([0, 10, 20, 30])
+    loss = np.array([[1.0, 1.0, 1.0], [1.5, 1.5, 9.0], [2.5, 2.5, np.nan], [3.0, 3.0, np.nan]])
+    changes = [{**record(20, [2], 2), "lost_nodes": [0], "lost_hosts": [None]}]
+    mask = present(steps, 3, changes)
+    # without the membership, the NaN reads as a non-finite final loss: not judged
+    assert unstable_loss(loss) is None
+    # with it: first 1.0, final 3.0 (the two survivors) > 2x: unstable
+    assert unstable_loss(loss, mask) == (1.0, 3.0)
+    calm = loss.copy()
+    calm[3, :2] = 1.9
+    assert unstable_loss(calm, mask) is None
+
+
+def test_a_nan_of_a_worker_not_lost_is_still_non_finite() -> None:
+    steps = np.array([0, 10, 20])
+    loss = np.array([[1.0, 1.0, 1.0], [1.0, np.nan, 1.0], [3.0, 3.0, np.nan]])
+    changes = [{**record(20, [2], 2), "lost_nodes": [0], "lost_hosts": [None]}]
+    mask = present(steps, 3, changes)
+    assert nonfinite_workers(loss, mask) == [1]
+    assert nonfinite_workers(loss) == [1, 2]
+    final_nan = loss.copy()
+    final_nan[2, 0] = np.nan  # worker 0 finished: its final NaN makes the final mean non-finite
+    final_nan[1, 1] = 1.0
+    assert unstable_loss(final_nan, mask) is None
+    final_nan[2, 0] = 3.0
+    assert unstable_loss(final_nan, mask) == (1.0, 3.0)
