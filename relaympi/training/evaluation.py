@@ -132,7 +132,7 @@ class Evaluator:
         if params is not None:
             row.update(self.workload.summarize(params))  # the survivors' iterates
             if self.plan.cfg.record_params:
-                row["params"] = self._widened(params)
+                row["params"] = params if self.members is None else self._widened(params)
         writer.append(row)
         return row
 
