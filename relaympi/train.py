@@ -224,6 +224,12 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
     _configure(cfg, comm.rank, cpus, threads.sharers(cpus, node_allgather(cpus)))
     error = None
     try:
+        if cfg.on_failure == "continue":  # the same library on every rank: all refuse alike
+            from relaympi.comm.mpi import fault_tolerance_missing
+
+            missing = fault_tolerance_missing()
+            if missing is not None:
+                raise ConfigError(f"--on-failure continue: {missing}")
         plan = resolve(cfg, size, comm.nodes)
         engine_for(cfg.backend).check(plan)
         plan.task.check_data(plan.task_options)  # every rank: each node needs the data
@@ -261,6 +267,8 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
             )  # let rank 0 record the failure first; it aborts the job when it sees it
         comm.abort(EXIT_FAILED)
         return EXIT_FAILED
+    while comm.successor is not None:  # the survivors' communicator after a lost rank
+        comm = comm.successor
     if comm.rank == 0:
         return _finish(cfg, out, status)
     return EXIT_STOPPED if status == "preempted" and cfg.checkpoint_dir is None else _EXIT[status]

@@ -192,6 +192,8 @@ class Communicator(ABC):
         # requests progress() tests; None until progress() is first called (then every new one is
         # tracked)
         self._in_flight: list[Request] | None = None
+        # the survivors' communicator that replaced this one after a lost rank (shrink)
+        self.successor: Communicator | None = None
 
     # -- point to point -------------------------------------------------------------------
     def exchange(

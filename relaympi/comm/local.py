@@ -305,7 +305,8 @@ class LocalCommunicator(Communicator):
 
     def shrink(self) -> tuple[Communicator, tuple[int, ...]]:
         world, rank, lost = self.world.shrink(self.rank)
-        return world.communicator(rank), lost
+        self.successor = world.communicator(rank)
+        return self.successor, lost
 
     def vanish(self) -> None:
         self.world.lose(self.rank)

@@ -585,6 +585,7 @@ class MPICommunicator(Communicator):
         finally:
             survivors_comm.Free()
         healed.survives = True
+        self.successor = healed
         return healed, lost
 
     def vanish(self) -> None:

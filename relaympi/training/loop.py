@@ -43,6 +43,9 @@ STOP = (
 )  # set by SIGTERM/SIGUSR1/SIGINT: checkpoint at the next step boundary and exit
 
 SIGNAL_ENV = "RELAYMPI_INJECT_SIGNAL"
+# --on-failure continue on MPI: each rank writes DIR/worker<id>.pid ("PID HOST"), for a tool that
+# kills ranks (benchmarks/kill_loop.py)
+PID_DIR_ENV = "RELAYMPI_PID_DIR"
 
 # rank 0 makes the run file's writer once the ranks agreed where to start:
 # (start_step, hosts, transport, total_steps) -> RunWriter
@@ -468,6 +471,13 @@ class TrainingLoop(ABC):
         self.check_lag = 1  # a healed step is redone from the last step start: settle every step
         self.hosts0 = self.share_hosts(hosts)
         self.survive_losses()
+        pid_dir = os.environ.get(PID_DIR_ENV)
+        if pid_dir and self.plan.cfg.backend == "mpi":  # for a tool that kills ranks (kill loop)
+            for worker in self.workers:
+                path = os.path.join(pid_dir, f"worker{worker}.pid")
+                with open(path + ".tmp", "w") as file:
+                    file.write(f"{os.getpid()} {socket.gethostname()}\n")
+                os.replace(path + ".tmp", path)
 
     def share_hosts(self, hosts: list[str] | None) -> list[str]:
         """The root's list of every worker's host, on every rank (one process: itself)."""
@@ -540,6 +550,7 @@ class TrainingLoop(ABC):
         merged). Then the stop flags of the step before, agreed among the survivors."""
         if self.is_root:
             self._claim_writer(step)
+            logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
         heal_s = time.perf_counter() - t0
         stop, bad, heal_s = self.all_max(np.array([float(flags[0]), float(flags[1]), heal_s]))
         nodes = [self.nodes0[i] for i in lost_ids]
