@@ -385,7 +385,9 @@ def summarize(
         sorted((k, _hashable(v)) for k, v in hardware(run.provenance, world_size).items())
     )
     if "train_loss" in data:
-        summary["unstable"] = unstable_loss(data["train_loss"], run.present())
+        summary["unstable"] = unstable_loss(
+            data["train_loss"], run.present() if run.membership else None
+        )
     epoch = data.get("epoch")
     if finished is not None:
         summary["finished"] = (len(finished), run.world_size)
