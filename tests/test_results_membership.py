@@ -160,6 +160,29 @@ def test_take_over_a_running_file_whose_writer_died(tmp_path: Path) -> None:
     assert "resumed_at_steps" not in run.attrs and "resumed_at_times" not in run.attrs
 
 
+def test_take_over_after_the_writer_was_killed(tmp_path: Path) -> None:
+    """MPI: rank 0's process SIGKILLs itself while it holds the file open (and HDF5's lock)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "run.h5"
+    script = (
+        "import os, signal, numpy as np\n"
+        "from relaympi.results import RunWriter\n"
+        f"w = RunWriter.create({str(path)!r}, config={{}}, provenance={{}}, world_size=2)\n"
+        "for k in range(3):\n"
+        "    w.append({'step': 10 * k, 'train_loss': np.ones(2)})\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], timeout=60)
+    assert done.returncode == -9
+    with RunWriter.take_over(path, from_step=20) as writer:
+        writer.append({"step": 20, "train_loss": np.full(2, 4.0)})
+    run = read_run(path)
+    assert run.status == "running" and run.data["step"].tolist() == [0, 10, 20]
+    assert run.data["train_loss"][:, 1].tolist() == [1.0, 1.0, 4.0]
+
+
 def test_take_over_in_the_process_that_still_holds_the_file(tmp_path: Path) -> None:
     """The local backend: rank 0's thread vanished, its h5py handle is still open here."""
     path = tmp_path / "run.h5"
@@ -405,3 +428,13 @@ def test_a_nan_of_a_worker_not_lost_is_still_non_finite() -> None:
     assert unstable_loss(final_nan, mask) is None
     final_nan[2, 0] = 3.0
     assert unstable_loss(final_nan, mask) == (1.0, 3.0)
+
+
+def test_summary_names_workers_at_chance_by_their_original_rank(tmp_path: Path, capsys) -> None:
+    path = lost_worker_run(tmp_path / "run.h5")
+    with h5py.File(path, "r+") as file:
+        accuracy = file["test_accuracy"][...]
+        accuracy[:, 9] = 0.05  # below 1.5/10: at chance; index 8 among the 15 that finished
+        file["test_accuracy"][...] = accuracy
+    print_summary(path, "completed")
+    assert "WARNING: worker(s) 9 at chance accuracy" in capsys.readouterr().out

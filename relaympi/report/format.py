@@ -54,6 +54,7 @@ _LATEX_SPECIAL = {
     "}": r"\}",
     "~": r"\textasciitilde{}",
     "^": r"\textasciicircum{}",
+    "\N{DAGGER}": r"\textsuperscript{\dag}",  # LOST_MARK: a cell over the workers that finished
 }
 
 

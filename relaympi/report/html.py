@@ -1,5 +1,6 @@
 """The report as one self-contained HTML page (``index.html`` in --out's directory): the summary,
-every table with its caption, notes and plots, and the problems list.
+every table with its caption, notes, membership changes (runs that lost workers) and plots, and
+the problems list.
 
 Everything is in the one file: the plots as base64 PNG data URIs, the style sheet inline, no
 script and nothing fetched (its Content-Security-Policy forbids it), so the page can be mailed,
@@ -36,6 +37,8 @@ tbody tr:nth-child(even) { background: #fafafa; }
 td.diverged { color: #888; }
 .caption { font-size: 0.85rem; color: #333; max-width: 60rem; }
 .notes { font-size: 0.85rem; color: #8a4b00; }
+h3 { font-size: 0.95rem; margin-bottom: 0.2rem; }
+.membership { font-size: 0.85rem; }
 figure { margin: 1rem 0; }
 figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-size: 0.8rem; color: #666; }
@@ -69,6 +72,13 @@ def _table(table: Table, plots: Sequence[Path]) -> list[str]:
     ]
     if table.notes:
         out += ['<ul class="notes">', *[f"<li>{escape(n)}</li>" for n in table.notes], "</ul>"]
+    if table.changes:  # the plots mark them too: a dotted vertical line at each change's epoch
+        out += [
+            f"<h3>Membership changes ({len(table.changes)})</h3>",
+            '<ul class="membership">',
+            *[f"<li>{escape(change)}</li>" for change in table.changes],
+            "</ul>",
+        ]
     for path in plots:
         out += [
             "<figure>",

@@ -43,6 +43,10 @@ CURVES_CAPTION = (
     "line: mean test accuracy over workers; band: worst to best worker; each averaged over seeds "
     "(per evaluation; the longest seed alone where the seeds' evaluations differ)"
 )
+# added to CURVES_CAPTION where a run lost workers
+CHANGES_CAPTION = (
+    "; dotted vertical line: a membership change (workers lost), in the series' colour"
+)
 TIME_CAPTION = (
     "line: worst worker's test accuracy per evaluation over wall-clock seconds since "
     "training started "
@@ -121,8 +125,10 @@ def _save(fig, path: Path) -> Path:
 
 
 def curves_figure(title: str, by_label: dict[str, list[Curve]]):
-    """Test accuracy over epochs, one line and band per series (see CURVES_CAPTION)."""
-    fig, ax = _figure(title, CURVES_CAPTION)
+    """Test accuracy over epochs, one line and band per series (see CURVES_CAPTION), and a dotted
+    vertical line at each membership change of a series' runs (CHANGES_CAPTION)."""
+    changed = any(c.changes for curves in by_label.values() for c in curves)
+    fig, ax = _figure(title, CURVES_CAPTION + (CHANGES_CAPTION if changed else ""))
     for index, (label, curves) in enumerate(by_label.items()):
         curve = _mean_curve(curves)
         style = series_style(index)
@@ -137,6 +143,8 @@ def curves_figure(title: str, by_label: dict[str, list[Curve]]):
         ax.fill_between(
             curve.epoch, 100 * curve.worst, 100 * curve.best, color=style["color"], alpha=0.2
         )
+        for epoch in sorted({e for c in curves for e in c.changes if np.isfinite(e)}):
+            ax.axvline(epoch, color=style["color"], linestyle=":", linewidth=1.2, gid="membership")
     ax.set_xlabel("epoch")
     ax.set_ylabel("test accuracy (%)")
     ax.grid(alpha=0.3)

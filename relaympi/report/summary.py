@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -14,7 +15,13 @@ import numpy as np
 
 from relaympi.config import experiment_settings
 from relaympi.costs import COST_DATASETS, StepCosts, hardware, step_costs
-from relaympi.results import PROBLEM_DIGEST_ATTR, Run, unstable_loss, workers_at_chance
+from relaympi.results import (
+    PROBLEM_DIGEST_ATTR,
+    Run,
+    change_text,
+    unstable_loss,
+    workers_at_chance,
+)
 
 ALGO_NAMES = {
     "allreduce": "All-reduce",
@@ -81,6 +88,7 @@ class Curve:
     worst: np.ndarray
     mean: np.ndarray
     best: np.ndarray
+    changes: tuple[float, ...] = ()  # the epochs of the run's membership changes (lost workers)
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,11 @@ class RunSummary:
     placement: str = "ranks"
     # quadratics: the problem's digest (relaympi.results.PROBLEM_DIGEST_ATTR; None: not recorded)
     problem: str | None = None
+    # a run that lost workers (membership changes): (workers that finished, workers at the
+    # start); its metric is over those that finished. None: no change.
+    finished: tuple[int, int] | None = None
+    # its membership changes: (epoch of the change's step, the change in words), in order
+    changes: tuple[tuple[float, str], ...] = ()
 
     @property
     def converged(self) -> bool:
@@ -266,6 +279,18 @@ def steps_to_target(step: np.ndarray, suboptimality: np.ndarray, target: float) 
     return int(step[reached[0]]) if len(reached) else None
 
 
+def _columns(values: np.ndarray | None, workers: list[int]) -> np.ndarray | None:
+    return None if values is None else np.asarray(values)[workers]
+
+
+def _epoch_at(data: Mapping[str, np.ndarray], step: int) -> float:
+    """The epoch of ``step``, from the rows' step and epoch (interpolated between evaluations);
+    NaN where the run recorded no epochs."""
+    if "step" not in data or "epoch" not in data or not len(data["step"]):
+        return math.nan
+    return float(np.interp(step, data["step"], data["epoch"]))
+
+
 def _problem_digest(run: Run) -> str | None:
     digest = run.attrs.get(PROBLEM_DIGEST_ATTR)
     return str(digest) if digest and str(run.config.get("task")) in QUADRATIC_TASKS else None
@@ -345,15 +370,30 @@ def summarize(
         problem=digest,
     )
     data = run.data
-    summary["costs"] = step_costs(data)
+    finished = run.finished_workers if run.membership else None
+    costs = step_costs(data)
+    if costs is not None and finished is not None:  # the bytes of the workers that finished
+        costs = dataclasses.replace(
+            costs,
+            bytes_per_step=_columns(costs.bytes_per_step, finished),
+            inter_node_bytes_per_step=_columns(costs.inter_node_bytes_per_step, finished),
+        )
+    summary["costs"] = costs
     summary["time_s"] = data.get("time_s")
     summary["batch_size"] = _int(config.get("batch_size"))
     summary["hardware"] = tuple(
         sorted((k, _hashable(v)) for k, v in hardware(run.provenance, world_size).items())
     )
     if "train_loss" in data:
-        summary["unstable"] = unstable_loss(data["train_loss"])
+        summary["unstable"] = unstable_loss(
+            data["train_loss"], run.present() if run.membership else None
+        )
     epoch = data.get("epoch")
+    if finished is not None:
+        summary["finished"] = (len(finished), run.world_size)
+        summary["changes"] = tuple(
+            (_epoch_at(data, int(change["step"])), change_text(change)) for change in run.membership
+        )
     if epoch is not None and len(epoch):
         summary["final_epoch"] = float(np.nanmax(epoch))
         if run.status == "diverged" and diverged_epoch is None:
@@ -363,11 +403,15 @@ def summarize(
         metric_name = settings.metric_for(task, config)
         summary["metric_name"] = metric_name
         if run.status == "completed":
-            summary["metric"] = paper_metric(epoch, accuracy, metric_name, settings.last_epochs)
-            means = worker_means(epoch, accuracy, settings.last_epochs)
-            summary["at_chance"] = tuple(
-                workers_at_chance(means, _int(run.attrs.get("num_classes")))
-            )
+            # with membership changes: over the workers that finished (a lost worker's window
+            # may hold its evaluations before the change)
+            kept = accuracy.reshape(len(accuracy), -1)
+            if finished is not None:
+                kept = kept[:, finished]
+            summary["metric"] = paper_metric(epoch, kept, metric_name, settings.last_epochs)
+            means = worker_means(epoch, kept, settings.last_epochs)
+            chance = workers_at_chance(means, _int(run.attrs.get("num_classes")))
+            summary["at_chance"] = tuple(finished[w] if finished is not None else w for w in chance)
         per_eval = accuracy.reshape(len(accuracy), -1)
         with _quiet():
             summary["curve"] = Curve(
@@ -375,6 +419,7 @@ def summarize(
                 np.nanmin(per_eval, axis=1),
                 np.nanmean(per_eval, axis=1),
                 np.nanmax(per_eval, axis=1),
+                tuple(epoch_ for epoch_, _ in summary.get("changes", ())),
             )
     suboptimality = data.get("suboptimality")
     if suboptimality is not None and "step" in data and len(suboptimality):

@@ -49,6 +49,8 @@ class Table:
     # cost tables: series label -> each seed's (time_s, curve), for accuracy over wall-clock time
     time_curves: dict[str, list[tuple[np.ndarray, Curve]]] = field(default_factory=dict)
     target: float | None = None  # cost tables: the target accuracy of time_to_target_s
+    # the membership changes (lost workers) of the runs its cells show, one line each
+    changes: list[str] = field(default_factory=list)
 
     def hold(self, cells: dict[tuple, dict[Any, LrChoice]]) -> None:
         self.paths.update(
@@ -275,9 +277,12 @@ def _accuracy_like_table(
         if spec.kind == "accuracy":
             curves = [r.curve for r in choice.best.runs if r.curve is not None]
             table.curves.setdefault(col, {})[labels.series(task, key)] = curves
-        return cell_record(
+        cell = cell_record(
             spec.kind, {**_cell_base(family.base, label, key), column_key: col}, choice
         )
+        if _lost(choice):  # only then: the CSV of runs without lost workers stays as it was
+            cell["lost_workers"] = True
+        return cell
 
     shown = _fill_rows(
         table,
@@ -286,11 +291,18 @@ def _accuracy_like_table(
         row_keys,
         columns,
         cells,
-        lambda choice: format_accuracy(cast(Cell, choice.best)),  # an accuracy table's cells
+        lambda choice: (
+            format_accuracy(cast(Cell, choice.best))  # an accuracy table's cells
+            + (LOST_MARK if _lost(choice) else "")
+        ),
         record,
         lambda cell, col: cell["n_seeds"] > cell["n_diverged"] and col is not None,
     )
+    for cell in table.records:
+        if cell.get("lost_workers"):
+            cell["display"] += LOST_MARK
     _warn(table, shown, cells, column_key)
+    _lost_notes(table, shown, cells, column_key)
     partial = sum(r["n_diverged"] > 0 and r["n_diverged"] < r["n_seeds"] for r in table.records)
     if partial:
         table.notes.append(
@@ -298,6 +310,38 @@ def _accuracy_like_table(
             "seeds only."
         )
     return table
+
+
+# marks a cell whose runs lost workers (membership changes): its metric is over those that finished
+LOST_MARK = "\N{DAGGER}"
+
+
+def _lost(choice: LrChoice) -> bool:
+    """Whether a cell shows a run that lost workers."""
+    return any(run.finished is not None for run in choice.best.runs)
+
+
+def _lost_notes(table: Table, labels: dict[tuple, str], cells: Cells, column_key: str) -> None:
+    """Per run a cell shows that lost workers: a note that its metric is over the workers that
+    finished, and its membership changes in ``table.changes``."""
+    for key, label in labels.items():
+        for col, choice in cells[key].items():
+            for run in choice.best.runs:
+                if run.finished is None:
+                    continue
+                where = (
+                    f"{label} on {key[2]}, "
+                    f"{column_key}={_num(col) if isinstance(col, float) else col}, seed {run.seed}"
+                )
+                done, start = run.finished
+                table.notes.append(
+                    f"{LOST_MARK} {where}: lost workers: metric over the {done} of {start} that "
+                    f"finished ({run.path.name})."
+                )
+                table.changes += [
+                    f"{where}: {text}" + (f" (epoch {epoch:.3g})" if epoch == epoch else "")
+                    for epoch, text in run.changes
+                ]
 
 
 def _warn(table: Table, labels: dict[tuple, str], cells: Cells, column_key: str) -> None:

@@ -121,7 +121,7 @@ def _show(path: Path, target: float | None = None) -> int:
     print(f"path: {run.path}")
     print(f"schema_version: {run.schema_version}")
     print(f"status: {run.status}")
-    present = run.present() if "step" in run.data else None
+    present = run.present() if run.membership and "step" in run.data else None
     unstable = unstable_loss(run.data["train_loss"], present) if "train_loss" in run.data else None
     if unstable:
         print(f"warning: {unstable_text(unstable)}")

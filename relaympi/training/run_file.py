@@ -227,7 +227,7 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
         final = {"test": f"test accuracy {at}", "sub": f"suboptimality {at}"}
     # with membership changes, the metrics are over the workers that finished: a lost worker's
     # columns are NaN by design; a NaN of a worker that finished still shows (as nan)
-    finished = run.finished_workers
+    finished: Any = run.finished_workers if run.membership else slice(None)
     if "test_accuracy" in run.data and len(run.data["test_accuracy"]):
         acc = run.data["test_accuracy"][-1][finished]
         line += (
@@ -247,7 +247,9 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
         num_classes = run.attrs.get("num_classes")
         # judged only after some training: any model is near chance before (step 0 is untrained)
         trained = float(run.data["epoch"][-1]) >= CHANCE_AFTER_EPOCHS
-        chance = [finished[w] for w in workers_at_chance(acc, num_classes)] if trained else []
+        chance = workers_at_chance(acc, num_classes) if trained else []
+        if run.membership:  # the workers' original ids
+            chance = [finished[w] for w in chance]
         if chance:
             assert num_classes is not None  # none are at chance without a number of classes
             line += (
@@ -270,7 +272,9 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
         )  # False where MPI lacked THREAD_MULTIPLE
         line += " | overlap" + (" with a progress thread" if ran else "")
     unstable = (
-        unstable_loss(run.data["train_loss"], run.present()) if "train_loss" in run.data else None
+        unstable_loss(run.data["train_loss"], run.present() if run.membership else None)
+        if "train_loss" in run.data
+        else None
     )
     if unstable:
         line += f" | WARNING: {unstable_text(unstable)}"

@@ -1,0 +1,155 @@
+"""The report on runs that lost workers (--on-failure continue): the paper metric over the workers
+that finished, the flagged cell and its note, and the membership changes on the HTML page and on
+the accuracy curves."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from relaympi import report
+from relaympi.report.plots import curves_figure
+from relaympi.report.summary import ReportSettings, summarize
+from relaympi.report.tables import LOST_MARK, accuracy_like_tables
+from relaympi.results import RunWriter, read_run
+from tests import run_factories as rf
+
+N = 8
+EPOCHS = np.arange(1, 11, dtype=float)  # steps 100 .. 1000 (the factory's 100 steps per epoch)
+LOST, LOST_STEP = 5, 750  # worker 5 lost between the evaluations of epochs 7 and 8
+
+
+def _accuracy(seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return 0.6 + 0.03 * EPOCHS[:, None] + 0.02 * rng.random((len(EPOCHS), N))
+
+
+def _lost_run(path: Path) -> np.ndarray:
+    """A cifar10 relay run whose worker 5 (the worst before it was lost) is lost at step 750:
+    its columns are NaN from epoch 8 on, and the membership attribute says so."""
+    accuracy = _accuracy(1)
+    accuracy[:, LOST] -= 0.4  # in the last-5-epochs window (epochs 6, 7) it would be the worst
+    accuracy[EPOCHS * 100 >= LOST_STEP, LOST] = np.nan
+    rf.write_classification_run(path, accuracy, EPOCHS, status="running", algo="relay")
+    with RunWriter.take_over(path, from_step=10**9) as writer:
+        writer.add_membership(
+            {
+                "step": LOST_STEP,
+                "lost": [LOST],
+                "lost_nodes": [1],
+                "lost_hosts": ["h2"],
+                "world_size": N - 1,
+                "heal_s": 0.41,
+            }
+        )
+        writer.set_status("completed")
+    return accuracy
+
+
+@pytest.fixture()
+def runs_dir(tmp_path: Path) -> Path:
+    _lost_run(tmp_path / "relay.h5")
+    rf.write_classification_run(tmp_path / "dpsgd.h5", _accuracy(2), EPOCHS, algo="dpsgd")
+    return tmp_path
+
+
+def _hand_worst(accuracy: np.ndarray, workers: list[int]) -> float:
+    """The paper's cifar10 metric by hand: the worst worker's mean over epochs 6..10."""
+    window = EPOCHS > EPOCHS[-1] - 5
+    return min(float(np.mean(accuracy[window, w])) for w in workers)
+
+
+def test_metric_over_the_workers_that_finished(tmp_path: Path) -> None:
+    accuracy = _lost_run(tmp_path / "relay.h5")
+    summary = summarize(read_run(tmp_path / "relay.h5"), ReportSettings())
+    finished = [w for w in range(N) if w != LOST]
+    assert summary.finished == (N - 1, N)
+    assert summary.metric == pytest.approx(_hand_worst(accuracy, finished), abs=1e-12)
+    # the lost worker's evaluations before its loss would have pulled the metric down
+    with_lost = float(np.nanmean(accuracy[EPOCHS > 5, LOST]))
+    assert with_lost < summary.metric - 0.3
+    assert summary.changes == (
+        (7.5, "step 750: lost rank 5 (node 1, host h2); 7 workers after; healed in 0.41 s"),
+    )
+    assert summary.curve is not None and summary.curve.changes == (7.5,)
+    assert summary.unstable is None and summary.at_chance == ()
+
+
+def test_a_run_without_changes_is_summarized_as_before(runs_dir: Path) -> None:
+    summary = summarize(read_run(runs_dir / "dpsgd.h5"), ReportSettings())
+    assert summary.finished is None and summary.changes == ()
+    assert summary.metric == pytest.approx(_hand_worst(_accuracy(2), list(range(N))), abs=1e-12)
+
+
+def test_the_cell_is_flagged_with_a_note(runs_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    assert report.main([str(runs_dir), "--format", "markdown"]) == 0
+    out = capsys.readouterr().out
+    finished = [w for w in range(N) if w != LOST]
+    lost_cell = (
+        f"{100 * _hand_worst(read_run(runs_dir / 'relay.h5').data['test_accuracy'], finished):.1f}%"  # noqa: E501
+    )
+    plain = f"{100 * _hand_worst(_accuracy(2), list(range(N))):.1f}%"
+    rows = [line for line in out.splitlines() if line.startswith("| RelaySGD")]
+    assert rows and rows[0].rstrip(" |").endswith(f"{lost_cell}{LOST_MARK}")
+    rows = [line for line in out.splitlines() if line.startswith("| D-PSGD")]
+    assert rows and rows[0].rstrip(" |").endswith(plain)  # no mark without lost workers
+    assert (
+        f"{LOST_MARK} RelaySGD on double-binary-trees, alpha=0.1, seed 0: lost workers: metric "
+        "over the 7 of 8 that finished (relay.h5)." in out
+    )
+
+
+def test_csv_and_latex_carry_the_flag(runs_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    assert report.main([str(runs_dir), "--format", "csv"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines.index(next(line for line in lines if line.startswith("task,")))
+    names = lines[header].split(",")
+    relay = next(line for line in lines[header:] if ",relay," in line).split(",")
+    dpsgd = next(line for line in lines[header:] if ",dpsgd," in line).split(",")
+    assert relay[names.index("lost_workers")] == "True"
+    assert dpsgd[names.index("lost_workers")] == ""
+    assert report.main([str(runs_dir), "--format", "latex"]) == 0
+    assert r"\textsuperscript{\dag}" in capsys.readouterr().out
+
+
+def test_html_lists_the_changes(runs_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert report.main([str(runs_dir), "--out", str(out)]) == 0
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert "<h3>Membership changes (1)</h3>" in page
+    assert (
+        "<li>RelaySGD on double-binary-trees, alpha=0.1, seed 0: step 750: lost rank 5 (node 1, "
+        "host h2); 7 workers after; healed in 0.41 s (epoch 7.5)</li>" in page
+    )
+    assert "lost workers: metric over the 7 of 8 that finished (relay.h5).</li>" in page
+
+
+def test_curves_mark_the_change_with_a_vertical_line(runs_dir: Path) -> None:
+    from relaympi.report.summary import Curve
+
+    summaries = [summarize(read_run(p), ReportSettings()) for p in sorted(runs_dir.glob("*.h5"))]
+    (table,) = [
+        t for t in accuracy_like_tables(summaries, ReportSettings()) if t.kind == "accuracy"
+    ]
+    by_label = table.curves[0.1]
+    fig = curves_figure(table.title, by_label)
+    try:
+        ax = fig.axes[0]
+        marks = [line for line in ax.lines if line.get_gid() == "membership"]
+        assert len(marks) == 1
+        assert list(marks[0].get_xdata()) == [7.5, 7.5]
+        relay = next(label for label in by_label if label.startswith("RelaySGD"))
+        series = [line for line in ax.lines if line.get_label() == relay][0]
+        assert marks[0].get_color() == series.get_color()
+        assert "membership change" in ax.get_title()
+        plain = curves_figure("t", {"x": [Curve(EPOCHS, *(EPOCHS,) * 3)]})
+        assert "membership change" not in plain.axes[0].get_title()
+        assert not [line for line in plain.axes[0].lines if line.get_gid() == "membership"]
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close("all")
+    assert math.isclose(table.curves[0.1][relay][0].changes[0], 7.5)
