@@ -28,6 +28,7 @@ class AllReduce(RangedAlgorithm):
     The all-reduce is a collective: simulated message loss (--drop-prob) does not apply to it."""
 
     name = "allreduce"
+    heal_rule = "the fixed-tree sum over the survivors (no other state)"
     default_topology = "fully-connected"
     topology_kind = FULLY_CONNECTED
     matrix_form = AllReduceMatrix

@@ -146,6 +146,12 @@ class Algorithm(ABC):
     needs_momentum: ClassVar[bool] = False  # only SGD with momentum > 0 as the local optimizer
     matrix_form: ClassVar[type[MatrixForm]]
 
+    # --on-failure continue: what this algorithm does over the survivors of a lost worker. Every
+    # algorithm is built again by its constructor from each survivor's model (its state starts
+    # fresh; the model and the local optimizer's state are the survivor's own); this text says
+    # what that means for it (docs/membership.md's table is checked against it)
+    heal_rule: ClassVar[str] = "its state starts fresh from each survivor's model"
+
     options: Options  # a subclass with options names their class here: ``options: D2Options``
     _ranged: tuple[torch.Tensor, torch.Tensor, float, int]  # begin_step's (x, grad, lr, step)
 

@@ -70,6 +70,10 @@ class D2(RangedAlgorithm):
     new correction follow its receives."""
 
     name = "d2"
+    heal_rule = (
+        "D² weights rebuilt for the survivors' graph; the correction restarts at zero, so the "
+        "first step after the heal is D²'s first step"
+    )
     default_topology = "ring"
     topology_kind = ONE_GRAPH
     matrix_form = D2Matrix

@@ -26,6 +26,7 @@ class DPSGD(RangedAlgorithm):
     soon as its gradient is final; the averaging follows each range's receives."""
 
     name = "dpsgd"
+    heal_rule = "gossip weights rebuilt for the survivors' graph (it has no other state)"
     default_topology = "ring"
     topology_kind = ONE_GRAPH
     matrix_form = DPSGDMatrix

@@ -40,6 +40,10 @@ class GradientTracking(RangedAlgorithm):
     """
 
     name = "gt"
+    heal_rule = (
+        "gossip weights rebuilt for the survivors' graph; the correction restarts at zero, so the "
+        "corrections sum to zero over the survivors (the tracker's invariant)"
+    )
     default_topology = "ring"
     topology_kind = ONE_GRAPH
     matrix_form = GradientTrackingMatrix

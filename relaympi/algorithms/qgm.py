@@ -42,6 +42,10 @@ class QuasiGlobalMomentum(RangedAlgorithm):
     """
 
     name = "qgm"
+    heal_rule = (
+        "gossip weights rebuilt for the survivors' graph; the quasi-global momentum restarts at "
+        "zero (it followed the averaged model of the old neighbourhood)"
+    )
     default_topology = "ring"
     topology_kind = ONE_GRAPH
     needs_momentum = True  # quasi-global *momentum*: meaningless without it

@@ -193,6 +193,10 @@ class RelaySGD(_RelayedSteps):
     """
 
     name = "relay"
+    heal_rule = (
+        "relay buffers and counters restart at zero over the survivors' trees: each worker relays "
+        "only what the survivors sent since, and the counters keep the average normalized"
+    )
     default_topology = "double-binary-trees"
     topology_kind = TREES
     matrix_form = RelaySGDMatrix
@@ -276,6 +280,9 @@ class RelaySGDGrad(_RelayedSteps):
     RelaySGD)."""
 
     name = "relay-grad"
+    heal_rule = (
+        "relay buffers and counters restart at zero over the survivors' trees, as RelaySGD's"
+    )
     default_topology = "double-binary-trees"
     topology_kind = TREES
     matrix_form = RelaySGDGradMatrix

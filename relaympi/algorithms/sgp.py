@@ -46,6 +46,10 @@ class SGP(RangedAlgorithm):
     first round (starting that range's second round as it completes), then the second rounds."""
 
     name = "sgp"
+    heal_rule = (
+        "the exponential schedule over the survivors' count: hops 1, 2, 4, ... below it (mixing "
+        "is exact after log2 n rounds only for a power of two); the push-sum weights stay 1"
+    )
     default_topology = "exponential"
     topology_kind = EXPONENTIAL
     matrix_form = SGPMatrix

@@ -154,3 +154,11 @@ def change_record(
         "world_size": int(world_size),
         "heal_s": float(heal_s),
     }
+
+
+def heal_table() -> str:
+    """docs/membership.md's table of each algorithm's heal rule (its class's ``heal_rule``)."""
+    from relaympi.algorithms import ALGORITHMS
+
+    rows = [f"| `{name}` | {cls.heal_rule} |" for name, cls in ALGORITHMS.items()]
+    return "\n".join(["| algorithm | over the survivors |", "|---|---|", *rows])
