@@ -60,11 +60,12 @@ class _Losing(BatchedRun):
     """A batched run whose workers ``losses[step]`` vanish at the start of that step, before its
     evaluation: where the training loop calls drop_workers."""
 
-    def __init__(self, plan, out, losses):
+    def __init__(self, plan, out, losses, check_lag=None):
         super().__init__(
             plan, out, "test", BatchedOptimizer, make_batched_algorithm, threading.Event()
         )
         self.losses, self.dropped = dict(losses), set()
+        self.check_lag = check_lag or self.check_lag
 
     def _due(self, step):
         if step in self.losses and step not in self.dropped:
@@ -189,9 +190,9 @@ class _Replay:
         return self.rows
 
 
-def _check_against_replay(tmp_path, args, losses, nodes=None):
+def _check_against_replay(tmp_path, args, losses, nodes=None, check_lag=None):
     plan = _plan(args, N0, nodes).with_out(tmp_path / "lost.h5")
-    run = _Losing(plan, tmp_path / "lost.h5", losses)
+    run = _Losing(plan, tmp_path / "lost.h5", losses, check_lag)
     assert run.run() == "completed"
     assert run.members == [w for w in range(N0) if w not in sum(losses.values(), [])]
     assert run.n0 == N0 and run.x.shape[0] == len(run.members)
@@ -328,3 +329,10 @@ def test_a_run_preempted_after_a_loss_resumes_bit_identical(tmp_path, task):
         if not name.startswith("time"):
             np.testing.assert_array_equal(cut[name], values, err_msg=name)
     assert np.isnan(cut["bytes_sent"][-1][[3, 6]]).all()
+
+
+def test_a_loss_while_the_losses_of_earlier_steps_are_unread(tmp_path):
+    """As on a GPU, the host reads the losses every few steps: the losses of the steps before a
+    change, read after it, still count for the survivors (worker 0 among the lost)."""
+    args = _args("quadratics", "relay")
+    _check_against_replay(tmp_path, args, {13: [3], 27: [0, 6]}, check_lag=4)

@@ -225,7 +225,10 @@ class BatchedRun(TrainingLoop):
         )
         self.checkpoints = Checkpoints(cfg, self.out, 0, self.n, engine=BACKEND, nodes=plan.nodes)
         self.check_lag = check_lag(self.device)
-        self.loss_sum = np.zeros(self.n)
+        # by original worker, n0 wide: a lost worker's entry stays (its row reports NaN), so losses
+        # of steps before a change that the loop has not read yet (a GPU's deferred reads) still
+        # add up with those after it
+        self.loss_sum = np.zeros(self.n0)
         self._G: torch.Tensor | None = None
         self.check_injection(self.n)
 
@@ -253,14 +256,12 @@ class BatchedRun(TrainingLoop):
     # -- membership ---------------------------------------------------------------------------
     def drop_workers(self, lost: list[int], step: int) -> None:
         """Workers ``lost`` (original ids, all current members) vanish at the start of step
-        ``step``: their rows leave X, the optimizer's state, the data (each survivor keeps its
-        shard and its batch stream) and the running train loss; the algorithm is rebuilt over the
+        ``step``: their rows leave X, the optimizer's state and the data (each survivor keeps its
+        shard and its batch stream); the algorithm is rebuilt over the
         survivors (the heal rule): the run's topology family built for their count and placed by
         their nodes, fresh algorithm state from each survivor's current model, which keeps its
-        local optimizer's state. Byte counts carry over per original worker.
-
-        Losses of earlier steps must be settled (TrainingLoop._settle) before the call: the running
-        train loss then has one entry per current worker."""
+        local optimizer's state. Byte counts and the running train loss carry over per original
+        worker."""
         gone = set(lost)
         if not gone or len(gone) != len(lost) or not gone <= set(self.members):
             raise ValueError(
@@ -283,10 +284,6 @@ class BatchedRun(TrainingLoop):
         X.set_(kept.untyped_storage(), 0, kept.shape, kept.stride())
         self.engine.keep_workers(rows, members)
         self.optimizer.keep_rows(rows)
-        if isinstance(self.loss_sum, np.ndarray):
-            self.loss_sum = self.loss_sum[rows]
-        if isinstance(self.last_train_loss, np.ndarray) and len(self.last_train_loss) == self.n:
-            self.last_train_loss = self.last_train_loss[rows]
         self._G = None
         self.members, self.n = members, len(members)
         self.algorithm = self._make_algorithm(
@@ -322,6 +319,10 @@ class BatchedRun(TrainingLoop):
             self._bytes_before = state["bytes_before"].numpy().copy()
             self._inter_node_bytes_before = state["inter_node_bytes_before"].numpy().copy()
 
+    def _lost(self) -> list[int]:
+        """The original ids of the workers lost so far."""
+        return sorted(set(range(self.n0)) - set(self.members))
+
     def _node_of(self, worker: int) -> int:
         """Original worker ``worker``'s node (as the run placed it)."""
         return int(self.plan.nodes[worker]) if self.plan.nodes else 0
@@ -339,7 +340,12 @@ class BatchedRun(TrainingLoop):
 
     # -- the steps ---------------------------------------------------------------------------
     def gradient(self, step: int) -> np.ndarray | torch.Tensor:
+        """The step's losses by original worker, n0 of them: 0 for the lost (finite, so no
+        divergence; their rows report NaN)."""
         self._G, losses = self.engine.gradient(step)
+        if self.n != self.n0:
+            members = torch.as_tensor(self.members, dtype=torch.long, device=losses.device)
+            losses = losses.new_zeros(self.n0).index_copy_(0, members, losses.detach())
         if self.check_lag > 1:  # read later, many steps at once (TrainingLoop._settle)
             return losses.detach().double()
         return losses.detach().double().cpu().numpy()
@@ -351,7 +357,11 @@ class BatchedRun(TrainingLoop):
         return stop, bad  # one process: nothing to agree with
 
     def evaluate(self, step: int) -> None:
-        train_loss = self.train_loss(self.engine.current_losses)
+        train_loss = np.array(
+            self.train_loss(lambda: self._per_original_worker(self.engine.current_losses())),
+            dtype=np.float64,
+        )
+        train_loss[self._lost()] = np.nan
         # one process runs every worker: each worker's column holds the process's times and memory
         # every per-worker column is n0 wide, by original id: NaN for the workers lost so far
         spread = self._per_original_worker
@@ -361,7 +371,7 @@ class BatchedRun(TrainingLoop):
         }
         row = {
             **row_header(self.schedule, step, self.elapsed()),
-            "train_loss": spread(np.asarray(train_loss, dtype=np.float64)),
+            "train_loss": train_loss,
             "bytes_sent": self._bytes_per_worker(),
             "inter_node_bytes_sent": self._inter_node_bytes_per_worker(),
             **shared,
