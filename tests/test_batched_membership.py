@@ -336,3 +336,10 @@ def test_a_loss_while_the_losses_of_earlier_steps_are_unread(tmp_path):
     change, read after it, still count for the survivors (worker 0 among the lost)."""
     args = _args("quadratics", "relay")
     _check_against_replay(tmp_path, args, {13: [3], 27: [0, 6]}, check_lag=4)
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_sgp_survivors_equal_the_replay_where_their_count_suits_its_schedule(tmp_path, task):
+    """SGP's exponential graph needs a power-of-two count: 8 workers, 4 lost at once."""
+    args = [*TASKS[task], "--algo", "sgp", "--steps", "30", "--eval-every", "10"]
+    _check_against_replay(tmp_path, args, {17: [1, 2, 5, 6]})
