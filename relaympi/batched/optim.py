@@ -7,6 +7,7 @@ per-worker result, with no second copy of their arithmetic.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -64,3 +65,24 @@ class BatchedOptimizer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._flat.load_state_dict({k: (v.reshape(-1) if v.dim() else v) for k, v in state.items()})
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Keep the workers at positions ``rows`` of the stack, in that order, and drop the rest:
+        each kept worker's state (momentum, Adam's moments, the last update) moves with it; shared
+        scalars (Adam's step count) stay. The optimizer then steps [len(rows), ...] models."""
+        index = torch.as_tensor(list(rows), dtype=torch.long)
+        if index.numel() == 0 or len(set(index.tolist())) != index.numel():
+            raise ValueError(f"rows must be distinct positions, at least one, got {list(rows)}")
+        if int(index.min()) < 0 or int(index.max()) >= self.shape[0]:
+            raise ValueError(f"rows must be in [0, {self.shape[0]}), got {list(rows)}")
+        old_update = self.update_buffer
+        index = index.to(old_update.device)
+        state = {
+            k: (v.index_select(0, index) if v.dim() else v.clone())
+            for k, v in self.state_dict().items()
+        }
+        self.shape = torch.Size((len(index), *self.shape[1:]))
+        like = torch.empty(self.shape.numel(), dtype=old_update.dtype, device=old_update.device)
+        self._flat = make_optimizer(self.config, like)
+        self.load_state_dict(state)
+        self.update_buffer.copy_(old_update.index_select(0, index))

@@ -49,6 +49,21 @@ class BatchedData:
             images, targets = task.train_tensors
             self._images, self._targets = images.to(self.device), targets.to(self.device)
 
+    @property
+    def workers(self) -> list[int]:
+        """The original id (the rank its sampler draws with) of each row of a batch, in order."""
+        return [sampler.rank for sampler in self.samplers]
+
+    def keep_workers(self, rows: list[int]) -> None:
+        """Keep the workers at positions ``rows`` (in that order): each keeps its shard and its
+        sampler, whose stream is keyed by its original id, so it draws exactly the batches it
+        would have drawn; a dropped worker's shard leaves with it. The steps per epoch stay the
+        run's (its schedule was set from them)."""
+        if not rows or len(set(rows)) != len(rows):
+            raise ValueError(f"rows must be distinct positions, at least one, got {rows}")
+        self.samplers = [self.samplers[row] for row in rows]
+        self.world_size = len(self.samplers)
+
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs [N, B, ...], targets [N, B]) of step ``step`` on the training device."""
         if self._images is not None:

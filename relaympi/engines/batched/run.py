@@ -33,16 +33,18 @@ import torch
 
 from relaympi.batched.algorithms import make_batched_algorithm
 from relaympi.batched.optim import BatchedOptimizer
+from relaympi.comm.base import number_nodes
 from relaympi.config import ConfigError
 from relaympi.engines.batched.data import BatchedData
 from relaympi.engines.batched.models import BatchedModel, refuse_unsupported
 from relaympi.engines.batched.threads import choose_threads, times_threads
 from relaympi.tasks.base import ClassificationTask
-from relaympi.tasks.quadratics import QuadraticsTask
+from relaympi.tasks.quadratics import Quadratics, QuadraticsTask
+from relaympi.topology import Topology
 from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.evaluation import device_memory, row_header
 from relaympi.training.loop import STOP, TrainingLoop, device_for
-from relaympi.training.plan import Plan
+from relaympi.training.plan import Plan, placed_topology
 from relaympi.training.run_file import writer_factory
 from relaympi.training.workloads import run_partition
 
@@ -70,6 +72,10 @@ class ModelEngine:
         self.steps_per_epoch = self.data.steps_per_epoch
         self.eval_batch_size = cfg.eval_batch_size
 
+    def keep_workers(self, rows: list[int], members: list[int]) -> None:
+        """Keep the workers at positions ``rows`` (original ids ``members``); X is the caller's."""
+        self.data.keep_workers(rows)
+
     def gradient(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(G [N, d], losses [N]) at step ``step``'s batches."""
         inputs, targets = self.data.batch(step)
@@ -94,20 +100,34 @@ class QuadraticEngine:
         self.Atb = torch.from_numpy(self.problem.Atb).to(device)
         self.X = torch.zeros(plan.world_size, self.problem.dim, dtype=torch.float64, device=device)
         self.steps_per_epoch = 1
+        # the original id of each row: its objective f_i and its noise stream
+        self.members = list(range(plan.world_size))
+        self._local: Quadratics = self.problem  # the rows' own objectives
+
+    def keep_workers(self, rows: list[int], members: list[int]) -> None:
+        """Keep the workers at positions ``rows`` (original ids ``members``): their objectives'
+        rows; each draws its noise by its original id. X is the caller's."""
+        index = torch.as_tensor(rows, dtype=torch.long, device=self.AtA.device)
+        self.AtA, self.Atb = self.AtA.index_select(0, index), self.Atb.index_select(0, index)
+        self.members = list(members)
+        problem = self.problem
+        self._local = Quadratics(
+            problem.A[members], problem.b[members], problem.x_star, problem.f_star, problem.sigma2
+        )
 
     def gradient(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         G = torch.bmm(self.AtA, self.X.unsqueeze(2)).squeeze(2).sub_(self.Atb)
         if self.problem.sigma2:
-            noise = np.stack(
-                [self.problem.noise(self.seed, step, rank) for rank in range(self.X.shape[0])]
-            )
+            noise = np.stack([self.problem.noise(self.seed, step, rank) for rank in self.members])
             G.add_(torch.from_numpy(noise).to(G.device))
         return G, torch.from_numpy(self.current_losses())
 
     def current_losses(self) -> np.ndarray:
-        return self.problem.local_losses(self.X.cpu().numpy())
+        return self._local.local_losses(self.X.cpu().numpy())
 
     def metrics(self) -> dict[str, Any]:
+        """The summary (suboptimality of the global objective, consensus distance, ...) of the
+        current rows; ``params`` one row per current worker."""
         params = self.X.cpu().numpy()
         row = self.problem.summary(params)
         if self.cfg.record_params:
@@ -179,13 +199,20 @@ class BatchedRun(TrainingLoop):
         super().__init__(writer_factory(plan, out, command), stop)
         cfg = plan.cfg
         self.plan, self.out = plan, Path(out)
-        self.n = plan.world_size
+        self.n = plan.world_size  # the workers now (the rows of X)
+        self.n0 = plan.world_size  # the workers the run started with
+        self.members = list(range(self.n0))  # the original id of each row of X, in order
         self.workers = range(self.n)
         self.device = torch.device(device_for(cfg, 0))
         self.engine = make_engine(plan, self.device)
         if isinstance(self.engine, ModelEngine):  # for the chance-accuracy check
             self.num_classes = int(self.engine.task.num_classes)
         self.schedule = plan.schedule(self.engine.steps_per_epoch)
+        self._make_algorithm = make_algorithm
+        # per original worker: the bytes (all, to other nodes) its algorithms before the current
+        # one sent (NaN once it is lost); the current algorithm's counters start at its change
+        self._bytes_before = np.zeros(self.n0)
+        self._inter_node_bytes_before = np.zeros(self.n0)
         self.optimizer = make_optimizer(plan.optimizer, self.engine.X)
         self.algorithm = make_algorithm(
             cfg.algo,
@@ -198,7 +225,10 @@ class BatchedRun(TrainingLoop):
         )
         self.checkpoints = Checkpoints(cfg, self.out, 0, self.n, engine=BACKEND, nodes=plan.nodes)
         self.check_lag = check_lag(self.device)
-        self.loss_sum = np.zeros(self.n)
+        # by original worker, n0 wide: a lost worker's entry stays (its row reports NaN), so losses
+        # of steps before a change that the loop has not read yet (a GPU's deferred reads) still
+        # add up with those after it
+        self.loss_sum = np.zeros(self.n0)
         self._G: torch.Tensor | None = None
         self.check_injection(self.n)
 
@@ -223,9 +253,99 @@ class BatchedRun(TrainingLoop):
             if why is not None:
                 log.info(why)
 
+    # -- membership ---------------------------------------------------------------------------
+    def drop_workers(self, lost: list[int], step: int) -> None:
+        """Workers ``lost`` (original ids, all current members) vanish at the start of step
+        ``step``: their rows leave X, the optimizer's state and the data (each survivor keeps its
+        shard and its batch stream); the algorithm is rebuilt over the
+        survivors (the heal rule): the run's topology family built for their count and placed by
+        their nodes, fresh algorithm state from each survivor's current model, which keeps its
+        local optimizer's state. Byte counts and the running train loss carry over per original
+        worker."""
+        gone = set(lost)
+        if not gone or len(gone) != len(lost) or not gone <= set(self.members):
+            raise ValueError(
+                f"lost must name distinct current workers {self.members}, got {list(lost)}"
+            )
+        rows = [row for row, worker in enumerate(self.members) if worker not in gone]
+        if not rows:
+            raise ValueError(f"step {step}: every worker would be lost ({sorted(gone)})")
+        members = [self.members[row] for row in rows]
+        survivor_nodes = [self._node_of(worker) for worker in members]
+        topology = survivor_topology(self.plan, survivor_nodes)  # before anything changes
+        # the bytes so far, per original worker, before the algorithm's counters start over
+        self._bytes_before = self._bytes_per_worker()
+        self._inter_node_bytes_before = self._inter_node_bytes_per_worker()
+        self._bytes_before[sorted(gone)] = np.nan
+        self._inter_node_bytes_before[sorted(gone)] = np.nan
+        X = self.engine.X
+        # in place: whoever holds X (the loop's finiteness checks, its clock) sees the survivors
+        kept = X.index_select(0, torch.as_tensor(rows, dtype=torch.long, device=X.device))
+        X.set_(kept.untyped_storage(), 0, kept.shape, kept.stride())
+        self.engine.keep_workers(rows, members)
+        self.optimizer.keep_rows(rows)
+        self._G = None
+        self.members, self.n = members, len(members)
+        self.algorithm = self._make_algorithm(
+            self.plan.cfg.algo,
+            topology,
+            self.optimizer,
+            X,
+            self.plan.algorithm_options,
+            self.plan.drops,
+            nodes=number_nodes(survivor_nodes) if self.plan.nodes else None,
+        )
+
+    def state(self) -> dict[str, Any]:
+        """The checkpoint; after a membership change also the workers still in the run and the
+        bytes each original worker sent before the current algorithm."""
+        state = super().state()
+        if self.n != self.n0:
+            state["members"] = torch.tensor(self.members, dtype=torch.int64)
+            state["bytes_before"] = torch.from_numpy(self._bytes_before.copy())
+            state["inter_node_bytes_before"] = torch.from_numpy(
+                self._inter_node_bytes_before.copy()
+            )
+        return state
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """A checkpoint taken after a membership change first drops the workers it had lost, so
+        that the models, optimizer and algorithm it restores have the survivors' shapes."""
+        if "members" in state:
+            members = set(state["members"].tolist())
+            self.drop_workers([w for w in self.members if w not in members], self.start_step)
+        super().restore(state)
+        if "members" in state:
+            self._bytes_before = state["bytes_before"].numpy().copy()
+            self._inter_node_bytes_before = state["inter_node_bytes_before"].numpy().copy()
+
+    def _lost(self) -> list[int]:
+        """The original ids of the workers lost so far."""
+        return sorted(set(range(self.n0)) - set(self.members))
+
+    def _node_of(self, worker: int) -> int:
+        """Original worker ``worker``'s node (as the run placed it)."""
+        return int(self.plan.nodes[worker]) if self.plan.nodes else 0
+
+    def _per_original_worker(self, values: Any) -> Any:
+        """A per-worker array ([N, ...], N the current workers) as [n0, ...] by original id, NaN
+        for the lost workers; anything else (a run-level scalar) unchanged."""
+        if self.n == self.n0 or not isinstance(values, np.ndarray) or values.ndim == 0:
+            return values
+        if values.shape[0] != self.n:
+            raise ValueError(f"expected {self.n} rows (one per worker), got {values.shape}")
+        full = np.full((self.n0, *values.shape[1:]), np.nan)
+        full[self.members] = values
+        return full
+
     # -- the steps ---------------------------------------------------------------------------
     def gradient(self, step: int) -> np.ndarray | torch.Tensor:
+        """The step's losses by original worker, n0 of them: 0 for the lost (finite, so no
+        divergence; their rows report NaN)."""
         self._G, losses = self.engine.gradient(step)
+        if self.n != self.n0:
+            members = torch.as_tensor(self.members, dtype=torch.long, device=losses.device)
+            losses = losses.new_zeros(self.n0).index_copy_(0, members, losses.detach())
         if self.check_lag > 1:  # read later, many steps at once (TrainingLoop._settle)
             return losses.detach().double()
         return losses.detach().double().cpu().numpy()
@@ -237,35 +357,58 @@ class BatchedRun(TrainingLoop):
         return stop, bad  # one process: nothing to agree with
 
     def evaluate(self, step: int) -> None:
-        train_loss = self.train_loss(self.engine.current_losses)
+        train_loss = np.array(
+            self.train_loss(lambda: self._per_original_worker(self.engine.current_losses())),
+            dtype=np.float64,
+        )
+        train_loss[self._lost()] = np.nan
         # one process runs every worker: each worker's column holds the process's times and memory
+        # every per-worker column is n0 wide, by original id: NaN for the workers lost so far
+        spread = self._per_original_worker
         shared = {
-            name: np.full(self.n, value)
+            name: spread(np.full(self.n, value))
             for name, value in {**self.timers.record(), **device_memory(self.engine.X)}.items()
         }
         row = {
             **row_header(self.schedule, step, self.elapsed()),
-            "train_loss": np.asarray(train_loss, dtype=np.float64),
+            "train_loss": train_loss,
             "bytes_sent": self._bytes_per_worker(),
             "inter_node_bytes_sent": self._inter_node_bytes_per_worker(),
             **shared,
-            **self.engine.metrics(),
+            **{name: spread(value) for name, value in self.engine.metrics().items()},
         }
         self.writer.append(row)
         self.log_evaluation(row, self.n)
 
     def _inter_node_bytes_per_worker(self) -> np.ndarray:
-        """Bytes each worker sent so far to workers on other nodes (Communicator.inter_node_bytes's
-        sum); NaN for a counter without destinations ([N]) where the workers span nodes."""
+        """Bytes each original worker sent so far to workers on other nodes
+        (Communicator.inter_node_bytes's sum; NaN once lost); NaN for a counter without
+        destinations ([N]) where the workers span nodes."""
         sent = np.asarray(self.algorithm.bytes_sent, dtype=np.float64)
-        nodes = np.asarray(self.plan.nodes or (0,) * self.n)
+        nodes = np.asarray([self._node_of(worker) for worker in self.members])
         if sent.ndim == 2:
-            return (sent * (nodes[:, None] != nodes[None, :])).sum(axis=1)
-        return np.full(self.n, np.nan if len(set(nodes.tolist())) > 1 else 0.0)
+            now = (sent * (nodes[:, None] != nodes[None, :])).sum(axis=1)
+        else:
+            now = np.full(self.n, np.nan if len(set(nodes.tolist())) > 1 else 0.0)
+        total = self._inter_node_bytes_before.copy()
+        total[self.members] += now
+        return total
 
     def _bytes_per_worker(self) -> np.ndarray:
-        """Bytes each worker sent so far ([N], or [N, N] by destination as Communicator.bytes_sent,
-        summed)."""
-        return (
-            np.asarray(self.algorithm.bytes_sent, dtype=np.float64).reshape(self.n, -1).sum(axis=1)
-        )
+        """Bytes each original worker sent so far (the current algorithm's [N], or [N, N] by
+        destination as Communicator.bytes_sent, summed, plus its earlier algorithms'; NaN once
+        lost)."""
+        sent = np.asarray(self.algorithm.bytes_sent, dtype=np.float64)
+        now = sent.reshape(self.n, -1).sum(axis=1)
+        total = self._bytes_before.copy()
+        total[self.members] += now
+        return total
+
+
+def survivor_topology(plan: Plan, survivor_nodes: list[int]) -> Topology:
+    """The run's topology family built for the survivors (their count), placed by their nodes as
+    --placement says (``survivor_nodes``: each survivor's node, in order, any labels)."""
+    _, topology = placed_topology(
+        plan.topology.name, len(survivor_nodes), plan.cfg.placement, number_nodes(survivor_nodes)
+    )
+    return topology
