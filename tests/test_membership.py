@@ -71,11 +71,12 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("backend", ["local", "batched"])
 @pytest.mark.parametrize(
     "algo, topo, momentum, losses", CASES, ids=[c[0] + "-" + c[1] for c in CASES]
 )
 def test_survivors_equal_the_matrix_oracle_without_the_lost_rows(
-    tmp_path, algo, topo, momentum, losses
+    tmp_path, backend, algo, topo, momentum, losses
 ):
     from relaympi.optim import OptimizerConfig
     from relaympi.tasks import quadratics
@@ -87,7 +88,7 @@ def test_survivors_equal_the_matrix_oracle_without_the_lost_rows(
     inject = ",".join(f"{r}:{s}" for s, ranks in losses.items() for r in ranks)
     result = train(
         [
-            *("--backend", "local", "--workers", N, "--algo", algo, "--topology", topo),
+            *("--backend", backend, "--workers", N, "--algo", algo, "--topology", topo),
             *("--momentum", momentum, "--task", "quadratics", "--lr", LR, "--steps", STEPS),
             *("--eval-every", 1, "--record-params", "--dim", DIM),
             *("--problem-file", problem_file, "--out", out, "--on-failure", "continue"),

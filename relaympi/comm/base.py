@@ -1,5 +1,7 @@
 """The Communicator interface: nonblocking neighbour exchange, collectives, byte counts, drops."""
 
+# Long module: the Communicator interface: every backend's contract with its docs
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

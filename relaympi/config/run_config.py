@@ -234,9 +234,9 @@ class RunConfig:
     # rerun resumes from its checkpoints) or continue (they shrink the membership and go on)
     on_failure: str = flag_field(
         "stop",
-        "what the other workers do when one is lost mid-run: stop (the run fails; default) or "
-        "continue (the survivors rebuild the topology among themselves and train to the end; MPI "
-        "needs Open MPI with ULFM, see `scripts/mpirun-ulfm`)",
+        "what the other workers do when one is lost mid-run: stop (the run fails) or continue "
+        "(the survivors rebuild the topology among themselves and train to the end; MPI needs "
+        "Open MPI with ULFM, `scripts/mpirun-ulfm`) (default stop)",
         choices=lambda: ("stop", "continue"),
         numbers=False,
         resume_free=True,

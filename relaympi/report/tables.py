@@ -1,6 +1,8 @@
 """The paper's tables from run summaries: accuracy, scaling, robustness (one spec each), learning
 rate, quadratics."""
 
+# Long module: every table of the report: accuracy, costs and their flags
+
 from __future__ import annotations
 
 import dataclasses

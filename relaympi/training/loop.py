@@ -2,6 +2,8 @@
 checkpoints (start, state, restore), injected failures and how a run ends or fails. An engine
 (relaympi.engines) says how its workers compute a gradient, step, agree and evaluate."""
 
+# Long module: the one training loop: its steps, start, checkpoints, failures and membership
+
 from __future__ import annotations
 
 import copy

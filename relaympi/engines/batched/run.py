@@ -23,6 +23,7 @@ import logging
 import math
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -40,11 +41,11 @@ from relaympi.engines.batched.models import BatchedModel, refuse_unsupported
 from relaympi.engines.batched.threads import choose_threads, times_threads
 from relaympi.tasks.base import ClassificationTask
 from relaympi.tasks.quadratics import Quadratics, QuadraticsTask
-from relaympi.topology import Topology
 from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.evaluation import device_memory, row_header
 from relaympi.training.loop import STOP, TrainingLoop, device_for
-from relaympi.training.plan import Plan, placed_topology
+from relaympi.training.membership import survivor_topology
+from relaympi.training.plan import Plan
 from relaympi.training.run_file import writer_factory
 from relaympi.training.workloads import run_partition
 
@@ -201,6 +202,7 @@ class BatchedRun(TrainingLoop):
         self.plan, self.out = plan, Path(out)
         self.n = plan.world_size  # the workers now (the rows of X)
         self.n0 = plan.world_size  # the workers the run started with
+        self.nodes0 = tuple(plan.nodes or (0,) * self.n0)  # each original worker's node
         self.members = list(range(self.n0))  # the original id of each row of X, in order
         self.workers = range(self.n)
         self.device = torch.device(device_for(cfg, 0))
@@ -254,6 +256,19 @@ class BatchedRun(TrainingLoop):
                 log.info(why)
 
     # -- membership ---------------------------------------------------------------------------
+    def share_hosts(self, hosts: list[str] | None) -> list[str]:
+        assert hosts is not None  # one process: its own host for every worker
+        return hosts * self.n0
+
+    def lose_injected(self, step: int, ranks: list[int]) -> None:
+        """RELAYMPI_INJECT_FAILURE's workers of this step vanish: their rows leave, the survivors
+        heal at once (one process: nothing to detect, nothing to redo)."""
+        t0 = time.perf_counter()
+        lost = [rank for rank in dict.fromkeys(ranks) if rank in self.members]
+        if lost:
+            self.drop_workers(lost, step)
+            self._after_change(step, lost, t0, (False, False), None)
+
     def drop_workers(self, lost: list[int], step: int) -> None:
         """Workers ``lost`` (original ids, all current members) vanish at the start of step
         ``step``: their rows leave X, the optimizer's state and the data (each survivor keeps its
@@ -403,12 +418,3 @@ class BatchedRun(TrainingLoop):
         total = self._bytes_before.copy()
         total[self.members] += now
         return total
-
-
-def survivor_topology(plan: Plan, survivor_nodes: list[int]) -> Topology:
-    """The run's topology family built for the survivors (their count), placed by their nodes as
-    --placement says (``survivor_nodes``: each survivor's node, in order, any labels)."""
-    _, topology = placed_topology(
-        plan.topology.name, len(survivor_nodes), plan.cfg.placement, number_nodes(survivor_nodes)
-    )
-    return topology
