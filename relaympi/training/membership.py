@@ -162,3 +162,20 @@ def heal_table() -> str:
 
     rows = [f"| `{name}` | {cls.heal_rule} |" for name, cls in ALGORITHMS.items()]
     return "\n".join(["| algorithm | over the survivors |", "|---|---|", *rows])
+
+
+def readmission_weights(
+    topology: Topology, members: Sequence[int], worker: int
+) -> dict[int, float]:
+    """Where a re-admitted worker's model comes from: the mean of its neighbours in the run's
+    topology (every layer; ``topology`` over the run's first worker count) that are ``members``
+    now, or of every member where none of its neighbours is one. Member id -> weight."""
+    present = set(members)
+    neighbours = {
+        peer
+        for layer in range(topology.num_layers)
+        for peer in topology.neighbors(worker, layer)
+        if peer in present
+    }
+    chosen = sorted(neighbours) if neighbours else sorted(present)
+    return {member: 1.0 / len(chosen) for member in chosen}
