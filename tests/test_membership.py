@@ -119,3 +119,99 @@ def test_survivors_equal_the_matrix_oracle_without_the_lost_rows(
     assert all(c["heal_s"] >= 0 for c in membership)
     lost = sum(len(r) for r in losses.values())
     assert f"{N - lost} of {N} workers finished" in result.stdout
+
+
+def _readmission_oracle(problem, algo, topo, optimizer, lost_at: int, lost: int, back_at: int):
+    """X per step: ``lost`` leaves at ``lost_at`` and comes back at ``back_at`` with the mean of
+    its surviving neighbours' models (in the run's topology) and a fresh optimizer state; the
+    algorithm starts again over everyone there."""
+    from relaympi.algorithms.matrix import MatrixOptimizer, make_matrix_algorithm
+    from relaympi.topology import build
+    from relaympi.training.membership import readmission_weights
+
+    def engine_for(members, m=None):
+        engine = make_matrix_algorithm(
+            algo, build(topo, len(members)), len(members), np.zeros(DIM), optimizer
+        )
+        if m is not None:
+            fresh = MatrixOptimizer(optimizer, (len(members), DIM))
+            fresh.m = m
+            engine.optimizer = fresh
+            engine.form = type(engine.form)(engine)
+        return engine
+
+    members, start = list(range(N)), 0
+    X, engine = np.zeros((N, DIM)), engine_for(list(range(N)))
+    wide = [np.zeros((N, DIM))]
+    for t in range(STEPS):
+        if t == lost_at:
+            keep = [i for i, m in enumerate(members) if m != lost]
+            members, X, start = [members[i] for i in keep], X[keep], t
+            engine = engine_for(members, engine.optimizer.m[keep])
+            wide[-1] = wide[-1].copy()
+            wide[-1][lost] = np.nan
+        if t == back_at:
+            full = np.zeros((N, DIM))
+            full[members] = X
+            weights = readmission_weights(build(topo, N), members, lost)
+            full[lost] = sum(w * full[m] for m, w in sorted(weights.items()))
+            m = np.zeros((N, DIM))
+            m[members] = engine.optimizer.m
+            members, X, start = list(range(N)), full, t
+            engine = engine_for(members, m)
+            wide[-1] = full.copy()
+        AtA, Atb = problem.AtA[members], problem.Atb[members]
+        X = engine.step(
+            X,
+            np.einsum("nij,nj->ni", AtA, X) - Atb,
+            LR,
+            t - start if algo.startswith("relay") else t,
+        )
+        row = np.full((N, DIM), np.nan)
+        row[members] = X
+        wide.append(row)
+    return np.stack(wide)
+
+
+@pytest.mark.parametrize("backend", ["local"])
+@pytest.mark.parametrize("algo, topo", [("relay", "double-binary-trees"), ("dpsgd", "ring")])
+def test_a_rerun_readmits_the_lost_worker_as_the_oracle_does(tmp_path, backend, algo, topo):
+    """Lost at step 4, preempted at 9 with a checkpoint, rerun on the run's worker count: the lost
+    worker comes back at 9 with its surviving neighbours' mean model and a fresh optimizer."""
+    from relaympi.optim import OptimizerConfig
+    from relaympi.tasks import quadratics
+
+    problem_file, out = tmp_path / "problem.h5", tmp_path / "run.h5"
+    quadratics.generate(N, quadratics.QuadraticsSpec(dim=DIM, zeta2=1.0, r0=5.0), seed=4).save(
+        problem_file
+    )
+    args = [
+        *("--backend", backend, "--workers", N, "--algo", algo, "--topology", topo),
+        *("--momentum", 0.5, "--task", "quadratics", "--lr", LR, "--steps", STEPS),
+        *("--eval-every", 1, "--record-params", "--dim", DIM, "--checkpoint-every", 1),
+        *("--problem-file", problem_file, "--out", out, "--on-failure", "continue"),
+        *("--checkpoint-dir", tmp_path / "ck"),
+    ]
+    first = train(
+        args,
+        env={"RELAYMPI_INJECT_FAILURE": "3:4", "RELAYMPI_INJECT_SIGNAL": "TERM:9"},
+    )
+    assert read_run(out).status == "preempted", first.stderr[-2000:]
+    second = train(args, check=0)
+    run = read_run(out)
+    assert run.status == "completed"
+    expected = _readmission_oracle(
+        quadratics.load(problem_file), algo, topo, OptimizerConfig(momentum=0.5), 4, 3, 9
+    )
+    params = run.data["params"]
+    np.testing.assert_array_equal(np.isnan(params), np.isnan(expected))
+    np.testing.assert_allclose(params, expected, rtol=0, atol=1e-9)
+    with h5py.File(out) as f:
+        membership = json.loads(f.attrs["membership"])
+    assert [
+        (c["step"], c["lost"], c.get("readmitted", []), c["world_size"]) for c in membership
+    ] == [
+        (4, [3], [], N - 1),
+        (9, [], [3], N),
+    ]
+    assert f"{N} of {N} workers finished" in second.stdout

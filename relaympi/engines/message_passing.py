@@ -26,8 +26,15 @@ from relaympi.optim import make_optimizer
 from relaympi.training.buckets import GradientBuckets
 from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.evaluation import Evaluator
-from relaympi.training.loop import STOP, USAGE_ERRORS, TrainingLoop, WriterFactory, device_for
-from relaympi.training.membership import check_heals, survivor_topology
+from relaympi.training.loop import (
+    STOP,
+    USAGE_ERRORS,
+    TrainingLoop,
+    WriterFactory,
+    _to_device,
+    device_for,
+)
+from relaympi.training.membership import check_heals, readmission_weights, survivor_topology
 from relaympi.training.plan import Plan
 from relaympi.training.run_file import writer_factory
 from relaympi.training.workloads import build_workload
@@ -167,6 +174,39 @@ class MessagePassingRank(TrainingLoop):
     def report_failure(self, message: str) -> None:
         self.comm.report_failure(message)
 
+    def membership_state(self) -> dict[str, Any]:
+        if self.evaluator.members is None:
+            return {}
+        # after a loss: the bytes sent over every communicator so far (total, inter-node)
+        total = self.evaluator.carried_bytes + [
+            float(self.comm.bytes_sent.sum()),
+            float(self.comm.inter_node_bytes()),
+        ]
+        return {"bytes_total": torch.from_numpy(total)}
+
+    def readmit(self, state: dict[str, Any] | None, lost: list[int]) -> None:
+        """Back to full strength: a survivor restores its own checkpoint (not its algorithm's
+        state: the algorithm starts again over everyone); each lost worker takes the mean of its
+        surviving neighbours' models (readmission_weights), a fresh optimizer, zero bytes."""
+        x, me = self.workload.x, self.workers.start
+        members = [w for w in range(self.n0) if w not in lost]
+        if state is not None:
+            x.copy_(state["x"])
+            self.optimizer.load_state_dict(_to_device(state["optimizer"], x.device))
+            self.restore_common(state)
+            if "bytes_total" in state:
+                self.evaluator.carried_bytes = state["bytes_total"].numpy().astype(float)
+        for worker in lost:  # one sum each, in worker order: the same on every rank
+            weight = readmission_weights(self.plan.topology, members, worker).get(me, 0.0)
+            mean = x * weight if weight else torch.zeros_like(x)
+            self.comm.allreduce_sum(mean)
+            if me == worker:
+                x.copy_(mean)
+        cfg = self.plan.cfg
+        self.algorithm = make_algorithm(
+            cfg.algo, self.comm, self.plan.topology, self.optimizer, x, self.plan.algorithm_options
+        )
+
     # -- membership (--on-failure continue) -------------------------------------------------
     def share_hosts(self, hosts: list[str] | None) -> list[str]:
         return self.comm.bcast(hosts)
@@ -201,7 +241,7 @@ class MessagePassingRank(TrainingLoop):
             cfg.algo, new, topology, self.optimizer, self.workload.x, plan.algorithm_options
         )
         self.evaluator.comm, self.evaluator.members = new, self.members
-        self.checkpoints.heal(self.rank, new.barrier, self.members, new.nodes)
+        self.checkpoints.heal(self.rank, new.barrier, self.members)
 
     # -- the steps ----------------------------------------------------------------------------
     def gradient(self, step: int) -> float:

@@ -68,15 +68,13 @@ class Checkpoints:
         # (its id), the lowest survivor names the step, and meta.json lists the survivors
         self.writes_meta = rank == 0
         self.members: list[int] | None = None
+        # load(): the workers a checkpoint saved after a loss lacks, re-admitted by this rerun
+        self.readmitting: list[int] = []
 
-    def heal(
-        self, rank: int, barrier: Callable[[], None], members: list[int], nodes: Sequence[int]
-    ) -> None:
+    def heal(self, rank: int, barrier: Callable[[], None], members: list[int]) -> None:
         """Checkpoints of the survivors: ``rank`` in the new membership, its barrier, the ids of
-        the survivors (rank order)."""
+        the survivors (rank order); the run's nodes stay its first ones (a rerun's)."""
         self.writes_meta, self.barrier, self.members = rank == 0, barrier, list(members)
-        if self.nodes is not None:
-            self.nodes = [int(node) for node in nodes]
 
     @property
     def enabled(self) -> bool:
@@ -230,6 +228,14 @@ class Checkpoints:
                 f"engine {meta.get('engine') or _MESSAGE_PASSING} vs "
                 f"{self.engine or _MESSAGE_PASSING}"
             )
+        members = meta.get("members")
+        if members is not None and meta.get("world_size") != n and len(members) == n:
+            raise ConfigError(
+                f"the checkpoint in {self.directory} (step {meta['step']}) was saved by the "
+                f"{n} survivors of {meta.get('world_size')} workers: rerun on "
+                f"{meta.get('world_size')} ranks to re-admit the lost ones (resuming on the "
+                "survivors alone is not supported)"
+            )
         if meta.get("world_size") != n:
             differences.append(f"world size {meta.get('world_size')} vs {n}")
         elif (
@@ -251,12 +257,9 @@ class Checkpoints:
                 "use another --checkpoint-dir or delete it"
             )
         step = int(meta["step"])
-        members = meta.get("members")
         if members is not None and members != list(range(n)):
-            lost = sorted(set(range(n)) - set(members))
-            raise ConfigError(
-                f"the checkpoint in {self.directory} (step {step}) was saved after workers "
-                f"{', '.join(map(str, lost))} were lost, and resuming a shrunk run is not "
-                "supported yet: delete the folder to start again, or pass --overwrite"
-            )
+            # saved after a loss, resumed on the run's first count: the lost are re-admitted
+            self.readmitting = sorted(set(range(n)) - set(members))
+            if self.rank not in members:
+                return step, None
         return step, checkpoint_files.load(self.directory, self.rank, step)

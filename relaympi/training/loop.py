@@ -131,6 +131,7 @@ class TrainingLoop(ABC):
         self.continues = False  # --on-failure continue: survivors of a lost worker carry on
         self.snapshots = Snapshots()
         self._pending_change: dict[str, Any] | None = None  # written after its first step
+        self._readmission: dict[str, Any] | None = None  # a rerun's re-admission, to record
         # steps between host reads of the losses (the divergence check) and of the step timers:
         # 1 reads every step; more lets a GPU run ahead of the host (see _settle)
         self.check_lag = 1
@@ -214,7 +215,14 @@ class TrainingLoop(ABC):
             self.on_root_agreed(shared)
         if self.on_root_agreed(lambda: self.checkpoints.resumable(self.schedule.eval_every)):
             self.start_step, state = self.checkpoints.load()
-            if state is not None:
+            if self.checkpoints.readmitting:  # saved after a loss: every lost worker comes back
+                t_readmit = time.perf_counter()
+                self.readmit(state, self.checkpoints.readmitting)
+                self._readmission = change_record(
+                    self.start_step, [], [], [], self.n0, time.perf_counter() - t_readmit
+                )
+                self._readmission["readmitted"] = list(self.checkpoints.readmitting)
+            elif state is not None:
                 self.restore(state)
         if self.is_root and self.start_step:
             log.info(
@@ -232,6 +240,14 @@ class TrainingLoop(ABC):
         self.on_root_agreed(open_writer)
         if self.writer is not None:
             self.checkpoints.claim(self.writer.run_id)
+            if self._readmission is not None:
+                self.writer.add_membership(self._readmission)
+                log.info(
+                    "re-admitted %s at step %d: %d workers again",
+                    ", ".join(f"{self.worker_noun} {i}" for i in self._readmission["readmitted"]),
+                    self.start_step,
+                    self.n0,
+                )
         if self.writer is not None and self.num_classes:  # for the chance-accuracy check
             self.writer.set_attrs(num_classes=int(self.num_classes))
         self.t0 = time.perf_counter()
@@ -244,9 +260,19 @@ class TrainingLoop(ABC):
             "algorithm": _to_cpu(self.algorithm.state_dict()),
             "bytes_sent": torch.from_numpy(np.array(self.bytes_counter, dtype=np.int64)),
             **self.common_state(),
+            **self.membership_state(),
         }
 
+    def membership_state(self) -> dict[str, Any]:
+        """An engine's part of a checkpoint after a membership change (default: none)."""
+        return {}
+
+    def restore_membership(self, state: dict[str, Any]) -> None:  # noqa: B027 - no change: nothing
+        """Before ``restore``: an engine's own part of a checkpoint saved after a membership
+        change (the batched engine drops the lost workers' rows first)."""
+
     def restore(self, state: dict[str, Any]) -> None:
+        self.restore_membership(state)
         device = self.x.device
         self.x.copy_(state["x"])
         self.optimizer.load_state_dict(_to_device(state["optimizer"], device))
@@ -506,6 +532,11 @@ class TrainingLoop(ABC):
 
     def vanish(self) -> None:
         raise NotImplementedError
+
+    def readmit(self, state: dict[str, Any] | None, lost: list[int]) -> None:
+        """A rerun of a run that had lost ``lost``: survivors restore ``state`` (their own), the
+        lost come back (docs/membership.md#back-to-full-strength)."""
+        raise ConfigError(f"this engine cannot re-admit lost workers {lost}")
 
     def shrink(self) -> tuple[Any, list[int]]:
         """After PeerLost: (the survivors' communicator, the original ids lost)."""

@@ -311,26 +311,23 @@ class BatchedRun(TrainingLoop):
             nodes=number_nodes(survivor_nodes) if self.plan.nodes else None,
         )
 
-    def state(self) -> dict[str, Any]:
-        """The checkpoint; after a membership change also the workers still in the run and the
-        bytes each original worker sent before the current algorithm."""
-        state = super().state()
-        if self.n != self.n0:
-            state["members"] = torch.tensor(self.members, dtype=torch.int64)
-            state["bytes_before"] = torch.from_numpy(self._bytes_before.copy())
-            state["inter_node_bytes_before"] = torch.from_numpy(
-                self._inter_node_bytes_before.copy()
-            )
-        return state
+    def membership_state(self) -> dict[str, Any]:
+        """After a membership change: the workers still in the run and the bytes each original
+        worker sent before the current algorithm."""
+        if self.n == self.n0:
+            return {}
+        return {
+            "members": torch.tensor(self.members, dtype=torch.int64),
+            "bytes_before": torch.from_numpy(self._bytes_before.copy()),
+            "inter_node_bytes_before": torch.from_numpy(self._inter_node_bytes_before.copy()),
+        }
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore_membership(self, state: dict[str, Any]) -> None:
         """A checkpoint taken after a membership change first drops the workers it had lost, so
         that the models, optimizer and algorithm it restores have the survivors' shapes."""
         if "members" in state:
             members = set(state["members"].tolist())
             self.drop_workers([w for w in self.members if w not in members], self.start_step)
-        super().restore(state)
-        if "members" in state:
             self._bytes_before = state["bytes_before"].numpy().copy()
             self._inter_node_bytes_before = state["inter_node_bytes_before"].numpy().copy()
 
