@@ -235,3 +235,16 @@ def test_the_readmitted_cell_note_says_so(tmp_path: Path, capsys: pytest.Capture
     )
     rows = [line for line in out.splitlines() if line.startswith("| RelaySGD")]
     assert rows and rows[0].rstrip(" |").endswith(LOST_MARK)
+
+
+def test_the_note_says_some_were_readmitted_while_others_stay_out(tmp_path: Path) -> None:
+    import dataclasses
+
+    from relaympi.report.tables import _lost_words
+
+    _readmitted_run(tmp_path / "relay.h5")
+    summary = summarize(read_run(tmp_path / "relay.h5"), ReportSettings())
+    assert _lost_words(summary) == "lost workers, re-admitted: rank 5"
+    partly = dataclasses.replace(summary, finished=(N - 1, N), readmitted=(2, LOST))
+    assert _lost_words(partly) == "lost workers, some re-admitted: ranks 2, 5"
+    assert _lost_words(dataclasses.replace(summary, readmitted=())) == "lost workers"
