@@ -153,3 +153,98 @@ def test_curves_mark_the_change_with_a_vertical_line(runs_dir: Path) -> None:
 
         plt.close("all")
     assert math.isclose(table.curves[0.1][relay][0].changes[0], 7.5)
+
+
+# ------------------------------------------------------- re-admission: back to full strength
+
+READMIT_STEP = 900  # worker 5 back from the evaluation of epoch 9 on (epoch 8 stays NaN)
+
+
+def _readmitted_run(path: Path, *, bytes_sent: np.ndarray | None = None) -> np.ndarray:
+    """_lost_run's run, then a rerun that re-admitted worker 5 at step 900: its columns hold
+    numbers again from epoch 9 on."""
+    accuracy = _accuracy(1)
+    accuracy[:, LOST] -= 0.4
+    out = (EPOCHS * 100 >= LOST_STEP) & (EPOCHS * 100 < READMIT_STEP)
+    accuracy[out, LOST] = np.nan
+    costs = None if bytes_sent is None else {"bytes_sent": bytes_sent}
+    rf.write_classification_run(path, accuracy, EPOCHS, status="running", algo="relay", costs=costs)
+    with RunWriter.take_over(path, from_step=10**9) as writer:
+        writer.add_membership(
+            {
+                "step": LOST_STEP,
+                "lost": [LOST],
+                "lost_nodes": [1],
+                "lost_hosts": ["h2"],
+                "world_size": N - 1,
+                "heal_s": 0.41,
+            }
+        )
+        writer.add_membership(
+            {
+                "step": READMIT_STEP,
+                "lost": [],
+                "lost_nodes": [],
+                "lost_hosts": [],
+                "world_size": N,
+                "heal_s": 0.2,
+                "readmitted": [LOST],
+            }
+        )
+        writer.set_status("completed")
+    return accuracy
+
+
+def test_a_readmitted_worker_counts_over_its_rows_present(tmp_path: Path) -> None:
+    accuracy = _readmitted_run(tmp_path / "relay.h5")
+    summary = summarize(read_run(tmp_path / "relay.h5"), ReportSettings())
+    assert summary.finished == (N, N) and summary.readmitted == (LOST,)
+    # by hand: worker 5 over epochs 6, 7, 9, 10 (out at 8), every other worker over 6 .. 10
+    means = [float(np.mean(accuracy[EPOCHS > 5, w])) for w in range(N) if w != LOST]
+    means.append(float(np.mean(accuracy[[5, 6, 8, 9], LOST])))
+    assert summary.metric == pytest.approx(min(means), abs=1e-12)
+    assert summary.metric == pytest.approx(means[-1], abs=1e-12)  # it is the worst again
+    assert summary.changes == (
+        (7.5, "step 750: lost rank 5 (node 1, host h2); 7 workers after; healed in 0.41 s"),
+        (9.0, "step 900: re-admitted rank 5; 8 workers after; in 0.20 s"),
+    )
+    assert summary.curve is not None and summary.curve.changes == (7.5, 9.0)
+
+
+def test_a_readmitted_workers_bytes_per_step_are_since_it_came_back(tmp_path: Path) -> None:
+    steps = EPOCHS * 100
+    sent = np.repeat(steps[:, None] * 10.0, N, axis=1)  # 10 bytes a step, cumulative
+    back = steps >= READMIT_STEP
+    sent[back, LOST] = (steps[back] - READMIT_STEP) * 30.0  # again from 0, 30 bytes a step
+    sent[~back & (steps >= LOST_STEP), LOST] = np.nan
+    _readmitted_run(tmp_path / "relay.h5", bytes_sent=sent)
+    summary = summarize(read_run(tmp_path / "relay.h5"), ReportSettings())
+    assert summary.costs is not None and summary.costs.bytes_per_step is not None
+    expected = np.full(N, 10.0)
+    expected[LOST] = 30.0
+    np.testing.assert_allclose(summary.costs.bytes_per_step, expected)
+
+
+def test_the_readmitted_cell_note_says_so(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    _readmitted_run(tmp_path / "relay.h5")
+    assert report.main([str(tmp_path), "--format", "markdown"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"{LOST_MARK} RelaySGD on double-binary-trees, alpha=0.1, seed 0: lost workers, "
+        "re-admitted: rank 5: metric over the 8 of 8 that finished (relay.h5)." in out
+    )
+    rows = [line for line in out.splitlines() if line.startswith("| RelaySGD")]
+    assert rows and rows[0].rstrip(" |").endswith(LOST_MARK)
+
+
+def test_the_note_says_some_were_readmitted_while_others_stay_out(tmp_path: Path) -> None:
+    import dataclasses
+
+    from relaympi.report.tables import _lost_words
+
+    _readmitted_run(tmp_path / "relay.h5")
+    summary = summarize(read_run(tmp_path / "relay.h5"), ReportSettings())
+    assert _lost_words(summary) == "lost workers, re-admitted: rank 5"
+    partly = dataclasses.replace(summary, finished=(N - 1, N), readmitted=(2, LOST))
+    assert _lost_words(partly) == "lost workers, some re-admitted: ranks 2, 5"
+    assert _lost_words(dataclasses.replace(summary, readmitted=())) == "lost workers"

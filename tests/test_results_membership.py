@@ -438,3 +438,178 @@ def test_summary_names_workers_at_chance_by_their_original_rank(tmp_path: Path, 
         file["test_accuracy"][...] = accuracy
     print_summary(path, "completed")
     assert "WARNING: worker(s) 9 at chance accuracy" in capsys.readouterr().out
+
+
+# ------------------------------------------------ re-admission: a rerun back to full strength
+
+
+def readmit(step: int, workers: list[int], world_size: int, heal_s: float = 0.2) -> dict:
+    return {
+        "step": step,
+        "lost": [],
+        "lost_nodes": [],
+        "lost_hosts": [],
+        "world_size": world_size,
+        "heal_s": heal_s,
+        "readmitted": workers,
+    }
+
+
+def test_add_membership_takes_a_readmission_and_a_loss_again(tmp_path: Path) -> None:
+    path = tmp_path / "run.h5"
+    with new_run(path, rows=3) as writer:
+        writer.add_membership(record(10, [3, 1], 2))
+        writer.add_membership(readmit(20, [3], 3))  # rank 1 stays out
+        writer.add_membership(record(20, [3], 2))  # re-admitted, then lost again
+        writer.add_membership(readmit(30, [1, 3], 4, heal_s=1))
+    with h5py.File(path, "r") as file:
+        stored = json.loads(file.attrs["membership"])
+    assert stored == [
+        record(10, [3, 1], 2),
+        readmit(20, [3], 3),
+        record(20, [3], 2),
+        {**readmit(30, [1, 3], 4), "heal_s": 1.0},
+    ]
+    assert "readmitted" not in stored[0] and "readmitted" not in stored[2]
+    run = read_run(path)
+    assert run.membership == stored
+    assert run.finished_workers == [0, 1, 2, 3]
+
+
+def test_a_loss_with_an_empty_readmitted_list_is_stored_as_a_plain_loss(tmp_path: Path) -> None:
+    path = tmp_path / "run.h5"
+    with new_run(path, rows=1) as writer:
+        writer.add_membership({**record(10, [2], 3), "readmitted": []})
+    with h5py.File(path, "r") as file:
+        assert json.loads(file.attrs["membership"]) == [record(10, [2], 3)]
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (readmit(30, [2], 4), r"'readmitted' names worker\(s\) \[2\] not lost"),  # never lost
+        (readmit(30, [1], 4), r"'readmitted' names worker\(s\) \[1\] not lost"),  # back already
+        (readmit(30, [0, 0], 4), r"'readmitted' must be a list of distinct"),
+        (readmit(30, [4], 4), r"'readmitted' must be a list of distinct worker ids in \[0, 4\)"),
+        ({**readmit(30, [0], 4), "readmitted": 0}, r"'readmitted' must be a list"),
+        ({**readmit(30, [0], 4), "readmitted": [True]}, r"'readmitted' must be a list"),
+        ({**record(30, [2], 3), "readmitted": [0]}, r"'lost' must be \[\].*not both"),
+        ({**readmit(30, [0], 4), "lost_nodes": [0]}, r"'lost_nodes' must be 0 node"),
+        ({**readmit(30, [0], 4), "lost_hosts": [None]}, r"'lost_hosts' must be 0 host"),
+        (readmit(30, [0], 3), r"'world_size' must be the workers re-admitted after.*4, got 3"),
+        (readmit(15, [0], 4), r"'step' 15 is before the previous change's 20"),
+        ({**record(30, [0], 3), "lost": []}, r"'lost' must be a non-empty list"),
+    ],
+)
+def test_a_bad_readmission_names_the_problem(tmp_path: Path, bad: dict, match: str) -> None:
+    """After: rank 1 lost at 10, re-admitted at 20, rank 0 lost at 20 (3 workers, 0 out)."""
+    with new_run(tmp_path / "run.h5") as writer:
+        writer.add_membership(record(10, [1], 3))
+        writer.add_membership(readmit(20, [1], 4))
+        writer.add_membership(record(20, [0], 3))
+        with pytest.raises(ValueError, match=match):
+            writer.add_membership(bad)
+        assert len(writer.membership) == 3
+
+
+def test_a_readmitted_key_that_is_no_list_is_a_run_file_error(tmp_path: Path) -> None:
+    from relaympi.results import RunFileError
+
+    path = tmp_path / "run.h5"
+    with new_run(path, rows=1):
+        pass
+    with h5py.File(path, "r+") as file:
+        file.attrs["membership"] = json.dumps([{**readmit(10, [0], 4), "readmitted": "7"}])
+    with pytest.raises(RunFileError, match="'membership' is a record whose 'readmitted'"):
+        read_run(path)
+
+
+def test_present_is_false_only_while_a_worker_was_out() -> None:
+    changes = [
+        record(20, [3, 1], 2),
+        readmit(40, [3], 3),
+        record(50, [3], 2),  # out again from 50, back from 70
+        readmit(70, [3], 3),
+    ]
+    steps = np.arange(0, 90, 10)
+    mask = present(steps, N0, changes)
+    # by hand, row by row: (step, the workers out)
+    out = {0: [], 10: [], 20: [1, 3], 30: [1, 3], 40: [1], 50: [1, 3], 60: [1, 3], 70: [1], 80: [1]}
+    expected = np.array([[w not in out[int(s)] for w in range(N0)] for s in steps])
+    np.testing.assert_array_equal(mask, expected)
+    assert finished_workers(N0, changes) == [0, 2, 3]
+    # finished = present at the last row
+    assert finished_workers(N0, changes) == np.flatnonzero(mask[-1]).tolist()
+
+
+def test_a_readmission_at_the_loss_step_leaves_no_gap() -> None:
+    mask = present(np.array([0, 10, 20]), N0, [record(10, [2], 3), readmit(10, [2], 4)])
+    assert mask.all()
+
+
+READMIT_STEP = 1600
+
+
+def readmitted_run(path: Path) -> Path:
+    """lost_worker_run, then a rerun that re-admitted rank 7 at step 1600: its columns hold numbers
+    again from that row on (1300 .. 1500 stay NaN)."""
+    lost_worker_run(path)
+    with h5py.File(path, "r+") as file:
+        steps = file["step"][:]
+        again = steps >= READMIT_STEP
+        for name in ("test_accuracy", "train_loss"):
+            values = file[name][:]
+            values[again, 7] = 0.3 + 0.001 * steps[again]
+            file[name][...] = values
+        changes = json.loads(file.attrs["membership"])
+        file.attrs["membership"] = json.dumps(changes + [readmit(READMIT_STEP, [7], 16)])
+    return path
+
+
+def test_show_prints_a_readmission(tmp_path: Path, capsys) -> None:
+    path = readmitted_run(tmp_path / "run.h5")
+    assert main(["show", str(path)]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("membership")]
+    assert lines == [
+        "membership: step 1230: lost rank 7 (node 3, host node4); 15 workers after; "
+        "healed in 0.41 s",
+        "membership: step 1600: re-admitted rank 7; 16 workers after; in 0.20 s",
+    ]
+    assert "warning" not in out  # the NaN while rank 7 was out is not a non-finite value
+
+
+def test_summary_line_says_who_was_readmitted(tmp_path: Path, capsys) -> None:
+    path = readmitted_run(tmp_path / "run.h5")
+    print_summary(path, "completed")
+    line = capsys.readouterr().out.strip()
+    assert (
+        "| 16 of 16 workers finished; rank 7 (node4) lost at step 1230, healed in 0.4 s; "
+        "rank 7 re-admitted at step 1600" in line
+    )
+    accuracy = read_run(path).data["test_accuracy"]
+    final = accuracy[-1]  # every worker, rank 7 included: it finished
+    assert f"final test accuracy: worst worker {final.min():.4f}" in line
+    # the last 5 epochs (steps 1100 .. 2000): rank 7 only over its rows present (1100, 1200 and
+    # 1600 .. 2000), by hand
+    steps = np.arange(0, 2001, 100)
+    window = steps / 200.0 > 10 - 5
+    was_in = window & ((steps < LOST_STEP) | (steps >= READMIT_STEP))
+    means = accuracy[window].mean(axis=0)
+    means[7] = accuracy[was_in, 7].mean()
+    assert np.isfinite(means).all()
+    assert f"worst worker {means.min():.4f}, mean {means.mean():.4f}" in line
+    assert "nan" not in line and "WARNING" not in line
+
+
+def test_summary_line_with_a_worker_still_out_after_a_readmission(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "run.h5"
+    with new_run(path, rows=4) as writer:
+        writer.add_membership(record(10, [3, 0], 2, heal_s=0.04))
+        writer.add_membership(readmit(30, [0], 3))
+        writer.set_status("completed")
+    print_summary(path, "completed")
+    assert (
+        "| 3 of 4 workers finished; rank 3 (node2) and rank 0 (node1) lost at step 10, healed in "
+        "0.04 s; rank 0 re-admitted at step 30" in capsys.readouterr().out
+    )

@@ -19,6 +19,7 @@ from relaympi.results import (
     PROBLEM_DIGEST_ATTR,
     Run,
     change_text,
+    readmitted_at,
     unstable_loss,
     workers_at_chance,
 )
@@ -136,6 +137,9 @@ class RunSummary:
     finished: tuple[int, int] | None = None
     # its membership changes: (epoch of the change's step, the change in words), in order
     changes: tuple[tuple[float, str], ...] = ()
+    # the original ids of the workers a rerun re-admitted after they were lost (sorted; those
+    # that finished are in its metric); () without re-admissions
+    readmitted: tuple[int, ...] = ()
 
     @property
     def converged(self) -> bool:
@@ -283,6 +287,33 @@ def _columns(values: np.ndarray | None, workers: list[int]) -> np.ndarray | None
     return None if values is None else np.asarray(values)[workers]
 
 
+def _since_readmitted(
+    per_step: np.ndarray | None,
+    data: Mapping[str, np.ndarray],
+    name: str,
+    back: Mapping[int, int],
+) -> np.ndarray | None:
+    """``per_step`` (bytes per step per worker over the run) with each re-admitted worker's entry
+    over its rows since its latest re-admission instead: its counter started again at 0 there."""
+    if per_step is None or not back or name not in data:
+        return per_step
+    per_step = np.array(per_step, dtype=float)
+    step = np.asarray(data["step"], dtype=float)
+    values = np.asarray(data[name], dtype=float).reshape(len(step), -1)
+    for worker, at in back.items():
+        rows = np.flatnonzero(step >= at)
+        if worker >= len(per_step):
+            continue
+        if len(rows) < 2:  # one evaluation since: no interval to measure
+            per_step[worker] = math.nan
+            continue
+        first, last = rows[0], rows[-1]
+        per_step[worker] = (values[last, worker] - values[first, worker]) / (
+            step[last] - step[first]
+        )
+    return per_step
+
+
 def _epoch_at(data: Mapping[str, np.ndarray], step: int) -> float:
     """The epoch of ``step``, from the rows' step and epoch (interpolated between evaluations);
     NaN where the run recorded no epochs."""
@@ -373,10 +404,18 @@ def summarize(
     finished = run.finished_workers if run.membership else None
     costs = step_costs(data)
     if costs is not None and finished is not None:  # the bytes of the workers that finished
+        back = readmitted_at(run.membership)
         costs = dataclasses.replace(
             costs,
-            bytes_per_step=_columns(costs.bytes_per_step, finished),
-            inter_node_bytes_per_step=_columns(costs.inter_node_bytes_per_step, finished),
+            bytes_per_step=_columns(
+                _since_readmitted(costs.bytes_per_step, data, "bytes_sent", back), finished
+            ),
+            inter_node_bytes_per_step=_columns(
+                _since_readmitted(
+                    costs.inter_node_bytes_per_step, data, "inter_node_bytes_sent", back
+                ),
+                finished,
+            ),
         )
     summary["costs"] = costs
     summary["time_s"] = data.get("time_s")
@@ -394,6 +433,7 @@ def summarize(
         summary["changes"] = tuple(
             (_epoch_at(data, int(change["step"])), change_text(change)) for change in run.membership
         )
+        summary["readmitted"] = tuple(sorted(readmitted_at(run.membership)))
     if epoch is not None and len(epoch):
         summary["final_epoch"] = float(np.nanmax(epoch))
         if run.status == "diverged" and diverged_epoch is None:

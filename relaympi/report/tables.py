@@ -323,6 +323,18 @@ def _lost(choice: LrChoice) -> bool:
     return any(run.finished is not None for run in choice.best.runs)
 
 
+def _lost_words(run: RunSummary) -> str:
+    """What happened to a run's workers, for its note: 'lost workers', or with re-admissions
+    'lost workers, re-admitted: rank 7' (some still out at the end: 'lost workers, some
+    re-admitted: ranks 3, 7')."""
+    if not run.readmitted or run.finished is None:
+        return "lost workers"
+    done, start = run.finished
+    some = "" if done == start else " some"
+    ranks = f"rank{'s' if len(run.readmitted) > 1 else ''} {', '.join(map(str, run.readmitted))}"
+    return f"lost workers,{some} re-admitted: {ranks}"
+
+
 def _lost_notes(table: Table, labels: dict[tuple, str], cells: Cells, column_key: str) -> None:
     """Per run a cell shows that lost workers: a note that its metric is over the workers that
     finished, and its membership changes in ``table.changes``."""
@@ -337,8 +349,8 @@ def _lost_notes(table: Table, labels: dict[tuple, str], cells: Cells, column_key
                 )
                 done, start = run.finished
                 table.notes.append(
-                    f"{LOST_MARK} {where}: lost workers: metric over the {done} of {start} that "
-                    f"finished ({run.path.name})."
+                    f"{LOST_MARK} {where}: {_lost_words(run)}: metric over the {done} of {start} "
+                    f"that finished ({run.path.name})."
                 )
                 table.changes += [
                     f"{where}: {text}" + (f" (epoch {epoch:.3g})" if epoch == epoch else "")

@@ -26,6 +26,7 @@ from relaympi.results.membership import (
     MEMBERSHIP_ATTR,
     change_text,
     finished_workers,
+    readmitted_at,
     summary_text,
 )
 from relaympi.results.quality import (
@@ -82,6 +83,7 @@ __all__ = [
     "nonfinite_workers",
     "present_mean",
     "read_run",
+    "readmitted_at",
     "run_status",
     "summary_text",
     "topology_lines",

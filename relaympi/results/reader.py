@@ -76,7 +76,8 @@ class Run:
         topology: the ranks' nodes and the graph they ran on; None in a file from before it was
             recorded.
         membership: the run's membership changes (``--on-failure continue``), in order: each a
-            dict with step, lost, lost_nodes, lost_hosts, world_size and heal_s; [] without any.
+            dict with step, lost, lost_nodes, lost_hosts, world_size and heal_s, and for a rerun's
+            re-admission also readmitted; [] without any.
     """
 
     path: Path
@@ -115,13 +116,14 @@ class Run:
 
     @property
     def finished_workers(self) -> list[int]:
-        """The original ids of the workers that took part to the end (every worker without
-        membership changes)."""
+        """The original ids of the workers that took part to the end: never lost, or re-admitted
+        after their latest loss (every worker without membership changes)."""
         return finished_workers(self.world_size, self.membership)
 
     def present(self) -> np.ndarray:
         """[rows, world_size] bool: whether each worker took part at each row (false where a
-        membership change had lost it: its NaN there is by design, not a non-finite value)."""
+        membership change had lost it and no re-admission had brought it back yet: its NaN there
+        is by design, not a non-finite value)."""
         if "step" not in self.data:
             raise KeyError(f"{self.path}: the rows' step was not read")
         return present(self.data["step"], self.world_size, self.membership)

@@ -239,7 +239,12 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
             epoch > 0
         )  # the paper's last-5-epochs window, as the report uses it
         if window.any():
-            acc = run.data["test_accuracy"][window][:, finished].mean(axis=0)
+            acc = run.data["test_accuracy"][window][:, finished]
+            if run.membership:  # a re-admitted worker's rows while it was out do not count
+                was_in = run.present()[window][:, finished]
+                acc = np.where(was_in, acc, 0.0).sum(axis=0) / was_in.sum(axis=0)
+            else:
+                acc = acc.mean(axis=0)
             line += (
                 f" | last 5 epochs (paper metric): worst worker {acc.min():.4f}, mean "
                 f"{acc.mean():.4f}"
