@@ -304,33 +304,6 @@ def test_drop_workers_refuses_what_is_not_a_current_worker(tmp_path):
             run.drop_workers(lost, 1)
 
 
-@pytest.mark.parametrize("task", list(TASKS))
-def test_a_run_preempted_after_a_loss_resumes_bit_identical(tmp_path, task):
-    """The checkpoint after a membership change holds the survivors' state and the bytes carried
-    over: the resumed run records the rows of a run never stopped."""
-    args = [*_args(task, "relay"), "--checkpoint-every", "5", "--steps", "30"]
-    losses = {13: [3, 6]}
-
-    def run(out, stop_at=None):
-        plan = _plan([*args, "--checkpoint-dir", str(tmp_path / out)], N0)
-        run = _Losing(plan.with_out(tmp_path / f"{out}.h5"), tmp_path / f"{out}.h5", losses)
-        if stop_at is not None:  # SIGTERM during step stop_at
-            steps = iter(range(1, 100))
-            run.stop.is_set = lambda: next(steps) >= stop_at  # type: ignore[method-assign]
-        return run.run()
-
-    assert run("straight") == "completed"
-    assert run("cut", stop_at=23) == "preempted"
-    assert read_run(tmp_path / "cut.h5").attrs["stopped_step"] == 23
-    assert run("cut") == "completed"
-    straight, cut = read_run(tmp_path / "straight.h5").data, read_run(tmp_path / "cut.h5").data
-    assert list(cut["step"]) == [0, 10, 20, 30]
-    for name, values in straight.items():
-        if not name.startswith("time"):
-            np.testing.assert_array_equal(cut[name], values, err_msg=name)
-    assert np.isnan(cut["bytes_sent"][-1][[3, 6]]).all()
-
-
 def test_a_loss_while_the_losses_of_earlier_steps_are_unread(tmp_path):
     """As on a GPU, the host reads the losses every few steps: the losses of the steps before a
     change, read after it, still count for the survivors (worker 0 among the lost)."""

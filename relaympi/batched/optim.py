@@ -86,3 +86,32 @@ class BatchedOptimizer:
         self._flat = make_optimizer(self.config, like)
         self.load_state_dict(state)
         self.update_buffer.copy_(old_update.index_select(0, index))
+
+    def place_rows(self, positions: Sequence[int], count: int) -> None:
+        """The inverse of ``keep_rows``: the stack grows to ``count`` workers, the current ones at
+        ``positions`` (in their order) with their state and last update; every other worker starts
+        fresh (zero momentum and moments, a zero last update). Shared scalars (Adam's step count)
+        stay: the caller decides whether a fresh worker may share them."""
+        index = torch.as_tensor(list(positions), dtype=torch.long)
+        if index.numel() != self.shape[0] or len(set(index.tolist())) != index.numel():
+            raise ValueError(
+                f"positions must name {self.shape[0]} distinct rows, got {list(positions)}"
+            )
+        if int(index.min()) < 0 or int(index.max()) >= count:
+            raise ValueError(f"positions must be in [0, {count}), got {list(positions)}")
+        old_update = self.update_buffer
+        index = index.to(old_update.device)
+        shape = torch.Size((count, *self.shape[1:]))
+        state = {}
+        for k, v in self.state_dict().items():
+            if v.dim():
+                grown = v.new_zeros(shape)
+                grown.index_copy_(0, index, v)
+                state[k] = grown
+            else:
+                state[k] = v.clone()
+        self.shape = shape
+        like = torch.empty(shape.numel(), dtype=old_update.dtype, device=old_update.device)
+        self._flat = make_optimizer(self.config, like)
+        self.load_state_dict(state)
+        self.update_buffer.zero_().index_copy_(0, index, old_update)

@@ -248,6 +248,7 @@ class TrainingLoop(ABC):
                     self.start_step,
                     self.n0,
                 )
+                self._readmission = None
         if self.writer is not None and self.num_classes:  # for the chance-accuracy check
             self.writer.set_attrs(num_classes=int(self.num_classes))
         self.t0 = time.perf_counter()
@@ -279,6 +280,10 @@ class TrainingLoop(ABC):
         self.algorithm.load_state_dict(_to_device(state["algorithm"], device))
         self.bytes_counter[...] = state["bytes_sent"].numpy()
         self.restore_common(state)
+        self.restored(state)
+
+    def restored(self, state: dict[str, Any]) -> None:  # noqa: B027 - no change: nothing
+        """After ``restore``: what an engine finishes once its checkpoint is back."""
 
     def injected_failure(self, step: int) -> str | None:
         """The message of a failure RELAYMPI_INJECT_FAILURE asks for at this step, else None."""

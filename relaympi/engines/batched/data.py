@@ -38,6 +38,7 @@ class BatchedData:
         self.samplers = [
             ShardSampler(part, batch_size, seed, rank) for rank, part in enumerate(parts)
         ]
+        self._every_sampler = list(self.samplers)  # by original id: for workers re-admitted
         self.steps_per_epoch = steps_per_epoch(len(task.train_labels), self.world_size, batch_size)
         self._images: torch.Tensor | None = None
         self._targets: torch.Tensor | None = None
@@ -62,6 +63,17 @@ class BatchedData:
         if not rows or len(set(rows)) != len(rows):
             raise ValueError(f"rows must be distinct positions, at least one, got {rows}")
         self.samplers = [self.samplers[row] for row in rows]
+        self.world_size = len(self.samplers)
+
+    def restore_workers(self, workers: list[int]) -> None:
+        """The inverse of ``keep_workers``: the rows become the workers of original ids
+        ``workers`` (in that order), a re-admitted one with its own shard and the sampler keyed by
+        its id, so it draws the batches it would have drawn had it never left."""
+        if not workers or len(set(workers)) != len(workers):
+            raise ValueError(f"workers must be distinct original ids, at least one, got {workers}")
+        if not all(0 <= w < len(self._every_sampler) for w in workers):
+            raise ValueError(f"workers must be in [0, {len(self._every_sampler)}), got {workers}")
+        self.samplers = [self._every_sampler[w] for w in workers]
         self.world_size = len(self.samplers)
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,6 +17,8 @@ and with one thread and keeps the faster (relaympi.engines.batched.threads; the 
 either way); ``provenance.torch_threads`` records the count it ran with.
 """
 
+# Long module: the batched loop, its two engines and its membership changes (losses, re-admission)
+
 from __future__ import annotations
 
 import logging
@@ -44,7 +46,7 @@ from relaympi.tasks.quadratics import Quadratics, QuadraticsTask
 from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.evaluation import device_memory, row_header
 from relaympi.training.loop import STOP, TrainingLoop, device_for
-from relaympi.training.membership import survivor_topology
+from relaympi.training.membership import readmission_weights, survivor_topology
 from relaympi.training.plan import Plan
 from relaympi.training.run_file import writer_factory
 from relaympi.training.workloads import run_partition
@@ -76,6 +78,11 @@ class ModelEngine:
     def keep_workers(self, rows: list[int], members: list[int]) -> None:
         """Keep the workers at positions ``rows`` (original ids ``members``); X is the caller's."""
         self.data.keep_workers(rows)
+
+    def restore_workers(self, members: list[int]) -> None:
+        """The rows become the workers of original ids ``members`` (re-admitted ones among them,
+        each with its own shard and batch stream); X is the caller's."""
+        self.data.restore_workers(members)
 
     def gradient(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(G [N, d], losses [N]) at step ``step``'s batches."""
@@ -114,6 +121,25 @@ class QuadraticEngine:
         problem = self.problem
         self._local = Quadratics(
             problem.A[members], problem.b[members], problem.x_star, problem.f_star, problem.sigma2
+        )
+
+    def restore_workers(self, members: list[int]) -> None:
+        """The rows become the workers of original ids ``members`` (re-admitted ones among them):
+        each its own objective and noise stream again. X is the caller's."""
+        problem, device = self.problem, self.AtA.device
+        self.AtA = torch.from_numpy(problem.AtA[members]).to(device)
+        self.Atb = torch.from_numpy(problem.Atb[members]).to(device)
+        self.members = list(members)
+        self._local = (
+            problem
+            if self.members == list(range(problem.A.shape[0]))
+            else Quadratics(
+                problem.A[members],
+                problem.b[members],
+                problem.x_star,
+                problem.f_star,
+                problem.sigma2,
+            )
         )
 
     def gradient(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,6 +258,11 @@ class BatchedRun(TrainingLoop):
         # add up with those after it
         self.loss_sum = np.zeros(self.n0)
         self._G: torch.Tensor | None = None
+        self._changed = False  # the membership changed since the run started (or its resume)
+        # re-admitted worker -> its step of re-admission, until the first evaluation after it (its
+        # mean train loss counts its own steps only)
+        self._readmitted_at: dict[int, int] = {}
+        self._readmission: dict[str, Any] | None = None  # the run file's record, once it opens
         self.check_injection(self.n)
 
     @property
@@ -300,6 +331,7 @@ class BatchedRun(TrainingLoop):
         self.engine.keep_workers(rows, members)
         self.optimizer.keep_rows(rows)
         self._G = None
+        self._changed = True
         self.members, self.n = members, len(members)
         self.algorithm = self._make_algorithm(
             self.plan.cfg.algo,
@@ -312,24 +344,126 @@ class BatchedRun(TrainingLoop):
         )
 
     def membership_state(self) -> dict[str, Any]:
-        """After a membership change: the workers still in the run and the bytes each original
-        worker sent before the current algorithm."""
-        if self.n == self.n0:
-            return {}
-        return {
-            "members": torch.tensor(self.members, dtype=torch.int64),
-            "bytes_before": torch.from_numpy(self._bytes_before.copy()),
-            "inter_node_bytes_before": torch.from_numpy(self._inter_node_bytes_before.copy()),
-        }
+        """After a membership change: the workers still in the run, the bytes each original
+        worker sent before the current algorithm, and the workers re-admitted since the last
+        evaluation."""
+        state: dict[str, Any] = {}
+        if self.n != self.n0:
+            state["members"] = torch.tensor(self.members, dtype=torch.int64)
+        if self.n != self.n0 or self._changed:
+            state["bytes_before"] = torch.from_numpy(self._bytes_before.copy())
+            state["inter_node_bytes_before"] = torch.from_numpy(
+                self._inter_node_bytes_before.copy()
+            )
+        if self._readmitted_at:
+            state["readmitted_at"] = torch.tensor(
+                sorted(self._readmitted_at.items()), dtype=torch.int64
+            )
+        return state
 
     def restore_membership(self, state: dict[str, Any]) -> None:
         """A checkpoint taken after a membership change first drops the workers it had lost, so
-        that the models, optimizer and algorithm it restores have the survivors' shapes."""
+        that the models, optimizer and algorithm it restores have the survivors' shapes; then the
+        lost workers are re-admitted (``readmit``): the run goes on at full strength."""
+        t0 = time.perf_counter()
         if "members" in state:
             members = set(state["members"].tolist())
             self.drop_workers([w for w in self.members if w not in members], self.start_step)
+        self._restore_started = t0  # the re-admission's time runs from here
+
+    def restored(self, state: dict[str, Any]) -> None:
+        """After ``restore``: the byte counts carried over, then the lost workers rejoin."""
+        if "bytes_before" in state:
+            self._changed = True
             self._bytes_before = state["bytes_before"].numpy().copy()
             self._inter_node_bytes_before = state["inter_node_bytes_before"].numpy().copy()
+        if "readmitted_at" in state:
+            self._readmitted_at = {int(w): int(s) for w, s in state["readmitted_at"].tolist()}
+        if self.n != self.n0:
+            self.readmit_lost(self.start_step, self._restore_started)
+
+    def readmit_lost(self, step: int, t0: float | None = None) -> list[int]:
+        """Every lost worker rejoins at step ``step`` (docs/membership.md, "Back to full
+        strength"); return their original ids.
+
+        The survivors keep their rows (models, local optimizer state); a re-admitted worker's
+        model is the weighted sum (``readmission_weights``: the mean of its neighbours in the run's
+        topology that are members, or of every member), added up in ascending member id, its local
+        optimizer state is zero, and it draws its own shard's batches by its id again. The
+        algorithm is built afresh over the run's topology for all workers (the heal rule). Bytes
+        carry over per survivor and start at 0 for a re-admitted worker; the run file records the
+        change once it opens (``start``).
+
+        Raises:
+            ConfigError: Adam, whose workers here share one step count (a re-admitted worker's
+                would have to start at 0).
+        """
+        t0 = time.perf_counter() if t0 is None else t0
+        readmitted = self._lost()
+        if not readmitted:
+            return []
+        if self.plan.optimizer.name == "adam":
+            raise ConfigError(
+                f"the checkpoint in {self.plan.cfg.checkpoint_dir} (step {step}) was saved after "
+                f"workers {', '.join(map(str, readmitted))} were lost, and --backend batched "
+                "cannot re-admit them under --optimizer adam (its workers share one step count); "
+                "delete the folder to start again, or pass --overwrite"
+            )
+        members = list(self.members)  # ascending: drop_workers keeps the original order
+        X = self.engine.X
+        # the bytes so far, per original worker, before the algorithm's counters start over
+        self._bytes_before = self._bytes_per_worker()
+        self._inter_node_bytes_before = self._inter_node_bytes_per_worker()
+        self._bytes_before[readmitted] = 0.0
+        self._inter_node_bytes_before[readmitted] = 0.0
+        row_of = {worker: row for row, worker in enumerate(members)}
+        full = X.new_zeros((self.n0, *X.shape[1:]))
+        full.index_copy_(0, torch.as_tensor(members, dtype=torch.long, device=X.device), X)
+        for worker in readmitted:
+            model = torch.zeros_like(X[0])
+            for member, weight in sorted(
+                readmission_weights(self.plan.topology, members, worker).items()
+            ):
+                model.add_(X[row_of[member]] * weight)
+            full[worker] = model
+        # in place: whoever holds X (the loop's finiteness checks, its clock) sees every worker
+        X.set_(full.untyped_storage(), 0, full.shape, full.stride())
+        everyone = list(range(self.n0))
+        self.engine.restore_workers(everyone)
+        self.optimizer.place_rows(members, self.n0)
+        self._G = None
+        self._changed = True
+        self.members, self.n = everyone, self.n0
+        self.algorithm = self._make_algorithm(
+            self.plan.cfg.algo,
+            self.plan.topology,
+            self.optimizer,
+            X,
+            self.plan.algorithm_options,
+            self.plan.drops,
+            nodes=self.plan.nodes or None,
+        )
+        if isinstance(self.loss_sum, np.ndarray):
+            self.loss_sum[readmitted] = 0.0
+        self._readmitted_at.update({worker: step for worker in readmitted})
+        heal_s = time.perf_counter() - t0
+        self._readmission = {
+            "step": int(step),
+            "lost": [],
+            "lost_nodes": [],
+            "lost_hosts": [],
+            "readmitted": readmitted,
+            "world_size": self.n0,
+            "heal_s": float(heal_s),
+        }
+        log.warning(
+            "re-admitted %s at step %d; %d workers carry on (in %.2f s)",
+            ", ".join(f"worker {w} (node {self._node_of(w)})" for w in readmitted),
+            step,
+            self.n0,
+            heal_s,
+        )
+        return readmitted
 
     def _lost(self) -> list[int]:
         """The original ids of the workers lost so far."""
@@ -369,11 +503,26 @@ class BatchedRun(TrainingLoop):
         return stop, bad  # one process: nothing to agree with
 
     def evaluate(self, step: int) -> None:
-        train_loss = np.array(
-            self.train_loss(lambda: self._per_original_worker(self.engine.current_losses())),
-            dtype=np.float64,
-        )
+        sums = np.array(self.loss_sum, dtype=np.float64)  # before train_loss resets them
+
+        def current() -> np.ndarray:
+            return self._per_original_worker(self.engine.current_losses())
+
+        train_loss = np.array(self.train_loss(current), dtype=np.float64)
         train_loss[self._lost()] = np.nan
+        if self._readmitted_at:
+            # a worker re-admitted since the last evaluation: the mean over its own steps since
+            # (before any, its current loss, as at step 0)
+            now: np.ndarray | None = None
+            for worker, since in self._readmitted_at.items():
+                trained = step - since
+                if trained > 0:
+                    train_loss[worker] = sums[worker] / trained
+                else:
+                    now = current() if now is None else now
+                    train_loss[worker] = now[worker]
+            self._readmitted_at = {}
+            self.last_train_loss = train_loss.copy()  # a resume at this step records the same
         # one process runs every worker: each worker's column holds the process's times and memory
         # every per-worker column is n0 wide, by original id: NaN for the workers lost so far
         spread = self._per_original_worker
