@@ -173,7 +173,7 @@ def _readmission_oracle(problem, algo, topo, optimizer, lost_at: int, lost: int,
     return np.stack(wide)
 
 
-@pytest.mark.parametrize("backend", ["local"])
+@pytest.mark.parametrize("backend", ["local", "batched"])
 @pytest.mark.parametrize("algo, topo", [("relay", "double-binary-trees"), ("dpsgd", "ring")])
 def test_a_rerun_readmits_the_lost_worker_as_the_oracle_does(tmp_path, backend, algo, topo):
     """Lost at step 4, preempted at 9 with a checkpoint, rerun on the run's worker count: the lost
