@@ -92,6 +92,7 @@ class MessagePassingRank(TrainingLoop):
         self.is_root = self.rank == 0
         self.workers = range(self.rank, self.rank + 1)  # this worker's id for life (its first rank)
         self.members, self.n0, self.nodes0 = list(range(self.n)), self.n, comm.nodes
+        self._shrunk: tuple[Any, list[int]] | None = None  # a shrink not yet rebuilt on
         self.check_injection(self.n)
         if plan.cfg.on_failure == "continue":
             check_heals(plan)
@@ -218,8 +219,11 @@ class MessagePassingRank(TrainingLoop):
         self.comm.vanish()
 
     def shrink(self) -> tuple[Any, list[int]]:
-        new, lost = self.comm.shrink()
-        return new, [self.members[r] for r in lost]
+        # a loss while the survivors agreed on the step: shrink what the last shrink gave
+        source, members = self._shrunk or (self.comm, self.members)
+        new, lost = source.shrink()
+        self._shrunk = (new, [m for r, m in enumerate(members) if r not in lost])
+        return new, [members[r] for r in lost]
 
     def min_over(self, new: Any, value: int) -> int:
         return int(-new.allreduce_flags(np.array([-float(value)]))[0])
@@ -228,9 +232,9 @@ class MessagePassingRank(TrainingLoop):
         return self.comm.allreduce_flags(values)
 
     def rebuild(self, new: Any, lost: list[int], step: int) -> None:
-        old = self.comm
+        old, self._shrunk = self.comm, None
         self.evaluator.carried_bytes += (float(old.bytes_sent.sum()), float(old.inter_node_bytes()))
-        self.members = [m for m in self.members if m not in lost]
+        self.members = [m for m in self.members if m not in lost]  # lost: every shrink's since
         self.comm, self.rank, self.n = new, new.rank, new.world_size
         self.is_root = self.rank == 0
         plan, cfg = self.plan, self.plan.cfg

@@ -132,6 +132,7 @@ class TrainingLoop(ABC):
         self.snapshots = Snapshots()
         self._pending_change: dict[str, Any] | None = None  # written after its first step
         self._readmission: dict[str, Any] | None = None  # a rerun's re-admission, to record
+        self._lost_in_heal: list[int] = []  # lost so far by a heal not finished yet
         # steps between host reads of the losses (the divergence check) and of the step timers:
         # 1 reads every step; more lets a GPU run ahead of the host (see _settle)
         self.check_lag = 1
@@ -411,16 +412,20 @@ class TrainingLoop(ABC):
         step = self.start_step
         if self.continues:
             self.snapshots.take(step, self.live_state(), (False, False))
+        healing = False
         while True:
             try:
+                if healing:  # a loss while healing heals again, over whoever is left then
+                    step = self._heal(bar)
+                    healing = False
                 self._steps_from(step, bar)
                 if self._pending_change is not None:  # lost at the last evaluation
                     self._write_change()
                 return
-            except PeerLost as lost:
+            except PeerLost:
                 if not self.continues:
                     raise
-                step = self._heal(lost, bar)
+                healing = True
 
     def _steps_from(self, step: int, bar: Any) -> None:
         schedule, cfg, timers = self.schedule, self.plan.cfg, self.timers
@@ -560,14 +565,16 @@ class TrainingLoop(ABC):
         """The element-wise maximum over the current workers (one process: the values)."""
         return values
 
-    def _heal(self, lost: PeerLost, bar: Any) -> int:
+    def _heal(self, bar: Any) -> int:
         """A worker was lost: shrink to the survivors, agree on the step it interrupted (the
         earliest step any survivor was in), go back to the state each had when that step began,
         rebuild over the survivors and return that step."""
         t0 = time.perf_counter()
         position = self.snapshots.latest
-        new, lost_ids = self.shrink()
+        new, lost = self.shrink()
+        self._lost_in_heal += lost  # with those of a shrink that another loss interrupted
         step = self.min_over(new, position)
+        lost_ids, self._lost_in_heal = self._lost_in_heal, []
         snapshot = self.snapshots.at(step)
         self.x.copy_(snapshot.state["x"])
         self.optimizer.load_state_dict(snapshot.state["optimizer"])
