@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import h5py
+import numpy as np
 import pytest
 
 from benchmarks.kill_loop import differences
@@ -92,8 +93,19 @@ def test_a_killed_rank_leaves_survivors_equal_to_the_local_replay(tmp_path, algo
         env=env,
         check=0,
     )
-    assert differences(mpi_out, local_out) == []
     assert _membership(mpi_out) == _membership(local_out)
+    if algo != "allreduce":
+        assert differences(mpi_out, local_out) == []
+        return
+    # all-reduce sums in MPI_Allreduce's order on MPI, in rank order in-process: equal to rounding
+    # (as without a loss); everything else exactly
+    mpi, local = read_run(mpi_out).data, read_run(local_out).data
+    assert set(differences(mpi_out, local_out)) <= {
+        f"{name}: values differ"
+        for name in ("params", "suboptimality", "train_loss", "consensus_distance")
+    }
+    for name in ("params", "suboptimality", "train_loss"):
+        np.testing.assert_allclose(mpi[name], local[name], rtol=1e-12, atol=1e-12)
 
 
 @requires_ulfm

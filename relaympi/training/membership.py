@@ -67,6 +67,8 @@ def survivor_topology(plan: Plan, survivor_nodes: Sequence[int]) -> Topology:
     try:
         if name == "exponential":  # SGP: hops 2^k over any count (exact mixing needs 2^m)
             return exponential(count, any_size=True)
+        if name == "ring" and count == 2:  # two workers on a ring are a chain of two
+            return build("chain", count)
         if plan.cfg.placement == "nodes":
             return build(name, count, placement="nodes", nodes=nodes)
         return build(name, count)
