@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 
+import h5py
+import numpy as np
 import pytest
 
 from tests.conftest import (
@@ -16,6 +18,8 @@ from tests.conftest import (
     mpirun_path,
     requires_mpirun,
     requires_ulfm,
+    run_train,
+    run_train_ulfm,
     run_ulfm,
 )
 
@@ -143,3 +147,23 @@ def test_fault_tolerance_missing_names_the_library_and_the_fix(tmp_path):
     assert missing.startswith(record["vendor"] + " ") and "cannot survive a lost rank" in missing
     assert "\n" not in missing
     assert "bash scripts/setup.sh --mpi openmpi" in missing and "scripts/mpirun-ulfm" in missing
+
+
+@pytest.mark.slow
+@requires_mpirun
+@requires_ulfm
+def test_a_run_under_open_mpi_records_the_numbers_of_the_default_mpi(tmp_path):
+    args = ["--task", "digits", "--algo", "relay", "--alpha", "0.01", "--steps", "40"]
+    args += ["--eval-every", "20", "--log-every", "20"]
+    ulfm, default = tmp_path / "ulfm.h5", tmp_path / "default.h5"
+    proc = run_train_ulfm([*args, "--out", ulfm], 4, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    run_train([*args, "--out", default], mpi=4, check=0)
+    compared = 0
+    with h5py.File(ulfm) as a, h5py.File(default) as b:
+        assert "Open MPI" in json.loads(a.attrs["provenance"])["transport_mpi_library"]
+        for name, item in b.items():
+            if isinstance(item, h5py.Dataset) and not name.startswith("time_"):
+                np.testing.assert_array_equal(a[name][()], item[()], err_msg=name)
+                compared += 1
+    assert compared >= 5  # losses, accuracies, bytes sent, ...
