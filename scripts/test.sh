@@ -2,7 +2,9 @@
 # The test command: set up, lint (scripts/lint.sh) and build the docs (scripts/docs.sh), then the
 # whole suite in plain pytest, the SPMD tests again under
 # mpirun with 4 ranks, and the sweeps against a real single-node SLURM cluster where one can be
-# started (root + apt-get; skipped with a reason otherwise).
+# started (root + apt-get; skipped with a reason otherwise); then, under Open MPI with ULFM
+# (set up into .openmpi/, scripts/mpirun-ulfm), the fault-tolerance tests (marker ulfm) and the
+# SPMD tests once more.
 #   bash scripts/test.sh          the whole suite (what CI runs)
 #   bash scripts/test.sh --fast   the quick loop: plain pytest without the tests marked slow, mpi,
 #                                 mpirun, cluster or gpu (setup.cfg); no SLURM, no mpirun stage
@@ -14,7 +16,7 @@ case "${1:-}" in
   --fast) fast=1 ;;
   *) echo "usage: bash scripts/test.sh [--fast]" >&2; exit 2 ;;
 esac
-bash scripts/setup.sh
+if [ "$fast" = 1 ]; then bash scripts/setup.sh; else bash scripts/setup.sh --mpi openmpi; fi
 export PATH="$PWD/.venv/bin:$PATH"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # one line naming the machine, so that a failure (float32 rounding differs between CPUs) names its CPU
@@ -60,5 +62,8 @@ cleanup() {
   if [ -e "$RELAYMPI_TEST_NODES_DIR/nodes.env" ]; then bash cluster/local_cluster.sh stop --dir "$RELAYMPI_TEST_NODES_DIR" || true; fi
 }
 trap cleanup EXIT
-python -m pytest -q tests
+python -m pytest -q -m "not ulfm" tests
 mpirun -n 4 python -m pytest -q --with-mpi -m spmd -p no:cacheprovider tests
+# Open MPI with ULFM: a killed rank's survivors shrink and carry on; the SPMD tests on Open MPI
+python -m pytest -q -m ulfm -p no:cacheprovider tests
+scripts/mpirun-ulfm -n 4 python -m pytest -q --with-mpi -m spmd -p no:cacheprovider tests

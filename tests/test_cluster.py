@@ -29,7 +29,9 @@ import numpy as np
 import pytest
 
 from relaympi.results import read_run, run_status
+from tests.conftest import requires_ulfm
 from tests.test_slurm import ROOT, bash, clean_env
+from tests.test_ulfm_mpi import SURVIVE, records
 
 pytestmark = pytest.mark.cluster
 
@@ -568,3 +570,27 @@ def test_stop_after_a_crash_removes_everything_and_may_run_again(tmp_path: Path)
             stop = bash("cluster/local_cluster.sh", "stop", "--dir", str(folder))
             assert stop.returncode == 0, stop.stderr
             assert leftovers(tag, folder) == []
+
+
+@requires_ulfm
+def test_open_mpi_places_two_ranks_per_node_and_survives_a_lost_rank(
+    nodes: Nodes, tmp_path: Path
+) -> None:
+    program, out = tmp_path / "survive.py", tmp_path / "survive.out"
+    program.write_text(SURVIVE)
+    launch = [ROOT / "scripts" / "mpirun-ulfm", "--iface", nodes.iface, "--map-by", "ppr:2:node"]
+    argv = [*launch, "-n", 4, sys.executable, program, 3]  # rank 3 (on the second node) dies
+    wrap = f"timeout 120 {shlex.join(map(str, argv))} > {shlex.quote(str(out))}"
+    proc = sbatch(nodes, "--wait", "-o", str(tmp_path / "job.out"), "--wrap", wrap, timeout=200)
+    found = sorted(records(out.read_text() if out.exists() else ""), key=lambda r: r["rank"])
+    assert [r["rank"] for r in found] == [0, 1, 2], (
+        proc.stderr + (tmp_path / "job.out").read_text()[-3000:]
+    )
+    hosts = found[0]["hosts"]
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3], (
+        hosts
+    )  # ranks 0-1 on one node, 2-3 on the other
+    for record in found:
+        assert record["hosts"] == hosts and record["before"] == 1111.0
+        assert record["size"] == 3 and record["sum"] == 111.0 and record["ranks"] == [0, 1, 2]
+        assert record["missing"] is None
