@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.ulfm]
 QUAD = ["--task", "quadratics", "--steps", "16", "--eval-every", "1", "--record-params"]
 
 
-def _mpi(ranks: int, args: list, env: dict, timeout: float = 240) -> subprocess.CompletedProcess:
+def _mpi(ranks: int, args: list, env: dict, timeout: float = 480) -> subprocess.CompletedProcess:
     """The trainer on ``ranks`` Open MPI processes with ULFM (the launcher's exit is not the
     run's: it is non-zero once a process died)."""
     command = [
