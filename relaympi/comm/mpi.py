@@ -79,7 +79,8 @@ def node_allgather(obj: Any) -> list[Any]:
 
 
 def library_version() -> str:
-    return MPI.Get_library_version().strip().splitlines()[0]
+    # Open MPI's ends in a NUL
+    return MPI.Get_library_version().strip().rstrip("\x00").splitlines()[0].rstrip("\x00")
 
 
 class _MPIRequest(Request):
