@@ -197,9 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(out_text)
     result = run_with_kills(command, args.every, args.seed, args.node, args.min_workers)
     run = read_run(out)
-    membership = run.attrs.get("membership") or []
-    if isinstance(membership, str):
-        membership = json.loads(membership)
+    membership = run.membership  # parsed by the reader (it leaves attrs)
     lost = sorted(w for c in membership for w in c["lost"])
     total = int(run.config.get("total_steps") or run.data["step"][-1])
     result.update(
