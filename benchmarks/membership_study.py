@@ -17,7 +17,10 @@ their step). For each algorithm, alpha and seed it runs:
 The table gives the paper metric (the report's: digits, the worst worker's mean test accuracy over
 the last 5 epochs; and the mean worker's) over the workers that finished, per
 seed and their mean, and its difference to ``full`` and to ``survivors K``. Run files that
-already completed under ``--out`` are reused (``--rerun`` to run them again).
+already completed under ``--out`` are reused (``--rerun`` to run them again). Each scenario's runs
+lie in a folder of their own (``OUT/lose5_at25``, ``OUT/full``, ...), which ``python -m
+relaympi.report`` can read; over all of them at once it would take runs that differ only in their
+losses for duplicates.
 """
 
 from __future__ import annotations
@@ -58,10 +61,12 @@ def scenarios(losses: list[tuple[int, ...]], at: list[float]) -> list[Scenario]:
 
 
 def run_file(out: Path, algo: str, alpha: float, seed: int, scenario: Scenario) -> Path:
+    """OUT/SCENARIO/ALGO_alphaA_seedS.h5: one folder per scenario, because the report takes runs
+    that differ only in their losses (injected, not flags) for duplicates of one configuration."""
     tag = "full" if scenario.at is None else f"lose{'-'.join(map(str, scenario.lost))}"
     if scenario.at is not None:
         tag += f"_at{round(scenario.at * 100)}"
-    return out / f"{algo}_alpha{alpha:g}_seed{seed}_{tag}.h5"
+    return out / tag / f"{algo}_alpha{alpha:g}_seed{seed}.h5"
 
 
 def train(
@@ -84,6 +89,7 @@ def train(
     env.pop("RELAYMPI_INJECT_FAILURE", None)
     if inject:
         env["RELAYMPI_INJECT_FAILURE"] = inject
+    path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     proc = subprocess.run(command, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -143,7 +149,6 @@ def main(argv: list[str] | None = None) -> int:
     algos = [a for a in args.algos.split(",") if a]
     alphas = [float(a) for a in args.alphas.split(",") if a]
     seeds = list(_ints(args.seeds))
-    args.out.mkdir(parents=True, exist_ok=True)
     table = scenarios(losses, at)
 
     metrics = [m for m in args.metrics.split(",") if m]

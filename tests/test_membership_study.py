@@ -48,10 +48,10 @@ def test_the_study_injects_its_losses_and_prints_the_runs_metric(tmp_path, capsy
         )
         == 0
     )
-    full = read_run(out / "relay_alpha1_seed0_full.h5")
+    full = read_run(out / "full" / "relay_alpha1_seed0.h5")
     steps = int(full.attrs["total_steps"])
-    mid = read_run(out / "relay_alpha1_seed0_lose1_at50.h5")
-    start = read_run(out / "relay_alpha1_seed0_lose1_at0.h5")
+    mid = read_run(out / "lose1_at50" / "relay_alpha1_seed0.h5")
+    start = read_run(out / "lose1_at0" / "relay_alpha1_seed0.h5")
     assert full.membership == []
     assert [(c["step"], c["lost"], c["world_size"]) for c in mid.membership] == [
         (round(steps / 2), [1], 3)
@@ -72,7 +72,7 @@ def test_the_study_injects_its_losses_and_prints_the_runs_metric(tmp_path, capsy
         ("lose 1 @ 50%", "lose1_at50"),
         ("survivors 1", "lose1_at0"),
     ]:
-        want = 100 * _worst_of_last_epochs(out / f"relay_alpha1_seed0_{path}.h5")
+        want = 100 * _worst_of_last_epochs(out / path / "relay_alpha1_seed0.h5")
         assert printed[name] == pytest.approx(want, abs=0.006), name
     # the differences it prints are those of the printed means
     row = re.search(r"\| lose 1 @ 50% \|[^\n]*\| ([+-][\d.]+) \| ([+-][\d.]+) \|", table)
