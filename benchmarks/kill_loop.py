@@ -20,6 +20,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -118,6 +119,7 @@ def run_with_kills(
         killed.update(victims)
         kills.append({"workers": victims, "seen_at_step": step, "delay_s": round(delay, 4)})
     returncode = proc.wait()
+    shutil.rmtree(pid_dir, ignore_errors=True)
     return {
         "kills": kills,
         "killed": sorted(killed),
