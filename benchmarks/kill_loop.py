@@ -20,6 +20,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -118,6 +119,7 @@ def run_with_kills(
         killed.update(victims)
         kills.append({"workers": victims, "seen_at_step": step, "delay_s": round(delay, 4)})
     returncode = proc.wait()
+    shutil.rmtree(pid_dir, ignore_errors=True)
     return {
         "kills": kills,
         "killed": sorted(killed),
@@ -197,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(out_text)
     result = run_with_kills(command, args.every, args.seed, args.node, args.min_workers)
     run = read_run(out)
-    membership = list(run.membership)
+    membership = list(run.membership)  # parsed by the reader (it leaves attrs)
     lost = sorted(w for c in membership for w in c["lost"])
     total = int(run.config.get("total_steps") or run.data["step"][-1])
     result.update(
