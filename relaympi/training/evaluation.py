@@ -163,7 +163,7 @@ def log_line(
         parts.append(f"train_loss {train_loss:.4f}")
     if "test_accuracy" in row:
         acc = row["test_accuracy"]
-        parts.append(f"test_acc worst {np.min(acc):.4f} mean {np.mean(acc):.4f}")
+        parts.append(f"test_acc worst {np.nanmin(acc):.4f} mean {np.nanmean(acc):.4f}")
     if "suboptimality" in row:
         parts.append(f"subopt {row['suboptimality']:.3e} consensus {row['consensus_distance']:.3e}")
     if step > start_step:
