@@ -1,6 +1,8 @@
 """Membership changes in the run file (--on-failure continue): the writer's records, rewind and
 take-over, the reader, `show`, the end summary and the quality rules with lost workers' NaN."""
 
+# Long module: every rule of the membership records: writing, reading, show, summary, quality
+
 from __future__ import annotations
 
 import json
