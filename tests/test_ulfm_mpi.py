@@ -167,3 +167,20 @@ def test_a_run_under_open_mpi_records_the_numbers_of_the_default_mpi(tmp_path):
                 np.testing.assert_array_equal(a[name][()], item[()], err_msg=name)
                 compared += 1
     assert compared >= 5  # losses, accuracies, bytes sent, ...
+
+
+def test_the_launcher_without_open_mpi_exits_1_naming_the_set_up(tmp_path):
+    env = {**env_for_subprocess(), "RELAYMPI_OPENMPI": str(tmp_path / "none")}
+    command = [ROOT / "scripts" / "mpirun-ulfm", "-n", "2", "true"]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and str(tmp_path / "none") in proc.stderr
+    assert "bash scripts/setup.sh --mpi openmpi" in proc.stderr
+
+
+@pytest.mark.parametrize("args", [["--mpi"], ["--mpi", "mvapich"], ["--fast"]])
+def test_setup_refuses_other_arguments_with_its_usage(args):
+    proc = subprocess.run(
+        ["bash", ROOT / "scripts" / "setup.sh", *args], cwd=ROOT, capture_output=True, text=True
+    )
+    assert (proc.returncode, proc.stderr) == (2, "usage: bash scripts/setup.sh [--mpi openmpi]\n")
