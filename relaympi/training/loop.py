@@ -112,6 +112,10 @@ class TrainingLoop(ABC):
     hosts0: list[str]  # each original worker's host (one entry: every worker on that host)
     worker_noun: str  # what the error of an injected failure calls one: "rank" or "worker"
     num_classes: int | None = None  # recorded for the chance-accuracy check (classification)
+    # whether a loss can interrupt a step (message passing: another process dies mid-step), so
+    # that --on-failure continue snapshots each step start to redo it from; one process that
+    # loses workers only at a step's start (the batched engine) needs none
+    interruptible: bool = True
 
     def __init__(self, writer_factory: WriterFactory, stop: threading.Event = STOP) -> None:
         self.stop = stop
@@ -410,7 +414,7 @@ class TrainingLoop(ABC):
         """The steps from start_step to the end; under --on-failure continue, a lost worker's
         survivors heal (``heal``) and go on from the step it interrupted."""
         step = self.start_step
-        if self.continues:
+        if self.continues and self.interruptible:
             self.snapshots.take(step, self.live_state(), (False, False))
         healing = False
         while True:
@@ -475,7 +479,7 @@ class TrainingLoop(ABC):
             bad_step = None
             if len(pending) >= self.check_lag or stop or logs:
                 bad_step = self._settle(pending)
-            if self.continues:  # what this step is redone from, should a loss interrupt the next
+            if self.continues and self.interruptible:  # what the next step is redone from
                 self.snapshots.take(step, self.live_state(), (stop, bad_step is not None))
             t_sync = time.perf_counter()
             stopping, diverged = self.agree(stop, bad_step is not None)
@@ -506,7 +510,8 @@ class TrainingLoop(ABC):
         self.continues = self.plan.cfg.on_failure == "continue"
         if not self.continues:
             return
-        self.check_lag = 1  # a healed step is redone from the last step start: settle every step
+        if self.interruptible:  # a healed step is redone from its start: settle every step
+            self.check_lag = 1
         self.hosts0 = self.share_hosts(hosts)
         self.survive_losses()
         pid_dir = os.environ.get(PID_DIR_ENV)

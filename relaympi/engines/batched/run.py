@@ -213,6 +213,7 @@ class BatchedRun(TrainingLoop):
 
     is_root = True
     worker_noun = "worker"
+    interruptible = False  # workers leave at a step's start: nothing to redo, no snapshots
 
     def __init__(
         self,
