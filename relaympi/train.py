@@ -25,6 +25,7 @@ import signal
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from relaympi.launcher import launch
 from relaympi.tasks import TaskError
 from relaympi.tasks.quadratics import QuadraticsTask
 from relaympi.training.loop import STOP, USAGE_ERRORS
+from relaympi.training.membership import survivors_resume
 from relaympi.training.plan import Plan, default_out, resolve, run_nodes
 from relaympi.training.run_file import WRITE_ERRORS, check_out, print_summary
 
@@ -171,10 +173,20 @@ def _threads(cfg: RunConfig, rank: int, cpus: frozenset[int], sharing: int) -> i
     return cfg.threads
 
 
+def _resolve(cfg: RunConfig, size: int, nodes: Any = None) -> Plan:
+    """The run's plan; a rerun on exactly the survivors of a run that lost workers resumes them:
+    the plan of the run's first count, with the survivors' ids as its members."""
+    survivors = survivors_resume(cfg, size)
+    if survivors is None:
+        return resolve(cfg, size, nodes)
+    first, members, first_nodes = survivors
+    return replace(resolve(cfg, first, first_nodes), members=members)
+
+
 def _one_process_plan(cfg: RunConfig) -> tuple[Plan, Path]:
     """The plan of a run whose workers all live in this process, and its run file's path."""
     assert cfg.workers is not None  # validate() requires --workers for such a run
-    plan = resolve(cfg, cfg.workers)
+    plan = _resolve(cfg, cfg.workers)
     engine_for(cfg.backend).check(plan)
     plan.task.check_data(plan.task_options)
     out = Path(cfg.out) if cfg.out else default_out(plan.cfg, plan.world_size)
@@ -230,7 +242,7 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
             missing = fault_tolerance_missing()
             if missing is not None:
                 raise ConfigError(f"--on-failure continue: {missing}")
-        plan = resolve(cfg, size, comm.nodes)
+        plan = _resolve(cfg, size, comm.nodes)
         engine_for(cfg.backend).check(plan)
         plan.task.check_data(plan.task_options)  # every rank: each node needs the data
         out = Path(cfg.out) if cfg.out else default_out(plan.cfg, size)

@@ -215,3 +215,43 @@ def test_a_rerun_readmits_the_lost_worker_as_the_oracle_does(tmp_path, backend, 
         (9, [], [3], N),
     ]
     assert f"{N} of {N} workers finished" in second.stdout
+
+
+@pytest.mark.parametrize("algo, topo", [("relay", "double-binary-trees"), ("dpsgd", "ring")])
+def test_a_rerun_on_the_survivors_count_resumes_them_without_readmitting(tmp_path, algo, topo):
+    """Lost at step 4, preempted at 9, rerun with --workers 7: the survivors go on from their own
+    checkpoints as if never stopped (the oracle with the one loss), nobody is re-admitted."""
+    from relaympi.optim import OptimizerConfig
+    from relaympi.tasks import quadratics
+
+    problem_file, out = tmp_path / "problem.h5", tmp_path / "run.h5"
+    quadratics.generate(N, quadratics.QuadraticsSpec(dim=DIM, zeta2=1.0, r0=5.0), seed=4).save(
+        problem_file
+    )
+
+    def args(workers):
+        return [
+            *("--backend", "local", "--workers", workers, "--algo", algo, "--topology", topo),
+            *("--momentum", 0.5, "--task", "quadratics", "--lr", LR, "--steps", STEPS),
+            *("--eval-every", 1, "--record-params", "--dim", DIM, "--checkpoint-every", 1),
+            *("--problem-file", problem_file, "--out", out, "--on-failure", "continue"),
+            *("--checkpoint-dir", tmp_path / "ck"),
+        ]
+
+    train(args(N), env={"RELAYMPI_INJECT_FAILURE": "3:4", "RELAYMPI_INJECT_SIGNAL": "TERM:9"})
+    assert read_run(out).status == "preempted"
+    refused = train(args(N - 2), check=2)
+    assert len(refused.stderr.strip().splitlines()) == 1  # any other count: one line
+    second = train(args(N - 1), check=0)
+    run = read_run(out)
+    assert run.status == "completed"
+    expected = _oracle(
+        quadratics.load(problem_file), algo, topo, OptimizerConfig(momentum=0.5), {4: [3]}
+    )
+    params = run.data["params"]
+    np.testing.assert_array_equal(np.isnan(params), np.isnan(expected))
+    np.testing.assert_allclose(params, expected, rtol=0, atol=1e-9)
+    with h5py.File(out) as f:
+        membership = json.loads(f.attrs["membership"])
+    assert [(c["step"], c["lost"], c["world_size"]) for c in membership] == [(4, [3], N - 1)]
+    assert f"{N - 1} of {N} workers finished" in second.stdout

@@ -19,6 +19,7 @@ import torch
 
 from relaympi.algorithms import make_algorithm
 from relaympi.comm import Communicator, run_local
+from relaympi.comm.base import number_nodes
 from relaympi.comm.local import VANISHED
 from relaympi.config import ConfigError
 from relaympi.launcher import cuda_overlap_mode
@@ -46,14 +47,16 @@ def run(plan: Plan, out: Path, command: str, comm: Communicator | None = None) -
     """Train ``plan`` on this MPI rank (``comm``), or with every worker a thread of this process
     (``comm`` None); return the run's status (rank 0's, for threads)."""
     if comm is None:
+        # a rerun on the survivors of a lost worker runs only them (plan.members)
+        members = plan.members or tuple(range(plan.world_size))
         statuses = run_local(
-            plan.world_size,
+            len(members),
             run_rank,
             plan,
             out,
             command,
             drops=plan.drops,
-            nodes=plan.nodes or None,
+            nodes=number_nodes([plan.nodes[m] for m in members]) if plan.nodes else None,
         )
         # the lowest surviving rank's (it wrote the run file last)
         return next(status for status in statuses if status != VANISHED)
@@ -90,26 +93,45 @@ class MessagePassingRank(TrainingLoop):
         self.comm, self.plan = comm, plan
         self.rank, self.n = comm.rank, comm.world_size
         self.is_root = self.rank == 0
-        self.workers = range(self.rank, self.rank + 1)  # this worker's id for life (its first rank)
-        self.members, self.n0, self.nodes0 = list(range(self.n)), self.n, comm.nodes
+        # the original ids of the run's workers (a rerun on the survivors of a loss: plan.members)
+        self.members, self.n0 = list(plan.members or range(self.n)), plan.world_size
+        self.nodes0 = tuple(plan.nodes) if plan.members and plan.nodes else comm.nodes
+        if plan.members:
+            self.nodes0 = self.nodes0 or (0,) * self.n0
+        me = self.members[self.rank]
+        self.workers = range(me, me + 1)  # this worker's id for life (its first rank)
         self._shrunk: tuple[Any, list[int]] | None = None  # a shrink not yet rebuilt on
-        self.check_injection(self.n)
+        self.check_injection(self.n0)
         if plan.cfg.on_failure == "continue":
             check_heals(plan)
         cfg = plan.cfg
-        self.workload = build_workload(plan, self.rank, device_for(cfg, self.rank))
+        self.workload = build_workload(plan, me, device_for(cfg, self.rank))
         self.num_classes = self.workload.num_classes
         self.schedule = plan.schedule(self.workload.steps_per_epoch)
         x = self.workload.x
         self.optimizer = make_optimizer(plan.optimizer, x)
+        topology = (
+            survivor_topology(plan, [self.nodes0[m] for m in self.members])
+            if plan.members
+            else plan.topology
+        )
         self.algorithm = make_algorithm(
-            cfg.algo, comm, plan.topology, self.optimizer, x, plan.algorithm_options
+            cfg.algo, comm, topology, self.optimizer, x, plan.algorithm_options
         )
         assert cfg.out is not None  # the plan names its run file (Plan.with_out)
         self.checkpoints = Checkpoints(
-            cfg, Path(cfg.out), self.rank, self.n, barrier=comm.barrier, nodes=comm.nodes
+            cfg,
+            Path(cfg.out),
+            me,
+            self.n0,
+            barrier=comm.barrier,
+            nodes=self.nodes0 if plan.members else comm.nodes,
         )
         self.evaluator = Evaluator(comm, plan, self.schedule, self.workload)
+        self.evaluator.n0 = self.n0
+        if plan.members:  # resumed on the survivors: they go on as they were
+            self.checkpoints.heal(self.rank, comm.barrier, self.members)
+            self.evaluator.members = self.members
         # --overlap: each bucket's step starts from backward's hooks; the step's timers then split
         # into
         # backward with the work started inside it (compute) and the exposed rest (comm:
@@ -184,6 +206,11 @@ class MessagePassingRank(TrainingLoop):
             float(self.comm.inter_node_bytes()),
         ]
         return {"bytes_total": torch.from_numpy(total)}
+
+    def restored(self, state: dict[str, Any]) -> None:
+        if "bytes_total" in state:  # the bytes of the communicators before this one
+            here = [float(self.comm.bytes_sent.sum()), float(self.comm.inter_node_bytes())]
+            self.evaluator.carried_bytes = state["bytes_total"].numpy().astype(float) - here
 
     def readmit(self, state: dict[str, Any] | None, lost: list[int]) -> None:
         """Back to full strength: a survivor restores its own checkpoint (not its algorithm's

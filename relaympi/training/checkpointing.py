@@ -229,15 +229,9 @@ class Checkpoints:
                 f"{self.engine or _MESSAGE_PASSING}"
             )
         members = meta.get("members")
-        if members is not None and meta.get("world_size") != n and len(members) == n:
-            raise ConfigError(
-                f"the checkpoint in {self.directory} (step {meta['step']}) was saved by the "
-                f"{n} survivors of {meta.get('world_size')} workers: rerun on "
-                f"{meta.get('world_size')} ranks to re-admit the lost ones (resuming on the "
-                "survivors alone is not supported)"
-            )
         if meta.get("world_size") != n:
-            differences.append(f"world size {meta.get('world_size')} vs {n}")
+            survivors = f" (or its {len(members)} survivors)" if members is not None else ""
+            differences.append(f"world size {meta.get('world_size')}{survivors} vs {n}")
         elif (
             meta.get("nodes") is not None and self.nodes is not None and meta["nodes"] != self.nodes
         ):
@@ -257,9 +251,10 @@ class Checkpoints:
                 "use another --checkpoint-dir or delete it"
             )
         step = int(meta["step"])
-        if members is not None and members != list(range(n)):
+        running = self.members if self.members is not None else list(range(n))
+        if members is not None and members != running:
             # saved after a loss, resumed on the run's first count: the lost are re-admitted
-            self.readmitting = sorted(set(range(n)) - set(members))
+            self.readmitting = sorted(set(running) - set(members))
             if self.rank not in members:
                 return step, None
         return step, checkpoint_files.load(self.directory, self.rank, step)

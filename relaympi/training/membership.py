@@ -79,6 +79,22 @@ def survivor_topology(plan: Plan, survivor_nodes: Sequence[int]) -> Topology:
         ) from None
 
 
+def survivors_resume(cfg: Any, size: int) -> tuple[int, tuple[int, ...], Any] | None:
+    """A rerun on exactly the survivors' count of a run whose checkpoint was saved after a loss:
+    (the run's first count, the survivors' ids, its nodes or None); None for any other run."""
+    from relaympi.training import checkpoint_files
+
+    if cfg.checkpoint_dir is None:
+        return None
+    meta = checkpoint_files.read_meta(cfg.checkpoint_dir)
+    if not meta or meta.get("members") is None:
+        return None
+    members, first = tuple(int(m) for m in meta["members"]), int(meta.get("world_size") or 0)
+    if len(members) != size or first == size:
+        return None
+    return first, members, meta.get("nodes")
+
+
 def check_heals(plan: Plan) -> None:
     """Refuse --on-failure continue at the start for a topology that cannot be rebuilt over fewer
     workers (an edge list fixes its count, say), rather than at the first loss."""

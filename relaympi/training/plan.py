@@ -86,6 +86,9 @@ class Plan:
     # each rank's node (0, 1, ... by each node's lowest rank): as MPI placed the ranks, or emulated
     # (--ranks-per-node)
     nodes: tuple[int, ...] = ()
+    # a rerun on the survivors of a run that lost workers (--on-failure continue): the original ids
+    # of the workers it runs, in rank order (world_size stays the run's first count); () otherwise
+    members: tuple[int, ...] = ()
 
     def warn(self) -> None:
         """Log what the run does other than asked or tuned for (rank 0 calls it)."""
