@@ -16,46 +16,27 @@ import pytest
 
 from benchmarks.kill_loop import differences
 from relaympi.results import read_run
-from tests.conftest import ROOT, env_for_subprocess, requires_mpirun, run_train
-
-ULFM = ROOT / "scripts" / "mpirun-ulfm"
-
-
-def _has_ulfm() -> bool:
-    if not ULFM.exists():
-        return False
-    check = subprocess.run(["bash", str(ULFM), "--check"], capture_output=True, text=True)
-    return check.returncode == 0
-
-
-requires_ulfm = pytest.mark.skipif(
-    not _has_ulfm(), reason="no Open MPI with ULFM: bash scripts/setup.sh --mpi openmpi"
+from tests.conftest import (
+    PY,
+    ROOT,
+    ULFM_MPIRUN,
+    requires_mpirun,
+    requires_ulfm,
+    run_train,
+    run_ulfm,
 )
+
 pytestmark = [pytest.mark.slow, pytest.mark.ulfm]
 
 QUAD = ["--task", "quadratics", "--steps", "16", "--eval-every", "1", "--record-params"]
 
 
 def _mpi(ranks: int, args: list, env: dict, timeout: float = 480) -> subprocess.CompletedProcess:
-    """The trainer on ``ranks`` Open MPI processes with ULFM (the launcher's exit is not the
-    run's: it is non-zero once a process died)."""
-    command = [
-        "bash",
-        str(ULFM),
-        "-n",
-        str(ranks),
-        *[arg for name in env for arg in ("-x", name)],
-        *("-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS"),
-        sys.executable,
-        "-m",
-        "relaympi.train",
-        *map(str, args),
-    ]
-    full_env = {**env_for_subprocess(), "OMP_NUM_THREADS": "1", **env}
-    full_env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run(
-        command, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout
-    )
+    """The trainer on ``ranks`` Open MPI processes with ULFM, ``env``'s variables passed to them
+    (the launcher's exit is no verdict on a run that lost a rank)."""
+    passed = [arg for name in env for arg in ("-x", name)]
+    train = [PY, "-m", "relaympi.train", *args]
+    return run_ulfm([*passed, "-x", "PYTHONPATH", *train], ranks, env=env, timeout=timeout)
 
 
 def _membership(path) -> list[tuple[int, list[int], int]]:
@@ -123,7 +104,7 @@ def test_the_kill_loop_kills_at_random_moments_and_the_replay_is_identical(tmp_p
         "benchmarks.kill_loop",
         *("--every", "12", "--seed", "3", "--replay", "--json", str(tmp_path / "k.json")),
         "--",
-        *("bash", str(ULFM), "-n", "6", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS"),
+        *(str(ULFM_MPIRUN), "-n", "6", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS"),
         *(sys.executable, "-m", "relaympi.train", "--task", "quadratics", "--algo", "relay"),
         *("--topology", "double-binary-trees", "--steps", "90", "--eval-every", "3"),
         *("--record-params", "--on-failure", "continue", "--out", str(out)),

@@ -95,9 +95,8 @@ class MessagePassingRank(TrainingLoop):
         self.is_root = self.rank == 0
         # the original ids of the run's workers (a rerun on the survivors of a loss: plan.members)
         self.members, self.n0 = list(plan.members or range(self.n)), plan.world_size
-        self.nodes0 = tuple(plan.nodes) if plan.members and plan.nodes else comm.nodes
-        if plan.members:
-            self.nodes0 = self.nodes0 or (0,) * self.n0
+        # each original worker's node (resumed on the survivors: the run's, from its plan)
+        self.nodes0 = (tuple(plan.nodes) or (0,) * self.n0) if plan.members else comm.nodes
         me = self.members[self.rank]
         self.workers = range(me, me + 1)  # this worker's id for life (its first rank)
         self._shrunk: tuple[Any, list[int]] | None = None  # a shrink not yet rebuilt on
