@@ -1,4 +1,5 @@
-"""The cluster tool as root trusts no folder it did not make (cluster/local_cluster.sh).
+"""The cluster tool as root trusts no folder it did not make (cluster/local_cluster.sh), and the
+sweeps run no prelude from a settings file another user may write (jobs/lib.sh).
 
 Fast: SLURM's daemons and munge are stand-in scripts on PATH that only note their arguments, so
 nothing is installed or started; an old tool that went through a planted folder would run them,
@@ -235,3 +236,34 @@ def test_the_munge_key_is_never_readable_by_others(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=clean_env())
     assert proc.returncode == 0, proc.stderr
     assert stat.S_IMODE(key.stat().st_mode) == 0o600 and key.stat().st_size == 1024
+
+
+def sweep_setup(config: Path, **settings: str) -> subprocess.CompletedProcess:
+    probe = f"source {shlex.quote(str(ROOT / 'jobs' / 'lib.sh'))}; relaympi_setup"
+    env = clean_env(RELAYMPI_JOBS_CONFIG=str(config), **settings)
+    return subprocess.run(["bash", "-c", probe], capture_output=True, text=True, env=env)
+
+
+@pytest.mark.parametrize("owner, mode", [(None, 0o664), (None, 0o646), (NOBODY, 0o644)])
+def test_a_prelude_from_a_settings_file_others_may_write_is_refused(
+    tmp_path: Path, owner: int | None, mode: int
+) -> None:
+    if owner is not None and os.geteuid() != 0:
+        pytest.skip("a file of another user's needs root to make (chown)")
+    marker, config = tmp_path / "marker", tmp_path / "site.env"
+    config.write_text(f"RELAYMPI_PRELUDE=touch {shlex.quote(str(marker))}\n")
+    config.chmod(mode)
+    if owner is not None:
+        os.chown(config, owner, owner)
+    proc = sweep_setup(config)
+    assert proc.returncode != 0 and not marker.exists()
+    assert len(proc.stderr.splitlines()) == 1 and str(config) in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_a_prelude_from_the_owners_own_settings_file_runs(tmp_path: Path) -> None:
+    marker, config = tmp_path / "marker", tmp_path / "site.env"
+    config.write_text(f"RELAYMPI_PRELUDE=touch {shlex.quote(str(marker))}\n")
+    config.chmod(0o644)
+    proc = sweep_setup(config)
+    assert proc.returncode == 0 and marker.exists(), proc.stderr
