@@ -33,6 +33,7 @@ from relaympi.report.summary import (
 from relaympi.report.tables import Table, all_tables, untabulated
 from relaympi.results import Run, RunFileError
 from relaympi.results.bounded import read_runs, read_timeout
+from relaympi.results.text import console
 
 PROG = "python -m relaympi.report"
 
@@ -292,7 +293,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         + placement_summary(runs)
     )
     problems += left_out
-    sys.stdout.write(render(tables, problems, args.format, summary))
+    # run files' strings reach the terminal only as text (no escape sequence of theirs runs)
+    sys.stdout.write(console(render(tables, problems, args.format, summary)))
     if args.out is not None:
         try:
             written = write_outputs(
