@@ -32,7 +32,7 @@ from relaympi.report.summary import (
 )
 from relaympi.report.tables import Table, all_tables, untabulated
 from relaympi.results import Run, RunFileError
-from relaympi.results.bounded import read_runs, read_timeout
+from relaympi.results.bounded import read_memory, read_runs, read_timeout
 from relaympi.results.text import console
 
 PROG = "python -m relaympi.report"
@@ -252,6 +252,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         parser.error(f"--target-accuracy must be in (0, 1], got {args.target_accuracy:g}")
     try:
         read_timeout()
+        read_memory()
     except ValueError as error:
         parser.error(str(error))
     if not args.last_epochs > 0:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from relaympi.results.bounded import read_run_bounded, read_timeout, run_statuses
+from relaympi.results.bounded import read_memory, read_run_bounded, read_timeout, run_statuses
 from relaympi.results.errors import RunFileError
 from relaympi.results.membership import change_text
 from relaympi.results.quality import unstable_loss, unstable_text
@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         read_timeout()
+        read_memory()
     except ValueError as error:
         parser.error(str(error))
     if (
