@@ -1,6 +1,7 @@
-"""Crafted run files: sizes a file claims are checked against what it holds before anything is
-allocated, each file is read under a memory limit, and nothing in one makes the reader read
-another file. A refused file is a problem of the report; the rest of the report is unchanged."""
+"""Crafted run files and folders: sizes a file claims are checked against what it holds before
+anything is allocated, each file is read under a memory limit, nothing in one makes the reader
+read another file, and no depth of folders stops the search. A refused file is a problem of the
+report; the rest of the report is unchanged."""
 
 from __future__ import annotations
 
@@ -151,3 +152,21 @@ def test_nothing_in_a_run_file_reads_another_file(tmp_path: Path, how: str) -> N
         read_run(path)
     status, text = report_text(str(tmp_path / "runs"))
     assert status == 1 and "refused" in problems_of(text)["crafted.h5"]
+
+
+@pytest.mark.slow
+def test_folders_1500_deep_are_searched(tmp_path: Path) -> None:
+    """The report finds a run file under 1,500 nested folders (a RecursionError before) and one at
+    the top, and does not follow a symbolic link back up (no loop)."""
+    from relaympi.report.cli import find_run_files
+
+    top = good(tmp_path / "runs" / "top.h5")
+    deep = tmp_path / "runs"
+    for _ in range(1500):  # Path.mkdir(parents=True) would recurse
+        deep = deep / "d"
+        deep.mkdir()
+    bottom = good(deep / "bottom.h5", seed=1)
+    (deep / "loop").symlink_to(tmp_path / "runs", target_is_directory=True)
+    assert find_run_files([tmp_path / "runs"]) == sorted([top, bottom])
+    status, text = report_text(str(tmp_path / "runs"))
+    assert status == 0 and text.startswith("2 run file(s): 2 completed")
