@@ -685,14 +685,7 @@ class RunConfig:
         if unknown:
             raise ConfigError(f"unknown config keys {unknown}; allowed: {sorted(names)}")
         kwargs = dict(data)
-        for key in (
-            "out",
-            "checkpoint_dir",
-            "data_dir",
-            "model_dir",
-            "problem_file",
-            "save_problem",
-        ):
+        for key in (f.name for f, flag in FLAGS if flag.type is Path):
             if kwargs.get(key) is not None:
                 kwargs[key] = Path(kwargs[key])
         if kwargs.get("milestones") is not None:

@@ -32,6 +32,7 @@ from relaympi.results import (
 )
 from relaympi.results.quality import CHANCE_AFTER_EPOCHS
 from relaympi.results.schema import ADDED_DATASETS
+from relaympi.results.text import one_line
 from relaympi.training.checkpoint_files import CheckpointWriteError
 from relaympi.training.plan import Plan
 
@@ -283,4 +284,4 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
     )
     if unstable:
         line += f" | WARNING: {unstable_text(unstable)}"
-    print(line, flush=True)
+    print(one_line(line), flush=True)  # the file's strings as text: no line break or escape
