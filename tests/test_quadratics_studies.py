@@ -34,7 +34,13 @@ from relaympi.studies.quadratics.tuning import (
     suboptimality_batch,
     tune,
 )
-from relaympi.tasks.quadratics import QuadraticsSpec, generate, load
+from relaympi.tasks.quadratics import (
+    QuadraticsSpec,
+    generate,
+    heterogeneity_scale,
+    load,
+    shaped_matrices,
+)
 from relaympi.topology import build
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,24 +58,59 @@ def _one_blas_thread():
 # quadratics generation
 
 
+def _paper_gradients(A: np.ndarray, b: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """grad of ||A_i x - b_i||^2 (no 1/2), computed apart from relaympi: 2 A_i^T (A_i x - b_i)."""
+    return np.stack([2.0 * a.T @ (a @ x - bi) for a, bi in zip(A, b, strict=True)])
+
+
 @pytest.mark.parametrize(
     ("n", "dim", "zeta2", "r0", "mu", "L"),
     [(8, 10, 10.0, 10.0, 0.5, 1.0), (5, 7, 0.1, 1.0, 0.2, 2.0), (4, 6, 0.0, 3.0, 0.5, 1.0)],
 )
-def test_generated_quadratics_have_the_requested_constants(tmp_path, n, dim, zeta2, r0, mu, L):
+def test_generated_quadratics_follow_the_appendix_step_by_step(tmp_path, n, dim, zeta2, r0, mu, L):
     spec = QuadraticsSpec(dim=dim, mu=mu, L=L, zeta2=zeta2, r0=r0, sigma2=0.1)
     q = generate(n, spec, seed=3)
+    # steps 1 and 2: singular values mu, (d-2)/(d-1) mu + 1/(d-1) L, ..., L
+    second = (dim - 2) / (dim - 1) * mu + L / (dim - 1)
     for A in q.A:
-        np.testing.assert_allclose(
-            np.sort(np.linalg.svd(A, compute_uv=False)), np.linspace(mu, L, dim), rtol=1e-12
-        )
-    if zeta2 > 0:
-        assert q.heterogeneity() == pytest.approx(zeta2, rel=1e-8)
-    else:
-        assert q.heterogeneity() <= 1e-20 * r0**2
+        singular = np.sort(np.linalg.svd(A, compute_uv=False))
+        np.testing.assert_allclose(singular, np.linspace(mu, L, dim), rtol=1e-12)
+        assert singular[0] == pytest.approx(mu, rel=1e-12)
+        assert singular[1] == pytest.approx(second, rel=1e-12)
+        assert singular[-1] == pytest.approx(L, rel=1e-12)
+    # step 4: x* is the random vector drawn after the matrices and the directions, at norm r0
+    rng = np.random.default_rng([3, 0xC0FFEE])
+    np.testing.assert_array_equal(shaped_matrices(rng, n, spec), q.A)
+    directions = rng.standard_normal((n, dim))
+    drawn = rng.standard_normal(dim)
+    np.testing.assert_allclose(q.x_star, drawn * r0 / np.linalg.norm(drawn), rtol=1e-12)
     assert np.linalg.norm(q.x_star) == pytest.approx(r0, rel=1e-12)
-    mean_gradient = q.gradients(np.repeat(q.x_star[None], n, axis=0)).mean(axis=0)
-    assert np.abs(mean_gradient).max() <= 1e-12 * max(r0, 1.0) * L**2
+    # ... and the global optimum of the mean of ||A_i x - b_i||^2 (normal equations, solved here)
+    AtA = sum(a.T @ a for a in q.A)
+    Atb = sum(a.T @ bi for a, bi in zip(q.A, q.b, strict=True))
+    np.testing.assert_allclose(np.linalg.solve(AtA, Atb), q.x_star, rtol=1e-10, atol=1e-12)
+    # step 3: before step 4 the global optimum was 0 and worker i's own optimum s d_i
+    centered = q.b - np.einsum("nij,j->ni", q.A, q.x_star)
+    optimum = np.linalg.solve(AtA, sum(a.T @ c for a, c in zip(q.A, centered, strict=True)))
+    assert np.abs(optimum).max() <= 1e-10 * max(r0, 1.0)
+    own = np.stack([np.linalg.solve(a, c) for a, c in zip(q.A, centered, strict=True)])
+    scale = heterogeneity_scale(q.A, directions, zeta2) if zeta2 > 0 else 0.0
+    shift = own - scale * directions  # every worker moved by the same vector (the old optimum)
+    np.testing.assert_allclose(shift, np.repeat(shift[:1], n, axis=0), atol=1e-10 * max(r0, 1.0))
+    # zeta^2 under the paper's gradient (four times the 1/2-loss gradient's)
+    zeta2_paper = np.mean(np.sum(_paper_gradients(q.A, q.b, q.x_star) ** 2, axis=1))
+    if zeta2 > 0:
+        assert zeta2_paper == pytest.approx(zeta2, rel=1e-9)
+        assert q.heterogeneity() == pytest.approx(zeta2, rel=1e-9)
+    else:
+        assert zeta2_paper <= 1e-20 * r0**2
+    assert np.abs(_paper_gradients(q.A, q.b, q.x_star).mean(axis=0)).max() <= 1e-11 * r0 * L**2
+    # the loss has no 1/2, and q's gradients are its gradients
+    X = np.random.default_rng(1).standard_normal((n, dim))
+    expected = [2.0 * a.T @ (a @ x - bi) for a, bi, x in zip(q.A, q.b, X, strict=True)]
+    np.testing.assert_allclose(q.gradients(X), expected, rtol=1e-12, atol=1e-12)
+    losses = [np.sum((a @ X[0] - bi) ** 2) for a, bi in zip(q.A, q.b, strict=True)]
+    assert q.loss(X[0]) == pytest.approx(np.mean(losses), rel=1e-13)
     assert q.f_star == pytest.approx(q.loss(q.x_star), rel=1e-14, abs=1e-14)
     rng = np.random.default_rng(0)
     for _ in range(3):  # x* minimizes the mean objective
@@ -81,6 +122,35 @@ def test_generated_quadratics_have_the_requested_constants(tmp_path, n, dim, zet
     np.testing.assert_array_equal(back.b, q.b)
     np.testing.assert_array_equal(back.x_star, q.x_star)
     assert back.f_star == q.f_star and back.sigma2 == q.sigma2
+
+
+def test_the_gradient_is_the_losss_derivative():
+    """Central differences of the loss (no 1/2) agree with the gradient 2 A^T (A x - b)."""
+    q = generate(3, QuadraticsSpec(dim=5, zeta2=2.0, r0=3.0), seed=2)
+    x = np.random.default_rng(4).standard_normal(5)
+    step = 1e-5
+    numeric = [(q.loss(x + step * e) - q.loss(x - step * e)) / (2 * step) for e in np.eye(5)]
+    mean_gradient = q.gradients(np.repeat(x[None], 3, axis=0)).mean(axis=0)
+    np.testing.assert_allclose(mean_gradient, numeric, rtol=1e-7, atol=1e-8)
+
+
+def test_a_problem_file_of_the_half_loss_is_read_in_the_papers(tmp_path):
+    """A file written when the loss had a 1/2 holds the same A and b: its f_star doubles."""
+    q = generate(4, QuadraticsSpec(dim=5, zeta2=1.0, r0=2.0), seed=0)
+    path = tmp_path / "old.h5"
+    q.save(path)
+    with h5py.File(path, "a") as f:
+        f.attrs["f_star"] = q.f_star / 2
+        f.attrs["objective"] = "f_i(x) = 1/2 ||A_i x - b_i||^2, f = mean_i f_i"
+    back = load(path)
+    assert back.f_star == pytest.approx(q.f_star, rel=1e-15)
+    assert back.suboptimality(np.repeat(back.x_star[None], 4, axis=0)) == pytest.approx(
+        0.0, abs=1e-12
+    )
+    with h5py.File(path, "a") as f:
+        f.attrs["objective"] = "f_i(x) = ||A_i x + b_i||^2"
+    with pytest.raises(ValueError, match=r"objective 'f_i\(x\) = \|\|A_i x \+ b_i"):
+        load(path)
 
 
 def test_batched_suboptimality_is_the_problems():

@@ -92,10 +92,18 @@ class BatchResult:
 
 
 def suboptimality_batch(problem: Quadratics, X: np.ndarray) -> np.ndarray:
-    """f(x_bar) - f* for each of B models stacked as X [n, B, d]: exactly 1/2 e^T H e with H = mean
-    A_i^T A_i."""
+    """f(x_bar) - f* for each of B models stacked as X [n, B, d].
+
+    Args:
+        problem: the quadratics (f the mean of ||A_i x - b_i||^2).
+        X: B stacked sets of worker iterates [n, B, d].
+
+    Returns:
+        [B]: exactly e^T (1/n sum_i A_i^T A_i) e = 1/2 e^T H e with e = x_bar - x* and H the
+        global Hessian (the mean of problem.H).
+    """
     error = X.mean(axis=0) - problem.x_star  # [B, d]
-    hessian = problem.AtA.mean(axis=0)
+    hessian = problem.H.mean(axis=0)
     return 0.5 * np.einsum("bi,ij,bj->b", error, hessian, error)
 
 
@@ -140,7 +148,7 @@ def run_batch(
         [seed, 0x5EED]
     )  # one stream, drawn in step order: common to all lrs and rounds
     noise_std = math.sqrt(problem.sigma2 / d) if problem.sigma2 > 0 else 0.0
-    hessian_t = problem.AtA.transpose(0, 2, 1)
+    hessian_t = problem.H.transpose(0, 2, 1)
 
     def measure(X: np.ndarray) -> np.ndarray:
         values = suboptimality_batch(problem, X.reshape(n, K * S, d)).reshape(K, S).mean(axis=1)
@@ -155,7 +163,7 @@ def run_batch(
     with np.errstate(over="ignore", invalid="ignore"):
         for step in range(1, max_steps + 1):
             X3 = X.reshape(n, K * S, d)
-            G = (X3 @ hessian_t - problem.Atb[:, None, :]).reshape(n, K, S, d)
+            G = (X3 @ hessian_t - problem.c[:, None, :]).reshape(n, K, S, d)
             if noise_std:
                 G = G + (noise_std * rng.standard_normal((n, 1, S, d)))
             X = engine.step(X, G.reshape(n, width) * scale, 1.0, step - 1)
