@@ -29,6 +29,7 @@ from relaympi.studies.quadratics.studies import STUDIES
 from relaympi.studies.quadratics.tuning import (
     Method,
     SearchConfig,
+    checkpoint_steps,
     d2_method,
     run_batch,
     suboptimality_batch,
@@ -195,11 +196,63 @@ def test_tuning_finds_the_fastest_learning_rate_of_gradient_descent():
     grid."""
     q = generate(4, QuadraticsSpec(dim=6, zeta2=1.0, r0=5.0), seed=0)
     method = Method("all-reduce", "allreduce", build("fully-connected", 4))
-    tuned = tune(q, method, SearchConfig(target=1e-8, max_steps=500))
+    tuned = tune(q, method, SearchConfig(target=1e-8, max_steps=500, checkpoints=0))
     assert tuned.reached and tuned.curve[tuned.steps] <= 1e-8 < tuned.curve[tuned.steps - 1]
     for factor in (0.8, 0.9, 1.1, 1.25):
         other = run_batch(q, method, np.array([tuned.lr * factor]), 1e-8, 500)
         assert other.hit_step is None or other.hit_step >= tuned.steps
+
+
+def test_checkpoints_are_log_spaced_steps_up_to_the_cap():
+    steps = checkpoint_steps(20_000, 1000)
+    assert steps[0] == 1 and steps[-1] == 20_000 and np.all(np.diff(steps) > 0)
+    assert len(steps) <= 1000
+    np.testing.assert_array_equal(steps[:100], np.arange(1, 101))  # every step at first
+    ratio = 20_000 ** (1 / 999)
+    assert np.all(steps[1:] <= np.ceil(steps[:-1] * ratio) + 1)  # no gap beyond the spacing
+    np.testing.assert_array_equal(checkpoint_steps(50, 0), np.arange(1, 51))
+
+
+@pytest.mark.parametrize(("algo", "topology"), [("relay", "chain"), ("d2", "ring"), ("gt", "ring")])
+def test_a_rate_that_rises_above_the_target_is_refused(algo, topology):
+    """With refuse_rises, run_batch judges at the checkpoints only and refuses a rate whose
+    suboptimality rises from one checkpoint to the next while above the target; the oracle is
+    the free run's curve of every rate, judged here."""
+    q = generate(6, QuadraticsSpec(dim=4, zeta2=1.0, r0=3.0), seed=4)
+    method = Method("m", algo, build(topology, 6))
+    lrs = np.geomspace(0.3, 1.4, 9)
+    target, cap = 1e-6, 300
+    judged = checkpoint_steps(cap, 60)
+    free = run_batch(q, method, lrs, 1e-300, cap).curves
+    refused, first_hit = [], []
+    for k in range(len(lrs)):
+        values, previous, gone, hit = free[:, k], free[0, k], False, None
+        for t in judged:
+            if values[t] > previous > target or not np.isfinite(values[t]):
+                gone = True
+                break
+            if values[t] <= target:
+                hit = int(t)
+                break
+            previous = values[t]
+        refused.append(gone)
+        first_hit.append(hit)
+    assert any(refused) and not all(refused), refused  # the case tests both outcomes
+    hits = [h for h, r in zip(first_hit, refused, strict=True) if h is not None and not r]
+    result = run_batch(q, method, lrs, target, cap, checkpoints=judged, refuse_rises=True)
+    assert result.hit_step == min(hits)
+    assert result.hit_step in judged
+    expected_hits = [h == min(hits) for h in first_hit]
+    np.testing.assert_array_equal(result.hits, expected_hits)
+    # the rates that rose by the hit are refused, and none of them is a hit
+    assert not (result.hits & result.refused).any()
+    for k in range(len(lrs)):
+        rose_by_then = any(
+            free[t, k] > free[p, k] > target
+            for p, t in zip(np.r_[0, judged[:-1]], judged, strict=True)
+            if t <= result.hit_step
+        )
+        assert bool(result.refused[k]) == rose_by_then, k
 
 
 def test_d2_switches_to_exact_diffusion_only_below_minus_one_third():
