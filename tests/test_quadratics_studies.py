@@ -392,12 +392,14 @@ def test_lr_correction_agrees_with_message_passing(name, n):
 
 
 @pytest.mark.slow
-def test_relaysgd_and_d2_are_independent_of_heterogeneity_dpsgd_is_not():
-    """Tuned per setting, steps to 1e-6 at zeta2 = 0 and 10 (the paper's setting adds gradient
-    noise).
+def test_d2_is_independent_of_heterogeneity_relaysgd_until_it_dominates_dpsgd_is_not():
+    """Tuned per setting, steps to 1e-6 at the appendix figure's zeta2 = 0, 0.1 and 10 with its
+    gradient noise (E||xi||^2 = 0.05^2) and r0 = 1.
 
-    Without noise zeta2 = 0 is special: x* is every worker's own optimum, so no communication
-    is needed and all methods finish in a few dozen steps (the study reports that variant too).
+    D2's steps are the noise's, whatever zeta2; DP-SGD needs many more steps, or never gets
+    there. RelaySGD takes the same steps at zeta2 = 0 and 0.1, but at zeta2 = 10, where the
+    heterogeneity dwarfs r0, it needs more (measured 52 and 88): the paper's "independent of
+    heterogeneity" does not hold there (Benchmarks, Random quadratics).
     """
     n = 32
     # A coarser search than the study's (same procedure), and d = 10 with 4 noise streams: with
@@ -413,9 +415,9 @@ def test_relaysgd_and_d2_are_independent_of_heterogeneity_dpsgd_is_not():
         noise_seeds=4,
     )
     steps: dict[tuple[str, float], int | None] = {}
-    for zeta2 in (0.0, 10.0):
+    for zeta2 in (0.0, 0.1, 10.0):
         q = generate(
-            n, QuadraticsSpec(dim=10, mu=0.5, L=1.0, zeta2=zeta2, r0=10.0, sigma2=3e-3), seed=0
+            n, QuadraticsSpec(dim=10, mu=0.5, L=1.0, zeta2=zeta2, r0=1.0, sigma2=0.0025), seed=0
         )
         for method in (
             Method("relay", "relay", build("chain", n)),
@@ -423,12 +425,18 @@ def test_relaysgd_and_d2_are_independent_of_heterogeneity_dpsgd_is_not():
             Method("dpsgd", "dpsgd", build("ring", n)),
         ):
             steps[method.label, zeta2] = tune(q, method, search).steps
-    for label in ("relay", "d2"):
-        low, high = steps[label, 0.0], steps[label, 10.0]
-        assert low is not None and high is not None, steps
-        assert max(low, high) <= 1.10 * min(low, high), steps
+
+    def spread(label: str, *zeta2: float) -> float:
+        values = [steps[label, z] for z in zeta2]
+        assert all(v is not None for v in values), steps
+        return max(values) / min(values)  # type: ignore[type-var]
+
+    assert spread("d2", 0.0, 0.1, 10.0) <= 1.10, steps
+    assert spread("relay", 0.0, 0.1) <= 1.10, steps
+    assert 1.3 <= spread("relay", 0.1, 10.0) <= 2.0, steps
     low, high = steps["dpsgd", 0.0], steps["dpsgd", 10.0]
     assert low is not None and (high is None or high >= 2 * low), steps
+    assert steps["dpsgd", 0.1] is not None and steps["dpsgd", 0.1] >= 5 * low, steps
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,11 @@ from typing import Any
 from relaympi.studies.quadratics.dme import DmeSettings, study_dme
 from relaympi.studies.quadratics.fig2 import Fig2Settings, study_fig2
 from relaympi.studies.quadratics.findings import StudyResult
-from relaympi.studies.quadratics.heterogeneity import HeterogeneitySettings, study_heterogeneity
+from relaympi.studies.quadratics.heterogeneity import (
+    STAR,
+    HeterogeneitySettings,
+    study_heterogeneity,
+)
 from relaympi.studies.quadratics.lr_correction import LrCorrectionSettings, study_lr_correction
 from relaympi.studies.quadratics.social import SocialSettings, study_social
 from relaympi.studies.quadratics.tuning import SearchConfig
@@ -31,11 +35,11 @@ class Study:
     quick_search: dict[str, Any] = field(default_factory=dict)  # beyond QUICK_SEARCH, with --quick
 
 
-def _heterogeneity(topology: str) -> Study:
+def _heterogeneity(settings: HeterogeneitySettings) -> Study:
     # --quick: noise-free only (the social study's quick run covers gradient noise)
     return Study(
-        HeterogeneitySettings(topology=topology),
-        {"n": 8, "zeta2_values": (0.0, 10.0), "sigma2_values": (0.0,)},
+        settings,
+        {"n": 8, "zeta2_values": (0.0, max(settings.zeta2_values)), "sigma2_values": (0.0,)},
         lambda s, seed: study_heterogeneity(s),
     )
 
@@ -46,8 +50,8 @@ TABLE: dict[str, Study] = {
         {"n_values": (4, 8), "zeta2_values": (0.0, 10.0)},
         lambda s, seed: study_fig2(s),
     ),
-    "heterogeneity": _heterogeneity("ring"),
-    "star": _heterogeneity("star"),
+    "heterogeneity": _heterogeneity(HeterogeneitySettings()),
+    "star": _heterogeneity(STAR),
     "social": Study(
         SocialSettings(),
         {"roots": (0, 21)},
