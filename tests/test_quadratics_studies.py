@@ -24,8 +24,17 @@ from relaympi.algorithms.dme_estimates import (
 from relaympi.algorithms.matrix import effective_delays, make_matrix_algorithm
 from relaympi.comm import run_local
 from relaympi.optim import OptimizerConfig, make_optimizer
+from relaympi.studies.quadratics.fig2 import (
+    FIGURE_SERIES,
+    Fig2Settings,
+    draw_fig2,
+    fig2_figure,
+    steps_cell,
+)
+from relaympi.studies.quadratics.findings import StudyResult
 from relaympi.studies.quadratics.lr_correction import measure_lr_correction
-from relaympi.studies.quadratics.studies import STUDIES
+from relaympi.studies.quadratics.studies import STUDIES, settings_for
+from relaympi.studies.quadratics.tables import median_steps
 from relaympi.studies.quadratics.tuning import (
     Method,
     SearchConfig,
@@ -36,6 +45,7 @@ from relaympi.studies.quadratics.tuning import (
     tune,
 )
 from relaympi.tasks.quadratics import (
+    CONVENTION,
     QuadraticsSpec,
     generate,
     heterogeneity_scale,
@@ -262,6 +272,89 @@ def test_d2_switches_to_exact_diffusion_only_below_minus_one_third():
     assert not d2_method("D2", build("star", 32)).d2_exact_diffusion  # smallest eigenvalue 0
     assert d2_method("D2", build("binary-tree", 64)).d2_exact_diffusion  # -0.363
     assert d2_method("D2", build("social-network", 32)).d2_exact_diffusion  # -0.434
+
+
+# ---------------------------------------------------------------------------------------------
+# Figure 2 over seeds: its cells and its figure
+
+
+def _fig2_rows(steps: dict[tuple[str, float, int], list[int | None]]) -> list[dict]:
+    """Rows as study_fig2 writes them: one per (method, zeta2, n, seed); None: not reached."""
+    rows = []
+    for (method, zeta2, n), per_seed in steps.items():
+        for seed, value in enumerate(per_seed):
+            rows.append(
+                {
+                    "method": method,
+                    "zeta2": zeta2,
+                    "n": n,
+                    "seed": seed,
+                    "steps": -1 if value is None else value,
+                    "reached": value is not None,
+                    "lr": 0.1,
+                    "d2_exact_diffusion": False,
+                }
+            )
+    return rows
+
+
+def test_fig2_cells_are_the_median_and_range_over_seeds():
+    rows = _fig2_rows(
+        {
+            ("a", 1.0, 4): [30, 10, 20],
+            ("a", 1.0, 8): [30, None, 20, 10],
+            ("a", 1.0, 16): [None, None, 20],
+            ("a", 1.0, 32): [7],
+        }
+    )
+    assert steps_cell(rows, method="a", zeta2=1.0, n=4) == "20 [10-30]"
+    assert steps_cell(rows, method="a", zeta2=1.0, n=8) == "25 [10-n.r.]"  # n.r. counts as inf
+    assert steps_cell(rows, method="a", zeta2=1.0, n=16) == "n.r. [20-n.r.]"
+    assert steps_cell(rows, method="a", zeta2=1.0, n=32) == "7"
+    assert steps_cell(rows, method="b", zeta2=1.0, n=4) == "-"
+    assert median_steps(rows, method="a", zeta2=1.0, n=8) == 25.0
+    assert median_steps(rows, method="a", zeta2=1.0, n=16) is None
+
+
+def test_fig2_is_drawn_as_the_paper_draws_it(tmp_path):
+    """Steps against n on log-log axes, one panel per heterogeneous zeta2; rings (and the chain)
+    dashed, trees solid, SGP dotted; the line is the median over seeds."""
+    s = Fig2Settings(n_values=(4, 8, 16), zeta2_values=(0.0, 0.01, 1.0), seeds=(0, 1, 2))
+    result = StudyResult("fig2", s)
+    grow = {"ring": 2.0, "binary-tree": 1.2, "chain": 2.0, "exponential": 1.0}
+    steps = {}
+    for label, _, _ in FIGURE_SERIES:
+        for zeta2 in s.zeta2_values:
+            for n in s.n_values:
+                base = 10 * grow[label.split()[-1]] ** np.log2(n)
+                steps[label, zeta2, n] = [int(base), int(base) + 4, int(base) + 2]
+    result.rows = _fig2_rows(steps)
+    figure = fig2_figure(result)
+    axes = figure.axes
+    assert len(axes) == 2
+    assert [ax.get_title() for ax in axes] == ["$\\zeta^2$ = 0.01", "$\\zeta^2$ = 1"]
+    for ax in axes:
+        assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert lines["RelaySGD chain"].get_linestyle() == "--"
+        assert lines["D2 ring"].get_linestyle() == "--"
+        assert lines["GT ring"].get_linestyle() == "--"
+        assert lines["RelaySGD binary-tree"].get_linestyle() == "-"
+        assert lines["GT binary-tree"].get_linestyle() == "-"
+        assert lines["SGP exponential"].get_linestyle() == ":"
+        np.testing.assert_array_equal(lines["GT ring"].get_xdata(), [4, 8, 16])
+        np.testing.assert_array_equal(
+            lines["GT ring"].get_ydata(), [np.median(steps["GT ring", 1.0, n]) for n in (4, 8, 16)]
+        )
+    path = draw_fig2(result, tmp_path)
+    assert path == tmp_path / "fig2.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fig2_runs_ten_seeds_unless_told():
+    assert settings_for("fig2", False, 0, None).seeds == tuple(range(10))
+    assert settings_for("fig2", False, 5, None, seeds=3).seeds == (5, 6, 7)
+    assert len(settings_for("fig2", True, 0, None).seeds) == 2
+    assert not hasattr(settings_for("star", False, 0, None), "seeds")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -507,4 +600,10 @@ def test_all_studies_run_quickly_from_the_command_line(tmp_path):
             assert "git_commit" in f.attrs["provenance"] and "settings" in f.attrs
             assert len(f["table"]) > 0
     assert done.stdout.count("paper findings:") == len(STUDIES)
+    assert done.stdout.count(f"quadratics convention: {CONVENTION}\n") == len(STUDIES)
     assert "steps to 1e-06, zeta2=0" in done.stdout
+    with h5py.File(out / "fig2.h5", "r") as f:
+        assert f.attrs["quadratics_convention"] == CONVENTION
+        assert sorted(set(f["table"]["seed"][()])) == [0, 1]  # --quick: two seeds
+    assert (out / "fig2.png").read_bytes()[:4] == b"\x89PNG"
+    assert f"wrote {out / 'fig2.png'}" in done.stdout
