@@ -66,8 +66,9 @@ def close_quietly(writer: RunWriter) -> None:
 
 def check_out(out: Path, overwrite: bool, plan: Plan | None = None) -> None:
     """Refuse (ConfigError) an --out this run may not replace, before anything is written: --out
-    replaces only run files (a finished one, a damaged one, or a preempted run of another
-    configuration than ``plan``'s, only with --overwrite)."""
+    replaces only run files (a finished one, a damaged one, a preempted run of another
+    configuration than ``plan``'s, or an unfinished quadratics run of the older 1/2 loss, only
+    with --overwrite)."""
     kind = file_kind(out)
     if kind == "other":
         raise ConfigError(
@@ -82,9 +83,14 @@ def check_out(out: Path, overwrite: bool, plan: Plan | None = None) -> None:
         )
     if kind == "run" and not overwrite and run_status(out) in FINISHED_STATUSES:
         raise ConfigError(f"{out} already holds a finished run; pass --overwrite to replace it")
-    if kind == "run" and not overwrite and plan is not None and plan.problem is not None:
-        convention = read_run(out).attrs.get(QUADRATICS_CONVENTION_ATTR)
-        if convention != CONVENTION and run_status(out) in RESUMABLE_STATUSES:
+    if (
+        kind == "run"
+        and not overwrite
+        and plan is not None
+        and plan.problem is not None
+        and run_status(out) in RESUMABLE_STATUSES
+    ):
+        if read_run(out).attrs.get(QUADRATICS_CONVENTION_ATTR) != CONVENTION:
             raise ConfigError(
                 f"{out} holds an unfinished quadratics run of an older relaympi (loss "
                 "1/2 ||A_i x - b_i||^2, no quadratics_convention); it cannot go on under "
