@@ -82,10 +82,10 @@ def _message_passing(comm, algo, topo_name, opt, mode, x0):
     algorithm = make_algorithm(
         algo, comm, topology, optimizer, x, AlgorithmOptions(relay_mode=mode)
     )
-    AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]), torch.from_numpy(problem.Atb[comm.rank])
+    H, c = torch.from_numpy(problem.H[comm.rank]), torch.from_numpy(problem.c[comm.rank])
     trajectory = []
     for t in range(STEPS):
-        grad = AtA @ x - Atb
+        grad = H @ x - c
         algorithm.step(x, grad, 0.05 + 0.01 * t, t)  # time-varying lr, as warm-up produces
         trajectory.append(x.numpy().copy())
     return comm.rank, np.array(trajectory)
@@ -322,12 +322,12 @@ def test_relay_in_place_exchange_gives_identical_numbers(topo):
             x,
             AlgorithmOptions(relay_in_place=in_place),
         )
-        AtA, Atb = (
-            torch.from_numpy(problem.AtA[comm.rank]),
-            torch.from_numpy(problem.Atb[comm.rank]),
+        H, c = (
+            torch.from_numpy(problem.H[comm.rank]),
+            torch.from_numpy(problem.c[comm.rank]),
         )
         for t in range(10):
-            algorithm.step(x, AtA @ x - Atb, 0.05, t)
+            algorithm.step(x, H @ x - c, 0.05, t)
         return x.numpy()
 
     np.testing.assert_array_equal(
@@ -359,10 +359,10 @@ def _relay_variant_trajectory(comm, algo, topo, mode, variant):
         relay_mode=mode, relay_in_place=variant["in_place"], relay_chunk=variant["chunk"]
     )
     algorithm = make_algorithm(algo, comm, topology, make_optimizer(MOMENTUM, x), x, options)
-    AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]), torch.from_numpy(problem.Atb[comm.rank])
+    H, c = torch.from_numpy(problem.H[comm.rank]), torch.from_numpy(problem.c[comm.rank])
     out = []
     for t in range(10):
-        algorithm.step(x, AtA @ x - Atb, 0.05, t)
+        algorithm.step(x, H @ x - c, 0.05, t)
         out.append(x.numpy().copy())
     return np.array(out)
 

@@ -83,10 +83,10 @@ def _message_passing(comm, case: Case) -> tuple[int, np.ndarray]:
     algorithm = make_algorithm(
         case.algo, comm, topology, make_optimizer(case.optimizer, x), x, options
     )
-    AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]), torch.from_numpy(problem.Atb[comm.rank])
+    H, c = torch.from_numpy(problem.H[comm.rank]), torch.from_numpy(problem.c[comm.rank])
     trajectory = []
     for t in range(STEPS):
-        algorithm.step(x, AtA @ x - Atb, _lr(t), t)
+        algorithm.step(x, H @ x - c, _lr(t), t)
         trajectory.append(x.numpy().copy())
     return comm.rank, np.array(trajectory)
 

@@ -82,10 +82,10 @@ def _message_passing(comm, case: Case) -> tuple[np.ndarray, np.ndarray]:
     algorithm = make_algorithm(
         case.algo, comm, topology, make_optimizer(case.optimizer, x), x, case.options
     )
-    AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]), torch.from_numpy(problem.Atb[comm.rank])
+    H, c = torch.from_numpy(problem.H[comm.rank]), torch.from_numpy(problem.c[comm.rank])
     trajectory = []
     for t in range(STEPS):
-        algorithm.step(x, AtA @ x - Atb, _lr(t), t)
+        algorithm.step(x, H @ x - c, _lr(t), t)
         trajectory.append(x.numpy().copy())
     return np.array(trajectory), comm.bytes_sent.copy()
 
@@ -106,10 +106,10 @@ class _Batched:
             case.options,
             drops,
         )
-        self.AtA, self.Atb = torch.from_numpy(self.problem.AtA), torch.from_numpy(self.problem.Atb)
+        self.H, self.c = torch.from_numpy(self.problem.H), torch.from_numpy(self.problem.c)
 
     def step(self, t: int) -> np.ndarray:
-        G = torch.einsum("nij,nj->ni", self.AtA, self.X) - self.Atb
+        G = torch.einsum("nij,nj->ni", self.H, self.X) - self.c
         self.algorithm.step(self.X, G, _lr(t), t)
         return self.X.numpy().copy()
 
@@ -284,12 +284,12 @@ def _final_message_passing(comm, case: Case, dtype: torch.dtype) -> np.ndarray:
     algorithm = make_algorithm(
         case.algo, comm, topology, make_optimizer(case.optimizer, x), x, case.options
     )
-    AtA, Atb = (
-        torch.from_numpy(problem.AtA[comm.rank]).to(dtype),
-        torch.from_numpy(problem.Atb[comm.rank]).to(dtype),
+    H, c = (
+        torch.from_numpy(problem.H[comm.rank]).to(dtype),
+        torch.from_numpy(problem.c[comm.rank]).to(dtype),
     )
     for t in range(STEPS):
-        algorithm.step(x, AtA @ x - Atb, _lr(t), t)
+        algorithm.step(x, H @ x - c, _lr(t), t)
     return x.numpy().copy()
 
 
@@ -324,7 +324,7 @@ def test_float32_agrees_with_message_passing_at_full_precision_even_with_tf32_al
         case.options,
         drops,
     )
-    AtA, Atb = torch.from_numpy(problem.AtA).float(), torch.from_numpy(problem.Atb).float()
+    H, c = torch.from_numpy(problem.H).float(), torch.from_numpy(problem.c).float()
     torch.set_float32_matmul_precision("medium")
     try:
         for t in range(STEPS):
@@ -332,7 +332,7 @@ def test_float32_agrees_with_message_passing_at_full_precision_even_with_tf32_al
             # bfloat16 (no effect
             # seen on AMD EPYC or on a Xeon with AMX, but nothing promises that); only the algorithm
             # is under test
-            algorithm.step(X, (AtA * X[:, None, :]).sum(dim=2) - Atb, _lr(t), t)
+            algorithm.step(X, (H * X[:, None, :]).sum(dim=2) - c, _lr(t), t)
         assert torch.get_float32_matmul_precision() == "medium"
     finally:
         torch.set_float32_matmul_precision(before)
