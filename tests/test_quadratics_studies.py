@@ -27,6 +27,7 @@ from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.studies.quadratics.fig2 import (
     FIGURE_SERIES,
     Fig2Settings,
+    _findings,
     draw_fig2,
     fig2_figure,
     steps_cell,
@@ -348,6 +349,27 @@ def test_fig2_is_drawn_as_the_paper_draws_it(tmp_path):
         )
     path = draw_fig2(result, tmp_path)
     assert path == tmp_path / "fig2.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fig2_judges_log_growth_against_log2_n_itself():
+    """Steps a + b log2 n grow "~log n" even with a = 0 (whose log-log slope over n = 4..64 is
+    log2 n's own, about 0.4); steps growing like n^0.7 do not."""
+    ns = (4, 8, 16, 32, 64)
+    s = Fig2Settings(n_values=ns, zeta2_values=(0.01, 1.0), seeds=(0,))
+
+    def verdict(growth) -> bool:
+        steps = {}
+        for label, _, _ in FIGURE_SERIES:
+            for zeta2 in s.zeta2_values:
+                for n in ns:
+                    steps[label, zeta2, n] = [round(growth(n))]
+        found = {f.claim: f.holds for f in _findings(_fig2_rows(steps), s)}
+        return found["RelaySGD binary-tree: steps grow ~log n (zeta2=1)"]
+
+    assert verdict(lambda n: 5.5 * np.log2(n))  # the medians measured: slope 0.41
+    assert verdict(lambda n: 3 + 5 * np.log2(n))
+    assert not verdict(lambda n: 3 * n**0.7)
+    assert not verdict(lambda n: 2.0 * n)
 
 
 def test_fig2_runs_ten_seeds_unless_told():
