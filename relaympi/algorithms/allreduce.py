@@ -30,7 +30,7 @@ class AllReduce(RangedAlgorithm):
     name = "allreduce"
     heal_rule = "the fixed-tree sum over the survivors (no other state)"
     default_topology = "fully-connected"
-    topology_kind = FULLY_CONNECTED
+    topologies = FULLY_CONNECTED
     matrix_form = AllReduceMatrix
 
     def _start(self, lo: int, hi: int, index: int):

@@ -75,7 +75,7 @@ class D2(RangedAlgorithm):
         "first step after the heal is D²'s first step"
     )
     default_topology = "ring"
-    topology_kind = ONE_GRAPH
+    topologies = ONE_GRAPH
     matrix_form = D2Matrix
     options: D2Options
 

@@ -28,7 +28,7 @@ class DPSGD(RangedAlgorithm):
     name = "dpsgd"
     heal_rule = "gossip weights rebuilt for the survivors' graph (it has no other state)"
     default_topology = "ring"
-    topology_kind = ONE_GRAPH
+    topologies = ONE_GRAPH
     matrix_form = DPSGDMatrix
 
     def _setup(self, x0: torch.Tensor) -> None:

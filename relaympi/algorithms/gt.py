@@ -45,7 +45,7 @@ class GradientTracking(RangedAlgorithm):
         "corrections sum to zero over the survivors (the tracker's invariant)"
     )
     default_topology = "ring"
-    topology_kind = ONE_GRAPH
+    topologies = ONE_GRAPH
     matrix_form = GradientTrackingMatrix
 
     def _setup(self, x0: torch.Tensor) -> None:

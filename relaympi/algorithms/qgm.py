@@ -47,7 +47,7 @@ class QuasiGlobalMomentum(RangedAlgorithm):
         "zero (it followed the averaged model of the old neighbourhood)"
     )
     default_topology = "ring"
-    topology_kind = ONE_GRAPH
+    topologies = ONE_GRAPH
     needs_momentum = True  # quasi-global *momentum*: meaningless without it
     matrix_form = QuasiGlobalMomentumMatrix
 

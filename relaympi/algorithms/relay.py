@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from relaympi.algorithms.base import (
-    TREES,
+    SPANNING_TREES,
     Algorithm,
     MatrixForm,
     round_id,
@@ -198,7 +198,7 @@ class RelaySGD(_RelayedSteps):
         "only what the survivors sent since, and the counters keep the average normalized"
     )
     default_topology = "double-binary-trees"
-    topology_kind = TREES
+    topologies = SPANNING_TREES
     matrix_form = RelaySGDMatrix
     options: RelaySGDOptions
 
@@ -284,7 +284,7 @@ class RelaySGDGrad(_RelayedSteps):
         "relay buffers and counters restart at zero over the survivors' trees, as RelaySGD's"
     )
     default_topology = "double-binary-trees"
-    topology_kind = TREES
+    topologies = SPANNING_TREES
     matrix_form = RelaySGDGradMatrix
 
     def _setup(self, x0: torch.Tensor) -> None:

@@ -51,7 +51,7 @@ class SGP(RangedAlgorithm):
         "is exact after log2 n rounds only for a power of two); the push-sum weights stay 1"
     )
     default_topology = "exponential"
-    topology_kind = EXPONENTIAL
+    topologies = EXPONENTIAL
     matrix_form = SGPMatrix
 
     def _setup(self, x0: torch.Tensor) -> None:
