@@ -100,6 +100,11 @@ EXPONENTIAL = Topologies(
 )
 
 
+# (round, tag, src, dst) -> whether that message arrived: the loss pattern a matrix form is stepped
+# with (``MatrixForm.lossy_step``; relaympi.algorithms.losses)
+Delivered = Callable[[int, int, int, int], bool]
+
+
 class MatrixForm(ABC):
     """An algorithm vectorized over all n workers (rows of X, numpy), an independent formulation of
     its message passing: the test oracle and the quadratics studies' fast path (see
@@ -115,6 +120,27 @@ class MatrixForm(ABC):
     @abstractmethod
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
         """X(t+1) from X(t) and every worker's gradient G at X(t)."""
+
+    def lossy_step(
+        self, X: np.ndarray, G: np.ndarray, lr: float, t: int, delivered: Delivered
+    ) -> np.ndarray:
+        """``step`` with the messages ``delivered`` says were lost, by the loss rules of
+        docs/algorithms.md ("Message loss"; relaympi.algorithms.losses): the oracle the message
+        passing is held to under ``--drop-prob``. A form is stepped one way or the other, never
+        both. This default is ``step``: it serves an algorithm that sends no message that can be
+        lost (its declared communication is not lossy); one that does overrides it.
+
+        Args:
+            X: every worker's model x(t), [n, d].
+            G: every worker's gradient at x(t), [n, d].
+            lr: this step's learning rate.
+            t: the step number (it numbers the rounds whose messages ``delivered`` judges).
+            delivered: whether message (round, tag, src, dst) arrived.
+
+        Returns:
+            X(t+1), [n, d].
+        """
+        return self.step(X, G, lr, t)
 
 
 class Algorithm(ABC):

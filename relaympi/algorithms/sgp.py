@@ -8,6 +8,7 @@ import torch
 
 from relaympi.algorithms.base import (
     EXPONENTIAL,
+    Delivered,
     MatrixForm,
     RangedAlgorithm,
     round_id,
@@ -31,6 +32,28 @@ class SGPMatrix(MatrixForm):
         for r in range(ROUNDS):
             Y = self.schedule.mixing_matrix(ROUNDS * t + r) @ Y
         return Y
+
+    def lossy_step(
+        self, X: np.ndarray, G: np.ndarray, lr: float, t: int, delivered: Delivered
+    ) -> np.ndarray:
+        Y = X + self.matrix_algorithm.optimizer.update(G, X, lr)
+        for r in range(ROUNDS):  # global round counter k = 2t + r
+            Y = _lossy_round(Y, ROUNDS * t + r, round_id(t, r), delivered)
+        return Y
+
+
+def _lossy_round(Y: np.ndarray, k: int, round: int, delivered: Delivered) -> np.ndarray:
+    """Communication round k of SGP (appendix Algorithm "SGP"): with o = 2^(k mod log2 n), worker i
+    receives x_{i+o} and sets x_i <- (x_i + x_{i+o}) / 2; if that message is lost, x_i stays as it
+    was."""
+    n = Y.shape[0]
+    o = 2 ** (k % (n.bit_length() - 1))
+    out = Y.copy()
+    for i in range(n):
+        src = (i + o) % n
+        if delivered(round, 0, src, i):
+            out[i] = (Y[i] + Y[src]) / 2
+    return out
 
 
 class SGP(RangedAlgorithm):
