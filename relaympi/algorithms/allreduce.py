@@ -28,6 +28,7 @@ class AllReduce(RangedAlgorithm):
     The all-reduce is a collective: simulated message loss (--drop-prob) does not apply to it."""
 
     name = "allreduce"
+    summary = "centralized baseline: averaged gradients"
     heal_rule = "the fixed-tree sum over the survivors (no other state)"
     default_topology = "fully-connected"
     topologies = FULLY_CONNECTED

@@ -33,7 +33,7 @@ class Topologies:
     other needs declares its own.
 
     Attributes:
-        what: the topologies it takes, in words (the docs' algorithm table).
+        what: the topologies it takes, in words (Markdown: the docs' algorithm table).
         refusal: ``refusal(algo, topology)``: why ``algo`` cannot run on ``topology``, naming what
             it can; None where it can.
     """
@@ -87,16 +87,21 @@ def _only(name: str, why: str) -> Callable[[str, Topology], str | None]:
 
 
 # every layer a spanning tree: RelaySum relays over them
-SPANNING_TREES = Topologies("spanning trees (every layer a tree)", _not_trees)
+SPANNING_TREES = Topologies(
+    "any tree: chain, star, binary-tree, double-binary-trees, social-network-tree, "
+    "`spanning-tree:<graph>`",
+    _not_trees,
+)
 # one fixed graph: gossip with its Metropolis-Hastings matrix
-ONE_GRAPH = Topologies("one fixed graph", _not_one_graph)
+ONE_GRAPH = Topologies("any one fixed graph (not exponential)", _not_one_graph)
 # the collective all-reduce
 FULLY_CONNECTED = Topologies(
-    "fully-connected only", _only("fully-connected", "averages over all workers")
+    "fully-connected", _only("fully-connected", "averages over all workers")
 )
 # SGP's time-varying exponential graph
 EXPONENTIAL = Topologies(
-    "exponential only", _only("exponential", "runs on the time-varying exponential graph")
+    "exponential (n a power of two)",
+    _only("exponential", "runs on the time-varying exponential graph"),
 )
 
 
@@ -181,6 +186,7 @@ class Algorithm(ABC):
         ```python
         class Average(Algorithm):
             name = "average"
+            summary = "the workers' mean, every step"
             default_topology = "fully-connected"
             topologies = FULLY_CONNECTED
             matrix_form = AllReduceMatrix
@@ -193,6 +199,7 @@ class Algorithm(ABC):
     """
 
     name: ClassVar[str]
+    summary: ClassVar[str]  # what it is, in one line (the docs' algorithm table)
     # the paper's topology for it (Table "Motivation of topology choices")
     default_topology: ClassVar[str]
     topologies: ClassVar[Topologies]  # the topologies it takes (SPANNING_TREES, ... or its own)

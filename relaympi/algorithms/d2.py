@@ -71,6 +71,10 @@ class D2(RangedAlgorithm):
     new correction follow its receives."""
 
     name = "d2"
+    summary = (
+        "D² with momentum and time-varying lr (the appendix algorithm); refuses a gossip matrix "
+        "W with λ_min < -1/3"
+    )
     heal_rule = (
         "D² weights rebuilt for the survivors' graph; the correction restarts at zero, so the "
         "first step after the heal is D²'s first step"

@@ -27,6 +27,7 @@ class DPSGD(RangedAlgorithm):
     soon as its gradient is final; the averaging follows each range's receives."""
 
     name = "dpsgd"
+    summary = "D-PSGD, Metropolis–Hastings gossip (1/3 on a ring)"
     heal_rule = "gossip weights rebuilt for the survivors' graph (it has no other state)"
     default_topology = "ring"
     topologies = ONE_GRAPH

@@ -42,6 +42,7 @@ class GradientTracking(RangedAlgorithm):
     """
 
     name = "gt"
+    summary = "gradient tracking (standard form)"
     heal_rule = (
         "gossip weights rebuilt for the survivors' graph; the correction restarts at zero, so the "
         "corrections sum to zero over the survivors (the tracker's invariant)"

@@ -43,6 +43,7 @@ class QuasiGlobalMomentum(RangedAlgorithm):
     """
 
     name = "qgm"
+    summary = "D-PSGD with quasi-global momentum"
     heal_rule = (
         "gossip weights rebuilt for the survivors' graph; the quasi-global momentum restarts at "
         "zero (it followed the averaged model of the old neighbourhood)"

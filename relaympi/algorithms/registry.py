@@ -19,6 +19,7 @@ from relaympi.algorithms.options import (
     Options,
     RelaySGDOptions,
     RelaySumOptions,
+    option_names,
 )
 from relaympi.registry import Registry
 
@@ -211,6 +212,31 @@ def check_combination(
         AlgorithmError: the combination is refused; the message names the allowed choices.
     """
     get_algorithm_class(algo).check(topology, optimizer, algorithm_options(algo, options))
+
+
+def algorithm_table() -> str:
+    """docs/algorithms.md's table of the algorithms, made from their declarations (their classes
+    and their lines here; ``python -m scripts.doc_tables`` writes it).
+
+    Returns:
+        The Markdown table, one row per algorithm in the registry's order.
+    """
+    rows = [
+        "| `--algo` | what | topologies | default topology | communication | options | report "
+        "label |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, declared in DECLARED.items():
+        cls = get_algorithm_class(name)
+        what = cls.summary + (" (needs `--momentum`)" if cls.needs_momentum else "")
+        options = ", ".join(
+            f"`--{option.replace('_', '-')}`" for option in option_names(declared.options)
+        )
+        rows.append(
+            f"| `{name}` | {what} | {cls.topologies.what} | `{cls.default_topology}` | "
+            f"{declared.communication.what} | {options or 'none'} | {declared.label} |"
+        )
+    return "\n".join(rows) + "\n"
 
 
 def check_topology_fits_world(topology: Topology, world_size: int) -> None:

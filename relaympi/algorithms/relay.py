@@ -220,6 +220,7 @@ class RelaySGD(_RelayedSteps):
     """
 
     name = "relay"
+    summary = "RelaySGD (the paper's Algorithm 1), normalization `counts`/`previous`/`initial`"
     heal_rule = (
         "relay buffers and counters restart at zero over the survivors' trees: each worker relays "
         "only what the survivors sent since, and the counters keep the average normalized"
@@ -307,6 +308,7 @@ class RelaySGDGrad(_RelayedSteps):
     RelaySGD)."""
 
     name = "relay-grad"
+    summary = "RelaySGD/Grad (the paper's appendix)"
     heal_rule = (
         "relay buffers and counters restart at zero over the survivors' trees, as RelaySGD's"
     )

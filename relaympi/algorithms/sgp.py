@@ -69,6 +69,7 @@ class SGP(RangedAlgorithm):
     first round (starting that range's second round as it completes), then the second rounds."""
 
     name = "sgp"
+    summary = "SGP on the time-varying exponential graph, two rounds per step"
     heal_rule = (
         "the exponential schedule over the survivors' count: hops 1, 2, 4, ... below it (mixing "
         "is exact after log2 n rounds only for a power of two); the push-sum weights stay 1"
