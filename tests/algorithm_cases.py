@@ -6,9 +6,9 @@ degree 1, 2, 3 and n - 1 and on node-aware topologies: the rows that test_algori
 passing against the matrix oracle), test_algorithms_with_drops.py (message passing against the
 loss model) and test_batched_algorithms.py (the batched engine against message passing and the
 oracles) all run, and, marked with ``only``, the few rows one of them alone needs (larger graphs,
-RelaySum's chunks and in-place exchange under loss). ``cases(test)`` is a test's rows. A new
-algorithm needs rows here, and only here: tests/test_algorithm_declarations.py fails until every
-registered algorithm has rows in every test's share. test_ranged_step_baselines.py writes its
+RelaySum's chunks and in-place exchange under loss). ``cases(test)`` is a test's rows. An algorithm
+without rows of its own gets rows from its declaration (its default topology, momentum and Adam);
+rows for what it needs beyond that go here, and only here. test_ranged_step_baselines.py writes its
 own rows (the ranged step of the algorithms that have one) with the same ``Case``.
 
 Topology names may carry a node layout ("chain@3", "chain@3rr"): see tests/node_layouts.py.
@@ -18,7 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relaympi.algorithms import AlgorithmOptions, communication
+from relaympi.algorithms import (
+    ALGORITHM_NAMES,
+    AlgorithmOptions,
+    communication,
+    get_algorithm_class,
+)
 from relaympi.optim import OptimizerConfig
 
 SGD = OptimizerConfig()
@@ -147,6 +152,27 @@ CASES = (
         Case("relay", "double-binary-trees@3rr", 11, SGD, "previous"),
     )
 )
+
+
+# WORKERS workers take every topology family an algorithm defaults to (exponential: a power of 2)
+WORKERS = 8
+
+
+def _declared_rows(written: list[Case]) -> list[Case]:
+    """An algorithm without rows written above runs on its declared default topology with
+    momentum, and with Adam unless it needs momentum: a new algorithm is tested by the oracles as
+    soon as it is registered (write it rows of its own for more)."""
+    rows = []
+    for algo in ALGORITHM_NAMES:
+        if any(case.algo == algo for case in written):
+            continue
+        cls = get_algorithm_class(algo)
+        optimizers = (MOMENTUM,) if cls.needs_momentum else (MOMENTUM, ADAM)
+        rows += [Case(algo, cls.default_topology, WORKERS, opt) for opt in optimizers]
+    return rows
+
+
+CASES += _declared_rows(CASES)
 
 
 def cases(test: str) -> list[Case]:
