@@ -104,6 +104,9 @@ _DECLARED: dict[str, Declared] = {
     "d2": Declared("relaympi.algorithms.d2:D2", "D2", D2Options),
     "gt": Declared("relaympi.algorithms.gt:GradientTracking", "Gradient tracking"),
     "sgp": Declared("relaympi.algorithms.sgp:SGP", "SGP"),
+    "isolated": Declared(
+        "relaympi.algorithms.isolated:Isolated", "Isolated", communication=NO_COMMUNICATION
+    ),
 }
 
 DECLARED: Registry[Declared] = Registry("algorithm", _DECLARED, error=AlgorithmError)
