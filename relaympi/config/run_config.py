@@ -56,7 +56,7 @@ def _communication(c: Mapping[str, Any]) -> Communication:
     """How the run's algorithm communicates, as it declares (relaympi.algorithms.registry); an
     unknown name (refused elsewhere) as most do, by messages."""
     algo = c.get("algo")
-    return DECLARED[algo].communication if algo in DECLARED else MESSAGES
+    return DECLARED[algo].communication if isinstance(algo, str) and algo in DECLARED else MESSAGES
 
 
 # where ranks sit changes the numbers of an algorithm that mixes over the topology's edges; never
