@@ -118,3 +118,48 @@ def test_a_missing_piece_is_named_with_where_it_goes() -> None:
         f"careless: {REGISTRY}: its Declared line in _DECLARED needs a `label` (its name in the "
         "report)",
     ]
+
+
+@pytest.mark.parametrize("algo", ALGORITHM_NAMES)
+def test_the_rules_outside_an_algorithm_follow_its_declaration(algo: str, tmp_path: Path) -> None:
+    """The drop refusal, the placement identity, the checkpoints' nodes, the plan's lr warning,
+    the report's label and the drop sweeps read the declaration, not the algorithm's name."""
+    from jobs.sweeps import NO_DROPS
+    from relaympi.config import RunConfig, experiment_settings, not_applicable
+    from relaympi.report.summary import ALGO_NAMES
+    from relaympi.training.checkpointing import Checkpoints
+    from relaympi.training.plan import lr_may_not_suit
+
+    declared = DECLARED[algo]
+    talks = declared.communication
+    refused = dict(not_applicable(RunConfig(algo=algo, drop_prob=0.5)))
+    assert ("--drop-prob" in refused) is not talks.lossy
+    if not talks.lossy:
+        assert refused["--drop-prob"] == f"{algo} {talks.what} (nothing would be dropped)"
+    assert (algo in NO_DROPS) is not talks.lossy
+    placed = experiment_settings({"algo": algo, "placement": "nodes"})
+    assert ("placement" in placed) is talks.placed
+    checkpoints = Checkpoints(RunConfig(algo=algo), tmp_path / "r.h5", 0, 4, nodes=[0, 0, 1, 1])
+    assert (checkpoints.nodes is not None) is talks.follows_nodes
+    assert lr_may_not_suit(algo, 2, 16) is talks.placed and lr_may_not_suit(algo, 32, 16)
+    assert ALGO_NAMES[algo] == declared.label
+
+
+@pytest.mark.slow
+def test_isolated_runs_on_both_engines_and_sends_nothing(tmp_path: Path) -> None:
+    """The algorithm declared in its module and one registry line only: the in-process message
+    passing and the batched engine give the same run, and no worker sends a byte."""
+    from relaympi import train
+    from relaympi.results import read_run
+
+    runs = {}
+    for backend in ("local", "batched"):
+        out = tmp_path / f"{backend}.h5"
+        flags = ["--task", "digits", "--backend", backend, "--workers", "4", "--algo", "isolated"]
+        assert train.main([*flags, "--steps", "6", "--eval-every", "3", "--out", str(out)]) == 0
+        runs[backend] = read_run(out)
+    local, batched = runs["local"], runs["batched"]
+    assert local.config["topology"] == "fully-connected"
+    np.testing.assert_array_equal(local.data["bytes_sent"], 0)
+    np.testing.assert_allclose(local.data["train_loss"], batched.data["train_loss"], atol=1e-5)
+    np.testing.assert_array_equal(local.data["test_accuracy"], batched.data["test_accuracy"])
