@@ -15,7 +15,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from relaympi.algorithms import (
-    ALGORITHM_NAMES,
     RELAY_MODES,
     AlgorithmError,
     AlgorithmOptions,
@@ -31,8 +30,7 @@ from relaympi.flat import padded_zeros
 from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.tasks.quadratics import QuadraticsSpec, generate
 from relaympi.topology import build
-from tests.algorithm_cases import ADAM, HEAVY_BALL, MOMENTUM, SGD, Case
-from tests.algorithm_cases import CASES as SHARED_CASES
+from tests.algorithm_cases import ADAM, HEAVY_BALL, MOMENTUM, SGD, Case, cases
 from tests.drop_oracle import LossyOracle, delivered_by
 from tests.node_layouts import build_named
 
@@ -41,27 +39,8 @@ DIM = 7
 DROP_PROB = 0.25
 
 
-# the shared rows, then the batched engine's own: exact diffusion, more relay modes under momentum,
-# node-aware topologies
-CASES = SHARED_CASES + [
-    Case("d2", "ring", 6, SGD, d2_exact_diffusion=True),
-    Case("relay-grad", "double-binary-trees", 8, MOMENTUM),
-    Case("relay", "double-binary-trees", 8, MOMENTUM, "counts"),
-    Case("relay", "double-binary-trees", 8, MOMENTUM, "initial"),
-    # node-aware topologies ("@3": nodes of 3 ranks in blocks, "@3rr": round-robin;
-    # tests/node_layouts.py)
-    Case("relay", "double-binary-trees@3", 10, MOMENTUM, "counts"),
-    Case("relay", "double-binary-trees@3rr", 11, SGD, "previous"),
-    Case("relay", "chain@3rr", 7, SGD, "initial"),
-    Case("relay-grad", "binary-tree@3", 9),
-    Case("dpsgd", "ring@3rr", 8),
-]
+CASES = cases("batched")
 DROPS = (0.0, DROP_PROB)
-
-
-def test_every_algorithm_and_relay_mode_is_covered():
-    assert {c.algo for c in CASES} == set(ALGORITHM_NAMES)
-    assert {c.relay_mode for c in CASES if c.algo == "relay"} == set(RELAY_MODES)
 
 
 def _problem(n: int):
@@ -158,9 +137,7 @@ def test_batched_equals_message_passing_and_oracle(case, prob):
     np.testing.assert_allclose(trajectory, passed, rtol=0, atol=1e-9)
     np.testing.assert_allclose(trajectory, _oracle(case, drops), rtol=0, atol=1e-9)
     np.testing.assert_array_equal(batched.algorithm.bytes_sent, np.stack([r[1] for r in results]))
-    if (
-        prob and case.algo != "allreduce"
-    ):  # the drops were real: some link carried less than it would have
+    if prob and case.loses_messages:  # the drops were real: some link carried less than it would
         lossless = _Batched(case, DropPolicy())
         for t in range(STEPS):
             lossless.step(t)

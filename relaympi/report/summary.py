@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from relaympi.algorithms.registry import DECLARED
 from relaympi.config import experiment_settings
 from relaympi.costs import COST_DATASETS, StepCosts, hardware, step_costs
 from relaympi.results import (
@@ -26,16 +27,8 @@ from relaympi.results import (
 from relaympi.results.schema import QUADRATICS_CONVENTION_ATTR
 from relaympi.tasks.quadratics import CONVENTION
 
-ALGO_NAMES = {
-    "allreduce": "All-reduce",
-    "relay": "RelaySGD",
-    "relay-grad": "RelaySGD/Grad",
-    "dpsgd": "D-PSGD",
-    "qgm": "D-PSGD + quasi-global momentum",
-    "d2": "D2",
-    "gt": "Gradient tracking",
-    "sgp": "SGP",
-}
+# each algorithm's label, in the registry's order (its declaration)
+ALGO_NAMES = {name: declared.label for name, declared in DECLARED.items()}
 ALGO_ORDER = {name: i for i, name in enumerate(ALGO_NAMES)}
 # The paper's reported metric per task (appendix "Detailed experimental setup").
 TASK_METRICS = {
