@@ -8,8 +8,9 @@ allow, then the cost tables (per accuracy-table family and hardware: time and by
 samples/s, wall time to a target accuracy; see relaympi/report/cost.py). Unfinished, failed or
 unreadable files are listed under "Problems" (each file is read in a worker process, given
 RELAYMPI_READ_TIMEOUT seconds, default 30: a file too damaged to read in that time is one such
-problem). Exit status: 0 with at least one finished run, 1
-when there is none, 2 on a usage error. `python -m benchmarks.report` is the same command.
+problem). Exit status: 0 with at least one finished run, 1 when there is none, 2 on a usage
+error (a path that is missing or holds no run file is one). `python -m benchmarks.report` is the
+same command.
 
 Modules, from the run files up: summary (one run file as a RunSummary, the report's settings),
 cells (the seeds of one configuration and the rows of a table), tables (the paper's tables),

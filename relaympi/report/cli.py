@@ -3,7 +3,6 @@ them with --out). Usage in the package docstring (relaympi/report/__init__.py)."
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -12,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from relaympi.config import run_file_config_keys
+from relaympi.entrypoint import UsageParser
 from relaympi.report.cells import RowLabels
 from relaympi.report.cost import TARGET_FRACTION, cost_tables
 from relaympi.report.format import (
@@ -174,8 +174,8 @@ def placement_summary(runs: Sequence[RunSummary]) -> str:
     )
 
 
-def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def _parser(prog: str) -> UsageParser:
+    parser = UsageParser(
         prog=prog,
         description="Print the paper's tables from relaympi run files "
         "(*.h5, searched recursively).",
@@ -276,9 +276,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     )
 
     files = find_run_files(paths)
-    if not files:
-        print(f"error: no run files (*.h5) under {', '.join(map(str, paths))}", file=sys.stderr)
-        return 1
+    if not files:  # as a missing path: nothing to report on, so the paths are the mistake
+        parser.error(f"no run files (*.h5) under {', '.join(map(str, paths))}")
     runs, cost_runs, problems = load_all(files, settings)
     diverged = sum(r.status == "diverged" for r in runs)
     labels = RowLabels([*runs, *cost_runs])  # one label per row, in every table and plot
