@@ -7,12 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jobs import grid
 from relaympi import report
+from relaympi.report.html import PAGE_NAME
 from relaympi.results import cli as results_cli
 from relaympi.studies.quadratics import __main__ as quadratics
+from tests import run_factories as rf
 
 REPORT = "python -m relaympi.report"
 RESULTS = "python -m relaympi.results"
@@ -101,3 +104,21 @@ def test_a_missing_path_and_an_empty_folder_are_both_usage_errors(tmp_path: Path
     )
     empty = _refusal(report.main, [str(tmp_path)], capsys)
     assert empty == f"error: no run files (*.h5) under {tmp_path} (see `{REPORT} --help`)"
+
+
+def test_format_html_prints_the_page_out_writes(tmp_path: Path, capsys) -> None:
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        rf.write_classification_run(
+            runs / f"relay_{seed}.h5",
+            np.linspace(0.2, 0.7, 6)[:, None] * np.ones((1, 4)),
+            seed=seed,
+        )
+    out = tmp_path / "report"
+    assert report.main([str(runs), "--out", str(out), "--no-plots"]) == 0
+    written = (out / PAGE_NAME).read_text(encoding="utf-8")
+    capsys.readouterr()
+    assert report.main([str(runs), "--format", "html", "--no-plots"]) == 0
+    printed = capsys.readouterr().out
+    assert printed == written
+    assert printed.startswith("<!DOCTYPE html>") and "<table>" in printed

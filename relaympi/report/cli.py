@@ -4,6 +4,7 @@ them with --out). Usage in the package docstring (relaympi/report/__init__.py)."
 from __future__ import annotations
 
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -22,7 +23,7 @@ from relaympi.report.format import (
     render_problems,
     table_csv,
 )
-from relaympi.report.html import write_page
+from relaympi.report.html import PAGE_NAME, write_page
 from relaympi.report.summary import (
     DATASETS,
     ReportSettings,
@@ -174,6 +175,34 @@ def placement_summary(runs: Sequence[RunSummary]) -> str:
     )
 
 
+def html_report(
+    tables: Sequence[Table],
+    problems: Sequence[Problem],
+    summary: str,
+    out_dir: Path | None,
+    plots: bool,
+) -> str:
+    """The report's HTML page, as --out writes it: read back from ``out_dir`` once written there,
+    else written with the rest of --out's files into a temporary directory (its plots are inlined,
+    so the page needs none of them afterwards).
+
+    Args:
+        tables: the report's tables.
+        problems: the files left out, with their reasons.
+        summary: the report's first line.
+        out_dir: --out's directory, where write_outputs already wrote the page; None: nowhere.
+        plots: whether the page shows the tables' plots.
+
+    Returns:
+        The page's HTML text.
+    """
+    if out_dir is not None:
+        return (out_dir / PAGE_NAME).read_text(encoding="utf-8")
+    with tempfile.TemporaryDirectory(prefix="relaympi-report-") as tmp:
+        write_outputs(tables, problems, Path(tmp), plots=plots, summary=summary)
+        return (Path(tmp) / PAGE_NAME).read_text(encoding="utf-8")
+
+
 def _parser(prog: str) -> UsageParser:
     parser = UsageParser(
         prog=prog,
@@ -188,7 +217,10 @@ def _parser(prog: str) -> UsageParser:
         help="directories (searched recursively) or run files; default: results",
     )
     parser.add_argument(
-        "--format", choices=FORMATS, default="text", help="output format (default: text)"
+        "--format",
+        choices=(*FORMATS, "html"),
+        default="text",
+        help="output format (default: text); html: the page --out writes as OUTDIR/index.html",
     )
     parser.add_argument(
         "--out",
@@ -198,7 +230,9 @@ def _parser(prog: str) -> UsageParser:
         "self-contained HTML page (OUTDIR/index.html), into OUTDIR",
     )
     parser.add_argument(
-        "--no-plots", action="store_true", help="with --out: skip the PNG plots (and the page's)"
+        "--no-plots",
+        action="store_true",
+        help="with --out or --format html: skip the PNG plots (and the page's)",
     )
     parser.add_argument(
         "--target",
@@ -291,7 +325,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         + placement_summary(runs)
     )
     problems += left_out
-    sys.stdout.write(render(tables, problems, args.format, summary))
+    if args.format != "html":
+        sys.stdout.write(render(tables, problems, args.format, summary))
     if args.out is not None:
         try:
             written = write_outputs(
@@ -300,6 +335,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         except OSError as error:
             parser.error(f"--out {args.out}: cannot write there ({error})")
         print(f"wrote {len(written)} file(s) to {args.out}", file=sys.stderr)
+    if args.format == "html":
+        sys.stdout.write(html_report(tables, problems, summary, args.out, not args.no_plots))
     if not runs:
         print(
             f"error: none of the {len(files)} run file(s) holds a finished (completed or "
