@@ -154,6 +154,11 @@ def validate(cfg: RunConfig) -> None:
                 f"--out {cfg.out} is a directory; give a file path such as "
                 f"{Path(cfg.out) / 'run.h5'}"
             )
+        if Path(cfg.out).suffix != ".h5":  # the report and the sweeps find run files as *.h5
+            raise ConfigError(
+                f"--out {cfg.out} must end in .h5 (a run file is HDF5, and the report reads "
+                f"*.h5 files), such as {Path(cfg.out).with_suffix('.h5')}"
+            )
     if cfg.checkpoint_dir is not None:
         _check_writable_dir("--checkpoint-dir", Path(cfg.checkpoint_dir))
     if cfg.data_dir is not None and not Path(cfg.data_dir).is_dir():
