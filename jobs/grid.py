@@ -39,7 +39,7 @@ from jobs.commands import (
 from jobs.runner import cmd_run
 from jobs.settings import JobsError, JobSettings
 from jobs.sweeps import SWEEPS, configurations, listed_fields, sweep, sweep_script
-from relaympi.entrypoint import run
+from relaympi.entrypoint import UsageParser, run
 from relaympi.results import FINISHED_STATUSES, run_status
 
 
@@ -213,8 +213,8 @@ def cmd_scripts(check: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="jobs/grid.py",
+    parser = UsageParser(
+        prog="python -m jobs.grid",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -131,13 +131,13 @@ def _problem_file(path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["problem", "text", "checkpoint"])
+@pytest.mark.parametrize("kind", ["problem", "text", "text-h5", "checkpoint"])
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_out_never_replaces_a_file_that_is_not_a_run_file(tmp_path, kind, overwrite):
     if kind == "problem":
         target = _problem_file(tmp_path / "p.h5")
-    elif kind == "text":
-        target = tmp_path / "notes.txt"
+    elif kind in ("text", "text-h5"):
+        target = tmp_path / ("notes.txt" if kind == "text" else "notes.h5")
         target.write_text("my notes\n")
     else:
         (tmp_path / "ckpt").mkdir()
@@ -150,7 +150,9 @@ def test_out_never_replaces_a_file_that_is_not_a_run_file(tmp_path, kind, overwr
         [*DIGITS[:-4], "--steps", 3, "--out", target, *(["--overwrite"] if overwrite else [])]
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "not a relaympi run file" in proc.stderr and "Traceback" not in proc.stderr
+    # a name without .h5 is refused for that before its content is looked at
+    why = "not a relaympi run file" if target.suffix == ".h5" else "must end in .h5"
+    assert why in proc.stderr and "Traceback" not in proc.stderr
     assert digest(target) == before
 
 

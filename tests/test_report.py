@@ -279,8 +279,10 @@ def test_duplicates_are_reported(tmp_path: Path, capsys: pytest.CaptureFixture) 
 
 
 def test_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert report.main([str(tmp_path)]) == 1
-    assert "no run files" in capsys.readouterr().err
+    # no run file: the path is the mistake, as a missing one is
+    with pytest.raises(SystemExit) as info:
+        report.main([str(tmp_path)])
+    assert info.value.code == 2 and "no run files" in capsys.readouterr().err
     rf.write_empty_file(tmp_path / "empty.h5")
     assert report.main([str(tmp_path)]) == 1
     captured = capsys.readouterr()

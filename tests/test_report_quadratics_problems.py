@@ -20,7 +20,7 @@ from relaympi.results import PROBLEM_DIGEST_ATTR, read_run
 from relaympi.results.schema import QUADRATICS_CONVENTION_ATTR
 from relaympi.tasks.quadratics import CONVENTION, QuadraticsSpec, generate, load
 from relaympi.training.plan import resolve
-from relaympi.training.run_file import check_out
+from relaympi.training.out_file import check_out
 from tests import run_factories as rf
 
 ROOT = Path(__file__).resolve().parent.parent

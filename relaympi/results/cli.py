@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from relaympi.entrypoint import UsageParser
 from relaympi.results.bounded import read_memory, read_run_bounded, read_timeout, run_statuses
 from relaympi.results.errors import RunFileError
 from relaympi.results.membership import change_text
@@ -159,7 +159,7 @@ def _show(path: Path, target: float | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m relaympi.results", description=DESCRIPTION)
+    parser = UsageParser(prog="python -m relaympi.results", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True)
     status = commands.add_parser(
         "status", help="print each file's status (missing, corrupt or the run's)"

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 
 from threadpoolctl import threadpool_limits
 
 import relaympi.studies.quadratics
-from relaympi.entrypoint import run
+from relaympi.entrypoint import UsageParser, run
 from relaympi.provenance import collect
 from relaympi.studies.quadratics.findings import report, write_result
 from relaympi.studies.quadratics.studies import STUDIES, TABLE, run_study
@@ -18,7 +17,7 @@ DEFAULT_OUT = Path("bench-results/quadratics")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = UsageParser(
         prog="python -m relaympi.studies.quadratics",
         description=relaympi.studies.quadratics.__doc__.splitlines()[0],
     )
