@@ -472,14 +472,14 @@ class RelaySum:
 
     def _add_rows(
         self,
-        out,
+        out: torch.Tensor,
         layer: _Layer,
         rows: torch.Tensor,
         c: slice,
-        divisor,
-        before=None,
-        after=None,
-        progress=None,
+        divisor: float | None,
+        before: Callable[[slice], object] | None = None,
+        after: Callable[[slice], object] | None = None,
+        progress: Request | None = None,
     ) -> None:
         """out[coords of message slice c] += the sum of rows (k >= 3: through total, kept for the
         next
