@@ -173,9 +173,8 @@ class _TreeSumRequest(Request):
         polls = 0
         while not self.test():
             if self._comm._failure_req is None and self._pending is not None:
-                MPI.Request.Waitall(
-                    self._pending
-                )  # no failure channel to watch: block on this stage
+                # no failure channel to watch: block on this stage
+                MPI.Request.Waitall(self._pending)
                 continue
             self._comm._check_failures()
             polls += 1
@@ -327,14 +326,12 @@ class MPICommunicator(Communicator):
         buffers.check_transferable(buf, "send buffer")
         if buffers.is_device(buf):
             if self.cuda_aware:
-                buffers.synchronize_stream(
-                    buf
-                )  # MPI reads device memory outside the stream's order
+                # MPI reads device memory outside the stream's order
+                buffers.synchronize_stream(buf)
                 return self._device_spec(buf)
             host = self._staging.host_buffer(buf, slot)
-            buffers.copy_into(
-                host, buf
-            )  # blocking copy: the host copy is complete before MPI reads it
+            # blocking copy: the host copy is complete before MPI reads it
+            buffers.copy_into(host, buf)
             return buffers.host_view(host)
         return buffers.host_view(buf)
 
