@@ -177,9 +177,8 @@ def _mean_time_curve(seeds: Sequence[tuple[np.ndarray, Curve]]) -> tuple[np.ndar
 def time_figure(table: Table) -> Figure:
     """Worst-worker test accuracy over wall-clock time, one line per cost-table row
     (TIME_CAPTION)."""
-    family, _, hardware = table.title.partition(
-        " -- "
-    )  # the hardware goes in the caption: it is long
+    # the hardware goes in the caption: it is long
+    family, _, hardware = table.title.partition(" -- ")
     fig, ax = _figure(
         family,
         f"{hardware}. {TIME_CAPTION[0].upper()}{TIME_CAPTION[1:]}" if hardware else TIME_CAPTION,
