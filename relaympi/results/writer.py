@@ -176,9 +176,8 @@ class RunWriter:
         self._reserve = reserve or SpaceReserve(Path(path).parent)
         self.world_size = int(file.attrs["world_size"])
         run_id = decode_attr(file.attrs.get("run_id"))
-        self.run_id: str | None = (
-            run_id if isinstance(run_id, str) else None
-        )  # None: a file from before run ids
+        # None: a file from before run ids
+        self.run_id: str | None = run_id if isinstance(run_id, str) else None
         self._datasets: dict[str, h5py.Dataset] = row_datasets(file)
         self._left_out: frozenset[str] = frozenset()
 
@@ -274,9 +273,8 @@ class RunWriter:
             reserve.release()
             _close_quietly(file)
             if isinstance(exc, (OSError, RuntimeError)) and no_space(exc):
-                path.unlink(
-                    missing_ok=True
-                )  # an empty or partial header: no run file is better than a corrupt one
+                # an empty or partial header: no run file is better than a corrupt one
+                path.unlink(missing_ok=True)
                 raise RunFileWriteError(
                     f"cannot create the run file {path}: no space left on device"
                 ) from None
