@@ -29,9 +29,8 @@ class Fig2Settings:
     # worker's own optimum x*, so no communication is needed at all; 1 and 10 are heterogeneous
     # panels.
     zeta2_values: tuple[float, ...] = (0.0, 1.0, 10.0)
-    search: SearchConfig = SearchConfig(
-        target=1e-6
-    )  # target suboptimality, learning-rate search, step cap
+    # target suboptimality, learning-rate search, step cap
+    search: SearchConfig = SearchConfig(target=1e-6)
 
 
 def _methods(n: int) -> list[Method]:
