@@ -60,9 +60,8 @@ TOPOLOGIES: Registry[Callable[[int], Topology]] = Registry(
         "fully-connected": fully_connected,
         "hypercube": hypercube,
         "social-network": _social_network,
-        "social-network-tree": lambda world_size: _social_network_tree(
-            world_size, None
-        ),  # build(): root
+        # build(): root
+        "social-network-tree": lambda world_size: _social_network_tree(world_size, None),
         "exponential": exponential,
     },
     error=TopologyError,
