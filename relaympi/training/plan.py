@@ -359,9 +359,8 @@ def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None)
     except AlgorithmError as exc:
         raise ConfigError(str(exc)) from exc
     assert cfg.lr is not None  # filled in above
-    lr = float(cfg.lr) * (
-        lr_correction(topology) if cfg.relay_lr_correction else 1.0
-    )  # validate() refused it for other algorithms
+    # validate() refused it for other algorithms
+    lr = float(cfg.lr) * (lr_correction(topology) if cfg.relay_lr_correction else 1.0)
     return Plan(
         cfg=cfg,
         world_size=world_size,
