@@ -63,9 +63,8 @@ class LocalOptimizer:
 
     def __init__(self, config: OptimizerConfig, like: torch.Tensor):
         self.config = config
-        self.update_buffer = padded_zeros_like(
-            like
-        )  # spare slots: RelaySGD/Grad relays u without a copy
+        # spare slots: RelaySGD/Grad relays u without a copy
+        self.update_buffer = padded_zeros_like(like)
         self.numel = numel = like.numel()
         self._block = UPDATE_BLOCK if like.device.type == "cpu" else max(numel, 1)
         self._decayed: torch.Tensor | None = None  # one block of grad + weight_decay * x

@@ -106,9 +106,8 @@ def collect(
 
         info["torch"] = torch.__version__
         info["cuda"] = torch.version.cuda or "none"
-        info["torch_threads"] = (
-            torch.get_num_threads()
-        )  # what relaympi.threads' rule or --threads chose
+        # what relaympi.threads' rule or --threads chose
+        info["torch_threads"] = torch.get_num_threads()
         if (
             torch.cuda.is_initialized()
         ):  # only a run on a GPU has initialized CUDA: never start it here

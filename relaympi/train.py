@@ -138,9 +138,8 @@ def _configure(cfg: RunConfig, rank: int, cpus: frozenset[int], sharing: int) ->
     torch.set_num_threads(_threads(cfg, rank, cpus, sharing))
     signal.signal(signal.SIGTERM, _request_stop)
     signal.signal(signal.SIGUSR1, _request_stop)
-    signal.signal(
-        signal.SIGINT, _request_stop
-    )  # Ctrl-C stops like SIGTERM: checkpoint, record, exit 4
+    # Ctrl-C stops like SIGTERM: checkpoint, record, exit 4
+    signal.signal(signal.SIGINT, _request_stop)
 
 
 def _warn(plan: Plan) -> None:
@@ -274,9 +273,8 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
     except BaseException as exc:  # noqa: BLE001 - tear the whole job down: no rank may wait forever
         print(f"rank {comm.rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         if comm.rank != 0:
-            time.sleep(
-                5.0
-            )  # let rank 0 record the failure first; it aborts the job when it sees it
+            # let rank 0 record the failure first; it aborts the job when it sees it
+            time.sleep(5.0)
         comm.abort(EXIT_FAILED)
         return EXIT_FAILED
     healed = comm.successor is not None
