@@ -630,8 +630,6 @@ def fault_tolerance_missing() -> str | None:
         None, or one line naming the library (``"MPICH 5.0.2 cannot survive ..."``) and the
         commands that give a job that can.
     """
-    import os  # here, not at the top: this function is the only user
-
     name, version = MPI.get_vendor()
     library = f"{name} {'.'.join(map(str, version))}"
     if name != "Open MPI":
