@@ -82,9 +82,8 @@ class MatrixForm(ABC):
 
     def __init__(self, matrix_algorithm: Any):
         # matrix_algorithm: the relaympi.algorithms.matrix.MatrixAlgorithm this form steps (its n,
-        # d, topology,
-        # optimizer and options); not imported here, so the interfaces stay the lowest algorithm
-        # module
+        # d, topology, optimizer and options); not imported here, so the interfaces stay the lowest
+        # algorithm module
         self.matrix_algorithm = matrix_algorithm
 
     @abstractmethod
@@ -223,8 +222,7 @@ class Algorithm(ABC):
     # flat model as soon as that range's gradient is final, while backward still computes the rest:
     #
     #     algorithm.begin_step(x, grad, lr, step)   # before backward: nothing of grad is final yet
-    #     algorithm.ready(lo, hi)                   # grad[lo:hi] is final: update it, start sending
-    # it
+    #     algorithm.ready(lo, hi)                   # grad[lo:hi] is final: update, start sending
     #     ...                                       # (ranges disjoint, covering [0, numel) in all)
     #     algorithm.finish_step()                   # the remaining receives, then x(t+1)
     #
@@ -232,8 +230,7 @@ class Algorithm(ABC):
     # layers everywhere), so messages of a range match by their order. The result is bit-identical
     # to step(): the default here runs the whole step() in finish_step(); an algorithm that starts
     # work in ready() overrides all three, and its step() is begin_step, ready(0, numel),
-    # finish_step
-    # (RangedAlgorithm below: all-reduce, D-PSGD, QGM, D², gradient tracking, SGP).
+    # finish_step (RangedAlgorithm below: all-reduce, D-PSGD, QGM, D², gradient tracking, SGP).
 
     def begin_step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
         """Start step ``step`` on ``x`` with the gradient that will be in ``grad`` (not final
