@@ -183,16 +183,16 @@ class Communicator(ABC):
         self.rank = rank
         self.world_size = world_size
         self.drops = drops or DropPolicy()
-        # each rank's node, numbered 0, 1, ... in the order of each node's lowest rank (None: one
-        # node)
+        # each rank's node, numbered 0, 1, ... in the order of each node's lowest rank (None:
+        # one node)
         self.nodes: tuple[int, ...] = checked_nodes(nodes, world_size)
         # bytes actually handed to the transport, per destination rank (dropped messages excluded;
         # the fixed-tree all-reduce's messages included, count_tree_sum)
         self.bytes_sent = np.zeros(world_size, dtype=np.int64)
         # the fixed-tree all-reduce's stage order: node-aware, the halves crossing nodes smallest
         self.sum_order: tuple[int, ...] = stage_order(self.nodes)
-        # requests progress() tests; None until progress() is first called (then every new one is
-        # tracked)
+        # requests progress() tests; None until progress() is first called (then every new one
+        # is tracked)
         self._in_flight: list[Request] | None = None
         # the survivors' communicator that replaced this one after a lost rank (shrink)
         self.successor: Communicator | None = None

@@ -216,8 +216,8 @@ class MPICommunicator(Communicator):
         # failure channel: any rank may tell rank 0 it failed; rank 0 checks it while it waits
         self._failures = (comm or MPI.COMM_WORLD).Dup()
         self._failure_buf = bytearray(_FAILURE_BYTES)
-        # nonblocking all-reduces (iallreduce_sum): their own communicator, a tag range each, in
-        # flight
+        # nonblocking all-reduces (iallreduce_sum): their own communicator, a tag range each,
+        # in flight
         self._sum_comm = (comm or MPI.COMM_WORLD).Dup()
         tag_ub = self._sum_comm.Get_attr(MPI.TAG_UB)
         assert tag_ub is not None  # every MPI defines TAG_UB
@@ -230,8 +230,7 @@ class MPICommunicator(Communicator):
             else None
         )
         # the progress thread's own communicator, made here with every rank (a Dup later, when one
-        # rank
-        # failed its set-up and waits in another collective, would leave the others waiting)
+        # rank failed its set-up and waits in another collective, would leave the others waiting)
         self._progress_comm = (comm or MPI.COMM_WORLD).Dup()
         self._progress_thread: ProgressThread | None = None
         self.survives = False  # survive_losses(): an MPI error raises PeerLost (ULFM)
@@ -450,8 +449,8 @@ class MPICommunicator(Communicator):
     def allreduce_sum(self, buf: Any) -> None:
         buffers.check_transferable(buf, "allreduce buffer")
         if buffers.is_half(buf):
-            # bfloat16 would travel as MPI_BYTE and be summed bytewise (or refused): reduce in
-            # float32
+            # bfloat16 would travel as MPI_BYTE and be summed bytewise (or refused): reduce
+            # in float32
             wide = buf.float() if buffers.array_kind(buf) == "torch" else buf.astype(np.float32)
             self.allreduce_sum(wide)
             buffers.copy_into(
