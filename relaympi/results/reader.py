@@ -151,8 +151,8 @@ def _open_for_reading(path: Path) -> h5py.File:
     _precheck(path)
     try:
         try:
-            # locking=False: a live writer holds a lock, and readers must still see its flushed
-            # rows.
+            # locking=False: a live writer holds a lock, and readers must still see its
+            # flushed rows.
             return h5py.File(path, "r", locking=False)
         except OSError as error:
             if "locking flag" not in str(error):
