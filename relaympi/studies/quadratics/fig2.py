@@ -25,9 +25,8 @@ class Fig2Settings:
     problem: ProblemSettings = ProblemSettings()
     n_values: tuple[int, ...] = (4, 8, 16, 32, 64)
     # The figure's two panels differ in heterogeneity; the text gives no values. zeta2 = 0 makes
-    # every
-    # worker's own optimum x*, so no communication is needed at all; 1 and 10 are heterogeneous
-    # panels.
+    # every worker's own optimum x*, so no communication is needed at all; 1 and 10 are
+    # heterogeneous panels.
     zeta2_values: tuple[float, ...] = (0.0, 1.0, 10.0)
     # target suboptimality, learning-rate search, step cap
     search: SearchConfig = SearchConfig(target=1e-6)
@@ -130,8 +129,8 @@ def _findings(rows: list[dict[str, Any]], s: Fig2Settings) -> list[Finding]:
                 )
             )
     if 0.0 in s.zeta2_values and hetero:
-        # zeta2 = 0 makes x* every worker's own optimum: no communication needed, so no growth with
-        # n
+        # zeta2 = 0 makes x* every worker's own optimum: no communication needed, so no growth
+        # with n
         homogeneous = series("RelaySGD chain", 0.0)
         heterogeneous = series("RelaySGD chain", max(hetero))
         findings.append(
@@ -183,8 +182,8 @@ def _findings(rows: list[dict[str, Any]], s: Fig2Settings) -> list[Finding]:
             f"RelaySGD {fmt(tree_relay)}, D2 {fmt(tree_d2)} steps",
         )
     )
-    # With n <= 4 the schedule's log2(n) <= 2 rounds per step average exactly: SGP is all-reduce
-    # there.
+    # With n <= 4 the schedule's log2(n) <= 2 rounds per step average exactly: SGP is
+    # all-reduce there.
     gossiping = [n for n in ns if n > 4]
     if len(gossiping) >= 2:
         sgp = [steps_of(rows, method="SGP exponential", zeta2=z_max, n=n) for n in gossiping]
