@@ -42,8 +42,8 @@ __all__ = [
     "node_labels",
 ]
 
-# How a topology was built: "ranks" in rank order (the paper's), "nodes" node-aware
-# (relaympi.topology.placement).
+# How a topology was built: "ranks" in rank order (the paper's), "nodes"
+# node-aware (relaympi.topology.placement).
 PLACEMENTS = ("ranks", "nodes")
 
 # A summary computes the diameter of a graph that is neither a tree nor vertex-transitive by a

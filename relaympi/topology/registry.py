@@ -47,8 +47,8 @@ def _social_network_tree(world_size: int, root: int | None) -> Topology:
     return Topology("social-network-tree", tree.world_size, tree.layers)
 
 
-# name -> the topology over world_size ranks; TOPOLOGY_NAMES in this order (the command lines'
-# lists)
+# name -> the topology over world_size ranks; TOPOLOGY_NAMES in this order (the command
+# lines' lists)
 TOPOLOGIES: Registry[Callable[[int], Topology]] = Registry(
     "topology",
     {

@@ -100,8 +100,8 @@ def circulant_spectrum(world_size: int, offsets: tuple[int, ...]) -> np.ndarray:
         adjacency += np.cos(2.0 * np.pi * ((j * s) % n) / n)
     eigenvalues = (1.0 + adjacency) / (1.0 + len(shifts))
     # cos() is exact only to rounding: a ring of 3 has eigenvalue (1 + 2 cos(2 pi/3)) / 3 = 0,
-    # computed
-    # as -7e-17. Nonzero eigenvalues of these graphs stay far above 1e-13 for any n below 1e8.
+    # computed as -7e-17. Nonzero eigenvalues of these graphs stay far above 1e-13 for any n
+    # below 1e8.
     eigenvalues[np.abs(eigenvalues) < 1e-13] = 0.0
     return np.sort(eigenvalues)
 
