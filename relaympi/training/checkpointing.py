@@ -55,8 +55,7 @@ class Checkpoints:
         self.barrier = barrier or (lambda: None)
         self.engine = engine
         # placed by node, the trees follow the nodes, and so does the all-reduce's tree (its stage
-        # order):
-        # a resume must find the ranks on the same nodes
+        # order): a resume must find the ranks on the same nodes
         self.nodes = (
             [int(node) for node in nodes]
             if cfg.placement == "nodes" or cfg.algo == "allreduce"

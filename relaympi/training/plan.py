@@ -83,8 +83,8 @@ class Plan:
         str, ...
         # flags given that this run resolved away (e.g. --progress-thread where --overlap is off)
     ] = ()
-    # each rank's node (0, 1, ... by each node's lowest rank): as MPI placed the ranks, or emulated
-    # (--ranks-per-node)
+    # each rank's node (0, 1, ... by each node's lowest rank): as MPI placed the ranks, or
+    # emulated (--ranks-per-node)
     nodes: tuple[int, ...] = ()
     # a rerun on the survivors of a run that lost workers (--on-failure continue): the original ids
     # of the workers it runs, in rank order (world_size stays the run's first count); () otherwise
