@@ -19,8 +19,8 @@ import relaympi
 from relaympi.costs import launch_shape
 from relaympi.threads import allowed_cpus
 
-# set by the emulated-cluster tool (cluster/local_cluster.sh): the shaped link rate its nodes run
-# over
+# set by the emulated-cluster tool (cluster/local_cluster.sh): the shaped link rate its nodes
+# run over
 EMULATED_LINK_ENV = "RELAYMPI_EMULATED_LINK"
 _SLURM_VARS = (
     "SLURM_JOB_ID",

@@ -229,8 +229,8 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
     # --ranks-per-node emulates nodes (recorded as emulated); else the nodes MPI placed the ranks on
     emulated = run_nodes(cfg, size) if cfg.ranks_per_node is not None else None
     comm = mpi_communicator(drops=DropPolicy(cfg.drop_prob, cfg.seed), nodes=emulated)
-    # bound ranks (srun --cpu-bind, mpirun -bind-to) each keep their own CPUs; unbound ones share
-    # theirs
+    # bound ranks (srun --cpu-bind, mpirun -bind-to) each keep their own CPUs; unbound ones
+    # share theirs
     cpus = threads.allowed_cpus()
     _configure(cfg, comm.rank, cpus, threads.sharers(cpus, node_allgather(cpus)))
     error = None
