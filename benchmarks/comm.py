@@ -59,8 +59,8 @@ def default_sizes() -> list[int]:
 
 def vgg11_params() -> int:
     """VGG-11's trainable parameter count, from the model itself (CIFAR-10's network)."""
-    # imports below this line are where one path needs them: the model, HDF5 output, the backend
-    # chosen
+    # imports below this line are where one path needs them: the model, HDF5 output, the
+    # backend chosen
     from relaympi.tasks.models import VGG11
 
     return sum(p.numel() for p in VGG11().parameters() if p.requires_grad)

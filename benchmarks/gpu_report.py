@@ -401,8 +401,8 @@ def summarize_run(path: Path) -> dict[str, Any]:
     later = np.flatnonzero(steps > 0)
     if len(later) == 0 or "time_compute_s" not in run.data:
         return out | {"note": "no evaluation after step 0"}
-    # window: from the first evaluation after step 0 (warm-up excluded) to the last, if there are
-    # two
+    # window: from the first evaluation after step 0 (warm-up excluded) to the last, if there
+    # are two
     start = int(later[0]) if len(later) > 1 else 0
     end = int(later[-1])
     window = int(steps[end] - steps[start])

@@ -265,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.variants!r}"
         )
     out = args.out or ROOT / "bench-results" / f"overlap-{args.nodes}x{args.ranks_per_node}.h5"
-    # a TERM (or an INT, which a background job ignores) still stops the cluster in the finally
-    # below
+    # a TERM (or an INT, which a background job ignores) still stops the cluster in the
+    # finally below
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _stop)
     algos, links = args.algos.split(","), args.links.split(",")
