@@ -167,8 +167,7 @@ class LossyOracle:
                 return W @ (X + U)
             X_new = W @ (X + U + self.C)  # x(t+1/2) = x(t) + u + c, averaged (appendix D² / GT)
             # D²: c(t+1) = x(t+1) - x(t) - u(t); GT: c(t+1) = W(t) (c(t) + u(t)) - u(t), the same
-            # W(t)
-            # as the model, since both halves travel in one message
+            # W(t) as the model, since both halves travel in one message
             self.C = X_new - X - U if algo == "d2" else W @ (self.C + U) - U
             return X_new
         if algo == "sgp":

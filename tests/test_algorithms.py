@@ -24,8 +24,8 @@ from tests.node_layouts import build_named
 
 STEPS = 12
 
-# (algorithm, topology, optimizer, relay mode): every algorithm on its topologies, with each local
-# optimizer
+# (algorithm, topology, optimizer, relay mode): every algorithm on its topologies, with each
+# local optimizer
 CASES = (
     [
         ("allreduce", "fully-connected", MOMENTUM, "counts"),
@@ -52,8 +52,8 @@ CASES = (
     ]
     + [("relay", "double-binary-trees", ADAM, "counts")]
     + [
-        # node-aware topologies ("@3": nodes of 3 ranks in blocks, "@3rr": round-robin;
-        # tests/node_layouts.py)
+        # node-aware topologies ("@3": nodes of 3 ranks in blocks, "@3rr":
+        # round-robin; tests/node_layouts.py)
         ("relay", "double-binary-trees@3", SGD, "counts"),
         ("relay", "double-binary-trees@3rr", MOMENTUM, "previous"),
         ("relay", "chain@3rr", SGD, "counts"),
@@ -335,9 +335,9 @@ def test_relay_in_place_exchange_gives_identical_numbers(topo):
     )
 
 
-# RelaySum's ways of moving the same messages: whole or in chunks (pipelined), with separate receive
-# buffers or in place through a bounce buffer, from a padded parcel (zero-copy leaves) or a plain
-# one.
+# RelaySum's ways of moving the same messages: whole or in chunks (pipelined), with separate
+# receive buffers or in place through a bounce buffer, from a padded parcel (zero-copy leaves) or a
+# plain one.
 RELAYSUM_VARIANTS = [
     {"in_place": in_place, "chunk": chunk, "padded": padded}
     for in_place in (False, True)

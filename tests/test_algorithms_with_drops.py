@@ -49,8 +49,8 @@ CASES = (
         # messages in chunks of 2 elements: a lost message loses all its chunks, counter included
         Case("relay", "binary-tree", 7, SGD, "counts", relay_chunk=2),
         Case("relay", "double-binary-trees", 8, MOMENTUM, "previous", relay_chunk=2),
-        # node-aware topologies ("@3": nodes of 3 ranks in blocks, "@3rr": round-robin;
-        # tests/node_layouts.py)
+        # node-aware topologies ("@3": nodes of 3 ranks in blocks, "@3rr":
+        # round-robin; tests/node_layouts.py)
         Case("relay", "double-binary-trees@3", 9, SGD, "counts"),
         Case("relay", "double-binary-trees@3rr", 12, MOMENTUM, "previous"),
         Case("relay", "chain@3rr", 7, SGD, "initial", relay_chunk=2),

@@ -27,8 +27,8 @@ def test_bf16_gradients_are_within_bfloat16_rounding_of_float32():
     assert G16.dtype == L16.dtype == torch.float32
     scale = G32.abs().max()
     error = float((G16 - G32).abs().max() / scale)
-    # bfloat16 keeps 8 mantissa bits (eps 2^-8 = 3.9e-3): a few roundings through two layers, not
-    # more
+    # bfloat16 keeps 8 mantissa bits (eps 2^-8 = 3.9e-3): a few roundings through two layers,
+    # not more
     assert 1e-5 < error < 5e-2, error
     assert float((L16 - L32).abs().max() / L32.abs().max()) < 2e-2
 

@@ -48,8 +48,8 @@ CASES = SHARED_CASES + [
     Case("relay-grad", "double-binary-trees", 8, MOMENTUM),
     Case("relay", "double-binary-trees", 8, MOMENTUM, "counts"),
     Case("relay", "double-binary-trees", 8, MOMENTUM, "initial"),
-    # node-aware topologies ("@3": nodes of 3 ranks in blocks, "@3rr": round-robin;
-    # tests/node_layouts.py)
+    # node-aware topologies ("@3": nodes of 3 ranks in blocks, "@3rr":
+    # round-robin; tests/node_layouts.py)
     Case("relay", "double-binary-trees@3", 10, MOMENTUM, "counts"),
     Case("relay", "double-binary-trees@3rr", 11, SGD, "previous"),
     Case("relay", "chain@3rr", 7, SGD, "initial"),

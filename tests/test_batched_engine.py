@@ -525,8 +525,8 @@ def test_preempted_run_resumes_bit_identical(tmp_path, monkeypatch, engine):
     args, algorithms = [*DIGITS, "--eval-every", "4", "--checkpoint-every", "3"], STAND_IN
     if (
         engine == "vectorized"
-        # relaympi.batched's RelaySGD with Nesterov momentum: messages and momentum in the
-        # checkpoint
+        # relaympi.batched's RelaySGD with Nesterov momentum: messages and momentum in
+        # the checkpoint
     ):
         pytest.importorskip("relaympi.batched.algorithms")
         args, algorithms = (

@@ -38,8 +38,8 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
             "relaympi.registry",
         ),
     ),
-    # pure graphs and schedules; the Communicator and its backends; the model's flat memory layout
-    # (flat)
+    # pure graphs and schedules; the Communicator and its backends; the model's flat memory
+    # layout (flat)
     ("topology, comm, flat layout", 1, ("relaympi.topology", "relaympi.comm", "relaympi.flat")),
     ("optim", 2, ("relaympi.optim",)),
     # each algorithm as message passing, its matrix form, and its vectorized (batched) form
@@ -49,9 +49,9 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     # exception: relaympi.data spans two layers, a store tasks use and a catalogue that asks tasks
     ("data sets", 4, ("relaympi.data.layouts", "relaympi.data.sets", "relaympi.data.imagenet")),
     # the run's configuration: its flags are checked against the registries below (topology,
-    # algorithm,
-    # optimizer and task names) and its --help shows their defaults, so it sits above them; nothing
-    # below imports it (a task takes its own options, an algorithm its own options class)
+    # algorithm, optimizer and task names) and its --help shows their defaults, so it sits
+    # above them; nothing below imports it (a task takes its own options, an algorithm its own
+    # options class)
     ("config", 5, ("relaympi.config",)),
     # the resolved plan, the one training loop, a worker's workload, evaluation, checkpoints (their
     # file format too), run file
@@ -147,8 +147,8 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
                             *([base] if base else []),
                         ]
                     )
-                # `from pkg import submodule` imports the submodule; `from module import name` the
-                # module
+                # `from pkg import submodule` imports the submodule; `from module import name`
+                # the module
                 targets |= {
                     f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
                     for alias in node.names

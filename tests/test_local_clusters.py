@@ -53,8 +53,8 @@ def second(cluster: None, tmp_path: Path):  # noqa: F811 - the imported fixture
     proc = bash("cluster/local_cluster.sh", "start", "--dir", str(folder))
     try:
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        # one line that scripts eval (scripts/test.sh does), right for a folder with a space in its
-        # name
+        # one line that scripts eval (scripts/test.sh does), right for a folder with a space in
+        # its name
         assert len(proc.stdout.splitlines()) == 1
         evaluated = subprocess.run(
             ["bash", "-c", 'eval "$1" && printf %s "$SLURM_CONF"', "-", proc.stdout],

@@ -153,8 +153,8 @@ def test_trees_keep_each_nodes_ranks_in_one_subtree(n, layout_name, nodes):
             assert nx.is_tree(graph)
             for ranks in groups.values():
                 assert nx.is_connected(graph.subgraph(ranks)), (name, k, ranks)
-            # the nodes are joined by a tree: M - 1 inter-node edges, the fewest that connect M
-            # nodes
+            # the nodes are joined by a tree: M - 1 inter-node edges, the fewest that connect
+            # M nodes
             quotient = _quotient(graph, nodes)
             assert quotient.number_of_edges() == m - 1 and nx.is_connected(quotient)
         if name == "binary-tree":

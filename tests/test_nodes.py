@@ -27,8 +27,7 @@ def _main(args) -> int:
     return train.main([str(a) for a in args])
 
 
-# -- the Communicator's nodes
-# -----------------------------------------------------------------------
+# -- the Communicator's nodes ----------------------------------------------------------------------
 def test_nodes_are_numbered_by_each_nodes_lowest_rank():
     assert number_nodes(["b", "b", "a", "c", "a"]) == (0, 0, 1, 2, 1)
     assert number_nodes([0, 0, 2, 2]) == (0, 0, 1, 1)  # lowest world rank per node -> 0, 1, ...
@@ -321,8 +320,7 @@ def test_resume_refuses_ranks_found_on_other_nodes(tmp_path):
         Checkpoints(summed, tmp_path / "r.h5", 0, 4, nodes=(0, 1, 2, 3)).load()
 
 
-# -- bad input
-# --------------------------------------------------------------------------------------
+# -- bad input -------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",

@@ -314,8 +314,7 @@ def test_quadratics_overlap_in_float64(tmp_path):
 
 
 # --overlap and --progress-thread as they run (relaympi.training.plan.resolve): --overlap by default
-# on
-# for MPI ranks on more than one node on the CPU (measured faster there) with a model of several
+# on for MPI ranks on more than one node on the CPU (measured faster there) with a model of several
 # buckets (VGG-11 here), else off; the thread only where given and MPI overlaps
 @pytest.mark.parametrize(
     "flags, nodes, want",
@@ -826,8 +825,7 @@ def test_the_progress_thread_moves_a_transfer_while_the_rank_computes(spmd, requ
     assert (
         polls > 10
         # asked to poll every 0.2 ms for 0.4 s (~700 polls on an idle machine; fewer when ranks
-        # share
-        # cores)
+        # share cores)
     )
     assert moved
 
@@ -857,8 +855,8 @@ def test_mpi_ranks_on_two_nodes_overlap_by_default_and_say_whether_the_thread_ra
         "--out",
         out,
     ]
-    # buckets of 4 KiB: digits' 19 KiB model spans several, so --overlap's default is on across
-    # nodes
+    # buckets of 4 KiB: digits' 19 KiB model spans several, so --overlap's default is on
+    # across nodes
     proc = run_train(args, mpi=2, env={"MPI4PY_RC_THREAD_LEVEL": thread_level})
     assert proc.returncode == 0, proc.stderr[-2000:]
     with h5py.File(out, "r") as file:

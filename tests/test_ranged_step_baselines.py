@@ -195,8 +195,7 @@ def test_check_ranges(ranges) -> None:
             algorithms_base.check_ranges(ranges, 10)
 
 
-# -- iallreduce_sum: pieces of a buffer sum to the whole buffer's bits, on every backend
-# ------------
+# -- iallreduce_sum: pieces of a buffer sum to the whole buffer's bits, on every backend -----------
 
 
 def _fixed_tree_sum(values: list[np.ndarray], order: tuple[int, ...] | None = None) -> np.ndarray:

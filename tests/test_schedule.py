@@ -217,8 +217,8 @@ def test_schedule_flags_out_of_range_exit_2(tmp_path, capsys, args, message):
 
 # -- 1. the run file's lr, epoch and step on every backend --------------------------------------
 # lr 0.8, one warm-up epoch = 3 steps from 0, milestones at epochs 2 and 3 = steps 6 and 9:
-#   t = 0: 0;  t = 1: 0.8 / 3;  t = 2: 1.6 / 3;  t = 3, 4, 5: 0.8;  t = 6, 7, 8: 0.08;  t = 9, 10:
-# 0.008
+#   t = 0: 0;  t = 1: 0.8 / 3;  t = 2: 1.6 / 3;  t = 3, 4, 5: 0.8;  t = 6, 7, 8: 0.08;
+#   t = 9, 10: 0.008
 RECIPE = [
     *DIGITS,
     "--algo",
@@ -460,8 +460,7 @@ def _topology_cli(*args) -> str:
 @pytest.mark.parametrize(
     "topology, n, by_hand",
     [
-        # chain 0-1-2: 11/9 (derived in
-        # tests/test_topology.py::test_lr_correction_three_worker_chain_by_hand)
+        # 11/9: tests/test_topology.py::test_lr_correction_three_worker_chain_by_hand
         ("chain", 3, 11 / 9),
         # two workers relaying are exactly all-reduce: 1
         ("chain", 2, 1.0),
