@@ -114,12 +114,13 @@ def build(
             does not apply to the family, or a bad node layout; the message says what is allowed.
 
     Example:
-        ```python
-        trees = build("double-binary-trees", 8)
-        trees.num_layers, trees.neighbors(3, layer=1)  # (2, (6,))
-        build("spanning-tree:ring", 6, root=2)
-        build("chain", 8, placement="nodes", nodes=["a"] * 4 + ["b"] * 4)
-        ```
+        >>> trees = build("double-binary-trees", 8)
+        >>> trees.num_layers, trees.neighbors(3, layer=1)
+        (2, (6,))
+        >>> build("spanning-tree:ring", 6, root=2).edges()
+        [(0, 1), (0, 5), (1, 2), (2, 3), (3, 4)]
+        >>> build("chain", 8, placement="nodes", nodes=["a"] * 4 + ["b"] * 4).placement
+        'nodes'
     """
     check_placement(placement)
     if nodes is not None and isinstance(world_size, int) and not isinstance(world_size, bool):
