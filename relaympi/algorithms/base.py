@@ -233,13 +233,24 @@ class Algorithm(ABC):
     # finish_step (RangedAlgorithm below: all-reduce, D-PSGD, QGM, D², gradient tracking, SGP).
 
     def begin_step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        """Start step ``step`` on ``x`` with the gradient that will be in ``grad`` (not final
-        yet)."""
+        """Start step ``step`` on ``x`` with the gradient that will be in ``grad`` (not final yet).
+
+        Args:
+            x: the flat model x(t), updated in place by ``finish_step``.
+            grad: the buffer backward fills with the gradient at x(t), flat as x.
+            lr: this step's learning rate.
+            step: the step number t (the same on every worker).
+        """
         self._ranged = (x, grad, lr, step)
 
     def ready(self, lo: int, hi: int) -> None:  # noqa: B027 - the default does everything in finish_step
         """``grad[lo:hi]`` is final: start that range's update and communication if this algorithm
-        can."""
+        can.
+
+        Args:
+            lo: the range's first flat coordinate.
+            hi: one past its last (ranges of a step are disjoint and cover [0, numel)).
+        """
 
     def finish_step(self) -> None:
         """Complete the step begun by ``begin_step`` (every range has been ``ready``)."""
@@ -256,7 +267,11 @@ class Algorithm(ABC):
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - stateless algorithms keep the default
-        pass
+        """Restore what ``state_dict`` returned, on resume.
+
+        Args:
+            state: the tensors and numbers by name, as ``state_dict`` gave them.
+        """
 
 
 def check_ranges(ranges: list[tuple[int, int]], numel: int) -> None:
