@@ -93,6 +93,12 @@ class Run:
     def metric(self, name: str) -> np.ndarray:
         """The dataset ``name``, one row per evaluation.
 
+        Args:
+            name: a dataset of the run file ("step", "test_accuracy", ...).
+
+        Returns:
+            The dataset as read.
+
         Raises:
             KeyError: the run has no such dataset (or it was not read); the message lists those
                 it has.
@@ -121,9 +127,16 @@ class Run:
         return finished_workers(self.world_size, self.membership)
 
     def present(self) -> np.ndarray:
-        """[rows, world_size] bool: whether each worker took part at each row (false where a
-        membership change had lost it and no re-admission had brought it back yet: its NaN there
-        is by design, not a non-finite value)."""
+        """Whether each worker took part at each row: false where a membership change had lost it
+        and no re-admission had brought it back yet (its NaN there is by design, not a non-finite
+        value).
+
+        Returns:
+            [rows, world_size] bool.
+
+        Raises:
+            KeyError: the rows' step was not read.
+        """
         if "step" not in self.data:
             raise KeyError(f"{self.path}: the rows' step was not read")
         return present(self.data["step"], self.world_size, self.membership)
