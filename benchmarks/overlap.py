@@ -178,11 +178,11 @@ def train(
 
 
 def parse_exports(text: str) -> dict[str, str]:
-    env = {}
+    env: dict[str, str] = {}
     for line in text.splitlines():
         words = shlex.split(line)
         if words and words[0] == "export":
-            env.update(word.split("=", 1) for word in words[1:])
+            env.update((name, value) for name, value in (w.split("=", 1) for w in words[1:]))
     return env
 
 
