@@ -64,7 +64,7 @@ def as_world_size(world_size: Any, *, what: str = "world_size", minimum: int = 1
     return value
 
 
-def node_labels(nodes: Sequence[Any], world_size: int) -> np.ndarray:
+def node_labels(nodes: Sequence[Any] | np.ndarray, world_size: int) -> np.ndarray:
     """Each rank's node as 0..M-1, nodes numbered in the order of their lowest rank, shape [n].
 
     nodes: one node id per rank (any hashable: a host name, an int)."""
