@@ -290,6 +290,7 @@ def test_relaysum_memory_is_one_buffer_per_neighbour(topo, n, bound, in_place):
         after, bounce_after = relay.buffers()
         assert {b.data_ptr() for b in after} == {b.data_ptr() for b in held}
         if in_place:
+            assert bounce is not None
             assert (
                 bounce_after is bounce
                 and bounce.numel()

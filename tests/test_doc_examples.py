@@ -36,7 +36,7 @@ def api_objects() -> list[tuple[str, list[str] | None]]:
     """docs/api.md's ``::: name`` directives, in page order, each with the members its
     ``members:`` option names ([] for ``false``; None: no option, every public member)."""
     page = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
-    objects = []
+    objects: list[tuple[str, list[str] | None]] = []
     for name, options in re.findall(r"^::: ([\w.]+)\n((?:[ \t]+.*\n)*)", page, re.M):
         members = re.search(r"^\s+members: (.*)$", options, re.M)
         if members is None:

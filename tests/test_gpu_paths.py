@@ -114,12 +114,14 @@ def test_crop_flip_on_the_gpu_with_device_indices_matches_the_cpu():
 @needs_cuda
 def test_batched_image_batches_on_the_gpu_match_the_cpu(tmp_path):
     from relaympi.engines.batched.data import BatchedData
-    from relaympi.tasks import TaskOptions, get_task_class
+    from relaympi.tasks import ClassificationTask, TaskOptions, get_task_class
     from relaympi.tasks.partition import dirichlet_partition
     from tests.data_factories import write_cifar10_binary
 
     write_cifar10_binary(tmp_path, n_per_batch=40)
-    task = get_task_class("cifar10")(TaskOptions(data_dir=tmp_path))
+    cls = get_task_class("cifar10")
+    assert issubclass(cls, ClassificationTask)
+    task = cls(TaskOptions(data_dir=tmp_path))
     parts = dirichlet_partition(task.train_labels, 4, 1.0, 0)
     on_cpu, on_gpu = BatchedData(task, parts, 8, 0, "cpu"), BatchedData(task, parts, 8, 0, "cuda")
     for step in (0, 1, 7):

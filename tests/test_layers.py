@@ -122,7 +122,7 @@ def _lazy_targets(tree: ast.Module, package: str) -> set[str]:
             targets |= {
                 f"{package}.{v.value}"
                 for v in getattr(node.value, "values", [])
-                if isinstance(v, ast.Constant)
+                if isinstance(v, ast.Constant) and isinstance(v.value, str)
             }
     return targets
 
@@ -133,8 +133,8 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     graph = {}
     for name, (path, is_package) in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        package = name if is_package else name.rpartition(".")[0]
-        targets = _lazy_targets(tree, package)
+        home = name if is_package else name.rpartition(".")[0]
+        targets = _lazy_targets(tree, home)
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 targets |= {alias.name for alias in node.names}
@@ -143,7 +143,7 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
                 if node.level:
                     base = ".".join(
                         [
-                            *package.split(".")[: len(package.split(".")) - node.level + 1],
+                            *home.split(".")[: len(home.split(".")) - node.level + 1],
                             *([base] if base else []),
                         ]
                     )
@@ -173,7 +173,11 @@ def layer_of(module: str) -> tuple[str, int] | None:
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components with more than one module (Tarjan's algorithm)."""
-    index, low, stack, on_stack, found = {}, {}, [], set(), []
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
 
     def visit(v: str) -> None:
         index[v] = low[v] = len(index)

@@ -217,6 +217,7 @@ def test_model_table_from_a_comm_result(tmp_path):
 @pytest.mark.mpirun
 @pytest.mark.skipif(MPIRUN is None, reason="needs mpirun")
 def test_triad_under_mpirun_2(tmp_path):
+    assert MPIRUN is not None
     out = tmp_path / "triad.json"
     run = subprocess.run(
         [

@@ -17,6 +17,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import cast
 
 import h5py
 import numpy as np
@@ -102,7 +103,10 @@ def test_buckets_cover_the_model_once_in_the_same_order_with_final_gradients(buc
 
 def _flat_range(layer: torch.nn.Module, grad: torch.Tensor) -> tuple[int, int]:
     base = grad.data_ptr()
-    lows = [(p.grad.data_ptr() - base) // grad.element_size() for p in layer.parameters()]
+    lows = [
+        (cast(torch.Tensor, p.grad).data_ptr() - base) // grad.element_size()
+        for p in layer.parameters()
+    ]
     return min(lows), max(lo + p.numel() for lo, p in zip(lows, layer.parameters(), strict=True))
 
 
@@ -160,14 +164,15 @@ def test_hooks_on_another_thread_leave_the_delivery_to_the_stepping_thread(any_t
     batch = torch.randint(0, 11, (4, 5), generator=torch.Generator().manual_seed(0))
     here = _deliveries(model, grad, GradientBuckets(grad, list(model.parameters()), 1e-5), batch)
     buckets = GradientBuckets(grad, list(model.parameters()), 1e-5, any_thread=any_thread)
-    got, threads = [], set()
+    got: list[tuple[int, int, torch.Tensor]] = []
+    threads: set[int] = set()
     grad.zero_()
-    with buckets.delivering(
-        lambda lo, hi: (
-            got.append((lo, hi, grad[lo:hi].clone())),
-            threads.add(threading.get_ident()),
-        )
-    ):
+
+    def deliver(lo: int, hi: int) -> None:
+        got.append((lo, hi, grad[lo:hi].clone()))
+        threads.add(threading.get_ident())
+
+    with buckets.delivering(deliver):
         _on_another_thread(
             lambda: torch.nn.functional.cross_entropy(
                 model(batch).reshape(-1, 11), batch.reshape(-1)
@@ -306,7 +311,7 @@ def test_quadratics_overlap_in_float64(tmp_path):
         "--algo",
         "relay",
     ]
-    outs = []
+    outs: list[Path] = []
     for extra in ([], ["--overlap"]):
         outs.append(tmp_path / f"q{len(outs)}.h5")
         assert train.main([*args, *extra, "--out", str(outs[-1])]) == 0
@@ -438,12 +443,13 @@ def test_tasks_model_bytes_are_their_models():
     import torch
 
     from relaympi.tasks import TaskOptions, get_task_class
+    from relaympi.tasks.digits import DigitsTask
     from relaympi.tasks.models import VGG11_NUM_PARAMETERS
 
     digits, cifar10, quadratics = (
         get_task_class(name) for name in ("digits", "cifar10", "quadratics")
     )
-    model = digits(TaskOptions()).build_model(0)
+    model = DigitsTask(TaskOptions()).build_model(0)
     spec = {
         "problem_file": None,
         "seed": 0,
@@ -657,7 +663,8 @@ class _CallThreads:
     )
 
     def __init__(self, comm) -> None:
-        self.comm, self.threads = comm, set()
+        self.comm = comm
+        self.threads: set[int] = set()
         for name in self.NAMES:
             setattr(comm, name, self._logged(getattr(comm, name)))
 
@@ -666,7 +673,8 @@ class _CallThreads:
             self.threads.add(threading.get_ident())
             result = method(*args, **kwargs)
             if isinstance(result, Request):
-                result.test, result.wait = self._logged(result.test), self._logged(result.wait)
+                # wrapped in place, to log the thread of every call
+                result.test, result.wait = self._logged(result.test), self._logged(result.wait)  # type: ignore[method-assign]
             return result
 
         return call

@@ -126,7 +126,8 @@ def test_tuning_finds_the_fastest_learning_rate_of_gradient_descent():
     q = generate(4, QuadraticsSpec(dim=6, zeta2=1.0, r0=5.0), seed=0)
     method = Method("all-reduce", "allreduce", build("fully-connected", 4))
     tuned = tune(q, method, SearchConfig(target=1e-8, max_steps=500))
-    assert tuned.reached and tuned.curve[tuned.steps] <= 1e-8 < tuned.curve[tuned.steps - 1]
+    assert tuned.reached and tuned.steps is not None
+    assert tuned.curve[tuned.steps] <= 1e-8 < tuned.curve[tuned.steps - 1]
     for factor in (0.8, 0.9, 1.1, 1.25):
         other = run_batch(q, method, np.array([tuned.lr * factor]), 1e-8, 500)
         assert other.hit_step is None or other.hit_step >= tuned.steps
