@@ -35,8 +35,9 @@ or N emulated nodes (--nodes N).
 Several can run side by side (beside any other SLURM on the machine): each instance is its
 folder, and start, status and stop act on the instance of the folder they are given:
 
-  --dir DIR           state, logs and slurm.conf (RELAYMPI_SLURM_DIR; /tmp/relaympi-slurm, with
-                      --nodes /tmp/relaympi-nodes)
+  --dir DIR           state, logs and slurm.conf (RELAYMPI_SLURM_DIR; /run/relaympi-slurm, with
+                      --nodes /run/relaympi-nodes): made 0700 if missing; refused (exit 2) if
+                      it, or a folder above it, is another user's or others may write to it
   --ctld-port PORT    slurmctld's port (RELAYMPI_SLURM_CTLD_PORT)
   --slurmd-port PORT  slurmd's port (RELAYMPI_SLURMD_PORT)
   --partition NAME    the one partition (RELAYMPI_SLURM_PARTITION; debug)
@@ -92,7 +93,8 @@ parse_options() {
         shift 2
     done
     # emulated nodes default to their own folder, beside a one-node cluster in the default one
-    [[ -n "$SLURM_DIR" ]] || { [[ -n "$NODES" ]] && SLURM_DIR=/tmp/relaympi-nodes; } || SLURM_DIR=/tmp/relaympi-slurm
+    # in /run, where only root makes folders: no one else can make it first (as in /tmp)
+    [[ -n "$SLURM_DIR" ]] || { [[ -n "$NODES" ]] && SLURM_DIR=/run/relaympi-nodes; } || SLURM_DIR=/run/relaympi-slurm
     [[ -n "$SLURM_DIR" && "$SLURM_DIR" != *[\"$'\n']* ]] || usage "--dir must be a folder name without quotes or newlines, got '$SLURM_DIR'"
     [[ "$SLURM_DIR" == /* ]] || SLURM_DIR="$PWD/$SLURM_DIR"  # the conf names it; daemons run elsewhere
     local port
@@ -121,11 +123,20 @@ if [[ "$command" == link ]]; then
     set -- --link "$@"
 fi
 parse_options "$@"
+# root first (its one line), then the state folder, checked before anything in it is read
 case "$command" in
     install) install ;;
-    start) if [[ -n "$NODES" ]] || load_nodes; then nodes_start; else start; fi ;;
-    stop) if [[ -s "$NODES_ENV" ]]; then nodes_stop; stop_munge; echo "SLURM stopped, nodes removed ($SLURM_DIR)" >&2; else stop; fi ;;
-    status) if load_nodes; then nodes_status; else status; fi ;;
-    link) nodes_link ;;
+    start)
+        if [[ -n "$NODES" ]]; then need_nodes start; else need_root start; fi
+        open_state_dir create
+        if [[ -n "$NODES" ]] || load_nodes; then nodes_start; else start; fi
+        ;;
+    stop)
+        need_root stop
+        open_state_dir existing
+        if [[ -s "$NODES_ENV" ]]; then nodes_stop; stop_munge; echo "SLURM stopped, nodes removed ($SLURM_DIR)" >&2; else stop; fi
+        ;;
+    status) open_state_dir existing; if load_nodes; then nodes_status; else status; fi ;;
+    link) need_nodes link; open_state_dir existing; nodes_link ;;
     *) usage "unknown command '$command'" ;;
 esac

@@ -35,16 +35,41 @@ need_nodes() {  # root and namespaces, or exit 2 with one line
     unshare --net --uts true 2>/dev/null || { echo "local_cluster.sh: --nodes needs network and UTS namespaces, which this machine refuses (a container without CAP_SYS_ADMIN?)" >&2; exit 2; }
 }
 
+NODES_KEYS=(N_NODES N_SUBNET N_TAG N_IFACE N_LINK N_CPUS)
+
+nodes_value_ok() {  # KEY VALUE: a value this script could have written for KEY
+    case "$1" in
+        N_NODES) [[ "$2" =~ ^[1-9][0-9]?$ && "$2" -le 64 ]] ;;
+        N_SUBNET) valid_subnet "$2" ;;
+        N_TAG) [[ "$2" =~ ^[1-9][0-9]{3,4}$ ]] ;;
+        N_IFACE) [[ "$2" =~ ^rmpi[1-9][0-9]{3,4}$ ]] ;;
+        N_LINK) link_rate_bits "$2" >/dev/null ;;
+        N_CPUS) [[ "$2" =~ ^[1-9][0-9]{0,5}$ ]] ;;
+        *) return 1 ;;
+    esac
+}
+
 load_nodes() {  # this folder's emulated-nodes record (written before anything is made)
     [[ -s "$NODES_ENV" ]] || return 1
-    # shellcheck disable=SC1090  # KEY=VALUE lines this script wrote
-    source "$NODES_ENV"
+    # read, never sourced: each line one known KEY with a value of its syntax, or a refusal
+    local line key value shown
+    for key in "${NODES_KEYS[@]}"; do printf -v "$key" '%s' ""; done
+    while IFS= read -r line || [[ -n "$line" ]]; do
+        key="${line%%=*}" value="${line#*=}"
+        if [[ "$line" != *=* ]] || ! nodes_value_ok "$key" "$value"; then
+            printf -v shown '%q' "$line"
+            refuse "$NODES_ENV: line $shown is not one this script writes (${NODES_KEYS[*]}); remove the folder's cluster by hand"
+        fi
+        printf -v "$key" '%s' "$value"
+    done <"$NODES_ENV"
+    for key in "${NODES_KEYS[@]}"; do
+        [[ -n "${!key}" ]] || refuse "$NODES_ENV lacks $key; remove the folder's cluster by hand"
+    done
 }
 
 save_nodes() {
-    mkdir -p "$SLURM_DIR"
     printf 'N_NODES=%s\nN_SUBNET=%s\nN_TAG=%s\nN_IFACE=%s\nN_LINK=%s\nN_CPUS=%s\n' \
-        "$N_NODES" "$N_SUBNET" "$N_TAG" "$N_IFACE" "$N_LINK" "$N_CPUS" >"$NODES_ENV"
+        "$N_NODES" "$N_SUBNET" "$N_TAG" "$N_IFACE" "$N_LINK" "$N_CPUS" | write_state nodes.env 644
 }
 
 node_ns() { echo "rmpi$N_TAG-node$1"; }    # namespace of node I
@@ -74,7 +99,7 @@ write_nodes_conf() {
     memory_mb="$(awk -v n="$N_NODES" '/MemTotal/ {print int($2 / 1024 * 0.9 / n)}' /proc/meminfo)"
     mkdir -p "$SLURM_DIR/state" "$SLURM_DIR/log"
     for i in $(seq "$N_NODES"); do mkdir -p "$SLURM_DIR/spool/node$i"; done
-    cat >"$CONF" <<EOF
+    write_state slurm.conf 644 <<EOF
 # Written by relaympi cluster/local_cluster.sh: $N_NODES emulated nodes on this machine ($N_SUBNET.0/24).
 ClusterName=relaympi
 SlurmctldHost=ctld($N_SUBNET.1)
@@ -90,8 +115,7 @@ EOF
 
 write_node_files() {  # the hosts file (mpiexec -f) and the rsh-style launcher (mpiexec -launcher-exec)
     local i
-    : >"$SLURM_DIR/hosts"
-    for i in $(seq "$N_NODES"); do echo "node$i" >>"$SLURM_DIR/hosts"; done
+    for i in $(seq "$N_NODES"); do echo "node$i"; done | write_state hosts 644
     {
         echo '#!/bin/sh'
         echo "# Written by relaympi cluster/local_cluster.sh: HOST COMMAND... runs COMMAND (joined, as rsh does) on"
@@ -108,8 +132,7 @@ write_node_files() {  # the hosts file (mpiexec -f) and the rsh-style launcher (
         echo '# the rest of /sys stays (not `ip netns exec`: it remounts all /sys, without the cgroup tree slurmd 22.05 needs).'
         # shellcheck disable=SC2016  # written for the launcher to expand
         echo 'exec nsenter --net="/run/netns/$ns" unshare --mount --uts sh -c '\''t="$(mktemp -d)" && mount -t sysfs sysfs "$t" && mount --bind "$t/class/net" /sys/class/net && mount --bind "$t/devices/virtual/net" /sys/devices/virtual/net && umount -l "$t" && rmdir "$t" && hostname "$0" && eval "$*"'\'' "$node" "$@"'
-    } >"$SLURM_DIR/launcher"
-    chmod 755 "$SLURM_DIR/launcher"
+    } | write_state launcher 755
 }
 
 make_network() {  # idempotent: what is missing is made
@@ -186,11 +209,11 @@ nodes_start() {
     start_munge
     export SLURM_CONF="$CONF"
     # slurmctld answers to the name SlurmctldHost gives: its own hostname, in its own UTS namespace
-    daemon_running "$SLURM_DIR/slurmctld.pid" || unshare --uts sh -c 'hostname ctld && exec slurmctld -f "$0"' "$CONF"
+    daemon_running "$SLURM_DIR/slurmctld.pid" slurmctld || unshare --uts sh -c 'hostname ctld && exec slurmctld -f "$0"' "$CONF"
     local i
     for i in $(seq "$N_NODES"); do
         # in the node's namespaces, with its hostname (the launcher: as mpiexec's processes)
-        daemon_running "$(node_pid_file "$i")" || "$SLURM_DIR/launcher" "node$i" "exec slurmd -f $(printf %q "$CONF")"
+        daemon_running "$(node_pid_file "$i")" slurmd || "$SLURM_DIR/launcher" "node$i" "exec slurmd -f $(printf %q "$CONF")"
     done
     for _ in $(seq 120); do
         nodes_idle && break
@@ -249,8 +272,7 @@ nodes_stop() {
         pids+=($(ip netns pids "$ns" 2>/dev/null))
     done
     local ctld
-    ctld="$(cat "$SLURM_DIR/slurmctld.pid" 2>/dev/null || true)"
-    [[ "$ctld" =~ ^[0-9]+$ ]] && [[ "$(cat "/proc/$ctld/comm" 2>/dev/null)" == slurmctld ]] && pids+=("$ctld")
+    if ctld="$(pid_of "$SLURM_DIR/slurmctld.pid" slurmctld "$CONF")"; then pids+=("$ctld"); fi
     kill_pids "${pids[@]}"
     for ns in $(our_namespaces); do
         ip netns del "$ns"  # and with it the node's veth pair
@@ -268,13 +290,13 @@ nodes_stop() {
 nodes_status() {
     echo "SLURM_CONF=$CONF (ports $(conf_value SlurmctldPort)/$(conf_value SlurmdPort))"
     echo "nodes: $N_NODES on $N_SUBNET.0/24 (bridge $N_IFACE), links $N_LINK, $N_CPUS CPUs each"
-    daemon_running "$SLURM_DIR/slurmctld.pid" && echo "slurmctld: running" || echo "slurmctld: stopped"
+    daemon_running "$SLURM_DIR/slurmctld.pid" slurmctld && echo "slurmctld: running" || echo "slurmctld: stopped"
     local i ns up
     for i in $(seq "$N_NODES"); do
         ns="$(node_ns "$i")"
         if [[ -e "/run/netns/$ns" ]]; then
             up="$(ip -n "$ns" -br link show "$N_IFACE" 2>/dev/null | awk '{ print $2 }')"
-            echo "node$i: $(node_addr "$i"), namespace $ns, link ${up:-missing}, slurmd $(daemon_running "$(node_pid_file "$i")" && echo running || echo stopped)"
+            echo "node$i: $(node_addr "$i"), namespace $ns, link ${up:-missing}, slurmd $(daemon_running "$(node_pid_file "$i")" slurmd && echo running || echo stopped)"
         else
             echo "node$i: namespace $ns missing"
         fi

@@ -15,6 +15,64 @@ need_root() {
     [[ "$(id -u)" == 0 ]] || die "'$1' needs root (try: sudo bash $0 $1)"
 }
 
+refuse() { echo "local_cluster.sh: $*" >&2; exit 2; }
+
+# The state folder. Root reads, runs and writes what it holds, so it must be root's own (or, for
+# a user's status, that user's) and closed to others' writes, and so must every folder above it
+# (a sticky one such as /tmp: there only an entry's owner may rename it). A folder someone else
+# made first, or could swap, is refused: its nodes.env, slurm.conf, pid files and launcher would
+# be theirs.
+STATE_FILES=(slurm.conf nodes.env hosts launcher)
+
+trusted_owner() { [[ "$1" == 0 || "$1" == "$(id -u)" ]]; }
+
+check_folder_chain() {  # FOLDER (canonical, existing): it and every folder above it, or refuse
+    local folder="$1" dir uid mode
+    read -r uid mode < <(stat -c '%u %a' -- "$folder")
+    trusted_owner "$uid" || refuse "state folder $folder is owned by uid $uid, not root: refusing a folder another user made; give --dir a new folder or one of root's"
+    ((!(8#$mode & 8#022))) || refuse "state folder $folder is writable by group or others (mode $mode): refusing it; chmod go-w it or give another --dir"
+    dir="$folder"
+    while [[ "$dir" != / ]]; do
+        dir="$(dirname -- "$dir")"
+        read -r uid mode < <(stat -c '%u %a' -- "$dir")
+        trusted_owner "$uid" || refuse "state folder $folder lies in $dir, owned by uid $uid, who could replace it: give --dir a folder in one of root's"
+        ((!(8#$mode & 8#022) || (8#$mode & 8#1000))) || refuse "state folder $folder lies in $dir, writable by group or others without the sticky bit (mode $mode): give --dir a folder in one of root's"
+    done
+}
+
+open_state_dir() {  # create|existing: check SLURM_DIR (made 0700 first with create) and take its canonical path
+    local dir="$SLURM_DIR" up
+    [[ ! -L "$dir" ]] || refuse "state folder $dir is a symbolic link: give --dir the folder itself"
+    if [[ ! -e "$dir" ]]; then
+        [[ "$1" == create ]] || return 0  # nothing there: nothing to read, stop or show
+        up="$dir"
+        while [[ ! -e "$up" ]]; do up="$(dirname -- "$up")"; done
+        [[ -d "$up" ]] || refuse "state folder $dir: $up is not a folder"
+        check_folder_chain "$(realpath -e -- "$up")"  # before anything is made in it
+        (umask 077 && mkdir -p -- "$dir")
+    fi
+    [[ -d "$dir" ]] || refuse "state folder $dir is not a folder"
+    dir="$(realpath -e -- "$dir")"
+    check_folder_chain "$dir"
+    [[ -r "$dir" && -x "$dir" ]] || refuse "state folder $dir is root's alone (mode $(stat -c %a -- "$dir")): run this as root"
+    local name
+    for name in "${STATE_FILES[@]}" slurmctld.pid slurmd.pid; do
+        [[ ! -L "$dir/$name" ]] || refuse "state folder $dir holds $name as a symbolic link: refusing to read or write through it; remove it"
+    done
+    for name in "$dir"/slurmd-node*.pid; do
+        [[ ! -L "$name" ]] || refuse "state folder $dir holds ${name##*/} as a symbolic link: refusing to read or write through it; remove it"
+    done
+    SLURM_DIR="$dir" CONF="$dir/slurm.conf" NODES_ENV="$dir/nodes.env"
+}
+
+write_state() {  # NAME MODE < CONTENT: SLURM_DIR/NAME replaced whole, through a new temp file (never through a link)
+    local tmp
+    tmp="$(mktemp -- "$SLURM_DIR/.$1.XXXXXXXX")"
+    cat >"$tmp"
+    chmod "$2" -- "$tmp"
+    mv -fT -- "$tmp" "$SLURM_DIR/$1"
+}
+
 install() {
     if command -v slurmctld >/dev/null && command -v slurmd >/dev/null \
         && command -v sbatch >/dev/null && command -v munged >/dev/null; then
@@ -103,7 +161,7 @@ write_conf() {
     memory_mb="$(awk '/MemTotal/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)"
     pick_ports
     mkdir -p "$SLURM_DIR/state" "$SLURM_DIR/spool" "$SLURM_DIR/log"
-    cat >"$CONF" <<EOF
+    write_state slurm.conf 644 <<EOF
 # Written by relaympi cluster/local_cluster.sh: a one-node cluster on localhost.
 ClusterName=relaympi
 SlurmctldHost=localhost
@@ -113,18 +171,21 @@ PartitionName=$PARTITION Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 EOF
 }
 
+make_munge_key() {  # a new key, readable by no one else from its first byte: made 0600 under umask 077
+    mkdir -p "$(dirname -- "$MUNGE_KEY")"
+    rm -f -- "$MUNGE_KEY"  # an empty one
+    (umask 077 && set -o noclobber && head -c 1024 /dev/urandom >"$MUNGE_KEY")
+    chown munge:munge "$MUNGE_KEY"
+    chmod 400 "$MUNGE_KEY"
+}
+
 munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
 
 start_munge() {
     if munge_ok; then
         return
     fi
-    if [[ ! -s "$MUNGE_KEY" ]]; then
-        mkdir -p /etc/munge
-        dd if=/dev/urandom bs=1 count=1024 of="$MUNGE_KEY" status=none
-        chown munge:munge "$MUNGE_KEY"
-        chmod 400 "$MUNGE_KEY"
-    fi
+    [[ -s "$MUNGE_KEY" ]] || make_munge_key
     mkdir -p "$MUNGE_RUN" /var/log/munge /var/lib/munge
     chown munge:munge "$MUNGE_RUN" /var/log/munge /var/lib/munge
     runuser -u munge -- munged
@@ -138,12 +199,23 @@ start_munge() {
     die "munged did not come up"
 }
 
-daemon_running() {  # pidfile
-    [[ -s "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null
+pid_of() {  # PIDFILE NAME [CONF]: the pid it names, if that is a live NAME (given CONF: started with it)
+    local pid=""
+    [[ -f "$1" && ! -L "$1" ]] || return 1
+    read -r pid <"$1" || [[ -n "$pid" ]] || return 1
+    [[ "$pid" =~ ^[1-9][0-9]{0,9}$ ]] || return 1
+    # a stale or planted pid names some other process: never signal or count that one
+    [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$2" ]] || return 1
+    [[ -z "${3:-}" ]] || grep -qxF -- "$3" < <(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+    echo "$pid"
+}
+
+daemon_running() {  # PIDFILE NAME: a live NAME of this instance (its command line names our slurm.conf)
+    pid_of "$1" "$2" "$CONF" >/dev/null
 }
 
 instance_running() {
-    daemon_running "$SLURM_DIR/slurmctld.pid" || daemon_running "$SLURM_DIR/slurmd.pid"
+    daemon_running "$SLURM_DIR/slurmctld.pid" slurmctld || daemon_running "$SLURM_DIR/slurmd.pid" slurmd
 }
 
 start() {
@@ -157,8 +229,9 @@ start() {
     fi
     start_munge
     export SLURM_CONF="$CONF"
-    daemon_running "$SLURM_DIR/slurmctld.pid" || slurmctld
-    daemon_running "$SLURM_DIR/slurmd.pid" || slurmd
+    # -f: the command line names the conf, by which stop and status know their daemons
+    daemon_running "$SLURM_DIR/slurmctld.pid" slurmctld || slurmctld -f "$CONF"
+    daemon_running "$SLURM_DIR/slurmd.pid" slurmd || slurmd -f "$CONF"
     local state=""
     for _ in $(seq 120); do
         state="$(sinfo -h -n localhost -o %T 2>/dev/null || true)"
@@ -184,10 +257,10 @@ stop() {
             instance_running || break
             sleep 0.2
         done
-        local daemon
+        local daemon pid
         for daemon in slurmctld slurmd; do  # a daemon that missed the shutdown: by this instance's pid file only
-            if daemon_running "$SLURM_DIR/$daemon.pid"; then
-                kill "$(cat "$SLURM_DIR/$daemon.pid")" 2>/dev/null || true
+            if pid="$(pid_of "$SLURM_DIR/$daemon.pid" "$daemon" "$CONF")"; then
+                kill "$pid" 2>/dev/null || true
             fi
         done
         for _ in $(seq 50); do
@@ -207,8 +280,9 @@ stop_munge() {  # the munged a start started, once no SLURM daemon on this machi
     if ps -eo stat=,comm= | awk '$1 !~ /^Z/ && ($2 == "slurmctld" || $2 == "slurmd") { found = 1 } END { exit !found }'; then
         return 0
     fi
-    if [[ -s "$MUNGE_RUN/munged.pid" && "$(cat "$MUNGE_RUN/munged.pid")" == "$(cat "$MUNGED_OURS")" ]]; then
-        kill "$(cat "$MUNGED_OURS")" 2>/dev/null || true
+    local pid
+    if pid="$(pid_of "$MUNGE_RUN/munged.pid" munged)" && [[ "$pid" == "$(cat "$MUNGED_OURS")" ]]; then
+        kill "$pid" 2>/dev/null || true
     fi
     rm -f "$MUNGED_OURS"
 }
@@ -219,8 +293,8 @@ status() {
         return 1
     fi
     echo "SLURM_CONF=$CONF (ports $(conf_value SlurmctldPort)/$(conf_value SlurmdPort))"
-    daemon_running "$SLURM_DIR/slurmctld.pid" && echo "slurmctld: running" || echo "slurmctld: stopped"
-    daemon_running "$SLURM_DIR/slurmd.pid" && echo "slurmd: running" || echo "slurmd: stopped"
+    daemon_running "$SLURM_DIR/slurmctld.pid" slurmctld && echo "slurmctld: running" || echo "slurmctld: stopped"
+    daemon_running "$SLURM_DIR/slurmd.pid" slurmd && echo "slurmd: running" || echo "slurmd: stopped"
     munge_ok && echo "munged: running" || echo "munged: stopped"
     SLURM_CONF="$CONF" sinfo 2>/dev/null || return 1
 }

@@ -12,9 +12,26 @@ relaympi_cfg() {
     "${RELAYMPI_PY:-python3}" "$RELAYMPI_ROOT/jobs/settings.py" "$@"
 }
 
+# relaympi_config_trusted: the settings file is one only its owner (you, or root) may write, or
+# it is refused in one line: its RELAYMPI_PRELUDE is eval'd and its RELAYMPI_PYTHON run, as you.
+relaympi_config_trusted() {
+    local config="${RELAYMPI_JOBS_CONFIG:-}" owner mode
+    [[ -n "$config" && -e "$config" ]] || return 0  # none, or settings.py says it cannot read it
+    read -r owner mode < <(stat -L -c '%u %a' -- "$config") || return 0
+    if [[ "$owner" != 0 && "$owner" != "$(id -u)" ]]; then
+        echo "RELAYMPI_JOBS_CONFIG=$config belongs to uid $owner: its prelude and Python would run as you; use a file of your own" >&2
+        return 1
+    fi
+    if ((8#$mode & 8#022)); then
+        echo "RELAYMPI_JOBS_CONFIG=$config is writable by group or others (mode $mode): its prelude and Python would run as you; chmod go-w it" >&2
+        return 1
+    fi
+}
+
 # relaympi_setup: load modules, run the site prelude, choose the Python; sets RELAYMPI_PY.
 relaympi_setup() {
     local modules prelude
+    relaympi_config_trusted || return 1
     modules="$(relaympi_cfg RELAYMPI_MODULES)"
     prelude="$(relaympi_cfg RELAYMPI_PRELUDE)"
     if [[ -n "$modules" ]]; then

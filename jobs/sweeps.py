@@ -15,14 +15,16 @@ from relaympi.algorithms import (
     get_algorithm_class,
 )
 from relaympi.algorithms.options import option_names
+from relaympi.algorithms.registry import DECLARED
 from relaympi.config import RunConfig
 from relaympi.tasks import TaskError, get_task_class
 
 # The paper runs D-PSGD without momentum only: its momentum variant is qgm. Applies unless
 # RELAYMPI_MOMENTA is set.
 PAPER_PLAIN_ONLY = ("dpsgd",)
-# Algorithms that drop no messages (a collective): only their reliable run is in a drop grid.
-NO_DROPS = ("allreduce",)
+# Algorithms that send no message that can be dropped (as each declares): only their reliable run
+# is in a drop grid.
+NO_DROPS = tuple(name for name, d in DECLARED.items() if not d.communication.lossy)
 # A grid point: the configuration the trainer runs, and its number of workers (MPI ranks, or
 # --workers of one process: jobs.commands decides which).
 GridPoint = tuple[RunConfig, int]

@@ -55,11 +55,14 @@ if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1 && ! command -v ch
     || echo "test: could not install chromium; the HTML report's browser test will be skipped" >&2
 fi
 # tests/test_cluster.py starts (and stops) its own emulated 2-node cluster in this folder; the trap
-# removes its namespaces, links and daemons too should pytest die before the tests' teardown
-export RELAYMPI_TEST_NODES_DIR="${TMPDIR:-/tmp}/relaympi-test-nodes-$$"
+# removes its namespaces, links and daemons too should pytest die before the tests' teardown. A new
+# folder of our own (mktemp -d: unguessable, 0700), never a name someone could make first
+RELAYMPI_TEST_NODES_DIR="$(mktemp -d "${TMPDIR:-/tmp}/relaympi-test-nodes.XXXXXXXXXX")"
+export RELAYMPI_TEST_NODES_DIR
 cleanup() {
   if [ "$slurm_started" = 1 ]; then bash cluster/local_cluster.sh stop || true; fi
   if [ -e "$RELAYMPI_TEST_NODES_DIR/nodes.env" ]; then bash cluster/local_cluster.sh stop --dir "$RELAYMPI_TEST_NODES_DIR" || true; fi
+  rmdir "$RELAYMPI_TEST_NODES_DIR" 2>/dev/null || true
 }
 trap cleanup EXIT
 python -m pytest -q -m "not ulfm" tests

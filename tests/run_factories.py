@@ -10,6 +10,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from relaympi.results import RunWriter
+from relaympi.results.schema import QUADRATICS_CONVENTION_ATTR
+from relaympi.tasks.quadratics import CONVENTION
 
 BASE_CONFIG: dict[str, Any] = {
     "task": "cifar10",
@@ -100,10 +102,11 @@ def write_quadratics_run(
     *,
     status: str = "completed",
     train_loss: np.ndarray | None = None,
+    convention: str | None = CONVENTION,
     **config: Any,
 ) -> Path:
     """A quadratics run with ``suboptimality`` at ``steps``, and ``train_loss`` [evals, workers] if
-    given."""
+    given; ``convention`` is the loss it records (None: none, as runs of the 1/2 loss)."""
     suboptimality = np.asarray(suboptimality, dtype=float)
     steps = np.arange(len(suboptimality)) * 10 if steps is None else np.asarray(steps)
     config = make_config(task="quadratics", alpha=None, epochs=None, steps=int(steps[-1]), **config)
@@ -120,6 +123,8 @@ def write_quadratics_run(
         if train_loss is not None:
             rows["train_loss"] = np.asarray(train_loss, dtype=float)
         writer.extend(rows)
+        if convention is not None:
+            writer.set_attrs(**{QUADRATICS_CONVENTION_ATTR: convention})
         if status != "running":
             writer.set_status(status)
     return path

@@ -114,11 +114,11 @@ class _Replay:
             G, losses = engine.model.gradients(X, inputs, targets)
             return G, losses.double().numpy()
         problem, seed = self.plan.problem, self.plan.cfg.seed
-        AtA, Atb = torch.from_numpy(problem.AtA[members]), torch.from_numpy(problem.Atb[members])
-        G = torch.bmm(AtA, X.unsqueeze(2)).squeeze(2).sub_(Atb)
+        H, c = torch.from_numpy(problem.H[members]), torch.from_numpy(problem.c[members])
+        G = torch.bmm(H, X.unsqueeze(2)).squeeze(2).sub_(c)
         G.add_(torch.from_numpy(np.stack([problem.noise(seed, step, r) for r in members])))
         r = np.einsum("nij,nj->ni", problem.A[members], X.numpy()) - problem.b[members]
-        return G, 0.5 * np.sum(r * r, axis=1)
+        return G, np.sum(r * r, axis=1)  # f_i = ||A_i x - b_i||^2
 
     def run(self):
         base, schedule = self.base, self.schedule

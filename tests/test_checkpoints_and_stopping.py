@@ -369,3 +369,34 @@ def test_a_full_disk_for_checkpoints_leaves_nothing_partial(small_disk, tmp_path
         assert all((ck / f"rank{r:05d}.step{step:010d}.pt").exists() for r in range(16))
     run = read_run(tmp_path / "r.h5")
     assert run.status == "failed" and "cannot write the checkpoint" in run.attrs["error"]
+
+
+@pytest.mark.slow  # imports torch
+def test_a_checkpoint_follows_no_link_planted_in_its_folder(tmp_path):
+    """In a checkpoint folder others can write to, links planted at the temporary files' old
+    fixed names (and at meta.json's) lead nowhere: the files they point to are untouched, the
+    checkpoint and meta.json are written whole, owner-only (0600), and load back; prune removes
+    the temporary file a killed write left."""
+    import torch
+
+    from relaympi.training import checkpoint_files
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    os.chmod(ck, 0o1777)  # a shared folder, as /tmp
+    for name in ("rank00000.step0000000003.pt.tmp", "meta.json.tmp"):
+        (ck / name).symlink_to(victim)
+    checkpoint_files.save(ck, 0, 3, {"x": torch.arange(4)})
+    checkpoint_files.write_meta(ck, {"step": 3})
+    assert victim.read_text() == "precious"
+    for name in ("rank00000.step0000000003.pt", "meta.json"):
+        assert not (ck / name).is_symlink() and (ck / name).stat().st_mode & 0o777 == 0o600
+    assert torch.equal(checkpoint_files.load(ck, 0, 3)["x"], torch.arange(4))
+    assert checkpoint_files.read_meta(ck) == {"step": 3}
+    left = sorted(p.name for p in ck.iterdir() if not p.is_symlink())
+    assert left == ["meta.json", "rank00000.step0000000003.pt"]  # no temporary file left
+    (ck / ".rank00000.step0000000004.pt.x1y2.tmp").write_bytes(b"half")  # a killed write's
+    checkpoint_files.prune(ck, 0, 3)
+    assert sorted(p.name for p in ck.iterdir() if not p.is_symlink()) == left

@@ -19,6 +19,7 @@ import torch
 
 import relaympi.batched.relay as batched_relay
 from relaympi.algorithms import ALGORITHMS, AlgorithmOptions
+from relaympi.algorithms.losses import LossyRelaySum, layer_coordinates
 from relaympi.algorithms.relay import RelaySGD, RelaySGDGrad
 from relaympi.algorithms.relays import Relays
 from relaympi.algorithms.relaysum import RelaySum
@@ -27,7 +28,7 @@ from relaympi.batched.algorithms import StackedAlgorithm
 from relaympi.comm import DropPolicy
 from relaympi.optim import OptimizerConfig
 from relaympi.topology import build
-from tests.drop_oracle import LossyOracle, LossyRelaySum, delivered_by, layer_coordinates
+from tests.drop_oracle import LossyOracle, delivered_by
 
 PROTOCOL = [
     name
@@ -77,11 +78,11 @@ def test_the_protocol_imports_without_torch():
 
 
 class _OracleRelays:
-    """Relays for every worker over tests.drop_oracle.LossyRelaySum (numpy, written from the paper):
-    a third engine that shares no code with either RelaySum."""
+    """Relays for every worker over relaympi.algorithms.losses.LossyRelaySum (numpy, written from
+    the paper): a third engine that shares no code with either RelaySum."""
 
     def __init__(self, topology, like: torch.Tensor, delivered):
-        self.relay = LossyRelaySum(topology, like.shape[1], delivered)
+        self.relay, self.delivered = LossyRelaySum(topology, like.shape[1]), delivered
         self.blocks = [
             slice(int(c[0]), int(c[-1]) + 1)
             for c in layer_coordinates(like.shape[1], topology.num_layers)
@@ -90,7 +91,7 @@ class _OracleRelays:
         self.nbar: Any = None
 
     def exchange(self, parcel, round):
-        self.sums, self.nbar = self.relay.step(parcel.numpy(), round)
+        self.sums, self.nbar = self.relay.step(parcel.numpy(), round, self.delivered)
 
     def counts(self):
         return [self.nbar[:, block.start] for block in self.blocks]

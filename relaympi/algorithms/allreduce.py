@@ -29,9 +29,10 @@ class AllReduce(RangedAlgorithm):
     The all-reduce is a collective: simulated message loss (--drop-prob) does not apply to it."""
 
     name = "allreduce"
+    summary = "centralized baseline: averaged gradients"
     heal_rule = "the fixed-tree sum over the survivors (no other state)"
     default_topology = "fully-connected"
-    topology_kind = FULLY_CONNECTED
+    topologies = FULLY_CONNECTED
     matrix_form = AllReduceMatrix
 
     def _start(self, lo: int, hi: int, index: int) -> Started:

@@ -4,6 +4,8 @@ Communicator; no training loop inside."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -24,55 +26,88 @@ def round_id(step: int, sub: int = 0) -> int:
     return step * ROUNDS_PER_STEP + sub
 
 
-# The topology kinds an algorithm accepts (Algorithm.topology_kind), each with its check.
-TREES = "trees"  # every layer a spanning tree: RelaySum relays over them
-ONE_GRAPH = "one graph"  # one fixed graph: gossip with its Metropolis-Hastings matrix
-FULLY_CONNECTED = "fully-connected"  # the collective all-reduce
-EXPONENTIAL = "exponential"  # SGP's time-varying exponential graph
+@dataclass(frozen=True)
+class Topologies:
+    """Which topologies an algorithm takes (``Algorithm.topologies``): any predicate, with the
+    words that say why not. The ones below are those the algorithms here share; an algorithm with
+    other needs declares its own.
+
+    Attributes:
+        what: the topologies it takes, in words (Markdown: the docs' algorithm table).
+        refusal: ``refusal(algo, topology)``: why ``algo`` cannot run on ``topology``, naming what
+            it can; None where it can.
+    """
+
+    what: str
+    refusal: Callable[[str, Topology], str | None]
+
+    def check(self, algo: str, topology: Topology) -> None:
+        """Raise AlgorithmError unless ``algo`` runs on ``topology``.
+
+        Args:
+            algo: the algorithm's name, for the message.
+            topology: the topology to run on.
+
+        Raises:
+            AlgorithmError: why not, naming the topologies it takes.
+        """
+        why = self.refusal(algo, topology)
+        if why is not None:
+            raise AlgorithmError(why)
 
 
-def _check_trees(algo: str, topology: Topology) -> None:
-    if not topology.is_tree:
-        raise AlgorithmError(
-            f"{algo} relays over spanning trees; topology {topology.name!r} is not a "
-            "tree. Choose chain, star, "
-            "binary-tree, double-binary-trees, social-network-tree or spanning-tree:<graph>"
-        )
+def _not_trees(algo: str, topology: Topology) -> str | None:
+    if topology.is_tree:
+        return None
+    return (
+        f"{algo} relays over spanning trees; topology {topology.name!r} is not a tree. Choose "
+        "chain, star, binary-tree, double-binary-trees, social-network-tree or "
+        "spanning-tree:<graph>"
+    )
 
 
-def _check_one_graph(algo: str, topology: Topology) -> None:
+def _not_one_graph(algo: str, topology: Topology) -> str | None:
     if topology.num_layers != 1:
-        raise AlgorithmError(
+        return (
             f"{algo} gossips over one graph; {topology.name!r} has {topology.num_layers} "
             "layers (use ring, chain, binary-tree, ...)"
         )
-    if topology.name == EXPONENTIAL:
-        raise AlgorithmError(
-            f"{algo} needs a fixed graph; 'exponential' is SGP's time-varying schedule"
-        )
+    if topology.name == "exponential":
+        return f"{algo} needs a fixed graph; 'exponential' is SGP's time-varying schedule"
+    return None
 
 
-def _check_fully_connected(algo: str, topology: Topology) -> None:
-    if topology.name != FULLY_CONNECTED:
-        raise AlgorithmError(
-            f"{algo} averages over all workers (topology fully-connected), not over "
-            f"{topology.name!r}"
-        )
+def _only(name: str, why: str) -> Callable[[str, Topology], str | None]:
+    def refusal(algo: str, topology: Topology) -> str | None:
+        if topology.name == name:
+            return None
+        return f"{algo} {why} (topology {name}), not over {topology.name!r}"
+
+    return refusal
 
 
-def _check_exponential(algo: str, topology: Topology) -> None:
-    if topology.name != EXPONENTIAL:
-        raise AlgorithmError(
-            f"{algo} runs on the time-varying 'exponential' topology, not {topology.name!r}"
-        )
+# every layer a spanning tree: RelaySum relays over them
+SPANNING_TREES = Topologies(
+    "any tree: chain, star, binary-tree, double-binary-trees, social-network-tree, "
+    "`spanning-tree:<graph>`",
+    _not_trees,
+)
+# one fixed graph: gossip with its Metropolis-Hastings matrix
+ONE_GRAPH = Topologies("any one fixed graph (not exponential)", _not_one_graph)
+# the collective all-reduce
+FULLY_CONNECTED = Topologies(
+    "fully-connected", _only("fully-connected", "averages over all workers")
+)
+# SGP's time-varying exponential graph
+EXPONENTIAL = Topologies(
+    "exponential (n a power of two)",
+    _only("exponential", "runs on the time-varying exponential graph"),
+)
 
 
-TOPOLOGY_CHECKS = {
-    TREES: _check_trees,
-    ONE_GRAPH: _check_one_graph,
-    FULLY_CONNECTED: _check_fully_connected,
-    EXPONENTIAL: _check_exponential,
-}
+# (round, tag, src, dst) -> whether that message arrived: the loss pattern a matrix form is stepped
+# with (``MatrixForm.lossy_step``; relaympi.algorithms.losses)
+Delivered = Callable[[int, int, int, int], bool]
 
 
 class MatrixForm(ABC):
@@ -90,6 +125,27 @@ class MatrixForm(ABC):
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
         """X(t+1) from X(t) and every worker's gradient G at X(t)."""
 
+    def lossy_step(
+        self, X: np.ndarray, G: np.ndarray, lr: float, t: int, delivered: Delivered
+    ) -> np.ndarray:
+        """``step`` with the messages ``delivered`` says were lost, by the loss rules of
+        docs/algorithms.md ("Message loss"; relaympi.algorithms.losses): the oracle the message
+        passing is held to under ``--drop-prob``. A form is stepped one way or the other, never
+        both. This default is ``step``: it serves an algorithm that sends no message that can be
+        lost (its declared communication is not lossy); one that does overrides it.
+
+        Args:
+            X: every worker's model x(t), [n, d].
+            G: every worker's gradient at x(t), [n, d].
+            lr: this step's learning rate.
+            t: the step number (it numbers the rounds whose messages ``delivered`` judges).
+            delivered: whether message (round, tag, src, dst) arrived.
+
+        Returns:
+            X(t+1), [n, d].
+        """
+        return self.step(X, G, lr, t)
+
 
 class Algorithm(ABC):
     """One decentralized optimizer. ``step`` turns every worker's x(t) into x(t+1) in place.
@@ -97,11 +153,13 @@ class Algorithm(ABC):
     The local optimizer turns the gradient into the local update u(t) (x(t+1/2) = x(t) + u(t));
     the algorithm decides what is communicated and how models are combined.
 
-    A class declares what it accepts (``default_topology``, ``topology_kind``, ``needs_momentum``)
-    and ``check`` refuses anything else; ``matrix_form`` is its vectorized form. Its options are a
-    class of relaympi.algorithms.options, named beside it in relaympi.algorithms.registry (and as
-    the type of its ``options``). Every algorithm is built by this constructor; a subclass builds
-    its own state in ``_setup``.
+    A class declares what it accepts (``default_topology``, ``topologies``, ``needs_momentum``) and
+    ``check`` refuses anything else; ``matrix_form`` is its vectorized form (and its behaviour
+    under lost messages), ``heal_rule`` what it does over the survivors of a lost worker. The rest
+    of its declaration is its line in relaympi.algorithms.registry (``Declared``: its label, its
+    options and how it communicates); tests/test_algorithm_declarations.py checks both. Its options
+    class is also the type of its ``options``. Every algorithm is built by this constructor; a
+    subclass builds its own state in ``_setup``.
 
     Every algorithm communicates only through ``mixers`` (gossip.Mixers: gossip mixers, all-reduce,
     and RelaySum as relays.Relays): by default CommMixers over ``comm``; the batched engine passes
@@ -127,9 +185,11 @@ class Algorithm(ABC):
         ```python
         class Average(Algorithm):
             name = "average"
+            summary = "the workers' mean, every step"
             default_topology = "fully-connected"
-            topology_kind = FULLY_CONNECTED
+            topologies = FULLY_CONNECTED
             matrix_form = AllReduceMatrix
+            heal_rule = "the mean over the survivors"
 
             def step(self, x, grad, lr, step):
                 self.optimizer.update(grad, x, lr, apply=True)
@@ -138,18 +198,17 @@ class Algorithm(ABC):
     """
 
     name: ClassVar[str]
-    default_topology: ClassVar[
-        str
-    ]  # the paper's topology for it (Table "Motivation of topology choices")
-    topology_kind: ClassVar[str]  # TREES, ONE_GRAPH, FULLY_CONNECTED or EXPONENTIAL
+    summary: ClassVar[str]  # what it is, in one line (the docs' algorithm table)
+    # the paper's topology for it (Table "Motivation of topology choices")
+    default_topology: ClassVar[str]
+    topologies: ClassVar[Topologies]  # the topologies it takes (SPANNING_TREES, ... or its own)
     needs_momentum: ClassVar[bool] = False  # only SGD with momentum > 0 as the local optimizer
     matrix_form: ClassVar[type[MatrixForm]]
-
     # --on-failure continue: what this algorithm does over the survivors of a lost worker. Every
     # algorithm is built again by its constructor from each survivor's model (its state starts
     # fresh; the model and the local optimizer's state are the survivor's own); this text says
-    # what that means for it (docs/membership.md's table is checked against it)
-    heal_rule: ClassVar[str] = "its state starts fresh from each survivor's model"
+    # what that means for it (docs/membership.md's table is made from it)
+    heal_rule: ClassVar[str]
 
     options: Options  # a subclass with options names their class here: ``options: D2Options``
     _ranged: tuple[torch.Tensor, torch.Tensor, float, int]  # begin_step's (x, grad, lr, step)
@@ -167,7 +226,7 @@ class Algorithm(ABC):
         Raises:
             AlgorithmError: the combination is refused; the message names the allowed choices.
         """
-        TOPOLOGY_CHECKS[cls.topology_kind](cls.name, topology)
+        cls.topologies.check(cls.name, topology)
         if cls.needs_momentum and (optimizer.name != "sgd" or not optimizer.momentum):
             raise AlgorithmError(
                 f"{cls.name} needs --optimizer sgd with --momentum > 0 (got "

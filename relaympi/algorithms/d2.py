@@ -10,12 +10,12 @@ import torch
 
 from relaympi.algorithms.base import (
     ONE_GRAPH,
-    MatrixForm,
     RangedAlgorithm,
     round_id,
 )
 from relaympi.algorithms.d2_rule import D2_MIN_EIGENVALUE, d2_allows
 from relaympi.algorithms.gossip import Started, mixing_matrix_for
+from relaympi.algorithms.losses import GossipMatrixForm
 from relaympi.algorithms.options import AlgorithmError, D2Options
 from relaympi.optim import OptimizerConfig
 from relaympi.topology import Topology
@@ -41,7 +41,7 @@ def d2_mixing_matrix(topology: Topology, exact_diffusion: bool, force: bool) -> 
     return w
 
 
-class D2Matrix(MatrixForm):
+class D2Matrix(GossipMatrixForm):
     """X(t+1) = W (X + U + C),  C(t+1) = X(t+1) - X - U."""
 
     def __init__(self, matrix_algorithm: Any) -> None:
@@ -53,9 +53,10 @@ class D2Matrix(MatrixForm):
         )
         self.C = np.zeros((matrix_algorithm.n, matrix_algorithm.d))
 
-    def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
+    def mixed(self, X: np.ndarray, G: np.ndarray, lr: float, W: np.ndarray) -> np.ndarray:
         U = self.matrix_algorithm.optimizer.update(G, X, lr)
-        X_new = self.W @ (X + U + self.C)
+        X_new = W @ (X + U + self.C)
+        # from the x(t+1) obtained, lost messages included
         self.C = X_new - X - U
         return X_new
 
@@ -72,12 +73,16 @@ class D2(RangedAlgorithm):
     new correction follow its receives."""
 
     name = "d2"
+    summary = (
+        "D² with momentum and time-varying lr (the appendix algorithm); refuses a gossip matrix "
+        "W with λ_min < -1/3"
+    )
     heal_rule = (
         "D² weights rebuilt for the survivors' graph; the correction restarts at zero, so the "
         "first step after the heal is D²'s first step"
     )
     default_topology = "ring"
-    topology_kind = ONE_GRAPH
+    topologies = ONE_GRAPH
     matrix_form = D2Matrix
     options: D2Options
 

@@ -8,19 +8,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from relaympi.algorithms.base import ONE_GRAPH, MatrixForm, RangedAlgorithm, round_id
+from relaympi.algorithms.base import ONE_GRAPH, RangedAlgorithm, round_id
 from relaympi.algorithms.gossip import Started, mixing_matrix_for
+from relaympi.algorithms.losses import GossipMatrixForm
 
 
-class DPSGDMatrix(MatrixForm):
+class DPSGDMatrix(GossipMatrixForm):
     """X(t+1) = W (X(t) + U(t))."""
 
     def __init__(self, matrix_algorithm: Any) -> None:
         super().__init__(matrix_algorithm)
         self.W = matrix_algorithm.topology.mixing_matrix(0)
 
-    def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
-        return self.W @ (X + self.matrix_algorithm.optimizer.update(G, X, lr))
+    def mixed(self, X: np.ndarray, G: np.ndarray, lr: float, W: np.ndarray) -> np.ndarray:
+        return W @ (X + self.matrix_algorithm.optimizer.update(G, X, lr))
 
 
 class DPSGD(RangedAlgorithm):
@@ -28,9 +29,10 @@ class DPSGD(RangedAlgorithm):
     soon as its gradient is final; the averaging follows each range's receives."""
 
     name = "dpsgd"
+    summary = "D-PSGD, Metropolis–Hastings gossip (1/3 on a ring)"
     heal_rule = "gossip weights rebuilt for the survivors' graph (it has no other state)"
     default_topology = "ring"
-    topology_kind = ONE_GRAPH
+    topologies = ONE_GRAPH
     matrix_form = DPSGDMatrix
 
     def _setup(self, x0: torch.Tensor) -> None:

@@ -8,11 +8,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from relaympi.algorithms.base import ONE_GRAPH, MatrixForm, RangedAlgorithm, round_id
+from relaympi.algorithms.base import ONE_GRAPH, RangedAlgorithm, round_id
 from relaympi.algorithms.gossip import Started, mixing_matrix_for
+from relaympi.algorithms.losses import GossipMatrixForm
 
 
-class GradientTrackingMatrix(MatrixForm):
+class GradientTrackingMatrix(GossipMatrixForm):
     """X(t+1) = W (X + U + C),  C(t+1) = W (C + U) - U."""
 
     def __init__(self, matrix_algorithm: Any) -> None:
@@ -20,10 +21,11 @@ class GradientTrackingMatrix(MatrixForm):
         self.W = matrix_algorithm.topology.mixing_matrix(0)
         self.C = np.zeros((matrix_algorithm.n, matrix_algorithm.d))
 
-    def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
+    def mixed(self, X: np.ndarray, G: np.ndarray, lr: float, W: np.ndarray) -> np.ndarray:
         U = self.matrix_algorithm.optimizer.update(G, X, lr)
-        X_new = self.W @ (X + U + self.C)
-        self.C = self.W @ (self.C + U) - U
+        X_new = W @ (X + U + self.C)
+        # the same W for both halves: a lost message loses both, as they travel in one
+        self.C = W @ (self.C + U) - U
         return X_new
 
 
@@ -42,12 +44,13 @@ class GradientTracking(RangedAlgorithm):
     """
 
     name = "gt"
+    summary = "gradient tracking (standard form)"
     heal_rule = (
         "gossip weights rebuilt for the survivors' graph; the correction restarts at zero, so the "
         "corrections sum to zero over the survivors (the tracker's invariant)"
     )
     default_topology = "ring"
-    topology_kind = ONE_GRAPH
+    topologies = ONE_GRAPH
     matrix_form = GradientTrackingMatrix
 
     def _setup(self, x0: torch.Tensor) -> None:

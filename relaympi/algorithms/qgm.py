@@ -8,11 +8,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from relaympi.algorithms.base import ONE_GRAPH, MatrixForm, RangedAlgorithm, round_id
+from relaympi.algorithms.base import ONE_GRAPH, RangedAlgorithm, round_id
 from relaympi.algorithms.gossip import Started, mixing_matrix_for
+from relaympi.algorithms.losses import GossipMatrixForm
 
 
-class QuasiGlobalMomentumMatrix(MatrixForm):
+class QuasiGlobalMomentumMatrix(GossipMatrixForm):
     """D = beta M + G (Nesterov: G + beta D);  X(t+1) = W (X - lr D);  M <- beta M + (1 - beta) (X -
     X(t+1)) / lr."""
 
@@ -21,14 +22,14 @@ class QuasiGlobalMomentumMatrix(MatrixForm):
         self.W = matrix_algorithm.topology.mixing_matrix(0)
         self.M = np.zeros((matrix_algorithm.n, matrix_algorithm.d))
 
-    def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
+    def mixed(self, X: np.ndarray, G: np.ndarray, lr: float, W: np.ndarray) -> np.ndarray:
         c = self.matrix_algorithm.optimizer.config
         beta = c.momentum
         G = G + c.weight_decay * X if c.weight_decay else G
         D = beta * self.M + G
         if c.nesterov:
             D = G + beta * D
-        X_new = self.W @ (X - lr * D)
+        X_new = W @ (X - lr * D)
         if lr > 0:
             self.M = beta * self.M + (1 - beta) * (X - X_new) / lr
         return X_new
@@ -44,12 +45,13 @@ class QuasiGlobalMomentum(RangedAlgorithm):
     """
 
     name = "qgm"
+    summary = "D-PSGD with quasi-global momentum"
     heal_rule = (
         "gossip weights rebuilt for the survivors' graph; the quasi-global momentum restarts at "
         "zero (it followed the averaged model of the old neighbourhood)"
     )
     default_topology = "ring"
-    topology_kind = ONE_GRAPH
+    topologies = ONE_GRAPH
     needs_momentum = True  # quasi-global *momentum*: meaningless without it
     matrix_form = QuasiGlobalMomentumMatrix
 

@@ -10,6 +10,7 @@ import torch
 
 from relaympi.algorithms.base import (
     EXPONENTIAL,
+    Delivered,
     MatrixForm,
     RangedAlgorithm,
     round_id,
@@ -34,6 +35,28 @@ class SGPMatrix(MatrixForm):
             Y = self.schedule.mixing_matrix(ROUNDS * t + r) @ Y
         return Y
 
+    def lossy_step(
+        self, X: np.ndarray, G: np.ndarray, lr: float, t: int, delivered: Delivered
+    ) -> np.ndarray:
+        Y = X + self.matrix_algorithm.optimizer.update(G, X, lr)
+        for r in range(ROUNDS):  # global round counter k = 2t + r
+            Y = _lossy_round(Y, ROUNDS * t + r, round_id(t, r), delivered)
+        return Y
+
+
+def _lossy_round(Y: np.ndarray, k: int, round: int, delivered: Delivered) -> np.ndarray:
+    """Communication round k of SGP (appendix Algorithm "SGP"): with o = 2^(k mod log2 n), worker i
+    receives x_{i+o} and sets x_i <- (x_i + x_{i+o}) / 2; if that message is lost, x_i stays as it
+    was."""
+    n = Y.shape[0]
+    o = 2 ** (k % (n.bit_length() - 1))
+    out = Y.copy()
+    for i in range(n):
+        src = (i + o) % n
+        if delivered(round, 0, src, i):
+            out[i] = (Y[i] + Y[src]) / 2
+    return out
+
 
 class SGP(RangedAlgorithm):
     """Round r (global counter t' = 2 step + r): send x to i - 2^(t' mod log2 n), receive from
@@ -48,12 +71,13 @@ class SGP(RangedAlgorithm):
     first round (starting that range's second round as it completes), then the second rounds."""
 
     name = "sgp"
+    summary = "SGP on the time-varying exponential graph, two rounds per step"
     heal_rule = (
         "the exponential schedule over the survivors' count: hops 1, 2, 4, ... below it (mixing "
         "is exact after log2 n rounds only for a power of two); the push-sum weights stay 1"
     )
     default_topology = "exponential"
-    topology_kind = EXPONENTIAL
+    topologies = EXPONENTIAL
     matrix_form = SGPMatrix
 
     def _setup(self, x0: torch.Tensor) -> None:

@@ -4,6 +4,8 @@ them with --out). Usage in the package docstring (relaympi/report/__init__.py)."
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -32,18 +34,48 @@ from relaympi.report.summary import (
 )
 from relaympi.report.tables import Table, all_tables, untabulated
 from relaympi.results import Run, RunFileError
-from relaympi.results.bounded import read_runs, read_timeout
+from relaympi.results.bounded import read_memory, read_runs, read_timeout
+from relaympi.results.text import console, one_line
 
 PROG = "python -m relaympi.report"
 
 
 def find_run_files(paths: Iterable[Path]) -> list[Path]:
+    """The run files (*.h5) of ``paths``: a file as given, a folder searched to any depth.
+
+    The search keeps its own list of folders to visit, not the call stack (Path.rglob recursed
+    once per level: 1,000 nested folders ended it with a RecursionError). A folder reached
+    through a symbolic link is not entered (no loops); a folder that cannot be listed is skipped,
+    with one warning line where its path is too long to open.
+
+    Args:
+        paths: files and folders, as given on the command line.
+
+    Returns:
+        The run files found, sorted.
+    """
     files: set[Path] = set()
     for path in paths:
         if path.is_file():
             files.add(path)
-        else:
-            files.update(p for p in path.rglob("*.h5") if p.is_file())
+            continue
+        folders = [path]
+        while folders:
+            folder = folders.pop()
+            try:
+                with os.scandir(folder) as entries:
+                    for entry in entries:
+                        if entry.is_dir(follow_symlinks=False):
+                            folders.append(Path(entry.path))
+                        elif entry.name.endswith(".h5") and entry.is_file():
+                            files.add(Path(entry.path))
+            except OSError as error:
+                if error.errno == errno.ENAMETOOLONG:
+                    print(
+                        f"warning: {one_line(str(folder)[:80])}...: path too long to search; "
+                        "skipped",
+                        file=sys.stderr,
+                    )
     return sorted(files)
 
 
@@ -251,6 +283,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         parser.error(f"--target-accuracy must be in (0, 1], got {args.target_accuracy:g}")
     try:
         read_timeout()
+        read_memory()
     except ValueError as error:
         parser.error(str(error))
     if not args.last_epochs > 0:
@@ -292,7 +325,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         + placement_summary(runs)
     )
     problems += left_out
-    sys.stdout.write(render(tables, problems, args.format, summary))
+    # run files' strings reach the terminal only as text (no escape sequence of theirs runs)
+    sys.stdout.write(console(render(tables, problems, args.format, summary)))
     if args.out is not None:
         try:
             written = write_outputs(

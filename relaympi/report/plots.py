@@ -90,8 +90,21 @@ _TITLE_PT, _CAPTION_PT, _LEGEND_PT = 9, 7, 7
 _CHARS_PER_INCH = {9: 12.5, 7: 16.0}  # DejaVu Sans, a little under its average, so lines fit
 
 
+def literal(text: str) -> str:
+    """``text`` as matplotlib shows it literally: each ``$`` escaped, so that a pair of them (in a
+    label from a run file) is never parsed as mathtext, which fails on an unknown command.
+
+    Args:
+        text: a title, caption or series label.
+
+    Returns:
+        The text with every ``$`` written ``\\$``.
+    """
+    return text.replace("$", "\\$")
+
+
 def _wrap(text: str, points: int, width: float) -> str:
-    return "\n".join(textwrap.wrap(text, int(_CHARS_PER_INCH[points] * (width - 0.4))))
+    return "\n".join(textwrap.wrap(literal(text), int(_CHARS_PER_INCH[points] * (width - 0.4))))
 
 
 # Any: matplotlib's stubs refuse the options passed here as dicts (**style, **options)
@@ -143,7 +156,7 @@ def curves_figure(title: str, by_label: dict[str, list[Curve]]) -> Figure:
         ax.plot(
             curve.epoch,
             100 * curve.mean,
-            label=label,
+            label=literal(label),
             markersize=4,
             markevery=max(1, len(curve.epoch) // 8),
             **style,
@@ -190,7 +203,7 @@ def time_figure(table: Table) -> Figure:
         ax.plot(
             seconds,
             100 * worst,
-            label=label,
+            label=literal(label),
             markersize=4,
             markevery=max(1, len(seconds) // 8),
             **series_style(index),
@@ -260,7 +273,7 @@ def series_figure(
             mean,
             yerr=[mean - low, high - mean],
             capsize=3,
-            label=label,
+            label=literal(label),
             **series_style(index),
         )
     if logx:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from relaympi.algorithms.registry import DECLARED
 from relaympi.config import experiment_settings
 from relaympi.costs import COST_DATASETS, StepCosts, hardware, step_costs
 from relaympi.results import (
@@ -23,17 +24,11 @@ from relaympi.results import (
     unstable_loss,
     workers_at_chance,
 )
+from relaympi.results.schema import QUADRATICS_CONVENTION_ATTR
+from relaympi.tasks.quadratics import CONVENTION
 
-ALGO_NAMES = {
-    "allreduce": "All-reduce",
-    "relay": "RelaySGD",
-    "relay-grad": "RelaySGD/Grad",
-    "dpsgd": "D-PSGD",
-    "qgm": "D-PSGD + quasi-global momentum",
-    "d2": "D2",
-    "gt": "Gradient tracking",
-    "sgp": "SGP",
-}
+# each algorithm's label, in the registry's order (its declaration)
+ALGO_NAMES = {name: declared.label for name, declared in DECLARED.items()}
 ALGO_ORDER = {name: i for i, name in enumerate(ALGO_NAMES)}
 # The paper's reported metric per task (appendix "Detailed experimental setup").
 TASK_METRICS = {
@@ -357,6 +352,21 @@ def _problem_keys(
     )
 
 
+def _check_convention(run: Run) -> None:
+    """Refuse a quadratics run whose numbers are in another loss than CONVENTION's: one from
+    before the run file recorded it had f_i = 1/2 ||A_i x - b_i||^2, so its suboptimality, its
+    zeta2 and its learning rate would not compare with today's runs."""
+    convention = run.attrs.get(QUADRATICS_CONVENTION_ATTR)
+    if convention != CONVENTION:
+        stated = (
+            "none recorded: the older 1/2 ||A_i x - b_i||^2" if convention is None else convention
+        )
+        raise ValueError(
+            f"quadratics run in another loss ({str(stated)[:100]}), not {CONVENTION!r}; "
+            "rerun it with this relaympi"
+        )
+
+
 def summarize(
     run: Run,
     settings: ReportSettings,
@@ -373,6 +383,7 @@ def summarize(
     extra = tuple((key, _value_text(config.get(key))) for key in keys)
     own_keys: tuple[str, ...] = keys
     if task in QUADRATIC_TASKS:
+        _check_convention(run)
         extra = (*_problem_keys(config, digest, generated or {}), *extra)
         own_keys = (*QUADRATIC_KEYS, *keys)
         if digest is not None:  # the problem itself tells it apart, not the file's path

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from relaympi.algorithms.registry import communication
 from relaympi.config import RESUME_FREE_KEYS, ConfigError, RunConfig
 from relaympi.results import (
     FINISHED_STATUSES,
@@ -55,10 +56,11 @@ class Checkpoints:
         self.barrier = barrier or (lambda: None)
         self.engine = engine
         # placed by node, the trees follow the nodes, and so does the all-reduce's tree (its stage
-        # order): a resume must find the ranks on the same nodes
+        # order; its declared communication follows the nodes): a resume must find the ranks on the
+        # same nodes
         self.nodes = (
             [int(node) for node in nodes]
-            if cfg.placement == "nodes" or cfg.algo == "allreduce"
+            if cfg.placement == "nodes" or communication(cfg.algo).follows_nodes
             else None
         )
         self.directory = cfg.checkpoint_dir

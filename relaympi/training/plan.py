@@ -24,6 +24,7 @@ from relaympi.algorithms import (
     AlgorithmError,
     Options,
     check_combination,
+    communication,
     default_topology,
     get_algorithm_class,
     lr_correction,
@@ -259,7 +260,8 @@ def placed_topology(
 # at chance, their averaged batch 8x smaller than tuned for; with 32 and 64 RelaySGD/Grad ends at
 # 30-45% and the gossip algorithms fall to 70-90%, their graphs mixing slower. So the trainer warns
 # only where the count moved that far: more workers than tuned, or fewer than a quarter as many
-# (all-reduce, centralized SGD on the mean gradient, only for more).
+# (only for more where the algorithm mixes over no graph, as its declared communication says:
+# all-reduce is centralized SGD on the mean gradient, isolated workers never mix).
 LR_FEWER_WORKERS_FACTOR = 4
 
 
@@ -267,7 +269,7 @@ def lr_may_not_suit(algo: str, world_size: int, tuned: int) -> bool:
     """Whether a default lr tuned for ``tuned`` workers may not suit ``world_size`` of them."""
     if world_size > tuned:
         return True
-    return algo != "allreduce" and world_size * LR_FEWER_WORKERS_FACTOR < tuned
+    return communication(algo).placed and world_size * LR_FEWER_WORKERS_FACTOR < tuned
 
 
 def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None) -> Plan:

@@ -31,7 +31,9 @@ from relaympi.results import (
     workers_at_chance,
 )
 from relaympi.results.quality import CHANCE_AFTER_EPOCHS
-from relaympi.results.schema import ADDED_DATASETS
+from relaympi.results.schema import ADDED_DATASETS, QUADRATICS_CONVENTION_ATTR
+from relaympi.results.text import one_line
+from relaympi.tasks.quadratics import CONVENTION
 from relaympi.training.checkpoint_files import CheckpointWriteError
 from relaympi.training.plan import Plan
 
@@ -65,8 +67,9 @@ def close_quietly(writer: RunWriter) -> None:
 
 def check_out(out: Path, overwrite: bool, plan: Plan | None = None) -> None:
     """Refuse (ConfigError) an --out this run may not replace, before anything is written: --out
-    replaces only run files (a finished one, a damaged one, or a preempted run of another
-    configuration than ``plan``'s, only with --overwrite)."""
+    replaces only run files (a finished one, a damaged one, a preempted run of another
+    configuration than ``plan``'s, or an unfinished quadratics run of the older 1/2 loss, only
+    with --overwrite)."""
     kind = file_kind(out)
     if kind == "other":
         raise ConfigError(
@@ -81,6 +84,19 @@ def check_out(out: Path, overwrite: bool, plan: Plan | None = None) -> None:
         )
     if kind == "run" and not overwrite and run_status(out) in FINISHED_STATUSES:
         raise ConfigError(f"{out} already holds a finished run; pass --overwrite to replace it")
+    if (
+        kind == "run"
+        and not overwrite
+        and plan is not None
+        and plan.problem is not None
+        and run_status(out) in RESUMABLE_STATUSES
+    ):
+        if read_run(out).attrs.get(QUADRATICS_CONVENTION_ATTR) != CONVENTION:
+            raise ConfigError(
+                f"{out} holds an unfinished quadratics run of an older relaympi (loss "
+                "1/2 ||A_i x - b_i||^2, no quadratics_convention); it cannot go on under "
+                f"{CONVENTION!r}: pass --overwrite to start it again, or choose another --out"
+            )
     if kind == "run" and not overwrite and plan is not None and run_status(out) == "preempted":
         differ = _differences(read_run(out).config, plan)
         if differ:
@@ -130,7 +146,12 @@ def writer_factory(plan: Plan, out: Path, command: str) -> Any:
             )
             writer.set_topology(run_topology(plan))
             if plan.problem is not None:  # quadratics: the problem, however it was made
-                writer.set_attrs(**{PROBLEM_DIGEST_ATTR: plan.problem.digest()})
+                writer.set_attrs(
+                    **{
+                        PROBLEM_DIGEST_ATTR: plan.problem.digest(),
+                        QUADRATICS_CONVENTION_ATTR: CONVENTION,
+                    }
+                )
             return writer
         except NotARunFileError as exc:
             raise ConfigError(
@@ -281,4 +302,4 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
     )
     if unstable:
         line += f" | WARNING: {unstable_text(unstable)}"
-    print(line, flush=True)
+    print(one_line(line), flush=True)  # the file's strings as text: no line break or escape
