@@ -132,7 +132,9 @@ def refusals(
 
 def array_spec(indices: Sequence[int]) -> str:
     """Compress sorted indices into sbatch's --array syntax: 0-5,8,10-12."""
-    parts, start, prev = [], None, None
+    parts: list[str] = []
+    start: int | None = None
+    prev = 0  # the current run's last index, once start is set
     for i in sorted(indices):
         if start is None:
             start = prev = i

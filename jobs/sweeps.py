@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from jobs.settings import JobsError, JobSettings
 from relaympi.algorithms import (
@@ -233,7 +234,7 @@ def _lrs(
     return [float(f"{centre * 2.0**k:.6g}") for k in range(kmin, kmax + 1)]
 
 
-def _whole_grid(settings: JobSettings) -> dict[str, object]:
+def _whole_grid(settings: JobSettings) -> dict[str, Any]:
     """The RunConfig fields every point shares (training length, batch size, evaluation)."""
     if settings.get("RELAYMPI_EPOCHS") and settings.get("RELAYMPI_STEPS"):
         raise JobsError("set RELAYMPI_EPOCHS or RELAYMPI_STEPS, not both")

@@ -147,9 +147,8 @@ def _configure(cfg: RunConfig, rank: int, cpus: frozenset[int], sharing: int) ->
     torch.set_num_threads(_threads(cfg, rank, cpus, sharing))
     signal.signal(signal.SIGTERM, _request_stop)
     signal.signal(signal.SIGUSR1, _request_stop)
-    signal.signal(
-        signal.SIGINT, _request_stop
-    )  # Ctrl-C stops like SIGTERM: checkpoint, record, exit 4
+    # Ctrl-C stops like SIGTERM: checkpoint, record, exit 4
+    signal.signal(signal.SIGINT, _request_stop)
 
 
 def _warn(plan: Plan) -> None:
@@ -248,8 +247,8 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
     # --ranks-per-node emulates nodes (recorded as emulated); else the nodes MPI placed the ranks on
     emulated = run_nodes(cfg, size) if cfg.ranks_per_node is not None else None
     comm = mpi_communicator(drops=DropPolicy(cfg.drop_prob, cfg.seed), nodes=emulated)
-    # bound ranks (srun --cpu-bind, mpirun -bind-to) each keep their own CPUs; unbound ones share
-    # theirs
+    # bound ranks (srun --cpu-bind, mpirun -bind-to) each keep their own CPUs; unbound ones
+    # share theirs
     cpus = threads.allowed_cpus()
     _configure(cfg, comm.rank, cpus, threads.sharers(cpus, node_allgather(cpus)))
     error = None
@@ -292,9 +291,8 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
     except BaseException as exc:  # noqa: BLE001 - tear the whole job down: no rank may wait forever
         print(f"rank {comm.rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         if comm.rank != 0:
-            time.sleep(
-                5.0
-            )  # let rank 0 record the failure first; it aborts the job when it sees it
+            # let rank 0 record the failure first; it aborts the job when it sees it
+            time.sleep(5.0)
         comm.abort(EXIT_FAILED)
         return EXIT_FAILED
     healed = comm.successor is not None

@@ -115,8 +115,8 @@ CASES = (
         for topo, n in (("chain", 5), ("binary-tree", 6), ("star", 5), ("double-binary-trees", 8))
     ]
     + [
-        # node-aware topologies ("@3": nodes of 3 ranks in blocks, "@3rr": round-robin;
-        # tests/node_layouts.py)
+        # node-aware topologies ("@3": nodes of 3 ranks in blocks, "@3rr":
+        # round-robin; tests/node_layouts.py)
         Case("relay", "double-binary-trees@3", 9, SGD, "counts"),
         Case("relay", "double-binary-trees@3rr", 12, MOMENTUM, "previous"),
         Case("relay", "chain@3rr", 7, SGD, "initial", relay_chunk=2),

@@ -7,6 +7,7 @@ from typing import Any
 
 import h5py
 import numpy as np
+from numpy.typing import ArrayLike
 
 from relaympi.results import RunWriter
 from relaympi.results.schema import QUADRATICS_CONVENTION_ATTR
@@ -96,7 +97,7 @@ def write_classification_run(
 
 def write_quadratics_run(
     path: Path,
-    suboptimality: np.ndarray,
+    suboptimality: ArrayLike,
     steps: np.ndarray | None = None,
     *,
     status: str = "completed",

@@ -52,6 +52,7 @@ def missing(algo: str, cls: type[Algorithm], declared: Declared) -> list[str]:
         found.append(f"{algo}: {module}: {cls.__name__}.matrix_form is no MatrixForm subclass")
     elif (
         isinstance(form, type)
+        and issubclass(form, MatrixForm)
         and declared.communication.lossy
         and form.lossy_step is MatrixForm.lossy_step
     ):

@@ -253,6 +253,7 @@ def test_relaysum_memory_is_one_buffer_per_neighbour(topo, n, bound, in_place):
         after, bounce_after = relay.buffers()
         assert {b.data_ptr() for b in after} == {b.data_ptr() for b in held}
         if in_place:
+            assert bounce is not None
             assert (
                 bounce_after is bounce
                 and bounce.numel()
@@ -298,9 +299,9 @@ def test_relay_in_place_exchange_gives_identical_numbers(topo):
     )
 
 
-# RelaySum's ways of moving the same messages: whole or in chunks (pipelined), with separate receive
-# buffers or in place through a bounce buffer, from a padded parcel (zero-copy leaves) or a plain
-# one.
+# RelaySum's ways of moving the same messages: whole or in chunks (pipelined), with separate
+# receive buffers or in place through a bounce buffer, from a padded parcel (zero-copy leaves) or a
+# plain one.
 RELAYSUM_VARIANTS = [
     {"in_place": in_place, "chunk": chunk, "padded": padded}
     for in_place in (False, True)

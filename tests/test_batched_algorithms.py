@@ -21,7 +21,7 @@ from relaympi.algorithms import (
     make_algorithm,
     round_id,
 )
-from relaympi.algorithms.matrix import make_matrix_algorithm
+from relaympi.algorithms.matrix import MatrixAlgorithm, make_matrix_algorithm
 from relaympi.algorithms.relaysum import RelaySum
 from relaympi.batched import BatchedOptimizer, make_batched_algorithm
 from relaympi.batched.relay import BatchedRelaySum
@@ -98,6 +98,7 @@ def _oracle(case: Case, drops: DropPolicy) -> np.ndarray:
     (tests/drop_oracle.py) with them."""
     n = case.workers
     topology, problem = build_named(case.topology, n), _problem(n)
+    engine: MatrixAlgorithm | LossyOracle
     if drops.prob == 0:
         engine = make_matrix_algorithm(
             case.algo,

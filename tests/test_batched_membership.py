@@ -12,6 +12,7 @@ numbers must match bit for bit; the run file's per-worker columns stay n0 wide, 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -94,7 +95,7 @@ class _Replay:
         )
         self.plan, self.losses = plan, losses
         self.schedule = self.base.schedule
-        self.rows: dict[int, dict[str, np.ndarray]] = {}
+        self.rows: dict[int, dict[str, Any]] = {}
         engine = self.base.engine
         if isinstance(engine, ModelEngine):
             cfg = plan.cfg
@@ -222,8 +223,10 @@ def _check_against_replay(tmp_path, args, losses, nodes=None, check_lag=None):
             for name, value in summary.items():
                 assert data[name][i] == value, (name, step)
         else:
-            metrics = replay.base.engine.model.evaluate(
-                row["survivors"], replay.base.engine.task.test_batches(plan.cfg.eval_batch_size)
+            engine = replay.base.engine
+            assert isinstance(engine, ModelEngine)
+            metrics = engine.model.evaluate(
+                row["survivors"], engine.task.test_batches(plan.cfg.eval_batch_size)
             )
             for name, values in metrics.items():
                 expected = np.full(N0, np.nan)

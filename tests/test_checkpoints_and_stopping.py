@@ -223,6 +223,7 @@ def _ctrl_c_at(command: list[str], progress: str) -> tuple[subprocess.Popen, str
         start_new_session=True,
     )
     deadline = time.monotonic() + 240
+    assert proc.stderr is not None
     for line in proc.stderr:
         if progress in line:
             os.killpg(proc.pid, signal.SIGINT)

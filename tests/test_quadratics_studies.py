@@ -1,10 +1,13 @@
 """Random quadratics, the tuned-learning-rate machinery, RelaySGD's lr correction, RelaySum mean
 estimation, and the study CLI."""
 
+# Long module: the random-quadratics studies, each piece against an independent computation
+
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import h5py
@@ -208,7 +211,8 @@ def test_tuning_finds_the_fastest_learning_rate_of_gradient_descent():
     q = generate(4, QuadraticsSpec(dim=6, zeta2=1.0, r0=5.0), seed=0)
     method = Method("all-reduce", "allreduce", build("fully-connected", 4))
     tuned = tune(q, method, SearchConfig(target=1e-8, max_steps=500, checkpoints=0))
-    assert tuned.reached and tuned.curve[tuned.steps] <= 1e-8 < tuned.curve[tuned.steps - 1]
+    assert tuned.reached and tuned.steps is not None
+    assert tuned.curve[tuned.steps] <= 1e-8 < tuned.curve[tuned.steps - 1]
     for factor in (0.8, 0.9, 1.1, 1.25):
         other = run_batch(q, method, np.array([tuned.lr * factor]), 1e-8, 500)
         assert other.hit_step is None or other.hit_step >= tuned.steps
@@ -279,7 +283,7 @@ def test_d2_switches_to_exact_diffusion_only_below_minus_one_third():
 # Figure 2 over seeds: its cells and its figure
 
 
-def _fig2_rows(steps: dict[tuple[str, float, int], list[int | None]]) -> list[dict]:
+def _fig2_rows(steps: Mapping[tuple[str, float, int], Sequence[int | None]]) -> list[dict]:
     """Rows as study_fig2 writes them: one per (method, zeta2, n, seed); None: not reached."""
     rows = []
     for (method, zeta2, n), per_seed in steps.items():
@@ -323,7 +327,7 @@ def test_fig2_is_drawn_as_the_paper_draws_it(tmp_path):
     s = Fig2Settings(n_values=(4, 8, 16), zeta2_values=(0.0, 0.01, 1.0), seeds=(0, 1, 2))
     result = StudyResult("fig2", s)
     grow = {"ring": 2.0, "binary-tree": 1.2, "chain": 2.0, "exponential": 1.0}
-    steps = {}
+    steps: dict[tuple[str, float, int], list[int]] = {}
     for label, _, _ in FIGURE_SERIES:
         for zeta2 in s.zeta2_values:
             for n in s.n_values:
@@ -542,9 +546,9 @@ def test_d2_is_independent_of_heterogeneity_relaysgd_until_it_dominates_dpsgd_is
             steps[method.label, zeta2] = tune(q, method, search).steps
 
     def spread(label: str, *zeta2: float) -> float:
-        values = [steps[label, z] for z in zeta2]
-        assert all(v is not None for v in values), steps
-        return max(values) / min(values)  # type: ignore[type-var]
+        values = [v for z in zeta2 if (v := steps[label, z]) is not None]
+        assert len(values) == len(zeta2), steps
+        return max(values) / min(values)
 
     assert spread("d2", 0.0, 0.1, 10.0) <= 1.10, steps
     assert spread("relay", 0.0, 0.1) <= 1.10, steps

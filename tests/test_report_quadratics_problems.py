@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -19,12 +20,19 @@ from relaympi.report.tables import all_tables
 from relaympi.results import PROBLEM_DIGEST_ATTR, read_run
 from relaympi.results.schema import QUADRATICS_CONVENTION_ATTR
 from relaympi.tasks.quadratics import CONVENTION, QuadraticsSpec, generate, load
-from relaympi.training.plan import resolve
 from relaympi.training.out_file import check_out
+from relaympi.training.plan import resolve
 from tests import run_factories as rf
 
 ROOT = Path(__file__).resolve().parent.parent
-GENERATED = {"dim": 10, "mu": 0.5, "L": 1.0, "zeta2": 1.0, "sigma2": 0.0, "r0": 10.0}
+GENERATED: dict[str, Any] = {
+    "dim": 10,
+    "mu": 0.5,
+    "L": 1.0,
+    "zeta2": 1.0,
+    "sigma2": 0.0,
+    "r0": 10.0,
+}
 FROM_FILE = {"dim": 10, "mu": None, "L": None, "zeta2": None, "sigma2": 0.0, "r0": None}
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 EPOCHS = np.array([0.0, 1.0, 2.0, 3.0])
 ACC = np.array([[0.1, 0.1], [0.5, 0.9], [0.85, 0.8], [0.9, 0.9]])
-COSTS = {
+COSTS: dict[str, Any] = {
     "time_s": [0.0, 1.0, 2.5, 3.5],
     "time_compute_s": [[0, 0], [0.2, 0.4], [0.6, 0.8], [0.8, 1.0]],
     "time_comm_s": [[0, 0], [0.1, 0.1], [0.2, 0.2], [0.7, 0.7]],
@@ -116,7 +117,7 @@ def test_a_dollar_in_a_label_is_plotted_literally(tmp_path: Path) -> None:
     curve = Curve(EPOCHS, ACC[:, 0], ACC.mean(axis=1), ACC[:, 1])
     figure = curves_figure("title $\\nope$", {label: [curve]})
     figure.canvas.draw()  # mathtext would raise here
-    texts = [t for t in figure.findobj(match=lambda a: hasattr(a, "_preprocess_math"))]
+    texts: list[Any] = [t for t in figure.findobj(match=lambda a: hasattr(a, "_preprocess_math"))]
     shown = {t._preprocess_math(t.get_text()) for t in texts if t.get_text()}
     assert (label, False) in shown and ("title $\\nope$", False) in shown
     write(tmp_path / "runs" / "a.h5", topology=label)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ from relaympi.results import read_run
 from relaympi.tasks import quadratics
 from relaympi.training.plan import default_out, resolve
 from relaympi.training.run_file import print_summary
+from tests.conftest import matched
 
 LOCAL = ["--backend", "local", "--workers", "2"]
 QUAD = [*LOCAL, "--task", "quadratics", "--algo", "relay", "--topology", "chain", "--steps", "3"]
@@ -108,7 +108,7 @@ def test_default_out_for_an_edge_list_is_a_plain_file_in_results(tmp_path) -> No
         [*LOCAL, "--workers", "4", "--topology", f"edge-list:{other}", "--algo", "dpsgd"]
     )
     other_out = default_out(resolve(cfg, 4).cfg, 4)
-    digests = [re.search(r"-chain-([0-9a-f]{8})-n4-", p.name).group(1) for p in (out, other_out)]
+    digests = [matched(r"-chain-([0-9a-f]{8})-n4-", p.name).group(1) for p in (out, other_out)]
     assert digests[0] != digests[1]  # same stem, other content: other file
 
 
@@ -305,7 +305,7 @@ def test_summary_flags_a_worker_at_chance(tmp_path, capsys) -> None:
 
 
 def test_default_lr_at_another_worker_count_warns() -> None:
-    assert "tuned for 16 workers" in resolve(parse_args([*LOCAL]), 2).lr_warning
+    assert "tuned for 16 workers" in str(resolve(parse_args([*LOCAL]), 2).lr_warning)
     assert resolve(parse_args([*LOCAL, "--lr", "0.4"]), 2).lr_warning is None
     assert resolve(parse_args([*LOCAL]), 16).lr_warning is None
 

@@ -13,7 +13,7 @@ import pytest
 from relaympi.entrypoint import UsageParser
 from relaympi.results import run_status
 from tests import run_factories as rf
-from tests.conftest import ROOT, env_for_subprocess, mpirun_path, requires_mpirun
+from tests.conftest import ROOT, env_for_subprocess, mpirun, mpirun_path, requires_mpirun
 
 # every test launches a command line as a process (about 2 s each)
 pytestmark = pytest.mark.slow
@@ -142,7 +142,7 @@ def test_a_bad_out_is_refused_before_torch_loads(tmp_path):
 def test_under_mpirun_a_finished_run_is_refused_before_any_rank_loads_torch(tmp_path):
     finished = rf.write_classification_run(tmp_path / "done.h5", np.full((3, 2), 0.5))
     proc = subprocess.run(
-        [mpirun_path(), "-n", "2", sys.executable, "-X", "importtime", "-m", "relaympi.train"]
+        [mpirun(), "-n", "2", sys.executable, "-X", "importtime", "-m", "relaympi.train"]
         + ["--task", "digits", "--out", str(finished)],
         cwd=ROOT,
         env=env_for_subprocess(),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from relaympi.algorithms.base import FULLY_CONNECTED, MatrixForm, RangedAlgorithm
+from relaympi.algorithms.gossip import Started
 
 
 class AllReduceMatrix(MatrixForm):
@@ -34,10 +35,10 @@ class AllReduce(RangedAlgorithm):
     topologies = FULLY_CONNECTED
     matrix_form = AllReduceMatrix
 
-    def _start(self, lo: int, hi: int, index: int):
+    def _start(self, lo: int, hi: int, index: int) -> Started:
         return self.mixers.start_allreduce_mean(self._ranged[1][..., lo:hi])
 
-    def _finish(self, lo: int, hi: int, pending) -> None:
+    def _finish(self, lo: int, hi: int, pending: Started) -> None:
         x, grad, lr, _ = self._ranged
         pending.finish()
         self.optimizer.update_range(grad, x, lr, lo, hi, apply=True)

@@ -117,9 +117,8 @@ class MatrixForm(ABC):
 
     def __init__(self, matrix_algorithm: Any):
         # matrix_algorithm: the relaympi.algorithms.matrix.MatrixAlgorithm this form steps (its n,
-        # d, topology,
-        # optimizer and options); not imported here, so the interfaces stay the lowest algorithm
-        # module
+        # d, topology, optimizer and options); not imported here, so the interfaces stay the lowest
+        # algorithm module
         self.matrix_algorithm = matrix_algorithm
 
     @abstractmethod
@@ -282,8 +281,7 @@ class Algorithm(ABC):
     # flat model as soon as that range's gradient is final, while backward still computes the rest:
     #
     #     algorithm.begin_step(x, grad, lr, step)   # before backward: nothing of grad is final yet
-    #     algorithm.ready(lo, hi)                   # grad[lo:hi] is final: update it, start sending
-    # it
+    #     algorithm.ready(lo, hi)                   # grad[lo:hi] is final: update, start sending
     #     ...                                       # (ranges disjoint, covering [0, numel) in all)
     #     algorithm.finish_step()                   # the remaining receives, then x(t+1)
     #
@@ -291,17 +289,27 @@ class Algorithm(ABC):
     # layers everywhere), so messages of a range match by their order. The result is bit-identical
     # to step(): the default here runs the whole step() in finish_step(); an algorithm that starts
     # work in ready() overrides all three, and its step() is begin_step, ready(0, numel),
-    # finish_step
-    # (RangedAlgorithm below: all-reduce, D-PSGD, QGM, D², gradient tracking, SGP).
+    # finish_step (RangedAlgorithm below: all-reduce, D-PSGD, QGM, D², gradient tracking, SGP).
 
     def begin_step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        """Start step ``step`` on ``x`` with the gradient that will be in ``grad`` (not final
-        yet)."""
+        """Start step ``step`` on ``x`` with the gradient that will be in ``grad`` (not final yet).
+
+        Args:
+            x: the flat model x(t), updated in place by ``finish_step``.
+            grad: the buffer backward fills with the gradient at x(t), flat as x.
+            lr: this step's learning rate.
+            step: the step number t (the same on every worker).
+        """
         self._ranged = (x, grad, lr, step)
 
     def ready(self, lo: int, hi: int) -> None:  # noqa: B027 - the default does everything in finish_step
         """``grad[lo:hi]`` is final: start that range's update and communication if this algorithm
-        can."""
+        can.
+
+        Args:
+            lo: the range's first flat coordinate.
+            hi: one past its last (ranges of a step are disjoint and cover [0, numel)).
+        """
 
     def finish_step(self) -> None:
         """Complete the step begun by ``begin_step`` (every range has been ``ready``)."""
@@ -318,7 +326,11 @@ class Algorithm(ABC):
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - stateless algorithms keep the default
-        pass
+        """Restore what ``state_dict`` returned, on resume.
+
+        Args:
+            state: the tensors and numbers by name, as ``state_dict`` gave them.
+        """
 
 
 def check_ranges(ranges: list[tuple[int, int]], numel: int) -> None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -12,7 +14,7 @@ from relaympi.algorithms.base import (
     round_id,
 )
 from relaympi.algorithms.d2_rule import D2_MIN_EIGENVALUE, d2_allows
-from relaympi.algorithms.gossip import mixing_matrix_for
+from relaympi.algorithms.gossip import Started, mixing_matrix_for
 from relaympi.algorithms.losses import GossipMatrixForm
 from relaympi.algorithms.options import AlgorithmError, D2Options
 from relaympi.optim import OptimizerConfig
@@ -42,7 +44,7 @@ def d2_mixing_matrix(topology: Topology, exact_diffusion: bool, force: bool) -> 
 class D2Matrix(GossipMatrixForm):
     """X(t+1) = W (X + U + C),  C(t+1) = X(t+1) - X - U."""
 
-    def __init__(self, matrix_algorithm):
+    def __init__(self, matrix_algorithm: Any) -> None:
         super().__init__(matrix_algorithm)
         self.W = d2_mixing_matrix(
             matrix_algorithm.topology,
@@ -97,19 +99,19 @@ class D2(RangedAlgorithm):
         self.correction = torch.zeros_like(x0)
         self._half = torch.zeros_like(x0)
 
-    def _start(self, lo: int, hi: int, index: int):
+    def _start(self, lo: int, hi: int, index: int) -> Started:
         x, grad, lr, step = self._ranged
         self.optimizer.update_range(grad, x, lr, lo, hi, apply=True)
         half = x[..., lo:hi].add_(self.correction[..., lo:hi])  # x(t+1/2)
         self._half[..., lo:hi].copy_(half)
         return self.mixer.start(x, lo, hi, round_id(step), chunk=index)
 
-    def _finish(self, lo: int, hi: int, pending) -> None:
+    def _finish(self, lo: int, hi: int, pending: Started) -> None:
         pending.finish()
         self.correction[..., lo:hi].add_(self._ranged[0][..., lo:hi]).sub_(self._half[..., lo:hi])
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return {"correction": self.correction}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.correction.copy_(state["correction"])

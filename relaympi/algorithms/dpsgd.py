@@ -3,18 +3,20 @@ weights."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
 from relaympi.algorithms.base import ONE_GRAPH, RangedAlgorithm, round_id
-from relaympi.algorithms.gossip import mixing_matrix_for
+from relaympi.algorithms.gossip import Started, mixing_matrix_for
 from relaympi.algorithms.losses import GossipMatrixForm
 
 
 class DPSGDMatrix(GossipMatrixForm):
     """X(t+1) = W (X(t) + U(t))."""
 
-    def __init__(self, matrix_algorithm):
+    def __init__(self, matrix_algorithm: Any) -> None:
         super().__init__(matrix_algorithm)
         self.W = matrix_algorithm.topology.mixing_matrix(0)
 
@@ -36,10 +38,10 @@ class DPSGD(RangedAlgorithm):
     def _setup(self, x0: torch.Tensor) -> None:
         self.mixer = self.mixers.gossip(mixing_matrix_for(self.topology), x0)
 
-    def _start(self, lo: int, hi: int, index: int):
+    def _start(self, lo: int, hi: int, index: int) -> Started:
         x, grad, lr, step = self._ranged
         self.optimizer.update_range(grad, x, lr, lo, hi, apply=True)  # x(t+1/2), paper eq. (DP-SGD)
         return self.mixer.start(x, lo, hi, round_id(step), chunk=index)
 
-    def _finish(self, lo: int, hi: int, pending) -> None:
+    def _finish(self, lo: int, hi: int, pending: Started) -> None:
         pending.finish()

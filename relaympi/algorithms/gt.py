@@ -3,18 +3,20 @@ message per edge."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
 from relaympi.algorithms.base import ONE_GRAPH, RangedAlgorithm, round_id
-from relaympi.algorithms.gossip import mixing_matrix_for
+from relaympi.algorithms.gossip import Started, mixing_matrix_for
 from relaympi.algorithms.losses import GossipMatrixForm
 
 
 class GradientTrackingMatrix(GossipMatrixForm):
     """X(t+1) = W (X + U + C),  C(t+1) = W (C + U) - U."""
 
-    def __init__(self, matrix_algorithm):
+    def __init__(self, matrix_algorithm: Any) -> None:
         super().__init__(matrix_algorithm)
         self.W = matrix_algorithm.topology.mixing_matrix(0)
         self.C = np.zeros((matrix_algorithm.n, matrix_algorithm.d))
@@ -57,7 +59,7 @@ class GradientTracking(RangedAlgorithm):
         self.correction = torch.zeros_like(x0)
         self.mixer = self.mixers.gossip(mixing_matrix_for(self.topology), self.packed)
 
-    def _start(self, lo: int, hi: int, index: int):
+    def _start(self, lo: int, hi: int, index: int) -> Started:
         x, grad, lr, step = self._ranged
         self.optimizer.update_range(grad, x, lr, lo, hi, apply=False)
         u, c = self.optimizer.update_buffer[..., lo:hi], self.correction[..., lo:hi]
@@ -66,14 +68,14 @@ class GradientTracking(RangedAlgorithm):
         torch.add(c, u, out=corr)
         return self.mixer.start(self.packed, 2 * lo, 2 * hi, round_id(step), chunk=index)
 
-    def _finish(self, lo: int, hi: int, pending) -> None:
+    def _finish(self, lo: int, hi: int, pending: Started) -> None:
         pending.finish()
         u = self.optimizer.update_buffer[..., lo:hi]
         self._ranged[0][..., lo:hi].copy_(self.packed[..., 2 * lo : lo + hi])
         torch.sub(self.packed[..., lo + hi : 2 * hi], u, out=self.correction[..., lo:hi])
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return {"correction": self.correction}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.correction.copy_(state["correction"])

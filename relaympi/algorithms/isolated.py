@@ -10,9 +10,9 @@ import numpy as np
 from relaympi.algorithms.base import MatrixForm, RangedAlgorithm, Topologies
 from relaympi.topology import Topology
 
-# It takes no graph. A run still names a topology (the run file, the report's rows), so it runs on
-# the nominal one all-reduce also names, and any other --topology is refused: it would change
-# nothing
+# It takes no graph. A run still names a topology (the run file, the report's rows), so it runs
+# on the nominal one all-reduce also names, and any other --topology is refused: it would
+# change nothing
 NOMINAL_TOPOLOGY = "fully-connected"
 
 

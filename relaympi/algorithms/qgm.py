@@ -3,11 +3,13 @@ change after gossip."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
 from relaympi.algorithms.base import ONE_GRAPH, RangedAlgorithm, round_id
-from relaympi.algorithms.gossip import mixing_matrix_for
+from relaympi.algorithms.gossip import Started, mixing_matrix_for
 from relaympi.algorithms.losses import GossipMatrixForm
 
 
@@ -15,7 +17,7 @@ class QuasiGlobalMomentumMatrix(GossipMatrixForm):
     """D = beta M + G (Nesterov: G + beta D);  X(t+1) = W (X - lr D);  M <- beta M + (1 - beta) (X -
     X(t+1)) / lr."""
 
-    def __init__(self, matrix_algorithm):
+    def __init__(self, matrix_algorithm: Any) -> None:
         super().__init__(matrix_algorithm)
         self.W = matrix_algorithm.topology.mixing_matrix(0)
         self.M = np.zeros((matrix_algorithm.n, matrix_algorithm.d))
@@ -60,7 +62,7 @@ class QuasiGlobalMomentum(RangedAlgorithm):
         self._x_before = torch.zeros_like(x0)
         self._direction = torch.zeros_like(x0)
 
-    def _start(self, lo: int, hi: int, index: int):
+    def _start(self, lo: int, hi: int, index: int) -> Started:
         x, grad, lr, step = self._ranged
         cfg, beta = self.optimizer.config, self.beta
         x, grad, m, d = (
@@ -77,7 +79,7 @@ class QuasiGlobalMomentum(RangedAlgorithm):
         x.add_(d, alpha=-lr)
         return self.mixer.start(self._ranged[0], lo, hi, round_id(step), chunk=index)
 
-    def _finish(self, lo: int, hi: int, pending) -> None:
+    def _finish(self, lo: int, hi: int, pending: Started) -> None:
         pending.finish()
         x, _, lr, _ = self._ranged
         beta = self.beta
@@ -86,8 +88,8 @@ class QuasiGlobalMomentum(RangedAlgorithm):
                 self._x_before[..., lo:hi].sub_(x[..., lo:hi]), alpha=(1 - beta) / lr
             )
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return {"momentum_buffer": self.momentum_buffer}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.momentum_buffer.copy_(state["momentum_buffer"])

@@ -182,6 +182,12 @@ def algorithm_options(algo: str, options: Options | Mapping[str, Any] | None = N
 def default_topology(algo: str) -> str:
     """The paper's topology for ``algo`` (e.g. "double-binary-trees" for relay).
 
+    Args:
+        algo: one of ALGORITHM_NAMES.
+
+    Returns:
+        A topology name, as ``relaympi.topology.build`` takes it.
+
     Raises:
         AlgorithmError: an unknown algorithm.
     """
@@ -190,6 +196,12 @@ def default_topology(algo: str) -> str:
 
 def get_algorithm_class(algo: str) -> type[Algorithm]:
     """The Algorithm subclass called ``algo`` (its module is imported on first use).
+
+    Args:
+        algo: one of ALGORITHM_NAMES.
+
+    Returns:
+        The class, not an instance.
 
     Raises:
         AlgorithmError: an unknown algorithm; the message lists the known ones.
@@ -243,7 +255,15 @@ def algorithm_table() -> str:
 
 
 def check_topology_fits_world(topology: Topology, world_size: int) -> None:
-    """Raise AlgorithmError unless ``topology`` is for ``world_size`` workers."""
+    """Raise AlgorithmError unless ``topology`` is for ``world_size`` workers.
+
+    Args:
+        topology: the topology to run on.
+        world_size: the number of workers.
+
+    Raises:
+        AlgorithmError: the sizes differ; the message gives both.
+    """
     if topology.world_size != world_size:
         raise AlgorithmError(
             f"topology {topology.name!r} is for {topology.world_size} workers, "

@@ -201,10 +201,10 @@ class _RelayedSteps(Algorithm):
         self._ranged_relay.finish(self._landed)
         del self._ranged  # no step in progress: drop its references until the next begin_step
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return self.relay.state_dict()
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.relay.load_state_dict(state)
 
 

@@ -3,6 +3,8 @@ two rounds per step."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -23,7 +25,7 @@ class SGPMatrix(MatrixForm):
     """X(t+1) = W(2t + 1) W(2t) (X + U), W(t') the exponential schedule's averaging matrix of round
     t'."""
 
-    def __init__(self, matrix_algorithm):
+    def __init__(self, matrix_algorithm: Any) -> None:
         super().__init__(matrix_algorithm)
         self.schedule = ExponentialSchedule(matrix_algorithm.n, any_size=True)
 
@@ -90,7 +92,7 @@ class SGP(RangedAlgorithm):
             for k in range(self.schedule.period)
         ]
 
-    def _start(self, lo: int, hi: int, index: int):
+    def _start(self, lo: int, hi: int, index: int) -> tuple:
         x, grad, lr, _ = self._ranged
         self.optimizer.update_range(grad, x, lr, lo, hi, apply=True)
         return self._round(0, lo, hi, index)
@@ -105,10 +107,10 @@ class SGP(RangedAlgorithm):
             ),
         )
 
-    def _test(self, pending) -> None:
+    def _test(self, pending: tuple) -> None:
         pending[2].test()
 
-    def _finish(self, lo: int, hi: int, pending) -> tuple | None:
+    def _finish(self, lo: int, hi: int, pending: tuple) -> tuple | None:
         r, index, started = pending
         started.finish()
         return self._round(r + 1, lo, hi, index) if r + 1 < ROUNDS else None

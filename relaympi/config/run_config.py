@@ -664,7 +664,11 @@ class RunConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field as JSON-able values (paths as strings, tuples as lists)."""
+        """Every field as JSON-able values (paths as strings, tuples as lists).
+
+        Returns:
+            Field name -> value, in field order.
+        """
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)

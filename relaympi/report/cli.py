@@ -80,7 +80,7 @@ def find_run_files(paths: Iterable[Path]) -> list[Path]:
     return sorted(files)
 
 
-def _unfinished_reason(run) -> str:
+def _unfinished_reason(run: Run) -> str:
     steps = run.data.get("step")
     epochs = run.data.get("epoch")
     where = ""

@@ -43,8 +43,8 @@ METRIC_TEXT = {
     "mean": "the mean over workers of each worker's mean test accuracy over the last {w:g} epochs",
 }
 QUADRATIC_TASKS = ("quadratics", "quadratic")
-# Quadratics problem constants (paper appendix "Random quadratics"): each setting gets its own
-# table.
+# Quadratics problem constants (paper appendix "Random quadratics"): each setting gets its
+# own table.
 QUADRATIC_KEYS = ("dim", "mu", "L", "zeta2", "sigma2", "r0")
 # A run on a problem file records only these of them (the file's); the others make a problem
 QUADRATIC_FILE_KEYS = ("dim", "sigma2")
@@ -401,8 +401,8 @@ def summarize(
         optimizer=str(config.get("optimizer") or "sgd"),
         world_size=world_size,
         seed=None if config.get("seed") is None else int(config["seed"]),
-        # a drop probability that cannot apply (allreduce's collective drops nothing) is a reliable
-        # run
+        # a drop probability that cannot apply (allreduce's collective drops nothing) is a
+        # reliable run
         drop_prob=_float(experiment_settings(config).get("drop_prob"), 0.0) or 0.0,
         relay_mode=_relay_mode(config),
         extra=extra,

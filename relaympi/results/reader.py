@@ -100,6 +100,12 @@ class Run:
     def metric(self, name: str) -> np.ndarray:
         """The dataset ``name``, one row per evaluation.
 
+        Args:
+            name: a dataset of the run file ("step", "test_accuracy", ...).
+
+        Returns:
+            The dataset as read.
+
         Raises:
             KeyError: the run has no such dataset (or it was not read); the message lists those
                 it has.
@@ -128,9 +134,16 @@ class Run:
         return finished_workers(self.world_size, self.membership)
 
     def present(self) -> np.ndarray:
-        """[rows, world_size] bool: whether each worker took part at each row (false where a
-        membership change had lost it and no re-admission had brought it back yet: its NaN there
-        is by design, not a non-finite value)."""
+        """Whether each worker took part at each row: false where a membership change had lost it
+        and no re-admission had brought it back yet (its NaN there is by design, not a non-finite
+        value).
+
+        Returns:
+            [rows, world_size] bool.
+
+        Raises:
+            KeyError: the rows' step was not read.
+        """
         if "step" not in self.data:
             raise KeyError(f"{self.path}: the rows' step was not read")
         return present(self.data["step"], self.world_size, self.membership)
@@ -158,8 +171,8 @@ def _open_for_reading(path: Path) -> h5py.File:
     _precheck(path)
     try:
         try:
-            # locking=False: a live writer holds a lock, and readers must still see its flushed
-            # rows.
+            # locking=False: a live writer holds a lock, and readers must still see its
+            # flushed rows.
             return h5py.File(path, "r", locking=False)
         except OSError as error:
             if "locking flag" not in str(error):

@@ -71,9 +71,8 @@ class RunTopology:
 
     name: str
     placement: str  # "ranks" or "nodes", as the run resolved --placement
-    rank_node: (
-        np.ndarray
-    )  # [world_size] int64: rank r ran on node rank_node[r] (0, 1, ... by lowest rank)
+    # [world_size] int64: rank r ran on node rank_node[r] (0, 1, ... by lowest rank)
+    rank_node: np.ndarray
     nodes_emulated: (
         bool  # the nodes came from --ranks-per-node, not from where MPI placed the ranks
     )

@@ -68,9 +68,8 @@ def save(directory: Path, rank: int, step: int, state: dict[str, Any]) -> None:
     """Write rank's state for ``step`` (atomic rename; older files stay until prune())."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    buffer = (
-        io.BytesIO()
-    )  # serialized in memory first: a full disk fails a plain write, with its errno
+    # serialized in memory first: a full disk fails a plain write, with its errno
+    buffer = io.BytesIO()
     torch.save({"format_version": FORMAT_VERSION, "step": step, **state}, buffer)
     _write_atomically(_path(directory, rank, step), buffer.getbuffer().tobytes())
 

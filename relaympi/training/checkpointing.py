@@ -188,9 +188,8 @@ class Checkpoints:
             )
         steps = run.data.get("step")
         last = int(steps[-1]) if steps is not None and len(steps) else None
-        needed = (
-            (step - 1) // eval_every * eval_every if step > 0 else 0
-        )  # the last evaluation before the checkpoint's step
+        # the last evaluation before the checkpoint's step
+        needed = (step - 1) // eval_every * eval_every if step > 0 else 0
         if last is None or last < needed:
             at = f"end at step {last}" if last is not None else "are empty"
             return self._refuse(

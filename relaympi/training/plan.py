@@ -84,8 +84,8 @@ class Plan:
         str, ...
         # flags given that this run resolved away (e.g. --progress-thread where --overlap is off)
     ] = ()
-    # each rank's node (0, 1, ... by each node's lowest rank): as MPI placed the ranks, or emulated
-    # (--ranks-per-node)
+    # each rank's node (0, 1, ... by each node's lowest rank): as MPI placed the ranks, or
+    # emulated (--ranks-per-node)
     nodes: tuple[int, ...] = ()
     # a rerun on the survivors of a run that lost workers (--on-failure continue): the original ids
     # of the workers it runs, in rank order (world_size stays the run's first count); () otherwise
@@ -361,9 +361,8 @@ def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None)
     except AlgorithmError as exc:
         raise ConfigError(str(exc)) from exc
     assert cfg.lr is not None  # filled in above
-    lr = float(cfg.lr) * (
-        lr_correction(topology) if cfg.relay_lr_correction else 1.0
-    )  # validate() refused it for other algorithms
+    # validate() refused it for other algorithms
+    lr = float(cfg.lr) * (lr_correction(topology) if cfg.relay_lr_correction else 1.0)
     return Plan(
         cfg=cfg,
         world_size=world_size,

@@ -198,9 +198,8 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
             f"best {np.max(acc):.4f}"
         )
         epoch = run.data["epoch"]
-        window = (epoch > epoch[-1] - 5) & (
-            epoch > 0
-        )  # the paper's last-5-epochs window, as the report uses it
+        # the paper's last-5-epochs window, as the report uses it
+        window = (epoch > epoch[-1] - 5) & (epoch > 0)
         if window.any():
             acc = run.data["test_accuracy"][window][:, finished]
             if run.membership:  # a re-admitted worker's rows while it was out do not count
@@ -235,9 +234,8 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
     if run.config.get(
         "overlap"
     ):  # the default across nodes: say so, it sets the timers' meaning (docs/overlap.md)
-        ran = run.provenance.get(
-            "transport_progress_thread", run.config.get("progress_thread")
-        )  # False where MPI lacked THREAD_MULTIPLE
+        # False where MPI lacked THREAD_MULTIPLE
+        ran = run.provenance.get("transport_progress_thread", run.config.get("progress_thread"))
         line += " | overlap" + (" with a progress thread" if ran else "")
     unstable = (
         unstable_loss(run.data["train_loss"], run.present() if run.membership else None)

@@ -123,8 +123,8 @@ def run_partition(task: ClassificationTask, plan: Plan) -> list[np.ndarray]:
     try:
         return dirichlet_partition(labels, plan.world_size, cfg.alpha, cfg.seed)
     except PartitionError as exc:
-        # Lin et al.'s draw is random: with few samples per worker no draw may meet its half-share
-        # rule
+        # Lin et al.'s draw is random: with few samples per worker no draw may meet its
+        # half-share rule
         raise TaskError(
             f"--alpha {cfg.alpha:g} with {plan.world_size} workers on the {len(labels)} "
             f"training samples of {cfg.task} "

@@ -65,9 +65,8 @@ class ModelEngine:
         options = replace(plan.task_options, device=str(device))
         # make_engine gives every other task a QuadraticEngine; resolve() filled in the batch size
         assert issubclass(plan.task, ClassificationTask) and cfg.batch_size is not None
-        self.task = plan.task(
-            options
-        )  # resolve refused tasks this engine cannot run, before any data loads
+        # resolve refused tasks this engine cannot run, before any data loads
+        self.task = plan.task(options)
         self.model = BatchedModel(self.task, cfg.seed, device, autocast=AUTOCAST[cfg.autocast])
         parts = run_partition(self.task, plan)
         self.data = BatchedData(self.task, parts, cfg.batch_size, cfg.seed, device)
@@ -90,9 +89,8 @@ class ModelEngine:
         return self.model.gradients(self.X, inputs, targets)
 
     def current_losses(self) -> np.ndarray:
-        return np.full(
-            self.X.shape[0], math.nan
-        )  # no loss before the first step (as ModelWorkload)
+        # no loss before the first step (as ModelWorkload)
+        return np.full(self.X.shape[0], math.nan)
 
     def metrics(self) -> dict[str, Any]:
         result = self.model.evaluate(self.X, self.task.test_batches(self.eval_batch_size))

@@ -364,8 +364,8 @@ def _findings(rows: list[Row], s: Fig2Settings) -> list[Finding]:
             f"median RelaySGD {fmt(tree_relay)}, D2 {fmt(tree_d2)} steps",
         )
     )
-    # With n <= 4 the schedule's log2(n) <= 2 rounds per step average exactly: SGP is all-reduce
-    # there.
+    # With n <= 4 the schedule's log2(n) <= 2 rounds per step average exactly: SGP is
+    # all-reduce there.
     gossiping = [n for n in ns if n > 4]
     if len(gossiping) >= 2:
         sgp = [steps_of(method="SGP exponential", zeta2=z_max, n=n) for n in gossiping]

@@ -34,13 +34,11 @@ class Finding:
 class StudyResult:
     study: str
     settings: Any
-    rows: list[dict[str, Any]] = field(
-        default_factory=list
-    )  # the table, one row per run or measurement
+    # the table, one row per run or measurement
+    rows: list[dict[str, Any]] = field(default_factory=list)
     curves: list[np.ndarray | None] = field(default_factory=list)  # per row: suboptimality per step
-    trials: list[np.ndarray | None] = field(
-        default_factory=list
-    )  # per row: every learning rate the search tried
+    # per row: every learning rate the search tried
+    trials: list[np.ndarray | None] = field(default_factory=list)
     tables: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     data: dict[str, np.ndarray] = field(default_factory=dict)

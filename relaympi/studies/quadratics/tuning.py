@@ -182,9 +182,8 @@ def run_batch(
     )
     scale = np.repeat(lrs, S * d)[None, :]  # [1, width]
     X = np.zeros((n, width))
-    rng = np.random.default_rng(
-        [seed, 0x5EED]
-    )  # one stream, drawn in step order: common to all lrs and rounds
+    # one stream, drawn in step order: common to all lrs and rounds
+    rng = np.random.default_rng([seed, 0x5EED])
     noise_std = math.sqrt(problem.sigma2 / d) if problem.sigma2 > 0 else 0.0
     hessian_t = problem.H.transpose(0, 2, 1)
 
@@ -252,9 +251,8 @@ class Tuned:
     best_suboptimality: float
     at_boundary: bool  # the best learning rate was at an edge of the initial range
     curve: np.ndarray  # suboptimality per step at lr
-    trials: np.ndarray = field(
-        repr=False
-    )  # [m, 3]: lr, steps to target (-1: not reached), lowest suboptimality
+    # [m, 3]: lr, steps to target (-1: not reached), lowest suboptimality
+    trials: np.ndarray = field(repr=False)
     wall_s: float = 0.0
 
     @property
