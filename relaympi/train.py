@@ -41,7 +41,7 @@ from relaympi.launcher import launch
 from relaympi.tasks import TaskError
 from relaympi.tasks.quadratics import QuadraticsTask
 from relaympi.training.loop import STOP, USAGE_ERRORS
-from relaympi.training.membership import survivors_resume
+from relaympi.training.membership import HealError, survivors_resume
 from relaympi.training.plan import Plan, default_out, resolve, run_nodes
 from relaympi.training.run_file import WRITE_ERRORS, check_out, print_summary
 
@@ -271,6 +271,14 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
         if comm.rank == 0:
             print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except HealError as exc:  # every survivor found the same; the writer recorded it
+        while comm.successor is not None:
+            comm = comm.successor
+        if comm.rank == 0:
+            print(f"failed: {exc}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_FAILED)  # healed: MPI_Finalize can hang with a dead process in the world
     except BaseException as exc:  # noqa: BLE001 - tear the whole job down: no rank may wait forever
         print(f"rank {comm.rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         if comm.rank != 0:
@@ -340,8 +348,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except BrokenPipeError:  # `... --help | head`: the reader left; entrypoint.run ends quietly
         raise
-    # a full disk: the reason is the whole story (recorded as failed where the file allows)
-    except WRITE_ERRORS as exc:
+    # a full disk, or survivors that cannot go on: the reason is the whole story (recorded as
+    # failed where the file allows)
+    except (*WRITE_ERRORS, HealError) as exc:
         print(f"failed: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except Exception as exc:  # noqa: BLE001
