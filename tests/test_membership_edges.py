@@ -28,10 +28,11 @@ def _check_one_line_failure(proc, out: Path) -> None:
 
 
 @pytest.mark.slow
-def test_all_but_one_lost_in_process_is_a_recorded_failure(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["local", "batched"])
+def test_all_but_one_lost_in_process_is_a_recorded_failure(tmp_path: Path, backend: str) -> None:
     out = tmp_path / "run.h5"
     proc = run_train(
-        [*QUAD, "--backend", "local", "--workers", "4", "--on-failure", "continue", "--out", out],
+        [*QUAD, "--backend", backend, "--workers", "4", "--on-failure", "continue", "--out", out],
         env={"RELAYMPI_INJECT_FAILURE": "1:3,2:6,3:9"},
     )
     _check_one_line_failure(proc, out)
