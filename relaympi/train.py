@@ -230,6 +230,7 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
     # lazy: the only mpi4py importer; --backend local runs never load MPI
     from relaympi.comm.mpi import node_allgather, world_size
     from relaympi.training.loop import USAGE_ERRORS
+    from relaympi.training.membership import HealError
     from relaympi.training.plan import default_out, run_nodes
 
     size = world_size()
@@ -288,6 +289,14 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
         if comm.rank == 0:
             print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except HealError as exc:  # every survivor found the same; the writer recorded it
+        while comm.successor is not None:
+            comm = comm.successor
+        if comm.rank == 0:
+            print(f"failed: {exc}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_FAILED)  # healed: MPI_Finalize can hang with a dead process in the world
     except BaseException as exc:  # noqa: BLE001 - tear the whole job down: no rank may wait forever
         print(f"rank {comm.rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         if comm.rank != 0:
@@ -386,9 +395,12 @@ def _exit_status(exc: Exception) -> int:
     if not isinstance(exc, (ConfigError, TaskError)):
         # imported only here: their modules load torch, which a refusal need not wait for
         from relaympi.training.loop import USAGE_ERRORS
+        from relaympi.training.membership import HealError
         from relaympi.training.run_file import WRITE_ERRORS
 
-        if isinstance(exc, WRITE_ERRORS):  # a full disk (recorded as failed where the file allows)
+        # a full disk, or survivors that cannot go on: the reason is the whole story (recorded as
+        # failed where the file allows)
+        if isinstance(exc, (*WRITE_ERRORS, HealError)):
             print(f"failed: {exc}", file=sys.stderr)
             return EXIT_FAILED
         if not isinstance(exc, USAGE_ERRORS):

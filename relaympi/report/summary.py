@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -15,7 +14,7 @@ import numpy as np
 
 from relaympi.algorithms.registry import DECLARED
 from relaympi.config import experiment_settings
-from relaympi.costs import COST_DATASETS, StepCosts, hardware, step_costs
+from relaympi.costs import COST_DATASETS, StepCosts, hardware, member_step_costs
 from relaympi.results import (
     PROBLEM_DIGEST_ATTR,
     Run,
@@ -278,37 +277,6 @@ def steps_to_target(step: np.ndarray, suboptimality: np.ndarray, target: float) 
     return int(step[reached[0]]) if len(reached) else None
 
 
-def _columns(values: np.ndarray | None, workers: list[int]) -> np.ndarray | None:
-    return None if values is None else np.asarray(values)[workers]
-
-
-def _since_readmitted(
-    per_step: np.ndarray | None,
-    data: Mapping[str, np.ndarray],
-    name: str,
-    back: Mapping[int, int],
-) -> np.ndarray | None:
-    """``per_step`` (bytes per step per worker over the run) with each re-admitted worker's entry
-    over its rows since its latest re-admission instead: its counter started again at 0 there."""
-    if per_step is None or not back or name not in data:
-        return per_step
-    per_step = np.array(per_step, dtype=float)
-    step = np.asarray(data["step"], dtype=float)
-    values = np.asarray(data[name], dtype=float).reshape(len(step), -1)
-    for worker, at in back.items():
-        rows = np.flatnonzero(step >= at)
-        if worker >= len(per_step):
-            continue
-        if len(rows) < 2:  # one evaluation since: no interval to measure
-            per_step[worker] = math.nan
-            continue
-        first, last = rows[0], rows[-1]
-        per_step[worker] = (values[last, worker] - values[first, worker]) / (
-            step[last] - step[first]
-        )
-    return per_step
-
-
 def _epoch_at(data: Mapping[str, np.ndarray], step: int) -> float:
     """The epoch of ``step``, from the rows' step and epoch (interpolated between evaluations);
     NaN where the run recorded no epochs."""
@@ -413,21 +381,7 @@ def summarize(
     )
     data = run.data
     finished = run.finished_workers if run.membership else None
-    costs = step_costs(data)
-    if costs is not None and finished is not None:  # the bytes of the workers that finished
-        back = readmitted_at(run.membership)
-        costs = dataclasses.replace(
-            costs,
-            bytes_per_step=_columns(
-                _since_readmitted(costs.bytes_per_step, data, "bytes_sent", back), finished
-            ),
-            inter_node_bytes_per_step=_columns(
-                _since_readmitted(
-                    costs.inter_node_bytes_per_step, data, "inter_node_bytes_sent", back
-                ),
-                finished,
-            ),
-        )
+    costs = member_step_costs(data, run.world_size, run.membership)
     summary["costs"] = costs
     summary["time_s"] = data.get("time_s")
     summary["batch_size"] = _int(config.get("batch_size"))

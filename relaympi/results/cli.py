@@ -28,13 +28,14 @@ OWN_TARGET_FRACTION = (
 
 
 def cost_lines(run: Run, target: float | None = None) -> list[str]:
-    """`show`'s cost summary of a run: median per-step costs and the time to a target accuracy
-    (``target``, else OWN_TARGET_FRACTION of the run's own final worst-worker accuracy: the
-    lowest worker test accuracy at its last evaluation)."""
+    """`show`'s cost summary of a run: median per-step costs (bytes: over the workers that
+    finished, as the report counts them) and the time to a target accuracy (``target``, else
+    OWN_TARGET_FRACTION of the run's own final worst-worker accuracy: the lowest worker test
+    accuracy at its last evaluation)."""
     from relaympi import costs
 
     lines = []
-    per_step = costs.step_costs(run.data)
+    per_step = costs.member_step_costs(run.data, run.world_size, run.membership)
     if per_step is not None:
         parts = [f"step {costs.median([per_step.step_ms]):.3g} ms"]
         parts += [
