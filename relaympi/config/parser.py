@@ -85,16 +85,25 @@ class _TrainParser(UsageParser):
         super().__init__(**kwargs)
         self.texts: list[tuple[argparse.Action, str, Flag]] = []
 
-    def format_help(self) -> str:
+    def write_texts(self) -> None:
+        """Give each flag its text (Markdown made plain), as --help shows it."""
         for action, name, flag in self.texts:
             action.help = plain(text(name, flag))
+
+    def format_help(self) -> str:
+        self.write_texts()
         return super().format_help()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(texts: bool = True) -> argparse.ArgumentParser:
     """The parser of `python -m relaympi.train`, generated from RunConfig's Flags (and --config).
 
-    Torch-free: the flags' texts are written when ``format_help`` (--help) asks for them.
+    Args:
+        texts: give each flag its text now; False leaves them to ``format_help`` (--help), so
+            building and parsing import no torch (``parse_args``).
+
+    Returns:
+        The parser.
     """
     p = _TrainParser(
         prog="python -m relaympi.train",
@@ -161,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
                 choices=flag.choices() if flag.choices else None,
             )
         p.texts.append((action, f.name, flag))
+    if texts:
+        p.write_texts()
     return p
 
 
@@ -186,7 +197,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
         cfg.topology  # None: relay's default, resolved when the run is planned
         ```
     """
-    args = build_parser().parse_args(argv)
+    args = build_parser(texts=False).parse_args(argv)  # torch-free: misuse is refused first
     given = {k: v for k, v in vars(args).items() if v is not None and k != "config"}
     base: dict[str, Any] = {}
     if args.config is not None:
