@@ -43,8 +43,8 @@ from relaympi.tasks.quadratics import QuadraticsTask
 from relaympi.training.out_file import check_out, refuse_finished_run
 
 # torch, MPI and the training modules (which import torch) are imported inside the functions that
-# need them: under mpirun every rank imports them, 80 s with 16 ranks on one node, and a bad --out
-# is refused before (main's _refuse_before_loading)
+# need them: under mpirun every rank imports them, 80 s with 16 ranks on one node, and misuse is
+# refused before (parse_args is torch-free; main's _refuse_before_loading checks --out)
 if TYPE_CHECKING:
     from relaympi.training.plan import Plan
 
@@ -367,12 +367,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _refuse_before_loading(argv: list[str]) -> None:
-    """Refuse (ConfigError) a bad --out on the command line before parse_args loads torch (the
-    classes that check other flags' values import it: under mpirun every rank does, 80 s with 16
-    ranks on one node): its folder missing, a name without .h5, or a file this run may not replace
-    (a finished run without --overwrite, unless a --config file may allow it). Every rank checks
-    alike, so all refuse together; the full parse and the plan check again (--out from a --config
-    file, a preempted run's configuration)."""
+    """Refuse (ConfigError) a bad --out on the command line before anything loads torch (under
+    mpirun every rank does, 80 s with 16 ranks on one node), and before the other flags' checks:
+    its folder missing, a name without .h5, or a file this run may not replace (a finished run
+    without --overwrite, unless a --config file may allow it; the plan would find that only after
+    torch). Every rank checks alike, so all refuse together; the full parse and the plan check
+    again (--out from a --config file, a preempted run's configuration)."""
     if "-h" in argv or "--help" in argv:
         return
     early = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)

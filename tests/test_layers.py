@@ -40,8 +40,14 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ),
     # pure graphs and schedules; the Communicator and its backends; the model's flat memory
     # layout (flat)
-    ("topology, comm, flat layout", 1, ("relaympi.topology", "relaympi.comm", "relaympi.flat")),
-    ("optim", 2, ("relaympi.optim",)),
+    # (drops: the simulated message loss, torch-free beside the Communicator that applies it)
+    (
+        "topology, comm, flat layout",
+        1,
+        ("relaympi.topology", "relaympi.comm", "relaympi.flat", "relaympi.drops"),
+    ),
+    # (optim_config: the optimizer's settings, torch-free for the configuration's checks)
+    ("optim", 2, ("relaympi.optim", "relaympi.optim_config")),
     # each algorithm as message passing, its matrix form, and its vectorized (batched) form
     ("algorithms", 3, ("relaympi.algorithms", "relaympi.batched")),
     ("tasks", 3, ("relaympi.tasks",)),

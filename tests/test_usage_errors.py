@@ -138,6 +138,93 @@ def test_a_bad_out_is_refused_before_torch_loads(tmp_path):
     assert run_status(finished) == "completed"
 
 
+# -- every other misuse is refused before torch loads too ------------------------------------------
+_MISUSE = """
+import json, sys
+from relaympi import train
+codes = []
+for args in json.loads(sys.argv[1]):
+    try:
+        codes.append(train.main(args))
+    except SystemExit as exc:  # argparse's refusals exit from inside main
+        codes.append(exc.code)
+    print("--", file=sys.stderr)
+print(json.dumps({"codes": codes, "torch": "torch" in sys.modules}))
+"""
+
+# (the flags after --task digits --backend local --workers 4, the one line that refuses them)
+MISUSE = [
+    (
+        ["--lrr", "0.1"],
+        "error: unrecognized arguments: --lrr 0.1; did you mean --lr?" + TRAIN_HELP.rstrip(),
+    ),
+    (
+        ["--algo", "relya"],
+        "error: argument --algo: invalid choice: 'relya' (choose from allreduce, relay, "
+        "relay-grad, dpsgd, qgm, d2, gt, sgp, isolated); did you mean 'relay'?"
+        + TRAIN_HELP.rstrip(),
+    ),
+    (
+        ["--topology", "rnig"],
+        "error: unknown topology 'rnig' (did you mean 'ring'?); choose one of ring, chain, star, "
+        "binary-tree, double-binary-trees, fully-connected, hypercube, social-network, "
+        "social-network-tree, exponential, spanning-tree:<name> or edge-list:<file>",
+    ),
+    (["--lr", "-1"], "error: --lr must be > 0, got -1.0"),
+    (
+        ["--optimizer", "foo"],
+        "error: argument --optimizer: invalid choice: 'foo' (choose from sgd, adam)"
+        + TRAIN_HELP.rstrip(),
+    ),
+    (["--momentum", "1.5"], "error: --momentum must be in [0, 1), got 1.5"),
+    (["--drop-prob", "2"], "error: --drop-prob must be in [0, 1), got 2.0"),
+    (
+        ["--algo", "isolated", "--drop-prob", "0.5"],
+        "error: --drop-prob cannot apply: isolated sends no messages (nothing would be dropped)",
+    ),
+]
+
+
+def test_misuse_is_refused_before_torch_loads():
+    """A mistyped flag, an unknown name, a value out of range and a flag that cannot apply: each
+    one line, exit 2, and torch never imported (each rank of `mpirun -n 16` would wait for it)."""
+    runs = [["--task", "digits", "--backend", "local", "--workers", "4", *a] for a, _ in MISUSE]
+    proc = subprocess.run(
+        [sys.executable, "-c", _MISUSE, json.dumps(runs)],
+        cwd=ROOT,
+        env=env_for_subprocess(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert json.loads(proc.stdout) == {"codes": [2] * len(MISUSE), "torch": False}, proc.stderr
+    said = proc.stderr.replace("'sgd', 'adam'", "sgd, adam")  # quoted before Python 3.12.8
+    said = said.replace(
+        "'allreduce', 'relay', 'relay-grad', 'dpsgd', 'qgm', 'd2', 'gt', 'sgp', 'isolated'",
+        "allreduce, relay, relay-grad, dpsgd, qgm, d2, gt, sgp, isolated",
+    )
+    assert said.split("\n--\n")[:-1] == [line for _, line in MISUSE]
+
+
+@requires_mpirun
+def test_under_mpirun_a_mistyped_value_is_refused_before_any_rank_loads_torch():
+    proc = subprocess.run(
+        [mpirun(), "-n", "2", sys.executable, "-X", "importtime", "-m", "relaympi.train"]
+        + ["--task", "digits", "--lr", "-1"],
+        cwd=ROOT,
+        env=env_for_subprocess(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    err = proc.stderr
+    assert proc.returncode == 2, err[-3000:]
+    imports = [line for line in err.splitlines() if line.startswith("import time:")]
+    assert imports and not [line for line in imports if line.split("|")[-1].strip() == "torch"]
+    said = [line for line in err.splitlines() if not line.startswith("import time:")]
+    assert said == ["error: --lr must be > 0, got -1.0"]
+
+
 @requires_mpirun
 def test_under_mpirun_a_finished_run_is_refused_before_any_rank_loads_torch(tmp_path):
     finished = rf.write_classification_run(tmp_path / "done.h5", np.full((3, 2), 0.5))

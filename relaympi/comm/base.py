@@ -13,6 +13,7 @@ import numpy as np
 
 from relaympi.comm import buffers
 from relaympi.comm.tree_allreduce import stage_order, tree_sends
+from relaympi.drops import DropPolicy as DropPolicy  # torch-free: the configuration checks it
 
 # the progress thread's poll period (--progress-interval): 0.5, 1, 2 and 4 ms measured on VGG-11
 # over an
@@ -40,52 +41,6 @@ class PeerLost(CommError):
 class Vanished(BaseException):  # noqa: N818 - not an error: a worker leaving on purpose
     """Raised in an in-process rank that an injected loss removes: it leaves its thread at once, as
     a killed process would (no failure recorded, nothing reported)."""
-
-
-class DropPolicy:
-    """Seeded, reproducible simulated message loss.
-
-    Whether the message from ``src`` to ``dst`` in communication round ``round`` (with
-    ``tag``) is lost is a pure function of (seed, round, tag, src, dst): sender and receiver
-    decide identically without talking, a resumed run drops the same messages, and the
-    decision does not depend on the backend or on the order in which ranks ask.
-
-    Args:
-        prob: the probability that any one message is lost, in [0, 1).
-        seed: the seed of every decision.
-
-    Raises:
-        ValueError: ``prob`` is outside [0, 1).
-
-    Example:
-        ```python
-        drops = DropPolicy(0.1, seed=3)
-        drops.dropped(round=7, tag=0, src=1, dst=2)  # the same answer on every rank, every time
-        ```
-    """
-
-    def __init__(self, prob: float = 0.0, seed: int = 0):
-        if not 0.0 <= prob < 1.0:
-            raise ValueError(f"drop probability must be in [0, 1), got {prob}")
-        self.prob = float(prob)
-        self.seed = int(seed)
-
-    def dropped(self, round: int, tag: int, src: int, dst: int) -> bool:
-        """Whether the message from ``src`` to ``dst`` in ``round`` with ``tag`` is lost.
-
-        Args:
-            round: the communication round (the number both ends pass to ``exchange``).
-            tag: the message's tag.
-            src: the sending rank.
-            dst: the receiving rank.
-
-        Returns:
-            True if the message is lost.
-        """
-        if self.prob == 0.0:
-            return False
-        rng = np.random.default_rng([self.seed, 0x5EED, round, tag, src, dst])
-        return bool(rng.random() < self.prob)
 
 
 def checked_nodes(nodes: Sequence[int] | None, world_size: int) -> tuple[int, ...]:

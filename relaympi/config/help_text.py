@@ -95,7 +95,7 @@ def algorithm_names() -> Sequence[str]:
 
 
 def optimizer_names() -> Sequence[str]:
-    from relaympi.optim import OPTIMIZERS
+    from relaympi.optim_config import OPTIMIZERS
 
     return OPTIMIZERS
 

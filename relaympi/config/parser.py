@@ -76,9 +76,36 @@ def _cell(markdown: str) -> str:
     return markdown.replace("|", "\\|")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The parser of `python -m relaympi.train`, generated from RunConfig's Flags (and --config)."""
-    p = UsageParser(
+class _TrainParser(UsageParser):
+    """The train command's parser: each flag's text is written when --help is shown, not when the
+    parser is built. Some texts name every algorithm's default topology or every task's defaults,
+    which their classes declare and which import torch: a misused flag is refused without them."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.texts: list[tuple[argparse.Action, str, Flag]] = []
+
+    def write_texts(self) -> None:
+        """Give each flag its text (Markdown made plain), as --help shows it."""
+        for action, name, flag in self.texts:
+            action.help = plain(text(name, flag))
+
+    def format_help(self) -> str:
+        self.write_texts()
+        return super().format_help()
+
+
+def build_parser(texts: bool = True) -> argparse.ArgumentParser:
+    """The parser of `python -m relaympi.train`, generated from RunConfig's Flags (and --config).
+
+    Args:
+        texts: give each flag its text now; False leaves them to ``format_help`` (--help), so
+            building and parsing import no torch (``parse_args``).
+
+    Returns:
+        The parser.
+    """
+    p = _TrainParser(
         prog="python -m relaympi.train",
         description="Train with a decentralized algorithm: one worker per MPI rank (mpirun/srun), "
         "--backend local --workers N (threads of one process), or --backend batched --workers N "
@@ -123,27 +150,28 @@ def build_parser() -> argparse.ArgumentParser:
             if flag.group not in groups:
                 groups[flag.group] = p.add_argument_group(_title(flag.group))
             target = groups[flag.group]
-        option, words = flag.option_string(f.name), plain(text(f.name, flag))
+        option = flag.option_string(f.name)
         if flag.negatable:  # --name / --no-name (None: not given)
-            target.add_argument(
-                option, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=words
+            action = target.add_argument(
+                option, dest=f.name, action=argparse.BooleanOptionalAction, default=None
             )
         elif flag.switch:  # given, it stores the opposite of the field's default (None: not given)
-            target.add_argument(
+            action = target.add_argument(
                 option,
                 dest=f.name,
                 default=None,
-                help=words,
                 action="store_false" if f.default else "store_true",
             )
         else:
-            target.add_argument(
+            action = target.add_argument(
                 option,
                 type=flag.type,
                 metavar=flag.metavar,
-                help=words,
                 choices=flag.choices() if flag.choices else None,
             )
+        p.texts.append((action, f.name, flag))
+    if texts:
+        p.write_texts()
     return p
 
 
@@ -169,7 +197,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
         cfg.topology  # None: relay's default, resolved when the run is planned
         ```
     """
-    args = build_parser().parse_args(argv)
+    args = build_parser(texts=False).parse_args(argv)  # torch-free: misuse is refused first
     given = {k: v for k, v in vars(args).items() if v is not None and k != "config"}
     base: dict[str, Any] = {}
     if args.config is not None:

@@ -17,6 +17,8 @@ from relaympi.algorithms.registry import ALGORITHM_NAMES, AlgorithmOptions
 from relaympi.config.applies import not_applicable
 from relaympi.config.flags import ConfigError
 from relaympi.config.run_config import AUTOCAST_DTYPES, BACKENDS, MAX_SEED, PLACEMENTS, RunConfig
+from relaympi.drops import DropPolicy
+from relaympi.optim_config import OptimizerConfig
 from relaympi.tasks import TASK_NAMES
 from relaympi.tasks.quadratics import QuadraticsSpec
 from relaympi.topology import TOPOLOGY_NAMES
@@ -56,11 +58,6 @@ def validate(cfg: RunConfig) -> None:
     The domain classes (OptimizerConfig, DropPolicy, the algorithms' options, QuadraticsSpec) check
     their own values.
     """
-    # imported here, not at the top: they need torch, and the report reads run configs
-    # (experiment_settings) where it may be missing
-    from relaympi.comm import DropPolicy
-    from relaympi.optim import OptimizerConfig
-
     if cfg.task not in TASK_NAMES:
         raise ConfigError(f"unknown task {cfg.task!r}; choose one of {', '.join(TASK_NAMES)}")
     if cfg.algo not in ALGORITHM_NAMES:
