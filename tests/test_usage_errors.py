@@ -40,7 +40,7 @@ def _train(*args, launcher=()):
         (
             ["--algo", "relya"],
             "error: argument --algo: invalid choice: 'relya' (choose from ",
-            "relay-grad'); did you mean 'relay'?",
+            "isolated'); did you mean 'relay'?",
         ),
         (
             ["--wokers", "3"],
@@ -67,7 +67,7 @@ def test_a_usage_error_is_one_line(args, start, end):
     assert code == 2
     assert err.count("\n") == 1 and err.startswith(start), err
     assert (
-        err.replace("relay-grad)", "relay-grad')")
+        err.replace("isolated)", "isolated')")
         .replace("agnews)", "agnews')")
         .endswith(end + TRAIN_HELP)
     ), err
