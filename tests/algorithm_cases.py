@@ -78,6 +78,10 @@ CASES = [
     Case("gt", "binary-tree", 7, MOMENTUM),
     Case("sgp", "exponential", 8),
     Case("sgp", "exponential", 4, MOMENTUM),
+    Case("dpsgd", "alternating-ring", 6),  # one-peer time-varying topologies
+    Case("dpsgd", "one-peer-exponential", 8, MOMENTUM),
+    Case("qgm", "one-peer-exponential", 4, MOMENTUM),
+    Case("gt", "alternating-ring", 4, ADAM),
     Case("relay-grad", "chain", 6),
     Case("relay-grad", "double-binary-trees", 8, SGD, relay_chunk=3),
     Case("relay", "binary-tree", 7, ADAM),

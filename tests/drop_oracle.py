@@ -125,6 +125,24 @@ def sgp_round(Y: np.ndarray, k: int, round: int, delivered: Delivered) -> np.nda
     return out
 
 
+def one_peer_mixing(name: str, n: int, t: int) -> np.ndarray:
+    """W(t) of a one-peer topology, from docs/algorithms.md's definition: one-peer-exponential pairs
+    i with i XOR 2^(t mod log2 n); alternating-ring pairs (2j, 2j+1) on even steps and (2j+1, 2j+2
+    mod n) on odd steps; each pair averages at weights 1/2."""
+    W = np.eye(n) / 2
+    if name == "one-peer-exponential":
+        hop = 2 ** (t % int(np.log2(n)))
+        pairs = [(i, i + hop) for i in range(n) if not i & hop]
+    else:
+        pairs = [(i, (i + 1) % n) for i in range(t % 2, n, 2)]
+    for i, j in pairs:
+        W[i, j] = W[j, i] = 0.5
+    return W
+
+
+ONE_PEER = ("one-peer-exponential", "alternating-ring")
+
+
 @dataclass
 class LossyOracle:
     """x(t) -> x(t+1) for all workers at once, with the messages ``delivered`` says were lost."""
@@ -162,7 +180,7 @@ class LossyOracle:
             return self._qgm(X, G, lr, t)
         U = self.optimizer.update(G, X, lr)
         if algo in ("dpsgd", "d2", "gt"):
-            W = lossy_mixing(self.W, round_id(t), self.delivered)
+            W = lossy_mixing(self._w(t), round_id(t), self.delivered)
             if algo == "dpsgd":  # x(t+1) = W(t) x(t+1/2)
                 return W @ (X + U)
             X_new = W @ (X + U + self.C)  # x(t+1/2) = x(t) + u + c, averaged (appendix D² / GT)
@@ -195,6 +213,12 @@ class LossyOracle:
             raise ValueError(f"unknown relay mode {self.relay_mode!r}")
         raise ValueError(f"no lossy model for {algo!r}")
 
+    def _w(self, t: int) -> np.ndarray:
+        """The gossip matrix of step t: the graph's, or a one-peer topology's of that step."""
+        if self.topology.name in ONE_PEER:
+            return one_peer_mixing(self.topology.name, self.n, t)
+        return self.W
+
     def _qgm(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
         """Quasi-global momentum: a local step with m, lossy gossip, then m <- beta m + (1 -
         beta)(x(t) - x(t+1)) / lr."""
@@ -204,7 +228,7 @@ class LossyOracle:
         D = beta * self.M + G
         if c.nesterov:
             D = G + beta * D
-        X_new = lossy_mixing(self.W, round_id(t), self.delivered) @ (X - lr * D)
+        X_new = lossy_mixing(self._w(t), round_id(t), self.delivered) @ (X - lr * D)
         if lr > 0:
             self.M = beta * self.M + (1 - beta) * (X - X_new) / lr
         return X_new

@@ -41,6 +41,12 @@ CASES = (
         ("gt", "binary-tree", MOMENTUM, "counts"),
         ("sgp", "exponential", SGD, "counts"),
         ("sgp", "exponential", MOMENTUM, "counts"),
+        # one-peer time-varying topologies: W(t) changes every step
+        ("dpsgd", "one-peer-exponential", SGD, "counts"),
+        ("dpsgd", "alternating-ring", ADAM, "counts"),
+        ("qgm", "alternating-ring", MOMENTUM, "counts"),
+        ("gt", "one-peer-exponential", MOMENTUM, "counts"),
+        ("gt", "alternating-ring", SGD, "counts"),
         ("relay-grad", "chain", SGD, "counts"),
         ("relay-grad", "double-binary-trees", SGD, "counts"),
     ]
@@ -219,7 +225,10 @@ def test_relaysum_counts_converge_under_drops():
         ("relay", "ring", 6, "not a tree"),
         ("relay-grad", "fully-connected", 4, "not a tree"),
         ("sgp", "ring", 4, "exponential"),
+        ("sgp", "one-peer-exponential", 4, "exponential"),
         ("d2", "social-network", 32, "-1/3"),
+        ("d2", "alternating-ring", 4, "d2 needs a fixed gossip matrix; 'alternating-ring'"),
+        ("d2", "one-peer-exponential", 4, "changes it every step"),
     ],
 )
 def test_invalid_combinations_are_refused(algo, topo, n, message):

@@ -16,12 +16,17 @@ from relaympi.algorithms.d2_rule import D2_MIN_EIGENVALUE, d2_allows
 from relaympi.algorithms.gossip import mixing_matrix_for
 from relaympi.algorithms.options import AlgorithmError, D2Options
 from relaympi.optim import OptimizerConfig
-from relaympi.topology import Topology
+from relaympi.topology import Topology, one_peer_schedule
 
 
 def d2_mixing_matrix(topology: Topology, exact_diffusion: bool, force: bool) -> np.ndarray:
     """The gossip matrix D² uses; refuses one whose smallest eigenvalue is below
-    D2_MIN_EIGENVALUE."""
+    D2_MIN_EIGENVALUE, and a one-peer topology (its correction assumes one fixed W)."""
+    if one_peer_schedule(topology.name, topology.world_size) is not None:
+        raise AlgorithmError(
+            f"d2 needs a fixed gossip matrix; {topology.name!r} changes it every step "
+            "(use ring, chain, ... or dpsgd, qgm, gt on it)"
+        )
     w = mixing_matrix_for(topology)
     if exact_diffusion:
         w = (

@@ -7,23 +7,25 @@ import numpy as np
 import torch
 
 from relaympi.algorithms.base import ONE_GRAPH, MatrixForm, RangedAlgorithm, round_id
-from relaympi.algorithms.gossip import mixing_matrix_for
+from relaympi.algorithms.gossip import Mixer, gossip_matrices
 
 
 class DPSGDMatrix(MatrixForm):
-    """X(t+1) = W (X(t) + U(t))."""
+    """X(t+1) = W(t) (X(t) + U(t)); W(t) = W on a fixed graph."""
 
     def __init__(self, matrix_algorithm):
         super().__init__(matrix_algorithm)
-        self.W = matrix_algorithm.topology.mixing_matrix(0)
+        # W(t) = Ws[t mod len]: one matrix for a fixed graph, one per round for a one-peer topology
+        self.Ws = gossip_matrices(matrix_algorithm.topology)
 
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
-        return self.W @ (X + self.matrix_algorithm.optimizer.update(G, X, lr))
+        return self.Ws[t % len(self.Ws)] @ (X + self.matrix_algorithm.optimizer.update(G, X, lr))
 
 
 class DPSGD(RangedAlgorithm):
-    """x(t+1/2) = x(t) + u(t), then x(t+1) = W x(t+1/2): a range's local step and its sends start as
-    soon as its gradient is final; the averaging follows each range's receives."""
+    """x(t+1/2) = x(t) + u(t), then x(t+1) = W(t) x(t+1/2): a range's local step and its sends start
+    as soon as its gradient is final; the averaging follows each range's receives. W(t) is the
+    graph's fixed matrix, or on a one-peer topology the average with step t's one peer."""
 
     name = "dpsgd"
     heal_rule = "gossip weights rebuilt for the survivors' graph (it has no other state)"
@@ -32,12 +34,16 @@ class DPSGD(RangedAlgorithm):
     matrix_form = DPSGDMatrix
 
     def _setup(self, x0: torch.Tensor) -> None:
-        self.mixer = self.mixers.gossip(mixing_matrix_for(self.topology), x0)
+        # one mixer per step of the topology's period (a fixed graph: one)
+        self.step_mixers: list[Mixer] = [
+            self.mixers.gossip(w, x0) for w in gossip_matrices(self.topology)
+        ]
 
     def _start(self, lo: int, hi: int, index: int):
         x, grad, lr, step = self._ranged
         self.optimizer.update_range(grad, x, lr, lo, hi, apply=True)  # x(t+1/2), paper eq. (DP-SGD)
-        return self.mixer.start(x, lo, hi, round_id(step), chunk=index)
+        mixer = self.step_mixers[step % len(self.step_mixers)]
+        return mixer.start(x, lo, hi, round_id(step), chunk=index)
 
     def _finish(self, lo: int, hi: int, pending) -> None:
         pending.finish()
