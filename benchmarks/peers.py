@@ -7,7 +7,8 @@ and step count from relaympi's own plan (``relaympi.training.plan.resolve`` and
 alternately, A B A B, and the report gives per system the median [min-max] of
 
 - ms/step: rank 0's wall clock per training step, without start-up and evaluation (relaympi: its
-  run file's clock less its evaluation timer; a peer: its training loop);
+  run file's clock less its evaluation timer; a peer: its training loop), of a run of ``--steps``
+  steps less that of ``--steps // 10`` steps, so that first steps' set-up cancels too;
 - CPU s/step, all ranks (and the launcher): the CPU time of a run of ``--steps`` steps less that of
   a run of ``--steps // 10``, over the difference in steps, so start-up cancels;
 - bytes/step per worker: relaympi's counted bytes; a peer's from its algorithm (DDP: gloo's ring
@@ -183,10 +184,13 @@ def measure_pair(pair: str, workers: int, steps: int, folder: Path) -> tuple[Mea
             else:
                 runs[count] = run_peer(peer, algo, topology, workers, count, folder)
         cpu, figures = runs[steps]
+        # the training loops' time, long less short: a first step's set-up (Decent-DP builds its
+        # buckets there, DDP its reducer) cancels as start-up does
+        loop_ms = figures["ms_per_step"] * steps - runs[short][1]["ms_per_step"] * short
         results.append(
             Measure(
                 system=system if system == "relaympi" else peer,
-                ms_per_step=figures["ms_per_step"],
+                ms_per_step=loop_ms / (steps - short),
                 cpu_s_per_step=(cpu - runs[short][0]) / (steps - short),
                 bytes_per_step=figures["bytes_per_step"],
                 bytes_estimated=system != "relaympi",
@@ -208,13 +212,14 @@ def peer_worker(peer: str, algo: str, topology: str | None, steps: int, out: Pat
     from relaympi.config import parse_args
     from relaympi.optim import make_optimizer
     from relaympi.training.plan import resolve
-    from relaympi.training.workloads import build_workload
+    from relaympi.training.workloads import ModelWorkload, build_workload
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     plan = resolve(parse_args(train_args(algo, topology, steps)), size)
     workload = build_workload(plan, rank, "cpu")
+    assert isinstance(workload, ModelWorkload)  # the task is a classification task
     schedule = plan.schedule(workload.steps_per_epoch)
     task, sampler = workload.task, workload.sampler
     batches = task.train_batches(
@@ -228,7 +233,7 @@ def peer_worker(peer: str, algo: str, topology: str | None, steps: int, out: Pat
         optimizer = make_optimizer(plan.optimizer, workload.x)
         bytes_per_step = 2 * (size - 1) / size * numel * 4  # gloo's ring all-reduce, float32
     else:
-        from decent_dp.ddp import DecentralizedDataParallel
+        from decent_dp.ddp import DecentralizedDataParallel  # type: ignore[import-untyped]
 
         lr = schedule.lr_at(0)
         model = DecentralizedDataParallel(
