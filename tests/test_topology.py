@@ -769,3 +769,16 @@ def test_cli_subprocess_bad_input_exits_2():
     assert result.stdout == ""
     result = _run_cli("ring")  # argparse: -n missing
     assert result.returncode == 2 and "-n" in result.stderr
+
+
+def test_describe_gives_the_one_peer_pairings_and_one_model_per_step():
+    summary = describe(build("alternating-ring", 8), ranks_per_node=2, model_size=10)
+    assert summary["models_per_step"] == 1.0 and summary["d2_allowed"] is False
+    assert summary["one_peer_schedule"] == {
+        "period": 2,
+        "peers": [[1, 0, 3, 2, 5, 4, 7, 6], [7, 2, 1, 4, 3, 6, 5, 0]],
+    }
+    # nodes {0,1} {2,3} ...: step 0 stays inside nodes; step 1 each node sends 2 models out
+    assert summary["inter_node_bytes_per_node_per_step"] == 2 * 10 * 4
+    cube = describe(build("one-peer-exponential", 8), ranks_per_node=4, model_size=10)
+    assert cube["inter_node_bytes_per_node_per_step"] == 4 * 10 * 4  # step 2: i XOR 4 crosses
