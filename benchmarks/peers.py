@@ -7,8 +7,8 @@ and step count from relaympi's own plan (``relaympi.training.plan.resolve`` and
 alternately, A B A B, and the report gives per system the median [min-max] of
 
 - ms/step: rank 0's wall clock per training step, without start-up and evaluation (relaympi: its
-  run file's clock less its evaluation timer; a peer: its training loop), of a run of ``--steps``
-  steps less that of ``--steps // 10`` steps, so that first steps' set-up cancels too;
+  run file's clock less its evaluation timer; a peer: its training loop), after a warm-up of a
+  tenth of the steps (DDP builds its reducer, Decent-DP its buckets in their first steps);
 - CPU s/step, all ranks (and the launcher): the CPU time of a run of ``--steps`` steps less that of
   a run of ``--steps // 10``, over the difference in steps, so start-up cancels;
 - bytes/step per worker: relaympi's counted bytes; a peer's from its algorithm (DDP: gloo's ring
@@ -81,9 +81,17 @@ def missing_peer(peer: str) -> str | None:
     return None
 
 
+def warm_up(steps: int) -> int:
+    """The first steps left out of ms/step (set-up in first steps: DDP's reducer, Decent-DP's
+    buckets): a tenth."""
+    return max(1, steps // 10)
+
+
 def train_args(algo: str, topology: str | None, steps: int) -> list[str]:
-    """relaympi.train's flags for the task both systems run (one evaluation, at the end)."""
-    args = ["--task", TASK, "--algo", algo, "--steps", str(steps), "--eval-every", str(steps)]
+    """relaympi.train's flags for the task both systems run; relaympi evaluates every tenth of the
+    run, so that its run file's clock has a row at the end of the warm-up."""
+    every = warm_up(steps)
+    args = ["--task", TASK, "--algo", algo, "--steps", str(steps), "--eval-every", str(every)]
     return args + (["--topology", topology] if topology else [])
 
 
@@ -124,10 +132,12 @@ def run_relaympi(
         raise SystemExit(f"benchmarks.peers: relaympi failed: {proc.stderr.strip()[-2000:]}")
     run = read_run(out)
     data = run.data
+    # from the row at the end of the warm-up to the last, less rank 0's evaluations between
+    timed = int(data["step"][-1] - data["step"][1])
+    evaluation = float(data["time_eval_s"][-1][0] - data["time_eval_s"][1][0])
     done = int(data["step"][-1] - data["step"][0])
-    evaluation = float(data["time_eval_s"][-1][0] - data["time_eval_s"][0][0])
     figures = {
-        "ms_per_step": 1e3 * (float(data["time_s"][-1] - data["time_s"][0]) - evaluation) / done,
+        "ms_per_step": 1e3 * (float(data["time_s"][-1] - data["time_s"][1]) - evaluation) / timed,
         "bytes_per_step": float((data["bytes_sent"][-1] - data["bytes_sent"][0]).mean()) / done,
         "accuracy": float(data["test_accuracy"][-1].mean()),
     }
@@ -184,13 +194,10 @@ def measure_pair(pair: str, workers: int, steps: int, folder: Path) -> tuple[Mea
             else:
                 runs[count] = run_peer(peer, algo, topology, workers, count, folder)
         cpu, figures = runs[steps]
-        # the training loops' time, long less short: a first step's set-up (Decent-DP builds its
-        # buckets there, DDP its reducer) cancels as start-up does
-        loop_ms = figures["ms_per_step"] * steps - runs[short][1]["ms_per_step"] * short
         results.append(
             Measure(
                 system=system if system == "relaympi" else peer,
-                ms_per_step=loop_ms / (steps - short),
+                ms_per_step=figures["ms_per_step"],
                 cpu_s_per_step=(cpu - runs[short][0]) / (steps - short),
                 bytes_per_step=figures["bytes_per_step"],
                 bytes_estimated=system != "relaympi",
@@ -245,6 +252,8 @@ def peer_worker(peer: str, algo: str, topology: str | None, steps: int, out: Pat
     dist.barrier()
     start = time.perf_counter()
     for step in range(steps):
+        if step == warm_up(steps):
+            start = time.perf_counter()
         inputs, targets = next(batches)
         model.train()
         loss = task.loss(task.forward(model, inputs), targets)
@@ -256,7 +265,7 @@ def peer_worker(peer: str, algo: str, topology: str | None, steps: int, out: Pat
     elapsed = time.perf_counter() - start
     accuracy = workload.evaluate()["test_accuracy"]
     figures = {
-        "ms_per_step": 1e3 * elapsed / steps,
+        "ms_per_step": 1e3 * elapsed / (steps - warm_up(steps)),
         "bytes_per_step": bytes_per_step,
         "accuracy": accuracy,
     }
