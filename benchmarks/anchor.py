@@ -287,7 +287,7 @@ def run_main(args: argparse.Namespace) -> int:
         )
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    best = {}
+    best: dict[str, dict] = {}
     for row in (r for r in rows if "error" not in r):
         family = "bf16" if row["precision"] == "bf16" else "float32"
         if family not in best or row["samples_per_s"] > best[family]["samples_per_s"]:

@@ -60,13 +60,14 @@ def bench(
     from relaympi.engines.batched.models import BatchedModel
     from relaympi.engines.batched.run import AUTOCAST, DEFERRED_STEPS
     from relaympi.optim import OptimizerConfig
-    from relaympi.tasks import TaskOptions, get_task_class
+    from relaympi.tasks import TaskOptions
+    from relaympi.tasks.cifar10 import Cifar10Task
     from relaympi.tasks.partition import dirichlet_partition
     from relaympi.topology import build
 
     dev = torch.device(device)
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    task = get_task_class("cifar10")(TaskOptions(data_dir=data_dir, device=device))
+    task = Cifar10Task(TaskOptions(data_dir=data_dir, device=device))
     model = BatchedModel(task, 0, dev, autocast=AUTOCAST[autocast])
     parts = dirichlet_partition(task.train_labels, workers, 1.0, 0)
     data = BatchedData(task, parts, batch_size, 0, dev)

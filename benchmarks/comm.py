@@ -59,8 +59,8 @@ def default_sizes() -> list[int]:
 
 def vgg11_params() -> int:
     """VGG-11's trainable parameter count, from the model itself (CIFAR-10's network)."""
-    # imports below this line are where one path needs them: the model, HDF5 output, the backend
-    # chosen
+    # imports below this line are where one path needs them: the model, HDF5 output, the
+    # backend chosen
     from relaympi.tasks.models import VGG11
 
     return sum(p.numel() for p in VGG11().parameters() if p.requires_grad)
@@ -134,9 +134,10 @@ def _raw_exchange(comm, messages: list[tuple[int, int, int]], device: torch.devi
             if host is not recv:
                 recv.copy_(host)
 
-    run.bytes_per_call = sum(4 * size for _, size in shapes)  # float32; bypasses the byte counters
+    # float32; bypasses the byte counters
+    run.bytes_per_call = sum(4 * size for _, size in shapes)  # type: ignore[attr-defined]
     nodes = comm.nodes
-    run.inter_node_bytes = sum(4 * size for peer, size in shapes if nodes[peer] != nodes[comm.rank])
+    run.inter_node_bytes = sum(4 * size for peer, size in shapes if nodes[peer] != nodes[comm.rank])  # type: ignore[attr-defined]
     return run
 
 
@@ -149,7 +150,7 @@ def _cases(comm, numel: int, device: torch.device, chunk: int) -> dict:
     x.copy_(torch.randn(numel, generator=torch.Generator().manual_seed(rank)))
     cases = {}
     # on several nodes, each placed operation twice: the paper's rank order, and node-aware
-    placements = [("", {})]
+    placements: list[tuple[str, dict]] = [("", {})]
     if len(set(comm.nodes)) > 1:
         placements.append((" node-aware", {"placement": "nodes", "nodes": comm.nodes}))
     for suffix, placed in placements:
@@ -204,7 +205,8 @@ def _cases(comm, numel: int, device: torch.device, chunk: int) -> dict:
                 comm.exchange({peers[0]: z}, {peers[1]: received}, round=k).wait()
                 z.add_(received).mul_(0.5)
 
-        sgp_period.rounds_per_call = schedule.period  # the row reports one round: the period's mean
+        # the row reports one round: the period's mean
+        sgp_period.rounds_per_call = schedule.period  # type: ignore[attr-defined]
         cases["sgp round"] = sgp_period
     w = x.clone()
 
@@ -212,7 +214,8 @@ def _cases(comm, numel: int, device: torch.device, chunk: int) -> dict:
         comm.allreduce_sum(w)
 
     cases["allreduce"] = allreduce
-    allreduce.bytes_per_call = 4 * numel  # algorithm bandwidth: the buffer over the time
+    # algorithm bandwidth: the buffer over the time
+    allreduce.bytes_per_call = 4 * numel  # type: ignore[attr-defined]
     v = x.clone()
     pieces = [(lo, min(lo + -(-numel // 8), numel)) for lo in range(0, numel, -(-numel // 8))]
 
@@ -227,15 +230,15 @@ def _cases(comm, numel: int, device: torch.device, chunk: int) -> dict:
 
     cases["iallreduce fixed tree"] = tree_allreduce
     cases["iallreduce fixed tree 8 pieces"] = tree_allreduce_pieces
-    tree_allreduce.bytes_per_call = tree_allreduce_pieces.bytes_per_call = 4 * numel
+    tree_allreduce.bytes_per_call = tree_allreduce_pieces.bytes_per_call = 4 * numel  # type: ignore[attr-defined]
     if (
         comm.backend == "mpi"
     ):  # the busiest rank's, derived from the tree here (the communicator's count must agree)
         from relaympi.comm.tree_allreduce import stage_order
 
         order = stage_order(comm.nodes)
-        tree_allreduce.inter_node_bytes = tree_inter_node_bytes(comm.nodes, [numel], order)
-        tree_allreduce_pieces.inter_node_bytes = tree_inter_node_bytes(
+        tree_allreduce.inter_node_bytes = tree_inter_node_bytes(comm.nodes, [numel], order)  # type: ignore[attr-defined]
+        tree_allreduce_pieces.inter_node_bytes = tree_inter_node_bytes(  # type: ignore[attr-defined]
             comm.nodes, [hi - lo for lo, hi in pieces], order
         )
     return cases

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Long script: every stage of the one prepared GPU run, under one time budget and one report
 # relaympi GPU check: one prepared run on a machine with an NVIDIA GPU (never more than
 # GPU_CHECK_BUDGET_S, default 540 s, plus 30 s for the report and a few to pack results).
 #

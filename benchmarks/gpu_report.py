@@ -37,6 +37,7 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +111,8 @@ def probe() -> int:
     for name in ("cupy", "h5py", "networkx", "mpi4py", "pytest_mpi"):
         try:
             module = __import__(name)
-            print(f"{name} {getattr(module, '__version__', '?')} at {Path(module.__file__).parent}")
+            where = Path(module.__file__).parent if module.__file__ else "?"
+            print(f"{name} {getattr(module, '__version__', '?')} at {where}")
         except Exception as exc:  # noqa: BLE001 - report whatever is broken and go on
             print(f"{name}: not importable ({type(exc).__name__}: {exc})")
     try:
@@ -187,20 +189,24 @@ def bench_comm(
             if hasattr(comm, "cuda_aware"):
                 comm.cuda_aware = mode == "cuda-aware"
             where = torch.device("cpu") if mode == "host" else gpu
-            sync = (
-                (lambda d=where: torch.cuda.synchronize(d))
+            sync: Callable[[], object] = (
+                functools.partial(torch.cuda.synchronize, where)
                 if where.type == "cuda"
                 else (lambda: None)
             )
             x = padded_zeros(numel, device=where)  # a flat model's layout: zero-copy leaf messages
             x.copy_(host)
-            cases = {}
+            cases: dict[str, Callable[[int], object]] = {}
             for name, topology in trees.items() if "relaysum" in ops else ():
                 relay = RelaySum(comm, topology, numel, x)
-                cases[f"relaysum {name}"] = lambda i, relay=relay, x=x: relay.exchange(x, i)
+                cases[f"relaysum {name}"] = functools.partial(relay.exchange, x)
             if "allreduce" in ops:
                 summed = x.clone()
-                cases["allreduce"] = lambda i, summed=summed: comm.allreduce_sum(summed)
+
+                def allreduce(_i: int, summed: torch.Tensor = summed) -> None:
+                    comm.allreduce_sum(summed)
+
+                cases["allreduce"] = allreduce
             if "relaysgd" in ops:  # the update, the exchange and the combination of one step
                 model, grad = x.clone(), torch.full_like(x, 1e-3)
                 sgd = make_algorithm(
@@ -211,8 +217,8 @@ def bench_comm(
                     model,
                     AlgorithmOptions(),
                 )
-                cases["relaysgd step double-binary-trees"] = (
-                    lambda i, sgd=sgd, model=model, grad=grad: sgd.step(model, grad, 0.01, i)
+                cases["relaysgd step double-binary-trees"] = functools.partial(
+                    sgd.step, model, grad, 0.01
                 )
             for op, fn in cases.items():
                 before = int(comm.bytes_sent.sum())
@@ -401,8 +407,8 @@ def summarize_run(path: Path) -> dict[str, Any]:
     later = np.flatnonzero(steps > 0)
     if len(later) == 0 or "time_compute_s" not in run.data:
         return out | {"note": "no evaluation after step 0"}
-    # window: from the first evaluation after step 0 (warm-up excluded) to the last, if there are
-    # two
+    # window: from the first evaluation after step 0 (warm-up excluded) to the last, if there
+    # are two
     start = int(later[0]) if len(later) > 1 else 0
     end = int(later[-1])
     window = int(steps[end] - steps[start])

@@ -80,6 +80,7 @@ def run_with_kills(
     )
     kills: list[dict] = []
     killed: set[int] = set()
+    step_times: list[float]
     next_kill, step_times, last = every, [], None
     workers0: int | None = None
     assert proc.stdout is not None

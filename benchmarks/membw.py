@@ -318,6 +318,8 @@ def _read_comm(paths: list[Path], p: argparse.ArgumentParser) -> tuple[int, list
                 {"op": o, "numel": int(d), "median_s": float(s)}
                 for o, d, s in zip(ops, f["numel"][()], f["median_s"][()], strict=True)
             ]
+    if world is None:
+        p.error("--comm names no result file")
     return world, rows
 
 

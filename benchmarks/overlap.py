@@ -178,11 +178,11 @@ def train(
 
 
 def parse_exports(text: str) -> dict[str, str]:
-    env = {}
+    env: dict[str, str] = {}
     for line in text.splitlines():
         words = shlex.split(line)
         if words and words[0] == "export":
-            env.update(word.split("=", 1) for word in words[1:])
+            env.update((name, value) for name, value in (w.split("=", 1) for w in words[1:]))
     return env
 
 
@@ -265,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.variants!r}"
         )
     out = args.out or ROOT / "bench-results" / f"overlap-{args.nodes}x{args.ranks_per_node}.h5"
-    # a TERM (or an INT, which a background job ignores) still stops the cluster in the finally
-    # below
+    # a TERM (or an INT, which a background job ignores) still stops the cluster in the
+    # finally below
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _stop)
     algos, links = args.algos.split(","), args.links.split(",")

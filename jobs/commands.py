@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from jobs.settings import JobsError, JobSettings
 from jobs.sweeps import GridPoint, configurations, run_name, sweep
@@ -52,19 +53,21 @@ class Job:
 
     @property
     def out(self) -> Path:
+        assert self.config.out is not None  # _job sets it
         return self.config.out
 
     @property
     def checkpoint_dir(self) -> Path:
+        assert self.config.checkpoint_dir is not None  # _job sets it
         return self.config.checkpoint_dir
 
     @property
     def config_file(self) -> Path:
-        return config_path(self.config.out)
+        return config_path(self.out)
 
     @property
     def name(self) -> str:
-        return self.config.out.stem
+        return self.out.stem
 
 
 def config_path(out: Path) -> Path:
@@ -199,19 +202,19 @@ def _job(
     name = run_name(config, world_size)
     dirs = data_dirs(config.task, sweep_name, settings)
     single = one_process(settings)
+    out = results / sweep_name / config.task / f"{name}.h5"
+    paths: dict[str, Any] = {field: path for field, path, _, _ in dirs if path is not None}
     config = replace(
         config,
-        out=results / sweep_name / config.task / f"{name}.h5",
+        out=out,
         checkpoint_dir=checkpoints / sweep_name / config.task / name,
         backend=backend(settings),
         workers=world_size if single else None,
         device=device(settings) or config.device,
-        **{field: path for field, path, _, _ in dirs if path is not None},
+        **paths,
     )
     unset = tuple(variable for _, path, _, variable in dirs if path is None)
-    return Job(
-        index, config, world_size, command(world_size, config_path(config.out), settings), unset
-    )
+    return Job(index, config, world_size, command(world_size, config_path(out), settings), unset)
 
 
 def jobs(sweep_name: str, settings: JobSettings) -> list[Job]:
@@ -238,7 +241,7 @@ def check_job(job: Job, settings: JobSettings, scratch: Path) -> str | None:
     # a folder not fetched yet is left to data_problems (it prints the fetch command); the run
     # file's folder is made when the job starts: check against an existing one
     folders = {field: getattr(job.config, field) for field in ("data_dir", "model_dir")}
-    absent = {
+    absent: dict[str, Any] = {
         field: None
         for field, folder in folders.items()
         if folder is not None and not folder.is_dir()

@@ -39,7 +39,7 @@ from jobs.commands import (
 from jobs.runner import cmd_run
 from jobs.settings import JobsError, JobSettings
 from jobs.sweeps import SWEEPS, configurations, listed_fields, sweep, sweep_script
-from relaympi.entrypoint import run
+from relaympi.entrypoint import UsageParser, run
 from relaympi.results import FINISHED_STATUSES, run_status
 
 
@@ -132,7 +132,9 @@ def refusals(
 
 def array_spec(indices: Sequence[int]) -> str:
     """Compress sorted indices into sbatch's --array syntax: 0-5,8,10-12."""
-    parts, start, prev = [], None, None
+    parts: list[str] = []
+    start: int | None = None
+    prev = 0  # the current run's last index, once start is set
     for i in sorted(indices):
         if start is None:
             start = prev = i
@@ -213,8 +215,8 @@ def cmd_scripts(check: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="jobs/grid.py",
+    parser = UsageParser(
+        prog="python -m jobs.grid",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

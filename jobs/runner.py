@@ -86,8 +86,8 @@ def cmd_run(sweep_name: str, settings: JobSettings, index: int | None) -> int:
     if missing:  # a cheap look (no checksums) before a whole allocation starts to fail
         raise JobsError(f"{label}: data not there:\n  " + "\n  ".join(missing))
     if status in ("missing", "corrupt") and job.checkpoint_dir.exists():
-        # The checkpoint belongs to a run file that is gone: start afresh rather than resume into
-        # nothing.
+        # The checkpoint belongs to a run file that is gone: start afresh rather than resume
+        # into nothing.
         _log(f"{label}: run file {status}; removing its stale checkpoint {job.checkpoint_dir}")
         shutil.rmtree(job.checkpoint_dir)
     job.out.parent.mkdir(parents=True, exist_ok=True)

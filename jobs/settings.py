@@ -12,6 +12,9 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, TypeVar, overload
+
+V = TypeVar("V")  # a setting's value, as its convert function makes it
 
 CONFIG_VARIABLE = "RELAYMPI_JOBS_CONFIG"
 
@@ -60,11 +63,15 @@ class JobSettings:
             {k: v for k, v in environ.items() if k.startswith("RELAYMPI_") and v != ""}
         )
 
+    @overload
+    def get(self, name: str, default: str) -> str: ...
+    @overload
+    def get(self, name: str, default: str | None = None) -> str | None: ...
     def get(self, name: str, default: str | None = None) -> str | None:
         value = self.values.get(name, "")
         return value if value != "" else default
 
-    def list(self, name: str, convert: Callable[[str], object], default: Sequence) -> tuple:
+    def list(self, name: str, convert: Callable[[str], V], default: Sequence[V]) -> tuple[V, ...]:
         value = self.get(name)
         if value is None:
             return tuple(default)
@@ -75,7 +82,11 @@ class JobSettings:
                 f"{name}={value!r}: expecting a list of {convert.__name__} values"
             ) from None
 
-    def number(self, name: str, convert: Callable[[str], object], default: object = None) -> object:
+    @overload
+    def number(self, name: str, convert: Callable[[str], V]) -> V | None: ...
+    @overload
+    def number(self, name: str, convert: Callable[[str], V], default: V) -> V: ...
+    def number(self, name: str, convert: Callable[[str], Any], default: Any = None) -> Any:
         value = self.get(name)
         if value is None:
             return default

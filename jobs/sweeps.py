@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from jobs.settings import JobsError, JobSettings
 from relaympi.algorithms import (
@@ -14,14 +15,16 @@ from relaympi.algorithms import (
     get_algorithm_class,
 )
 from relaympi.algorithms.options import option_names
+from relaympi.algorithms.registry import DECLARED
 from relaympi.config import RunConfig
 from relaympi.tasks import TaskError, get_task_class
 
 # The paper runs D-PSGD without momentum only: its momentum variant is qgm. Applies unless
 # RELAYMPI_MOMENTA is set.
 PAPER_PLAIN_ONLY = ("dpsgd",)
-# Algorithms that drop no messages (a collective): only their reliable run is in a drop grid.
-NO_DROPS = ("allreduce",)
+# Algorithms that send no message that can be dropped (as each declares): only their reliable run
+# is in a drop grid.
+NO_DROPS = tuple(name for name, d in DECLARED.items() if not d.communication.lossy)
 # A grid point: the configuration the trainer runs, and its number of workers (MPI ranks, or
 # --workers of one process: jobs.commands decides which).
 GridPoint = tuple[RunConfig, int]
@@ -231,7 +234,7 @@ def _lrs(
     return [float(f"{centre * 2.0**k:.6g}") for k in range(kmin, kmax + 1)]
 
 
-def _whole_grid(settings: JobSettings) -> dict[str, object]:
+def _whole_grid(settings: JobSettings) -> dict[str, Any]:
     """The RunConfig fields every point shares (training length, batch size, evaluation)."""
     if settings.get("RELAYMPI_EPOCHS") and settings.get("RELAYMPI_STEPS"):
         raise JobsError("set RELAYMPI_EPOCHS or RELAYMPI_STEPS, not both")

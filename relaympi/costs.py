@@ -13,6 +13,7 @@ holds exactly evaluation k-1.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from relaympi.results.membership import finished_workers, readmitted_at
 
 # the run file's datasets the costs read (inter_node_bytes_sent: each worker's cumulative bytes
 # sent to workers on other nodes, absent from files written before it was recorded)
@@ -102,6 +105,65 @@ def step_costs(data: Mapping[str, np.ndarray]) -> StepCosts | None:
         return (values[-1] - values[0]) / (step[-1] - step[0])
 
     return StepCosts(wall * 1000, timers, total("bytes_sent"), total("inter_node_bytes_sent"))
+
+
+def member_step_costs(
+    data: Mapping[str, np.ndarray], world_size: int, membership: Sequence[Mapping[str, Any]]
+) -> StepCosts | None:
+    """``step_costs`` of a run whose workers changed (``membership``: the run file's records):
+    the bytes per step of the workers that finished only (a lost worker's counter is NaN from
+    its loss on), a re-admitted worker's over its rows since its latest re-admission (its counter
+    started again at 0 there). The same as ``step_costs`` without changes.
+
+    Args:
+        data: the run's datasets (COST_DATASETS).
+        world_size: the run's first worker count (the width of its per-worker datasets).
+        membership: the run's membership records, in order.
+
+    Returns:
+        The per-step costs, or None where ``step_costs`` has none.
+    """
+    costs = step_costs(data)
+    if costs is None or not membership:
+        return costs
+    finished = finished_workers(world_size, membership)
+    back = readmitted_at(membership)
+
+    def kept(per_step: np.ndarray | None, name: str) -> np.ndarray | None:
+        if per_step is None:
+            return None
+        return _since_readmitted(per_step, data, name, back)[finished]
+
+    return dataclasses.replace(
+        costs,
+        bytes_per_step=kept(costs.bytes_per_step, "bytes_sent"),
+        inter_node_bytes_per_step=kept(costs.inter_node_bytes_per_step, "inter_node_bytes_sent"),
+    )
+
+
+def _since_readmitted(
+    per_step: np.ndarray, data: Mapping[str, np.ndarray], name: str, back: Mapping[int, int]
+) -> np.ndarray:
+    """``per_step`` (bytes per step per worker over the run) with each re-admitted worker's entry
+    over its rows since its latest re-admission instead (NaN with fewer than two such rows: no
+    interval to measure)."""
+    per_step = np.array(per_step, dtype=float)
+    if not back or name not in data:
+        return per_step
+    step = np.asarray(data["step"], dtype=float)
+    values = np.asarray(data[name], dtype=float).reshape(len(step), -1)
+    for worker, at in back.items():
+        if worker >= len(per_step):
+            continue
+        rows = np.flatnonzero(step >= at)
+        if len(rows) < 2:
+            per_step[worker] = math.nan
+            continue
+        first, last = rows[0], rows[-1]
+        per_step[worker] = (values[last, worker] - values[first, worker]) / (
+            step[last] - step[first]
+        )
+    return per_step
 
 
 def time_to_accuracy(time_s: np.ndarray, accuracy: np.ndarray, target: float) -> float | None:

@@ -124,9 +124,8 @@ def flatten_module(module: Any) -> tuple[Any, Any]:
             f"on {sorted(map(str, devices))}"
         )
     total = sum(p.numel() for p in params)
-    flat = padded_zeros(
-        total, dtype=params[0].dtype, device=params[0].device
-    )  # spare slots: RelaySum counters
+    # spare slots: RelaySum counters
+    flat = padded_zeros(total, dtype=params[0].dtype, device=params[0].device)
     grad = torch.zeros_like(flat)
     offset = 0
     with torch.no_grad():

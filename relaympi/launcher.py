@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 # the first variable holding a number wins, in this order
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
-# MPI_LOCALNRANKS (node-local ranks, Hydra) last: more than one there means more than one rank in
-# all
+# MPI_LOCALNRANKS (node-local ranks, Hydra) last: more than one there means more than one rank
+# in all
 SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
 LOCAL_RANK_VARIABLES = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
 LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_LOCAL_SIZE")

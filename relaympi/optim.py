@@ -63,9 +63,8 @@ class LocalOptimizer:
 
     def __init__(self, config: OptimizerConfig, like: torch.Tensor):
         self.config = config
-        self.update_buffer = padded_zeros_like(
-            like
-        )  # spare slots: RelaySGD/Grad relays u without a copy
+        # spare slots: RelaySGD/Grad relays u without a copy
+        self.update_buffer = padded_zeros_like(like)
         self.numel = numel = like.numel()
         self._block = UPDATE_BLOCK if like.device.type == "cpu" else max(numel, 1)
         self._decayed: torch.Tensor | None = None  # one block of grad + weight_decay * x
@@ -73,9 +72,18 @@ class LocalOptimizer:
     def update(
         self, grad: torch.Tensor, x: torch.Tensor, lr: float, apply: bool = False
     ) -> torch.Tensor:
-        """The update for this step (the returned tensor is reused next step); with ``apply``,
-        also x += u in the same cache-blocked sweep. The same as ``begin_step()`` then
-        ``update_range`` over [0, numel)."""
+        """The update for this step; with ``apply``, also x += u in the same cache-blocked sweep.
+        The same as ``begin_step()`` then ``update_range`` over [0, numel).
+
+        Args:
+            grad: the gradient at x, flat as x.
+            x: the flat model.
+            lr: this step's learning rate.
+            apply: add the update to x as well.
+
+        Returns:
+            u = x(t+1/2) - x(t), in ``update_buffer`` (the returned tensor is reused next step).
+        """
         self.begin_step()
         self.update_range(grad, x, lr, 0, self.numel, apply)
         return self.update_buffer
@@ -92,7 +100,16 @@ class LocalOptimizer:
 
         Every optimizer here is elementwise, so the bits of u do not depend on how a step's
         [0, numel) is cut into ranges, nor on their order: the overlapped and pipelined steps rely
-        on it. Each range must be updated once per step, after ``begin_step``."""
+        on it. Each range must be updated once per step, after ``begin_step``.
+
+        Args:
+            grad: the gradient at x, flat as x (only [lo, hi) is read).
+            x: the flat model.
+            lr: this step's learning rate.
+            lo: the range's first flat coordinate.
+            hi: one past its last.
+            apply: add the range's update to x as well.
+        """
         for b in self._blocks(lo, hi):
             self._update_block(grad[b], x[b], self.update_buffer[b], b, lr)
             if apply:
@@ -117,10 +134,19 @@ class LocalOptimizer:
         return torch.add(grad, x, alpha=self.config.weight_decay, out=self._decayed[: grad.numel()])
 
     def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the optimizer (its buffers and step count).
+
+        Returns:
+            Tensors by name, as ``load_state_dict`` takes them back ({} for a stateless one).
+        """
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        """Restore what ``state_dict`` returned, on resume.
+
+        Args:
+            state: the tensors by name, as ``state_dict`` gave them.
+        """
 
 
 class SGD(LocalOptimizer):
@@ -148,9 +174,19 @@ class SGD(LocalOptimizer):
             torch.mul(m, -lr, out=u)
 
     def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the optimizer (its buffers and step count).
+
+        Returns:
+            Tensors by name, as ``load_state_dict`` takes them back ({} for a stateless one).
+        """
         return {} if self.momentum_buffer is None else {"momentum_buffer": self.momentum_buffer}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned, on resume.
+
+        Args:
+            state: the tensors by name, as ``state_dict`` gave them.
+        """
         if self.momentum_buffer is not None:
             self.momentum_buffer.copy_(state["momentum_buffer"])
 
@@ -183,6 +219,11 @@ class Adam(LocalOptimizer):
         u.mul_(-lr / bias1)
 
     def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the optimizer (its buffers and step count).
+
+        Returns:
+            Tensors by name, as ``load_state_dict`` takes them back ({} for a stateless one).
+        """
         return {
             "exp_avg": self.exp_avg,
             "exp_avg_sq": self.exp_avg_sq,
@@ -190,6 +231,11 @@ class Adam(LocalOptimizer):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned, on resume.
+
+        Args:
+            state: the tensors by name, as ``state_dict`` gave them.
+        """
         self.exp_avg.copy_(state["exp_avg"])
         self.exp_avg_sq.copy_(state["exp_avg_sq"])
         self.steps = int(state["steps"])

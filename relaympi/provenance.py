@@ -19,8 +19,8 @@ import relaympi
 from relaympi.costs import launch_shape
 from relaympi.threads import allowed_cpus
 
-# set by the emulated-cluster tool (cluster/local_cluster.sh): the shaped link rate its nodes run
-# over
+# set by the emulated-cluster tool (cluster/local_cluster.sh): the shaped link rate its nodes
+# run over
 EMULATED_LINK_ENV = "RELAYMPI_EMULATED_LINK"
 _SLURM_VARS = (
     "SLURM_JOB_ID",
@@ -106,9 +106,8 @@ def collect(
 
         info["torch"] = torch.__version__
         info["cuda"] = torch.version.cuda or "none"
-        info["torch_threads"] = (
-            torch.get_num_threads()
-        )  # what relaympi.threads' rule or --threads chose
+        # what relaympi.threads' rule or --threads chose
+        info["torch_threads"] = torch.get_num_threads()
         if (
             torch.cuda.is_initialized()
         ):  # only a run on a GPU has initialized CUDA: never start it here

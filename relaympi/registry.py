@@ -52,6 +52,20 @@ class Registry(Mapping[str, T]):
         return name in self._entries
 
     def get(self, name: str, default: T | None = None) -> T | None:  # type: ignore[override]
+        """The value of ``name``, loaded on first look-up, or ``default`` for an unknown name.
+
+        Args:
+            name: the name to look up.
+            default: what an unknown name gives.
+
+        Returns:
+            The value, or ``default``.
+
+        Example:
+            >>> colours = Registry("colour", {"red": 1, "blue": 2})
+            >>> colours.get("red"), colours.get("green"), "green" in colours
+            (1, None, False)
+        """
         return self[name] if name in self._entries else default
 
     @property
@@ -59,6 +73,18 @@ class Registry(Mapping[str, T]):
         return tuple(self._entries)
 
     def unknown(self, name: object) -> str:
+        """The message of an unknown name: what it is and the names to choose from.
+
+        Args:
+            name: the name that was not found.
+
+        Returns:
+            One line, as the registry's ``error`` carries it.
+
+        Example:
+            >>> Registry("colour", {"red": 1, "blue": 2}).unknown("green")
+            "unknown colour 'green'; choose one of red, blue"
+        """
         return f"unknown {self.kind} {name!r}; choose one of {', '.join(self._entries)}"
 
     def __repr__(self) -> str:

@@ -18,6 +18,7 @@ checkpoint (no --checkpoint-dir: a rerun starts over).
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import shlex
@@ -27,23 +28,25 @@ import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from relaympi import threads
-from relaympi.comm import DropPolicy, mpi_communicator
 from relaympi.config import ConfigError, RunConfig, parse_args
+from relaympi.config.validation import check_out_path
 from relaympi.engines import BACKENDS, engine_for
 from relaympi.launcher import launch
 from relaympi.tasks import TaskError
 from relaympi.tasks.quadratics import QuadraticsTask
-from relaympi.training.loop import STOP, USAGE_ERRORS
-from relaympi.training.membership import survivors_resume
-from relaympi.training.plan import Plan, default_out, resolve, run_nodes
-from relaympi.training.run_file import WRITE_ERRORS, check_out, print_summary
+from relaympi.training.out_file import check_out, refuse_finished_run
+
+# torch, MPI and the training modules (which import torch) are imported inside the functions that
+# need them: under mpirun every rank imports them, 80 s with 16 ranks on one node, and a bad --out
+# is refused before (main's _refuse_before_loading)
+if TYPE_CHECKING:
+    from relaympi.training.plan import Plan
 
 log = logging.getLogger("relaympi.train")
 
@@ -74,6 +77,8 @@ def _request_stop(signum: int, frame: Any) -> None:
         os._exit(EXIT_INTERRUPTED)
     if not _first_stop_at:
         _first_stop_at.append(time.monotonic())
+    from relaympi.training.loop import STOP
+
     STOP.set()
 
 
@@ -120,6 +125,8 @@ _EXIT = {"completed": EXIT_COMPLETED, "diverged": EXIT_DIVERGED, "preempted": EX
 def _finish(cfg: RunConfig, out: Path, status: str) -> int:
     """Print the run's summary line; the exit status (a stop without a checkpoint is not
     'preempted')."""
+    from relaympi.training.run_file import print_summary
+
     print_summary(out, status, cfg.checkpoint_dir)
     if status == "preempted" and cfg.checkpoint_dir is None:
         return EXIT_STOPPED
@@ -129,6 +136,8 @@ def _finish(cfg: RunConfig, out: Path, status: str) -> int:
 def _configure(cfg: RunConfig, rank: int, cpus: frozenset[int], sharing: int) -> None:
     """Logging, signals and torch's threads: `sharing` processes (or in-process workers) compute on
     `cpus`."""
+    import torch
+
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING,
         format="%(asctime)s %(message)s",
@@ -138,9 +147,8 @@ def _configure(cfg: RunConfig, rank: int, cpus: frozenset[int], sharing: int) ->
     torch.set_num_threads(_threads(cfg, rank, cpus, sharing))
     signal.signal(signal.SIGTERM, _request_stop)
     signal.signal(signal.SIGUSR1, _request_stop)
-    signal.signal(
-        signal.SIGINT, _request_stop
-    )  # Ctrl-C stops like SIGTERM: checkpoint, record, exit 4
+    # Ctrl-C stops like SIGTERM: checkpoint, record, exit 4
+    signal.signal(signal.SIGINT, _request_stop)
 
 
 def _warn(plan: Plan) -> None:
@@ -176,6 +184,9 @@ def _threads(cfg: RunConfig, rank: int, cpus: frozenset[int], sharing: int) -> i
 def _resolve(cfg: RunConfig, size: int, nodes: Any = None) -> Plan:
     """The run's plan; a rerun on exactly the survivors of a run that lost workers resumes them:
     the plan of the run's first count, with the survivors' ids as its members."""
+    from relaympi.training.membership import survivors_resume
+    from relaympi.training.plan import resolve
+
     survivors = survivors_resume(cfg, size)
     if survivors is None:
         return resolve(cfg, size, nodes)
@@ -185,6 +196,8 @@ def _resolve(cfg: RunConfig, size: int, nodes: Any = None) -> Plan:
 
 def _one_process_plan(cfg: RunConfig) -> tuple[Plan, Path]:
     """The plan of a run whose workers all live in this process, and its run file's path."""
+    from relaympi.training.plan import default_out
+
     assert cfg.workers is not None  # validate() requires --workers for such a run
     plan = _resolve(cfg, cfg.workers)
     engine_for(cfg.backend).check(plan)
@@ -212,8 +225,13 @@ def _main_in_process(cfg: RunConfig, argv: list[str]) -> int:
 
 
 def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
+    from relaympi.comm import DropPolicy, mpi_communicator
+
     # lazy: the only mpi4py importer; --backend local runs never load MPI
     from relaympi.comm.mpi import node_allgather, world_size
+    from relaympi.training.loop import USAGE_ERRORS
+    from relaympi.training.membership import HealError
+    from relaympi.training.plan import default_out, run_nodes
 
     size = world_size()
     if (
@@ -230,8 +248,8 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
     # --ranks-per-node emulates nodes (recorded as emulated); else the nodes MPI placed the ranks on
     emulated = run_nodes(cfg, size) if cfg.ranks_per_node is not None else None
     comm = mpi_communicator(drops=DropPolicy(cfg.drop_prob, cfg.seed), nodes=emulated)
-    # bound ranks (srun --cpu-bind, mpirun -bind-to) each keep their own CPUs; unbound ones share
-    # theirs
+    # bound ranks (srun --cpu-bind, mpirun -bind-to) each keep their own CPUs; unbound ones
+    # share theirs
     cpus = threads.allowed_cpus()
     _configure(cfg, comm.rank, cpus, threads.sharers(cpus, node_allgather(cpus)))
     error = None
@@ -271,12 +289,19 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
         if comm.rank == 0:
             print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except HealError as exc:  # every survivor found the same; the writer recorded it
+        while comm.successor is not None:
+            comm = comm.successor
+        if comm.rank == 0:
+            print(f"failed: {exc}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_FAILED)  # healed: MPI_Finalize can hang with a dead process in the world
     except BaseException as exc:  # noqa: BLE001 - tear the whole job down: no rank may wait forever
         print(f"rank {comm.rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         if comm.rank != 0:
-            time.sleep(
-                5.0
-            )  # let rank 0 record the failure first; it aborts the job when it sees it
+            # let rank 0 record the failure first; it aborts the job when it sees it
+            time.sleep(5.0)
         comm.abort(EXIT_FAILED)
         return EXIT_FAILED
     healed = comm.successor is not None
@@ -324,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        _refuse_before_loading(argv)
         cfg = parse_args(argv)
         if BACKENDS[cfg.backend].in_process:
             if launch().size > 1:
@@ -334,20 +360,56 @@ def main(argv: list[str] | None = None) -> int:
                 )
             return _main_in_process(cfg, argv)
         return _main_mpi(cfg, argv)
-    except USAGE_ERRORS as exc:
-        if launch().rank == 0:  # every rank found the same error: one copy of the message
-            print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     except BrokenPipeError:  # `... --help | head`: the reader left; entrypoint.run ends quietly
         raise
-    # a full disk: the reason is the whole story (recorded as failed where the file allows)
-    except WRITE_ERRORS as exc:
-        print(f"failed: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except Exception as exc:  # noqa: BLE001
-        traceback.print_exc()
-        print(f"failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+    except Exception as exc:  # noqa: BLE001 - misuse, a full disk or a failure: _exit_status says
+        return _exit_status(exc)
+
+
+def _refuse_before_loading(argv: list[str]) -> None:
+    """Refuse (ConfigError) a bad --out on the command line before parse_args loads torch (the
+    classes that check other flags' values import it: under mpirun every rank does, 80 s with 16
+    ranks on one node): its folder missing, a name without .h5, or a file this run may not replace
+    (a finished run without --overwrite, unless a --config file may allow it). Every rank checks
+    alike, so all refuse together; the full parse and the plan check again (--out from a --config
+    file, a preempted run's configuration)."""
+    if "-h" in argv or "--help" in argv:
+        return
+    early = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    early.add_argument("--out")
+    early.add_argument("--overwrite", action="store_true")
+    early.add_argument("--config")
+    try:
+        known, _ = early.parse_known_args(argv)
+    except argparse.ArgumentError:  # `--out` without its value: the full parse says so
+        return
+    if known.out is not None:
+        check_out_path(known.out)
+        if known.config is None:  # a --config file may say overwrite
+            refuse_finished_run(Path(known.out), known.overwrite)
+
+
+def _exit_status(exc: Exception) -> int:
+    """Say why the run ended with ``exc``, in one line where that is the whole story; the exit
+    status: 2 misuse (rank 0 alone prints: every rank found the same error), 1 a failure."""
+    if not isinstance(exc, (ConfigError, TaskError)):
+        # imported only here: their modules load torch, which a refusal need not wait for
+        from relaympi.training.loop import USAGE_ERRORS
+        from relaympi.training.membership import HealError
+        from relaympi.training.run_file import WRITE_ERRORS
+
+        # a full disk, or survivors that cannot go on: the reason is the whole story (recorded as
+        # failed where the file allows)
+        if isinstance(exc, (*WRITE_ERRORS, HealError)):
+            print(f"failed: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        if not isinstance(exc, USAGE_ERRORS):
+            traceback.print_exc()
+            print(f"failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+    if launch().rank == 0:
+        print(f"error: {exc}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def _main_exiting() -> int:

@@ -444,8 +444,10 @@ def main(argv: list[str] | None = None) -> int:
             elif bad_baseline:
                 result, detail = "ERROR", bad_baseline[0]
             else:
-                for run in runs:
-                    result, detail = _judge(*_pytest(copy, run, args.timeout, args.test_timeout))
+                for selection in runs:
+                    result, detail = _judge(
+                        *_pytest(copy, selection, args.timeout, args.test_timeout)
+                    )
                     if result != "survived":
                         break
             rows.append((plant.name, result, detail + note, time.monotonic() - start))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -52,15 +53,29 @@ def spmd(request):
         return run
     from relaympi.comm import run_local
 
-    def run(body, *args, drops=None, world_size=LOCAL_WORLD):
+    def run_in_process(body, *args, drops=None, world_size=LOCAL_WORLD):
         return run_local(world_size, body, *args, drops=drops)
 
-    return run
+    return run_in_process
 
 
 def mpirun_path() -> str | None:
     exe = Path(sys.executable).parent / "mpirun"
     return str(exe) if exe.exists() else shutil.which("mpirun")
+
+
+def matched(pattern: str, text: str, flags: int = 0) -> re.Match[str]:
+    """``re.search``'s match, which the test requires (it fails naming the pattern if absent)."""
+    match = re.search(pattern, text, flags)
+    assert match is not None, f"{pattern!r} not found in {text[-2000:]!r}"
+    return match
+
+
+def mpirun() -> str:
+    """mpirun's path, in a test that requires it (``requires_mpirun``)."""
+    path = mpirun_path()
+    assert path is not None, "no mpirun: mark the test @requires_mpirun"
+    return path
 
 
 _NO_MPIRUN = pytest.mark.skipif(
@@ -87,7 +102,7 @@ PY = sys.executable  # the interpreter running the tests: its environment has th
 def module_command(module: str, *args, mpi: int | None = None) -> list[str]:
     """``python -m module args`` (arguments str()-ed), under ``mpirun -n mpi`` when mpi is given."""
     command = [PY, "-m", module, *map(str, args)]
-    return [mpirun_path(), "-n", str(mpi), *command] if mpi else command
+    return [mpirun(), "-n", str(mpi), *command] if mpi else command
 
 
 def train_command(args, *, mpi: int | None = None) -> list[str]:

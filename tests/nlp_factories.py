@@ -109,7 +109,7 @@ def build_tiny_distilbert(
         n_heads=2,
         hidden_dim=64,
         max_position_embeddings=128,
-        num_labels=num_labels,
+        num_labels=num_labels,  # type: ignore[call-arg]  # a PretrainedConfig keyword
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

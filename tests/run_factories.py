@@ -7,8 +7,11 @@ from typing import Any
 
 import h5py
 import numpy as np
+from numpy.typing import ArrayLike
 
 from relaympi.results import RunWriter
+from relaympi.results.schema import QUADRATICS_CONVENTION_ATTR
+from relaympi.tasks.quadratics import CONVENTION
 
 BASE_CONFIG: dict[str, Any] = {
     "task": "cifar10",
@@ -94,15 +97,16 @@ def write_classification_run(
 
 def write_quadratics_run(
     path: Path,
-    suboptimality: np.ndarray,
+    suboptimality: ArrayLike,
     steps: np.ndarray | None = None,
     *,
     status: str = "completed",
     train_loss: np.ndarray | None = None,
+    convention: str | None = CONVENTION,
     **config: Any,
 ) -> Path:
     """A quadratics run with ``suboptimality`` at ``steps``, and ``train_loss`` [evals, workers] if
-    given."""
+    given; ``convention`` is the loss it records (None: none, as runs of the 1/2 loss)."""
     suboptimality = np.asarray(suboptimality, dtype=float)
     steps = np.arange(len(suboptimality)) * 10 if steps is None else np.asarray(steps)
     config = make_config(task="quadratics", alpha=None, epochs=None, steps=int(steps[-1]), **config)
@@ -119,6 +123,8 @@ def write_quadratics_run(
         if train_loss is not None:
             rows["train_loss"] = np.asarray(train_loss, dtype=float)
         writer.extend(rows)
+        if convention is not None:
+            writer.set_attrs(**{QUADRATICS_CONVENTION_ATTR: convention})
         if status != "running":
             writer.set_status(status)
     return path

@@ -3,6 +3,7 @@ elsewhere."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,25 +11,27 @@ from relaympi import train
 from relaympi.config import ConfigError, parse_args
 from relaympi.engines.batched.models import BatchedModel
 from relaympi.results import read_run
-from relaympi.tasks import TaskOptions, get_task_class
+from relaympi.tasks import ClassificationTask, TaskOptions, get_task_class
 
 
 @pytest.mark.slow
 def test_bf16_gradients_are_within_bfloat16_rounding_of_float32():
-    task = get_task_class("digits")(TaskOptions())
+    cls = get_task_class("digits")
+    assert issubclass(cls, ClassificationTask)
+    task = cls(TaskOptions())
     fp32, bf16 = BatchedModel(task, 0, "cpu"), BatchedModel(task, 0, "cpu", autocast=torch.bfloat16)
     X = fp32.stacked(4) + 0.01 * torch.randn(
         4, fp32.numel, generator=torch.Generator().manual_seed(0)
     )
-    inputs, targets = task.train_batch(torch.arange(32).numpy(), None)
+    inputs, targets = task.train_batch(torch.arange(32).numpy(), np.random.default_rng(0))
     inputs, targets = inputs.view(4, 8, *inputs.shape[1:]), targets.view(4, 8)
     G32, L32 = fp32.gradients(X, inputs, targets)
     G16, L16 = bf16.gradients(X, inputs, targets)
     assert G16.dtype == L16.dtype == torch.float32
     scale = G32.abs().max()
     error = float((G16 - G32).abs().max() / scale)
-    # bfloat16 keeps 8 mantissa bits (eps 2^-8 = 3.9e-3): a few roundings through two layers, not
-    # more
+    # bfloat16 keeps 8 mantissa bits (eps 2^-8 = 3.9e-3): a few roundings through two layers,
+    # not more
     assert 1e-5 < error < 5e-2, error
     assert float((L16 - L32).abs().max() / L32.abs().max()) < 2e-2
 

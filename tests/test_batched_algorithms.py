@@ -15,14 +15,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from relaympi.algorithms import (
-    ALGORITHM_NAMES,
     RELAY_MODES,
     AlgorithmError,
     AlgorithmOptions,
     make_algorithm,
     round_id,
 )
-from relaympi.algorithms.matrix import make_matrix_algorithm
+from relaympi.algorithms.matrix import MatrixAlgorithm, make_matrix_algorithm
 from relaympi.algorithms.relaysum import RelaySum
 from relaympi.batched import BatchedOptimizer, make_batched_algorithm
 from relaympi.batched.relay import BatchedRelaySum
@@ -31,8 +30,7 @@ from relaympi.flat import padded_zeros
 from relaympi.optim import OptimizerConfig, make_optimizer
 from relaympi.tasks.quadratics import QuadraticsSpec, generate
 from relaympi.topology import build
-from tests.algorithm_cases import ADAM, HEAVY_BALL, MOMENTUM, SGD, Case
-from tests.algorithm_cases import CASES as SHARED_CASES
+from tests.algorithm_cases import ADAM, HEAVY_BALL, MOMENTUM, SGD, Case, cases
 from tests.drop_oracle import LossyOracle, delivered_by
 from tests.node_layouts import build_named
 
@@ -41,27 +39,8 @@ DIM = 7
 DROP_PROB = 0.25
 
 
-# the shared rows, then the batched engine's own: exact diffusion, more relay modes under momentum,
-# node-aware topologies
-CASES = SHARED_CASES + [
-    Case("d2", "ring", 6, SGD, d2_exact_diffusion=True),
-    Case("relay-grad", "double-binary-trees", 8, MOMENTUM),
-    Case("relay", "double-binary-trees", 8, MOMENTUM, "counts"),
-    Case("relay", "double-binary-trees", 8, MOMENTUM, "initial"),
-    # node-aware topologies ("@3": nodes of 3 ranks in blocks, "@3rr": round-robin;
-    # tests/node_layouts.py)
-    Case("relay", "double-binary-trees@3", 10, MOMENTUM, "counts"),
-    Case("relay", "double-binary-trees@3rr", 11, SGD, "previous"),
-    Case("relay", "chain@3rr", 7, SGD, "initial"),
-    Case("relay-grad", "binary-tree@3", 9),
-    Case("dpsgd", "ring@3rr", 8),
-]
+CASES = cases("batched")
 DROPS = (0.0, DROP_PROB)
-
-
-def test_every_algorithm_and_relay_mode_is_covered():
-    assert {c.algo for c in CASES} == set(ALGORITHM_NAMES)
-    assert {c.relay_mode for c in CASES if c.algo == "relay"} == set(RELAY_MODES)
 
 
 def _problem(n: int):
@@ -82,10 +61,10 @@ def _message_passing(comm, case: Case) -> tuple[np.ndarray, np.ndarray]:
     algorithm = make_algorithm(
         case.algo, comm, topology, make_optimizer(case.optimizer, x), x, case.options
     )
-    AtA, Atb = torch.from_numpy(problem.AtA[comm.rank]), torch.from_numpy(problem.Atb[comm.rank])
+    H, c = torch.from_numpy(problem.H[comm.rank]), torch.from_numpy(problem.c[comm.rank])
     trajectory = []
     for t in range(STEPS):
-        algorithm.step(x, AtA @ x - Atb, _lr(t), t)
+        algorithm.step(x, H @ x - c, _lr(t), t)
         trajectory.append(x.numpy().copy())
     return np.array(trajectory), comm.bytes_sent.copy()
 
@@ -106,10 +85,10 @@ class _Batched:
             case.options,
             drops,
         )
-        self.AtA, self.Atb = torch.from_numpy(self.problem.AtA), torch.from_numpy(self.problem.Atb)
+        self.H, self.c = torch.from_numpy(self.problem.H), torch.from_numpy(self.problem.c)
 
     def step(self, t: int) -> np.ndarray:
-        G = torch.einsum("nij,nj->ni", self.AtA, self.X) - self.Atb
+        G = torch.einsum("nij,nj->ni", self.H, self.X) - self.c
         self.algorithm.step(self.X, G, _lr(t), t)
         return self.X.numpy().copy()
 
@@ -119,6 +98,7 @@ def _oracle(case: Case, drops: DropPolicy) -> np.ndarray:
     (tests/drop_oracle.py) with them."""
     n = case.workers
     topology, problem = build_named(case.topology, n), _problem(n)
+    engine: MatrixAlgorithm | LossyOracle
     if drops.prob == 0:
         engine = make_matrix_algorithm(
             case.algo,
@@ -158,9 +138,7 @@ def test_batched_equals_message_passing_and_oracle(case, prob):
     np.testing.assert_allclose(trajectory, passed, rtol=0, atol=1e-9)
     np.testing.assert_allclose(trajectory, _oracle(case, drops), rtol=0, atol=1e-9)
     np.testing.assert_array_equal(batched.algorithm.bytes_sent, np.stack([r[1] for r in results]))
-    if (
-        prob and case.algo != "allreduce"
-    ):  # the drops were real: some link carried less than it would have
+    if prob and case.loses_messages:  # the drops were real: some link carried less than it would
         lossless = _Batched(case, DropPolicy())
         for t in range(STEPS):
             lossless.step(t)
@@ -284,12 +262,12 @@ def _final_message_passing(comm, case: Case, dtype: torch.dtype) -> np.ndarray:
     algorithm = make_algorithm(
         case.algo, comm, topology, make_optimizer(case.optimizer, x), x, case.options
     )
-    AtA, Atb = (
-        torch.from_numpy(problem.AtA[comm.rank]).to(dtype),
-        torch.from_numpy(problem.Atb[comm.rank]).to(dtype),
+    H, c = (
+        torch.from_numpy(problem.H[comm.rank]).to(dtype),
+        torch.from_numpy(problem.c[comm.rank]).to(dtype),
     )
     for t in range(STEPS):
-        algorithm.step(x, AtA @ x - Atb, _lr(t), t)
+        algorithm.step(x, H @ x - c, _lr(t), t)
     return x.numpy().copy()
 
 
@@ -324,7 +302,7 @@ def test_float32_agrees_with_message_passing_at_full_precision_even_with_tf32_al
         case.options,
         drops,
     )
-    AtA, Atb = torch.from_numpy(problem.AtA).float(), torch.from_numpy(problem.Atb).float()
+    H, c = torch.from_numpy(problem.H).float(), torch.from_numpy(problem.c).float()
     torch.set_float32_matmul_precision("medium")
     try:
         for t in range(STEPS):
@@ -332,7 +310,7 @@ def test_float32_agrees_with_message_passing_at_full_precision_even_with_tf32_al
             # bfloat16 (no effect
             # seen on AMD EPYC or on a Xeon with AMX, but nothing promises that); only the algorithm
             # is under test
-            algorithm.step(X, (AtA * X[:, None, :]).sum(dim=2) - Atb, _lr(t), t)
+            algorithm.step(X, (H * X[:, None, :]).sum(dim=2) - c, _lr(t), t)
         assert torch.get_float32_matmul_precision() == "medium"
     finally:
         torch.set_float32_matmul_precision(before)

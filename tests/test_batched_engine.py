@@ -32,7 +32,7 @@ from relaympi.engines.batched.models import BatchedModel, unsupported_reason
 from relaympi.engines.batched.run import run_batched
 from relaympi.flat import flatten_module
 from relaympi.results import read_run
-from relaympi.tasks import TaskOptions, get_task_class
+from relaympi.tasks import ClassificationTask, TaskOptions, get_task_class
 from relaympi.tasks.partition import dirichlet_partition
 from relaympi.training.loop import FAULT_ENV, STOP
 from relaympi.training.plan import resolve
@@ -115,7 +115,9 @@ def cifar_dir(tmp_path_factory):
 
 
 def _task(name, **options):
-    return get_task_class(name)(TaskOptions(**options))
+    cls = get_task_class(name)
+    assert issubclass(cls, ClassificationTask)
+    return cls(TaskOptions(**options))
 
 
 def _workloads(task, workers, batch, alpha, seed=0):
@@ -288,10 +290,10 @@ def test_modules_that_cannot_be_stacked_are_refused(tmp_path):
     from relaympi.tasks.digits import DigitsTask
 
     assert unsupported_reason(DigitsTask, torch.nn.Linear(2, 2)) is None
-    assert "running statistics" in unsupported_reason(
-        DigitsTask, torch.nn.Sequential(torch.nn.BatchNorm1d(4))
-    )
-    assert "dropout" in unsupported_reason(DigitsTask, torch.nn.Sequential(torch.nn.Dropout(0.1)))
+    batch_norm = torch.nn.Sequential(torch.nn.BatchNorm1d(4))
+    assert "running statistics" in str(unsupported_reason(DigitsTask, batch_norm))
+    dropout = torch.nn.Sequential(torch.nn.Dropout(0.1))
+    assert "dropout" in str(unsupported_reason(DigitsTask, dropout))
     # agnews' forward takes token dictionaries: refused before its data or model would load
     with pytest.raises(
         ConfigError,
@@ -525,8 +527,8 @@ def test_preempted_run_resumes_bit_identical(tmp_path, monkeypatch, engine):
     args, algorithms = [*DIGITS, "--eval-every", "4", "--checkpoint-every", "3"], STAND_IN
     if (
         engine == "vectorized"
-        # relaympi.batched's RelaySGD with Nesterov momentum: messages and momentum in the
-        # checkpoint
+        # relaympi.batched's RelaySGD with Nesterov momentum: messages and momentum in
+        # the checkpoint
     ):
         pytest.importorskip("relaympi.batched.algorithms")
         args, algorithms = (

@@ -12,6 +12,7 @@ numbers must match bit for bit; the run file's per-worker columns stay n0 wide, 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -94,7 +95,7 @@ class _Replay:
         )
         self.plan, self.losses = plan, losses
         self.schedule = self.base.schedule
-        self.rows: dict[int, dict[str, np.ndarray]] = {}
+        self.rows: dict[int, dict[str, Any]] = {}
         engine = self.base.engine
         if isinstance(engine, ModelEngine):
             cfg = plan.cfg
@@ -113,11 +114,11 @@ class _Replay:
             G, losses = engine.model.gradients(X, inputs, targets)
             return G, losses.double().numpy()
         problem, seed = self.plan.problem, self.plan.cfg.seed
-        AtA, Atb = torch.from_numpy(problem.AtA[members]), torch.from_numpy(problem.Atb[members])
-        G = torch.bmm(AtA, X.unsqueeze(2)).squeeze(2).sub_(Atb)
+        H, c = torch.from_numpy(problem.H[members]), torch.from_numpy(problem.c[members])
+        G = torch.bmm(H, X.unsqueeze(2)).squeeze(2).sub_(c)
         G.add_(torch.from_numpy(np.stack([problem.noise(seed, step, r) for r in members])))
         r = np.einsum("nij,nj->ni", problem.A[members], X.numpy()) - problem.b[members]
-        return G, 0.5 * np.sum(r * r, axis=1)
+        return G, np.sum(r * r, axis=1)  # f_i = ||A_i x - b_i||^2
 
     def run(self):
         base, schedule = self.base, self.schedule
@@ -222,8 +223,10 @@ def _check_against_replay(tmp_path, args, losses, nodes=None, check_lag=None):
             for name, value in summary.items():
                 assert data[name][i] == value, (name, step)
         else:
-            metrics = replay.base.engine.model.evaluate(
-                row["survivors"], replay.base.engine.task.test_batches(plan.cfg.eval_batch_size)
+            engine = replay.base.engine
+            assert isinstance(engine, ModelEngine)
+            metrics = engine.model.evaluate(
+                row["survivors"], engine.task.test_batches(plan.cfg.eval_batch_size)
             )
             for name, values in metrics.items():
                 expected = np.full(N0, np.nan)

@@ -83,7 +83,9 @@ def _preempted_then_resumed(tmp_path, args, stop_at=STOP_AT):
     first.stop.is_set = lambda: next(steps) >= stop_at  # type: ignore[method-assign]
     assert first.run() == "preempted"
     directory = plan.cfg.checkpoint_dir
-    step = int(checkpoint_files.read_meta(directory)["step"])
+    meta = checkpoint_files.read_meta(directory)
+    assert meta is not None
+    step = int(meta["step"])
     checkpoint = checkpoint_files.load(directory, 0, step)
     second = _Resumed(_plan(args, N0).with_out(tmp_path / "run.h5"), tmp_path / "run.h5", {})
     assert second.run() == "completed"

@@ -44,9 +44,12 @@ def test_a_warm_up_round_is_not_counted_and_rounds_alternate_the_order():
 def test_no_round_begins_after_the_budget():
     now = iter([0.0, 0.1, 10.0])  # start, after round 1 (within), after round 2 (past)
     calls = []
-    timing = time_thread_counts(
-        [2, 1], lambda c: calls.append(c) or 1.0, rounds=5, budget_s=5.0, clock=lambda: next(now)
-    )
+
+    def measure(count: int) -> float:
+        calls.append(count)
+        return 1.0
+
+    timing = time_thread_counts([2, 1], measure, rounds=5, budget_s=5.0, clock=lambda: next(now))
     assert calls == [2, 1, 2, 1, 1, 2]
     assert timing.seconds == {2: 1.0, 1: 1.0}
 

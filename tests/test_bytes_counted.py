@@ -34,7 +34,8 @@ class _RecordingComm:
     """Get_rank/Get_size/Isend/Irecv for tree_sum without MPI: records each send."""
 
     def __init__(self, rank: int, size: int):
-        self.rank, self.size, self.sends = rank, size, []
+        self.rank, self.size = rank, size
+        self.sends: list[tuple[int, int]] = []
 
     def Get_rank(self) -> int:  # noqa: N802 - mpi4py's names
         return self.rank
@@ -169,6 +170,7 @@ def _expected_step(algo, topology, nodes, step):
 def _check_counts(path, algo):
     run = read_run(path)
     plan = resolve(parse_args(_args(algo)), 4)
+    assert run.topology is not None
     nodes = np.asarray(run.topology.rank_node)
     assert nodes.tolist() == list(plan.nodes) == [0, 0, 1, 1]
     for layer, edges in enumerate(run.topology.edges):

@@ -131,13 +131,13 @@ def _problem_file(path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["problem", "text", "checkpoint"])
+@pytest.mark.parametrize("kind", ["problem", "text", "text-h5", "checkpoint"])
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_out_never_replaces_a_file_that_is_not_a_run_file(tmp_path, kind, overwrite):
     if kind == "problem":
         target = _problem_file(tmp_path / "p.h5")
-    elif kind == "text":
-        target = tmp_path / "notes.txt"
+    elif kind in ("text", "text-h5"):
+        target = tmp_path / ("notes.txt" if kind == "text" else "notes.h5")
         target.write_text("my notes\n")
     else:
         (tmp_path / "ckpt").mkdir()
@@ -150,7 +150,9 @@ def test_out_never_replaces_a_file_that_is_not_a_run_file(tmp_path, kind, overwr
         [*DIGITS[:-4], "--steps", 3, "--out", target, *(["--overwrite"] if overwrite else [])]
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "not a relaympi run file" in proc.stderr and "Traceback" not in proc.stderr
+    # a name without .h5 is refused for that before its content is looked at
+    why = "not a relaympi run file" if target.suffix == ".h5" else "must end in .h5"
+    assert why in proc.stderr and "Traceback" not in proc.stderr
     assert digest(target) == before
 
 
@@ -221,6 +223,7 @@ def _ctrl_c_at(command: list[str], progress: str) -> tuple[subprocess.Popen, str
         start_new_session=True,
     )
     deadline = time.monotonic() + 240
+    assert proc.stderr is not None
     for line in proc.stderr:
         if progress in line:
             os.killpg(proc.pid, signal.SIGINT)
@@ -368,3 +371,34 @@ def test_a_full_disk_for_checkpoints_leaves_nothing_partial(small_disk, tmp_path
         assert all((ck / f"rank{r:05d}.step{step:010d}.pt").exists() for r in range(16))
     run = read_run(tmp_path / "r.h5")
     assert run.status == "failed" and "cannot write the checkpoint" in run.attrs["error"]
+
+
+@pytest.mark.slow  # imports torch
+def test_a_checkpoint_follows_no_link_planted_in_its_folder(tmp_path):
+    """In a checkpoint folder others can write to, links planted at the temporary files' old
+    fixed names (and at meta.json's) lead nowhere: the files they point to are untouched, the
+    checkpoint and meta.json are written whole, owner-only (0600), and load back; prune removes
+    the temporary file a killed write left."""
+    import torch
+
+    from relaympi.training import checkpoint_files
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    os.chmod(ck, 0o1777)  # a shared folder, as /tmp
+    for name in ("rank00000.step0000000003.pt.tmp", "meta.json.tmp"):
+        (ck / name).symlink_to(victim)
+    checkpoint_files.save(ck, 0, 3, {"x": torch.arange(4)})
+    checkpoint_files.write_meta(ck, {"step": 3})
+    assert victim.read_text() == "precious"
+    for name in ("rank00000.step0000000003.pt", "meta.json"):
+        assert not (ck / name).is_symlink() and (ck / name).stat().st_mode & 0o777 == 0o600
+    assert torch.equal(checkpoint_files.load(ck, 0, 3)["x"], torch.arange(4))
+    assert checkpoint_files.read_meta(ck) == {"step": 3}
+    left = sorted(p.name for p in ck.iterdir() if not p.is_symlink())
+    assert left == ["meta.json", "rank00000.step0000000003.pt"]  # no temporary file left
+    (ck / ".rank00000.step0000000004.pt.x1y2.tmp").write_bytes(b"half")  # a killed write's
+    checkpoint_files.prune(ck, 0, 3)
+    assert sorted(p.name for p in ck.iterdir() if not p.is_symlink()) == left

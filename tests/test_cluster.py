@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from relaympi.results import read_run, run_status
-from tests.conftest import requires_ulfm
+from tests.conftest import matched, requires_ulfm
 from tests.test_slurm import ROOT, bash, clean_env
 from tests.test_ulfm_mpi import SURVIVE, records
 
@@ -70,11 +70,11 @@ def _skip_reason() -> str | None:
 
 
 def parse_exports(text: str) -> dict[str, str]:
-    env = {}
+    env: dict[str, str] = {}
     for line in text.splitlines():
         words = shlex.split(line)
         assert words and words[0] == "export", line
-        env.update(word.split("=", 1) for word in words[1:])
+        env.update((name, value) for name, value in (w.split("=", 1) for w in words[1:]))
     return env
 
 
@@ -117,7 +117,8 @@ class Nodes:
             capture_output=True,
             text=True,
         ).stdout
-        return tuple(int(re.search(r"Sent (\d+) bytes", text).group(1)) for text in (into, out))
+        sent = [int(matched(r"Sent (\d+) bytes", text).group(1)) for text in (into, out)]
+        return sent[0], sent[1]
 
     def cluster(self, *args: str) -> subprocess.CompletedProcess:
         return bash("cluster/local_cluster.sh", *args, "--dir", str(self.folder))
@@ -264,6 +265,7 @@ def test_a_job_on_two_nodes_learns_bit_for_bit_what_one_node_does(
     # MPI_COMM_TYPE_SHARED found the two nodes: the trees the one-node run emulated with
     # --ranks-per-node 2
     placed, emulated = read_run(out).topology, read_run(reference).topology
+    assert placed is not None and emulated is not None
     assert placed.rank_node.tolist() == emulated.rank_node.tolist() == [0, 0, 1, 1]
     assert (
         placed.placement == emulated.placement == "nodes"
@@ -275,7 +277,7 @@ def test_a_job_on_two_nodes_learns_bit_for_bit_what_one_node_does(
 
 def job_state(nodes: Nodes, job: str) -> tuple[str, str]:
     text = nodes.run("scontrol", "show", "job", job).stdout
-    return re.search(r"JobState=(\S+)", text).group(1), re.search(r"ExitCode=(\S+)", text).group(1)
+    return matched(r"JobState=(\S+)", text).group(1), matched(r"ExitCode=(\S+)", text).group(1)
 
 
 def checkpoint_steps(folder: Path) -> list[int]:
@@ -408,7 +410,7 @@ def test_links_change_rate_without_a_restart(nodes: Nodes) -> None:
         text = subprocess.run(
             ["tc", "qdisc", "show", "dev", nodes.veth(1)], capture_output=True, text=True
         ).stdout
-        return re.search(r"rate (\S+)", text).group(1) if "tbf" in text else "none"
+        return matched(r"rate (\S+)", text).group(1) if "tbf" in text else "none"
 
     slurmd = (nodes.folder / "slurmd-node1.pid").read_text()
     try:

@@ -3,6 +3,9 @@ failures."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, cast
+
 import numpy as np
 import pytest
 import torch
@@ -24,7 +27,7 @@ pytestmark = pytest.mark.spmd
 def _ring_exchange(comm, kind):
     n, r = comm.world_size, comm.rank
     left, right = (r - 1) % n, (r + 1) % n
-    make = {
+    make: Callable[[int], Any] = {
         "numpy": lambda v: np.full(5, v, dtype=np.float64),
         "torch": lambda v: torch.full((5,), float(v), dtype=torch.float32),
     }[kind]
@@ -151,7 +154,7 @@ def test_flatten_module_backward_fills_flat_gradient():
         assert torch.equal(p, ref)
     inputs = torch.randn(5, 3)
     model(inputs).square().sum().backward()
-    expected = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    expected = torch.cat([cast(torch.Tensor, p.grad).reshape(-1) for p in model.parameters()])
     assert torch.equal(g, expected) and g.abs().sum() > 0
     x.mul_(0)  # updating the flat buffer updates the model
     assert all(float(p.detach().abs().sum()) == 0 for p in model.parameters())

@@ -68,10 +68,10 @@ def test_benchmark_writes_every_operation_with_its_ratios(tmp_path, capsys):
     ):  # a ratio to raw exactly for RelaySum and the RelaySGD step, to allreduce for all others
         assert np.isfinite(ratios[row[op]]) == op.startswith(("relaysum", "relaysgd", "gossip"))
         assert np.isfinite(vs_allreduce[row[op]]) == (op != "allreduce")
-    # rank 0's bytes per call: RelaySum sends exactly the raw exchange's messages. On a 4-chain rank
-    # 0
-    # is a leaf (one message of 1000 + 1 float32s); on double binary trees of 4 it has two children
-    # in tree 0 and is a leaf in tree 1, each message carrying a 500-coordinate half and a counter.
+    # rank 0's bytes per call: RelaySum sends exactly the raw exchange's messages. On a 4-chain
+    # rank 0 is a leaf (one message of 1000 + 1 float32s); on double binary trees of 4 it has two
+    # children in tree 0 and is a leaf in tree 1, each message carrying a 500-coordinate half and
+    # a counter.
     for topo, messages in (("chain", [1001]), ("double-binary-trees", [501, 501, 501])):
         assert (
             sent[row[f"raw isend/irecv {topo}"]]
@@ -183,10 +183,8 @@ def test_the_tree_all_reduces_inter_node_bytes_by_hand(nodes, numel, order, want
 
 def test_pieces_inter_node_bytes_are_the_busiest_ranks_sum():
     # (0, 0, 0, 1, 1, 1), order (2, 1), pieces of 7 and 4. Rank 1: the fold with rank 5 (7, then 4)
-    # and
-    # d = 2 with rank 3 (its whole segment: 7, then 4) = 22. Rank 3: d = 2 (7, 4) and d = 1 with
-    # rank 2
-    # (its upper half: 4, then 2) = 17. Ranks 0, 4, 5: the fold, 11. Rank 2: 6.
+    # and d = 2 with rank 3 (its whole segment: 7, then 4) = 22. Rank 3: d = 2 (7, 4) and d = 1 with
+    # rank 2 (its upper half: 4, then 2) = 17. Ranks 0, 4, 5: the fold, 11. Rank 2: 6.
     assert bench.tree_inter_node_bytes([0, 0, 0, 1, 1, 1], [7, 4], (2, 1)) == 4 * 22
     assert bench.tree_inter_node_bytes([0, 0, 0, 1, 1, 1], [7, 4], (2, 1)) == sum(
         bench.tree_inter_node_bytes([0, 0, 0, 1, 1, 1], [size], (2, 1)) for size in (7, 4)

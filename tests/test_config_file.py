@@ -110,3 +110,63 @@ def test_an_hdf5_file_that_is_not_a_run_file_is_refused(tmp_path):
     proc = train(["--config", "other.h5", *RUN], tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "without a run's `config` attribute" in proc.stderr
+
+
+def _foreign_run_file(path, config):
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f.attrs["config"] = json.dumps(config)
+
+
+def test_a_foreign_run_file_writes_nowhere_its_config_names(tmp_path):
+    """--config RUN.h5 from someone else: the --save-problem path its config names is not
+    created (nor an unrelated file there replaced with its --overwrite); a warning names it."""
+    planted = tmp_path / "elsewhere" / "planted.h5"
+    planted.parent.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    config = {"task": "quadratics", "algo": "relay", "save_problem": str(planted)}
+    _foreign_run_file(tmp_path / "foreign.h5", config)
+    _foreign_run_file(
+        tmp_path / "clobber.h5", {**config, "save_problem": str(victim), "overwrite": True}
+    )
+    args = ["--backend", "local", "--workers", "2", "--steps", "2"]
+    proc = train(["--config", "foreign.h5", "--out", "mine.h5", *args], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "mine.h5").exists() and not planted.exists()
+    (warning,) = [line for line in proc.stderr.splitlines() if line.startswith("warning: --config")]
+    assert f'--save-problem "{planted}"' in warning
+    proc = train(["--config", "clobber.h5", "--out", "again.h5", *args], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert victim.read_text() == "mine"
+
+
+def test_a_run_file_config_gives_none_of_its_paths(tmp_path, capsys):
+    """Every path-valued flag, and an edge-list topology (a file it reads), is dropped from a run
+    file's config, each named once on one warning line; a JSON --config keeps them, and a path
+    given on the command line is not warned about."""
+    from relaympi.config import parse_args
+    from relaympi.config.parser import RUN_FILE_PATH_KEYS
+
+    assert {"save_problem", "problem_file", "data_dir", "model_dir", "out"} <= set(
+        RUN_FILE_PATH_KEYS
+    )
+    paths = {
+        "data_dir": str(tmp_path / "d\n\x1b[2Jx"),
+        "model_dir": str(tmp_path / "m"),
+        "problem_file": str(tmp_path / "p.h5"),
+        "save_problem": str(tmp_path / "s.h5"),
+    }
+    config = {"task": "agnews", "algo": "dpsgd", "topology": "edge-list:/etc/passwd", **paths}
+    _foreign_run_file(tmp_path / "foreign.h5", config)
+    cfg = parse_args(["--config", str(tmp_path / "foreign.h5"), "--model-dir", str(tmp_path)])
+    assert (cfg.data_dir, cfg.topology, cfg.problem_file, cfg.save_problem) == (None,) * 4
+    assert cfg.model_dir == tmp_path  # given on the command line
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\x1b" not in err, err
+    for flag in ("--data-dir", "--topology", "--problem-file", "--save-problem"):
+        assert err.count(flag) == 1, (flag, err)
+    assert "--model-dir" not in err
+    (tmp_path / "c.json").write_text(json.dumps({"task": "agnews", "data_dir": str(tmp_path)}))
+    assert parse_args(["--config", str(tmp_path / "c.json")]).data_dir == tmp_path

@@ -7,6 +7,7 @@ import csv
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -222,7 +223,7 @@ def test_accuracy_over_time_plot(tmp_path: Path, monkeypatch) -> None:
 
     write(tmp_path / "runs" / "s0.h5", SEED0, seed=0)
     write(tmp_path / "runs" / "s1.h5", SEED1, seed=1)
-    figures = []
+    figures: list[Any] = []
     monkeypatch.setattr(plt, "close", figures.append)
     assert (
         report.main(

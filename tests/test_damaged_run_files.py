@@ -171,6 +171,7 @@ def test_reading_in_workers_gives_the_same_runs_and_reasons(damaged, tmp_path) -
         except RunFileError as error:
             assert isinstance(outcome, RunFileError) and outcome.reason == error.reason
             continue
+        assert not isinstance(outcome, RunFileError), (path, outcome)
         assert outcome.config == expected.config and outcome.status == expected.status
         assert sorted(outcome.data) == sorted(expected.data)
         for name in expected.data:

@@ -13,19 +13,28 @@ import subprocess
 import tarfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from relaympi.commands import data as cli
 from relaympi.data import sets
-from relaympi.data.manifest import MANIFEST, read
+from relaympi.data.manifest import MANIFEST
+from relaympi.data.manifest import read as read_manifest
 from relaympi.data.sets import AgNews, Cifar10, DistilBert, RemoteFile
 from tests.conftest import ROOT, env_for_subprocess, module_command, run_train
 from tests.data_factories import write_cifar10_binary
 from tests.nlp_factories import write_agnews_dir
 
 ARCHIVE = "cifar-10-binary.tar.gz"
+
+
+def read(directory: Path) -> dict[str, Any]:
+    """The manifest a test expects in ``directory``."""
+    manifest = read_manifest(directory)
+    assert manifest is not None, f"no manifest in {directory}"
+    return manifest
 
 
 # -- a local HTTP server ---------------------------------------------------------------------
@@ -139,7 +148,7 @@ def run_cli(*args: object) -> int:
     try:
         return cli.main([str(a) for a in args])
     except SystemExit as exc:  # argparse misuse
-        return int(exc.code)
+        return int(exc.code or 0)
 
 
 def leftovers(root: Path) -> list[str]:
@@ -523,7 +532,7 @@ def test_misuse_exits_2(tmp_path, args):
 
 
 def train(tmp_path: Path, data_root: Path, *args: str) -> subprocess.CompletedProcess:
-    args = [
+    command = [
         "--task",
         "cifar10",
         "--backend",
@@ -540,7 +549,7 @@ def train(tmp_path: Path, data_root: Path, *args: str) -> subprocess.CompletedPr
         tmp_path / "run.h5",
         *args,
     ]
-    return run_train(args, env={"RELAYMPI_DATA": str(data_root)}, timeout=600)
+    return run_train(command, env={"RELAYMPI_DATA": str(data_root)}, timeout=600)
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,7 @@ def _poisoning(step_to_poison: int | None, rows: tuple[int, ...] = (2,)):
             if t == step_to_poison:
                 X[list(rows)] = float("nan")
 
-        algorithm.step = step
+        algorithm.step = step  # type: ignore[method-assign]
         return algorithm
 
     return make

@@ -98,10 +98,9 @@ def _resnet20_evonorm_parameters(classes: int, width: int = 16, blocks: int = 3)
 
 
 def test_resnet20_parameter_count_by_hand():
-    # stem 3*16*49 + 3*16 = 2400; stage 1 block 2*16*16*9 + 5*16 = 4688; stage 2 first block
-    # 16*32*9 + 32*32*9 + 5*32 + 16*32 + 2*32 = 14560, others 2*32*32*9 + 5*32 = 18592; stage 3
-    # first
-    # block 32*64*9 + 64*64*9 + 5*64 + 32*64 + 2*64 = 57792, others 74048; fc 64*1000 + 1000 = 65000
+    # stem 3*16*49 + 3*16 = 2400; stage 1 block 2*16*16*9 + 5*16 = 4688; stage 2 first block 16*32*9
+    # + 32*32*9 + 5*32 + 16*32 + 2*32 = 14560, others 2*32*32*9 + 5*32 = 18592; stage 3 first block
+    # 32*64*9 + 64*64*9 + 5*64 + 32*64 + 2*64 = 57792, others 74048; fc 64*1000 + 1000 = 65000
     assert (
         _resnet20_evonorm_parameters(1000)
         == 2400 + 3 * 4688 + 14560 + 2 * 18592 + 57792 + 2 * 74048 + 65000

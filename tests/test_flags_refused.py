@@ -35,6 +35,8 @@ TRAIN_CASES = [
     (["--loader-workers", "0"], "--loader-workers", "only --task imagenet"),
     (["--loader-workers", "4", "--task", "quadratics"], "--loader-workers", "not quadratics"),
     (["--drop-prob", "0.1", "--algo", "allreduce"], "--drop-prob", "allreduce"),
+    (["--drop-prob", "0.5", "--algo", "isolated"], "--drop-prob", "isolated sends no messages"),
+    (["--topology", "chain", "--algo", "isolated"], "--topology", "isolated sends no messages"),
 ]
 
 
@@ -57,6 +59,7 @@ def test_train_refuses_a_flag_that_cannot_apply(tmp_path: Path, capsys, flags, f
         ["--checkpoint-every", "5", "--checkpoint-dir", "ckpt"],
         ["--relay-in-place", "--relay-chunk", "1024"],  # message passing (local): they apply
         ["--drop-prob", "0", "--algo", "allreduce"],
+        ["--drop-prob", "0", "--algo", "isolated", "--topology", "fully-connected"],
         ["--drop-prob", "0.1", "--algo", "dpsgd", "--topology", "ring"],
         ["--loader-workers", "0", "--task", "imagenet"],
     ],

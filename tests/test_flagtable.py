@@ -27,15 +27,7 @@ LOCAL = ["--backend", "local", "--workers", "2", "--steps", "2"]
 
 
 # ------------------------------------------------------------------------------ the flag table
-
-
-def test_readme_flag_table_is_the_generated_one() -> None:
-    text = (ROOT / "docs" / "running.md").read_text(encoding="utf-8")
-    start = text.index("| flag | meaning (default) |")
-    table = text[start : text.index("\n\n", start) + 1]
-    assert table == flag_table(), (
-        "docs/running.md's flag table differs: paste relaympi.config.flag_table() over it"
-    )
+# (docs/running.md's copy of it: tests/test_doc_tables.py)
 
 
 def test_every_flag_is_in_the_parser_and_the_readme_table() -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import os
+from typing import cast
 
 import numpy as np
 import pytest
@@ -198,7 +199,7 @@ def _allreduce(comm, dtype, device, numel, mean):
 def _allreduce_body(comm, dtype_name, numel):
     dtype = DTYPES[dtype_name]
     n = comm.world_size
-    total = sum(_dyadic((r, numel), numel, dtype).double() for r in range(n))
+    total = cast(torch.Tensor, sum(_dyadic((r, numel), numel, dtype).double() for r in range(n)))
     results = {}
     for mean in (False, True):
         results[mean] = (
@@ -306,6 +307,7 @@ def _flatten_body(comm, dtype_name):
     params = list(model_device.parameters())
     for p in params:  # every parameter and gradient is a view into the flat buffers
         assert p.untyped_storage().data_ptr() == flat_device.untyped_storage().data_ptr()
+        assert p.grad is not None
         assert p.grad.untyped_storage().data_ptr() == grad_device.untyped_storage().data_ptr()
     inputs = _data((comm.rank, 3), 5 * 7, dtype).reshape(5, 7)
     reference = copy.deepcopy(
@@ -322,7 +324,7 @@ def _flatten_body(comm, dtype_name):
         # device and CPU round differently (tanh, summation order), so no fixed tolerance between
         # them: the device's gradient may be at most 10x further from float64 than the CPU's,
         # plus 64 float32 epsilons of the scale (float64 itself is compared directly)
-        grad64 = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
+        grad64 = torch.cat([cast(torch.Tensor, p.grad).reshape(-1) for p in reference.parameters()])
         scale = float(grad64.abs().max())
         cpu_error = float((grad_cpu.double() - grad64).abs().max())
         device_error = float((grad_device.cpu().double() - grad64).abs().max())
@@ -345,9 +347,11 @@ def _flatten_body(comm, dtype_name):
         received[where] = recv
     for flat in (flat_cpu, flat_device):
         comm.allreduce_mean(flat)
-    for p in peers:
+    for peer in peers:
         assert_matches(
-            received["device"][p], received["cpu"][p], f"rank {comm.rank}: flat gradient from {p}"
+            received["device"][peer],
+            received["cpu"][peer],
+            f"rank {comm.rank}: flat gradient from {peer}",
         )
     assert_matches(flat_device, flat_cpu, f"rank {comm.rank}: averaged flat parameters")
     # the model sees the averaged parameters without any copy back
@@ -469,11 +473,12 @@ def test_staged_allreduce_in_a_one_rank_mpi_world(request):
     except (ImportError, RuntimeError) as exc:
         pytest.skip(f"mpi4py unusable: {exc}")
     from relaympi.comm import mpi_communicator
+    from relaympi.comm.mpi import MPICommunicator
 
     comm = mpi_communicator(cuda_aware=False)
     if comm.world_size != 1:
         pytest.skip(f"needs a one-rank MPI world, got {comm.world_size}")
-    assert comm.cuda_aware is False
+    assert isinstance(comm, MPICommunicator) and comm.cuda_aware is False
     device = _device(comm)
     for dtype in DTYPES.values():
         x = _dyadic((0, 6), NUMEL, dtype)

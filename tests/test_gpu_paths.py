@@ -96,8 +96,7 @@ def test_array_kinds_of_device_tensors_are_cached_per_type():
     assert buffers.array_kind(c) == "cupy" and buffers.is_device(c)
 
 
-# -- device augmentation
-# ------------------------------------------------------------------------------
+# -- device augmentation ---------------------------------------------------------------------------
 
 
 @needs_cuda
@@ -115,27 +114,27 @@ def test_crop_flip_on_the_gpu_with_device_indices_matches_the_cpu():
 @needs_cuda
 def test_batched_image_batches_on_the_gpu_match_the_cpu(tmp_path):
     from relaympi.engines.batched.data import BatchedData
-    from relaympi.tasks import TaskOptions, get_task_class
+    from relaympi.tasks import ClassificationTask, TaskOptions, get_task_class
     from relaympi.tasks.partition import dirichlet_partition
     from tests.data_factories import write_cifar10_binary
 
     write_cifar10_binary(tmp_path, n_per_batch=40)
-    task = get_task_class("cifar10")(TaskOptions(data_dir=tmp_path))
+    cls = get_task_class("cifar10")
+    assert issubclass(cls, ClassificationTask)
+    task = cls(TaskOptions(data_dir=tmp_path))
     parts = dirichlet_partition(task.train_labels, 4, 1.0, 0)
     on_cpu, on_gpu = BatchedData(task, parts, 8, 0, "cpu"), BatchedData(task, parts, 8, 0, "cuda")
     for step in (0, 1, 7):
         (xc, yc), (xg, yg) = on_cpu.batch(step), on_gpu.batch(step)
         assert torch.equal(yg.cpu(), yc)
         # (pixel / 255 - mean) / std: a GPU divides by a scalar as a multiplication by its
-        # reciprocal
-        # (up to 1.5 ulp), and the subtraction cancels: bound by 2 ulp of the operands' scale (<= 1)
-        # over the smallest std, plus 2 ulp of the result
+        # reciprocal (up to 1.5 ulp), and the subtraction cancels: bound by 2 ulp of the operands'
+        # scale (<= 1) over the smallest std, plus 2 ulp of the result
         eps = torch.finfo(torch.float32).eps
         torch.testing.assert_close(xg.cpu(), xc, rtol=2 * eps, atol=2 * eps / min(cifar10.STD))
 
 
-# -- the batched RelaySum's index_add_ sums
-# -----------------------------------------------------------
+# -- the batched RelaySum's index_add_ sums --------------------------------------------------------
 
 
 def _relay_trajectory(device: str, topology: str, n: int, steps: int = 12) -> torch.Tensor:
@@ -171,8 +170,7 @@ def test_batched_relaysum_on_the_gpu_matches_the_cpu(topology, n):
     )
 
 
-# -- the gossip product
-# -------------------------------------------------------------------------------
+# -- the gossip product ----------------------------------------------------------------------------
 
 
 def _mixing(n: int, seed: int) -> torch.Tensor:
@@ -202,8 +200,8 @@ def test_mix_on_the_gpu_ignores_tf32():
     W = _mixing(16, 1)
     X = torch.randn(16, 3 * batched_mixer.MIX_COLUMNS + 5, dtype=torch.float64).float()
     want = (W.float().double() @ X.double()).float()
-    # TF32 on through one API only (torch >= 2.9 refuses to read a mix of the legacy and new
-    # switches)
+    # TF32 on through one API only (torch >= 2.9 refuses to read a mix of the legacy and
+    # new switches)
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")
     try:
@@ -215,8 +213,8 @@ def test_mix_on_the_gpu_ignores_tf32():
         assert torch.get_float32_matmul_precision() == "high", "mix changed the matmul precision"
     finally:
         torch.set_float32_matmul_precision(before)
-    # float64 products on the GPU sum in another order than the CPU's: at most one float32 rounding
-    # apart
+    # float64 products on the GPU sum in another order than the CPU's: at most one float32
+    # rounding apart
     torch.testing.assert_close(out.cpu(), want, rtol=1.2e-7, atol=1e-30)
     assert float((tf32.cpu() - want[:, :4096]).abs().max()) > 1e-5, (
         "TF32 was not in effect: the check proves nothing"

@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -87,6 +88,7 @@ def test_every_series_of_a_plot_has_its_own_colour_line_style_and_marker(count: 
         _many_series_table(count), "drop probability", "test accuracy (%)", logx=False
     )
     curves = curves_figure("Test accuracy", _curves(count))
+    assert series is not None
     for fig in (series, curves):
         lines = _data_lines(fig.axes[0])
         assert len(lines) == count
@@ -104,21 +106,23 @@ def test_the_legend_is_outside_the_axes_and_inside_the_figure(count: int) -> Non
         _many_series_table(count), "drop probability", "test accuracy (%)", logx=False
     )
     curves = curves_figure("Test accuracy", _curves(count))
+    assert series is not None
     for fig in (series, curves):
         fig.canvas.draw()
         (ax,) = fig.axes
-        legends = [*fig.legends, *([ax.get_legend()] if ax.get_legend() else [])]
+        legends: list[Any] = [*fig.legends, *([ax.get_legend()] if ax.get_legend() else [])]
         assert len(legends) == 1
         box, axes_box = legends[0].get_window_extent(), ax.get_window_extent()
         assert not box.overlaps(axes_box), (box, axes_box)
-        assert box.y1 <= ax.get_tightbbox().y0  # under the axes, their tick labels and x label
+        tight = ax.get_tightbbox()
+        assert tight is not None and box.y1 <= tight.y0  # under the axes, tick labels, x label
         figure_box = fig.bbox
         assert (
             box.x1 <= figure_box.x1 + 1 and box.y1 <= figure_box.y1 + 1 and box.y0 >= -1
         )  # not clipped
 
 
-def _write_runs(directory: Path) -> dict[int, np.ndarray]:
+def _write_runs(directory: Path) -> dict[tuple[str, int], np.ndarray]:
     """Two seeds of relay and of d2 on digits at alpha 0.1, workers rising at different rates."""
     from tests import run_factories as rf
 
@@ -168,9 +172,10 @@ def test_each_plot_says_what_its_lines_bands_and_bars_are(tmp_path: Path) -> Non
     ]
     seeds = [accuracies[("relay", s)] for s in range(2)]
     np.testing.assert_allclose(
-        relay_line.get_ydata(), 100 * np.mean([a.mean(axis=1) for a in seeds], axis=0)
+        np.asarray(relay_line.get_ydata()), 100 * np.mean([a.mean(axis=1) for a in seeds], axis=0)
     )
-    band = ax.collections[labels.index(relay_line.get_label())].get_paths()[0].vertices[:, 1]
+    collection = ax.collections[labels.index(relay_line.get_label())]
+    band = np.asarray(collection.get_paths()[0].vertices)[:, 1]
     worst = 100 * np.mean([a.min(axis=1) for a in seeds], axis=0)
     best = 100 * np.mean([a.max(axis=1) for a in seeds], axis=0)
     assert np.allclose(band.min(), worst.min()) and np.allclose(band.max(), best.max())
@@ -179,16 +184,20 @@ def test_each_plot_says_what_its_lines_bands_and_bars_are(tmp_path: Path) -> Non
     )
 
     robustness = tables["robustness_digits_alpha0.1_n3"]
-    fig = series_figure(robustness, "drop probability", "test accuracy (%)", logx=False)
-    text = _figure_text(fig)
+    series = series_figure(robustness, "drop probability", "test accuracy (%)", logx=False)
+    assert series is not None
+    text = _figure_text(series)
     assert (
         "point: the worst worker's mean test accuracy over the last 5 epochs, mean over seeds"
         in text
     )
     assert "bars: min to max over seeds" in text
-    ax = fig.axes[0]
+    ax = series.axes[0]
     labels = ax.get_legend_handles_labels()[1]
-    container = ax.containers[next(i for i, lbl in enumerate(labels) if lbl.startswith("RelaySGD"))]
+    # an ErrorbarContainer (Any: matplotlib types ax.containers as the base Container)
+    container: Any = ax.containers[
+        next(i for i, lbl in enumerate(labels) if lbl.startswith("RelaySGD"))
+    ]
     metric = [
         min(a[-5:, w].mean() for w in range(WORKERS)) for a in seeds
     ]  # worst worker, last 5 epochs
@@ -466,14 +475,14 @@ def test_train_help_shows_every_default() -> None:
                 shown = _shown(getattr(get_task_class(task).defaults, action.dest))
                 assert f"{task} {shown}" in text, f"{flag}: {task} {shown} not in {text}"
     for flag in ("--threads", "--epochs", "--batch-size", "--momentum", "--eval-every"):
-        assert "default" in actions[flag].help
-    evals = " ".join(actions["--eval-every"].help.split())
+        assert "default" in str(actions[flag].help)
+    evals = " ".join(str(actions["--eval-every"].help).split())
     assert (
         "task default: " in evals
         and "quadratics 200 evaluations per run" in evals
         and "digits every epoch" in evals
     )
-    assert "agnews: relay chain" in " ".join(actions["--topology"].help.split())
+    assert "agnews: relay chain" in " ".join(str(actions["--topology"].help).split())
 
 
 @pytest.mark.parametrize("module", ["benchmarks.comm", "benchmarks.bench_report"])

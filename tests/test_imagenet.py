@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -133,8 +134,9 @@ def test_train_transform_flip_and_crop_are_drawn_from_rng():
         def random(self):
             return 0.0 if self.flip else 0.9
 
-    plain = train_transform(image, 40, FullCrop(flip=False))
-    flipped = train_transform(image, 40, FullCrop(flip=True))
+    # FullCrop stands in for the Generator
+    plain = train_transform(image, 40, cast(np.random.Generator, FullCrop(flip=False)))
+    flipped = train_transform(image, 40, cast(np.random.Generator, FullCrop(flip=True)))
     np.testing.assert_array_equal(plain, pixels.transpose(2, 0, 1))
     np.testing.assert_array_equal(flipped, pixels[:, ::-1].transpose(2, 0, 1))
 

@@ -38,8 +38,8 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
             "relaympi.registry",
         ),
     ),
-    # pure graphs and schedules; the Communicator and its backends; the model's flat memory layout
-    # (flat)
+    # pure graphs and schedules; the Communicator and its backends; the model's flat memory
+    # layout (flat)
     ("topology, comm, flat layout", 1, ("relaympi.topology", "relaympi.comm", "relaympi.flat")),
     ("optim", 2, ("relaympi.optim",)),
     # each algorithm as message passing, its matrix form, and its vectorized (batched) form
@@ -49,9 +49,9 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     # exception: relaympi.data spans two layers, a store tasks use and a catalogue that asks tasks
     ("data sets", 4, ("relaympi.data.layouts", "relaympi.data.sets", "relaympi.data.imagenet")),
     # the run's configuration: its flags are checked against the registries below (topology,
-    # algorithm,
-    # optimizer and task names) and its --help shows their defaults, so it sits above them; nothing
-    # below imports it (a task takes its own options, an algorithm its own options class)
+    # algorithm, optimizer and task names) and its --help shows their defaults, so it sits
+    # above them; nothing below imports it (a task takes its own options, an algorithm its own
+    # options class)
     ("config", 5, ("relaympi.config",)),
     # the resolved plan, the one training loop, a worker's workload, evaluation, checkpoints (their
     # file format too), run file
@@ -122,7 +122,7 @@ def _lazy_targets(tree: ast.Module, package: str) -> set[str]:
             targets |= {
                 f"{package}.{v.value}"
                 for v in getattr(node.value, "values", [])
-                if isinstance(v, ast.Constant)
+                if isinstance(v, ast.Constant) and isinstance(v.value, str)
             }
     return targets
 
@@ -133,8 +133,8 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     graph = {}
     for name, (path, is_package) in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        package = name if is_package else name.rpartition(".")[0]
-        targets = _lazy_targets(tree, package)
+        home = name if is_package else name.rpartition(".")[0]
+        targets = _lazy_targets(tree, home)
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 targets |= {alias.name for alias in node.names}
@@ -143,12 +143,12 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
                 if node.level:
                     base = ".".join(
                         [
-                            *package.split(".")[: len(package.split(".")) - node.level + 1],
+                            *home.split(".")[: len(home.split(".")) - node.level + 1],
                             *([base] if base else []),
                         ]
                     )
-                # `from pkg import submodule` imports the submodule; `from module import name` the
-                # module
+                # `from pkg import submodule` imports the submodule; `from module import name`
+                # the module
                 targets |= {
                     f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
                     for alias in node.names
@@ -173,7 +173,11 @@ def layer_of(module: str) -> tuple[str, int] | None:
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components with more than one module (Tarjan's algorithm)."""
-    index, low, stack, on_stack, found = {}, {}, [], set(), []
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
 
     def visit(v: str) -> None:
         index[v] = low[v] = len(index)

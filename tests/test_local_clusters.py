@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import matched
 from tests.test_slurm import bash, clean_env, cluster  # noqa: F401 - cluster: the suite's cluster, a fixture
 
 
@@ -29,7 +30,7 @@ def slurm(conf: str | None, *args: str, timeout: float = 120) -> subprocess.Comp
 def ctld_port(conf: str | None) -> int:
     proc = slurm(conf, "scontrol", "show", "config")
     assert proc.returncode == 0, proc.stderr
-    return int(re.search(r"^SlurmctldPort\s*=\s*(\d+)", proc.stdout, re.MULTILINE).group(1))
+    return int(matched(r"^SlurmctldPort\s*=\s*(\d+)", proc.stdout, re.MULTILINE).group(1))
 
 
 def daemons_running(folder: Path) -> list[str]:
@@ -53,8 +54,8 @@ def second(cluster: None, tmp_path: Path):  # noqa: F811 - the imported fixture
     proc = bash("cluster/local_cluster.sh", "start", "--dir", str(folder))
     try:
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        # one line that scripts eval (scripts/test.sh does), right for a folder with a space in its
-        # name
+        # one line that scripts eval (scripts/test.sh does), right for a folder with a space in
+        # its name
         assert len(proc.stdout.splitlines()) == 1
         evaluated = subprocess.run(
             ["bash", "-c", 'eval "$1" && printf %s "$SLURM_CONF"', "-", proc.stdout],
@@ -87,7 +88,7 @@ def test_a_second_cluster_runs_beside_the_suites_and_stops_alone(second: Path) -
             "echo $SLURM_JOB_ID on $SLURM_SUBMIT_HOST",
         )
         assert proc.returncode == 0, proc.stderr
-        job = re.search(r"Submitted batch job (\d+)", proc.stdout).group(1)
+        job = matched(r"Submitted batch job (\d+)", proc.stdout).group(1)
         assert out.read_text() == f"{job} on {socket.gethostname()}\n"
     # each cluster sees its own queue only
     name = f"relaympi-second-{os.getpid()}"

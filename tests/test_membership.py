@@ -49,8 +49,8 @@ def _oracle(problem, algo, topo, optimizer, losses: dict[int, list[int]]):
             start = t  # RelaySum's delays count from its (re)start; SGP's rounds from step 0
             wide[-1] = wide[-1].copy()
             wide[-1][sorted(set(range(N)) - set(members))] = np.nan
-        AtA, Atb = problem.AtA[members], problem.Atb[members]
-        G = np.einsum("nij,nj->ni", AtA, X) - Atb
+        H, c = problem.H[members], problem.c[members]
+        G = np.einsum("nij,nj->ni", H, X) - c
         X = engine.step(X, G, LR, t - start if algo.startswith("relay") else t)
         row = np.full((N, DIM), np.nan)
         row[members] = X
@@ -160,10 +160,10 @@ def _readmission_oracle(problem, algo, topo, optimizer, lost_at: int, lost: int,
             members, X, start = list(range(N)), full, t
             engine = engine_for(members, m)
             wide[-1] = full.copy()
-        AtA, Atb = problem.AtA[members], problem.Atb[members]
+        H, c = problem.H[members], problem.c[members]
         X = engine.step(
             X,
-            np.einsum("nij,nj->ni", AtA, X) - Atb,
+            np.einsum("nij,nj->ni", H, X) - c,
             LR,
             t - start if algo.startswith("relay") else t,
         )

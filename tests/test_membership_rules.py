@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from relaympi.config import ConfigError
-from relaympi.training.membership import Snapshots, heal_table, injected_losses
+from relaympi.training.membership import HealError, Snapshots, heal_table, injected_losses
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,5 +51,5 @@ def test_the_survivors_topology_is_the_same_family_over_their_count():
     assert (healed.name, healed.world_size) == ("exponential", 7)
     relay = resolve(RunConfig(task="quadratics", algo="relay", backend="local", workers=8), 8)
     assert survivor_topology(relay, [0] * 5).name == relay.topology.name
-    with pytest.raises(ConfigError, match="cannot be built again over the 0 surviving"):
+    with pytest.raises(HealError, match="cannot be built again over the 0 surviving"):
         survivor_topology(relay, [])

@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.membership_study import Scenario, main, scenarios
 from relaympi.results import read_run
+from tests.conftest import matched
 
 
 def test_scenarios_are_full_then_each_loss_at_each_fraction_then_each_loss_from_the_start():
@@ -75,7 +76,7 @@ def test_the_study_injects_its_losses_and_prints_the_runs_metric(tmp_path, capsy
         want = 100 * _worst_of_last_epochs(out / path / "relay_alpha1_seed0.h5")
         assert printed[name] == pytest.approx(want, abs=0.006), name
     # the differences it prints are those of the printed means
-    row = re.search(r"\| lose 1 @ 50% \|[^\n]*\| ([+-][\d.]+) \| ([+-][\d.]+) \|", table)
+    row = matched(r"\| lose 1 @ 50% \|[^\n]*\| ([+-][\d.]+) \| ([+-][\d.]+) \|", table)
     assert float(row.group(1)) == pytest.approx(printed["lose 1 @ 50%"] - printed["full"], abs=0.02)
     assert float(row.group(2)) == pytest.approx(
         printed["lose 1 @ 50%"] - printed["survivors 1"], abs=0.02

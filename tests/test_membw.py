@@ -32,9 +32,8 @@ def _elements(t: membw.Traffic) -> tuple[list[float], list[float]]:
 # Hand derivations (d = numel, m = message = block + 1 counter; 2 copies per MPI transfer: each
 # message costs its sender m read + m written and its receiver m read + m written).
 def test_relaysum_chain_of_3():
-    # d = 10, m = 11. Ranks 0, 2: leaves (1 message out, 1 in, no assembly): 2m / 2m.
-    # Rank 1 (degree 2): 2 out, 2 in: 4m / 4m; assembly reads parcel + 2 rows, writes 2 rows: 3m /
-    # 2m.
+    # d = 10, m = 11. Ranks 0, 2: leaves (1 message out, 1 in, no assembly): 2m / 2m. Rank 1 (degree
+    # 2): 2 out, 2 in: 4m / 4m; assembly reads parcel + 2 rows, writes 2 rows: 3m / 2m.
     reads, writes = _elements(membw.traffic("relaysum", build("chain", 3), 10))
     assert reads == [22, 77, 22]
     assert writes == [22, 66, 22]
@@ -43,8 +42,8 @@ def test_relaysum_chain_of_3():
 
 
 def test_single_copy_transfers_cost_the_receiver_only():
-    # chain of 3, d = 10, m = 11: rank 1 receives 2 messages, the leaves 1; each costs m read + m
-    # written
+    # chain of 3, d = 10, m = 11: rank 1 receives 2 messages, the leaves 1; each costs m read +
+    # m written
     reads, writes = _elements(membw.traffic("raw", build("chain", 3), 10, copies=1))
     assert reads == writes == [11, 22, 11]
 
@@ -71,9 +70,8 @@ def test_degree_3_node_star_of_4():
     reads, writes = _elements(membw.traffic("relaysum", topo, 10))
     assert reads == [110, 22, 22, 22] and writes == [110, 22, 22, 22]
     # step: the sum is kept by add_received, so assembly reads total + parcel + 3 rows (55), writes
-    # 44;
-    # add_received reads 3 payloads of 10 + x (40), writes total + x (20); SGD 20 / 20.
-    # Leaves: 22 / 22 + SGD 20 / 20 + add_received (x + 1 payload: 20 / 10).
+    # 44; add_received reads 3 payloads of 10 + x (40), writes total + x (20); SGD 20 / 20. Leaves:
+    # 22 / 22 + SGD 20 / 20 + add_received (x + 1 payload: 20 / 10).
     reads, writes = _elements(membw.traffic("relaysgd-step", topo, 10))
     assert reads == [66 + 55 + 20 + 40, 62, 62, 62]
     assert writes == [66 + 44 + 20 + 20, 52, 52, 52]
@@ -83,8 +81,7 @@ def test_degree_3_node_star_of_4():
 
 def test_allreduce_reduce_scatter_allgather():
     # n = 4, d = 8: each rank sends and receives 2 (n-1)/n d = 12 elements (12 / 12 each way with
-    # two
-    # copies: 24 / 24) and reduces (n-1)/n d = 6 elements (reads 12, writes 6)
+    # two copies: 24 / 24) and reduces (n-1)/n d = 6 elements (reads 12, writes 6)
     reads, writes = _elements(membw.traffic("allreduce", build("chain", 4), 8))
     assert reads == pytest.approx([36] * 4) and writes == pytest.approx([30] * 4)
 
@@ -220,6 +217,7 @@ def test_model_table_from_a_comm_result(tmp_path):
 @pytest.mark.mpirun
 @pytest.mark.skipif(MPIRUN is None, reason="needs mpirun")
 def test_triad_under_mpirun_2(tmp_path):
+    assert MPIRUN is not None
     out = tmp_path / "triad.json"
     run = subprocess.run(
         [

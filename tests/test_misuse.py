@@ -35,8 +35,8 @@ def _train(backend: str, workers: int = 2, *extra: str) -> list[str]:
 LOCAL, BATCHED = _train("local"), _train("batched")
 QUADRATICS = [*LOCAL, "--task", "quadratics"]
 
-# (arguments after `python`, strings the one error line must hold: the bad value and what is
-# allowed)
+# (arguments after `python`, strings the one error line must hold: the bad value and what
+# is allowed)
 CASES = [
     pytest.param(
         ["-m", "relaympi.data", "fetch", "cifar10", "--root", "{tmp}/root", "--url", "notaurl"],

@@ -128,19 +128,43 @@ def test_the_docs_layout_names_real_modules_and_where_new_pieces_go() -> None:
 
 
 LONG_MODULE_LINES = 500
+# the line near the top of a long file that says why it is long, by the file's kind
+LONG_REASON = {"*.py": "# Long module: ", "*.sh": "# Long script: "}
 
 
-def test_a_module_over_500_lines_says_why_at_its_top() -> None:
-    """A module is short enough to read at once, or says in one line near its top why it is not."""
-    root = Path(__file__).resolve().parent.parent
+def long_files_without_a_reason(root: Path) -> list[str]:
+    """The Python modules and shell scripts over LONG_MODULE_LINES lines whose first 20 lines hold
+    no reason line (LONG_REASON), as 'path (n lines, needs "# Long ...: ")'."""
     unexplained = []
-    for tree in ("relaympi", "benchmarks", "jobs", "scripts", "tests"):
-        for path in sorted((root / tree).rglob("*.py")):
-            lines = path.read_text(encoding="utf-8").splitlines()
-            if len(lines) > LONG_MODULE_LINES and not any(
-                line.startswith("# Long module: ") for line in lines[:20]
-            ):
-                unexplained.append(f"{path.relative_to(root)} ({len(lines)} lines)")
-    assert not unexplained, "over 500 lines without a '# Long module: ' reason: " + ", ".join(
-        unexplained
+    for tree in ("relaympi", "benchmarks", "jobs", "scripts", "tests", "cluster"):
+        for pattern, reason in LONG_REASON.items():
+            for path in sorted((root / tree).rglob(pattern)):
+                lines = path.read_text(encoding="utf-8").splitlines()
+                if len(lines) > LONG_MODULE_LINES and not any(
+                    line.startswith(reason) for line in lines[:20]
+                ):
+                    unexplained.append(
+                        f"{path.relative_to(root)} ({len(lines)} lines, needs {reason.strip()!r})"
+                    )
+    return unexplained
+
+
+def test_a_module_or_script_over_500_lines_says_why_at_its_top() -> None:
+    """A module or shell script is short enough to read at once, or says in one line near its top
+    why it is not."""
+    unexplained = long_files_without_a_reason(Path(__file__).resolve().parent.parent)
+    assert not unexplained, "over 500 lines without a reason line: " + ", ".join(unexplained)
+
+
+def test_the_long_file_rule_sees_a_long_shell_script(tmp_path: Path) -> None:
+    (tmp_path / "benchmarks").mkdir()
+    script = tmp_path / "benchmarks" / "long.sh"
+    script.write_text("#!/usr/bin/env bash\n" + "true\n" * LONG_MODULE_LINES, encoding="utf-8")
+    assert long_files_without_a_reason(tmp_path) == [
+        "benchmarks/long.sh (501 lines, needs '# Long script:')"
+    ]
+    script.write_text(
+        "#!/usr/bin/env bash\n# Long script: one budget for all stages\n" + "true\n" * 500,
+        encoding="utf-8",
     )
+    assert long_files_without_a_reason(tmp_path) == []

@@ -57,7 +57,7 @@ def test_nodes_of_fills_nodes_in_blocks_and_the_last_may_be_smaller():
     assert nodes_of(4, 1) == (0, 1, 2, 3) and nodes_of(3, 8) == (0, 0, 0)
     for bad in (0, -2, 1.5, True):
         with pytest.raises(TopologyError, match="ranks_per_node must be"):
-            nodes_of(8, bad)
+            nodes_of(8, bad)  # type: ignore[arg-type]  # wrong types on purpose
 
 
 def test_build_checks_placement_and_nodes():
@@ -153,8 +153,8 @@ def test_trees_keep_each_nodes_ranks_in_one_subtree(n, layout_name, nodes):
             assert nx.is_tree(graph)
             for ranks in groups.values():
                 assert nx.is_connected(graph.subgraph(ranks)), (name, k, ranks)
-            # the nodes are joined by a tree: M - 1 inter-node edges, the fewest that connect M
-            # nodes
+            # the nodes are joined by a tree: M - 1 inter-node edges, the fewest that connect
+            # M nodes
             quotient = _quotient(graph, nodes)
             assert quotient.number_of_edges() == m - 1 and nx.is_connected(quotient)
         if name == "binary-tree":
@@ -292,7 +292,7 @@ def _run(argv: list[str]) -> tuple[int, str, str]:
         try:
             status = main(argv)
         except SystemExit as exit_:
-            status = exit_.code
+            status = int(exit_.code or 0)
     return status, out.getvalue(), err.getvalue()
 
 

@@ -27,8 +27,7 @@ def _main(args) -> int:
     return train.main([str(a) for a in args])
 
 
-# -- the Communicator's nodes
-# -----------------------------------------------------------------------
+# -- the Communicator's nodes ----------------------------------------------------------------------
 def test_nodes_are_numbered_by_each_nodes_lowest_rank():
     assert number_nodes(["b", "b", "a", "c", "a"]) == (0, 0, 1, 2, 1)
     assert number_nodes([0, 0, 2, 2]) == (0, 0, 1, 1)  # lowest world rank per node -> 0, 1, ...
@@ -89,6 +88,7 @@ def test_mpirun_with_ranks_per_node_emulates_nodes(tmp_path):
     proc = run_train(args, mpi=2, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = read_run(out)
+    assert run.topology is not None
     assert run.topology.rank_node.tolist() == [0, 1] and run.topology.nodes_emulated
     assert run.topology.placement == "nodes" and run.topology.inter_node_edges == (
         1,
@@ -179,6 +179,7 @@ def test_run_file_records_nodes_edges_and_placement(tmp_path, capsys):
     run = read_run(out)
     expected = build("double-binary-trees", 4, placement="nodes", nodes=[0, 0, 1, 1])
     topology = run.topology
+    assert topology is not None
     assert (
         run.config["placement"] == topology.placement == "nodes"
         and run.config["ranks_per_node"] == 2
@@ -219,6 +220,7 @@ def test_batched_engine_emulates_the_same_nodes_and_trees(tmp_path):
     assert _main(["--backend", "local", *args, "--out", tmp_path / "local.h5"]) == 0
     assert _main(["--backend", "batched", *args, "--out", tmp_path / "batched.h5"]) == 0
     local, batched = read_run(tmp_path / "local.h5"), read_run(tmp_path / "batched.h5")
+    assert local.topology is not None and batched.topology is not None
     assert (
         batched.topology.rank_node.tolist() == [0, 0, 1, 1]
         and batched.topology.placement == "nodes"
@@ -251,6 +253,7 @@ def test_one_node_runs_in_rank_order_and_says_so(tmp_path, capsys):
     assert _main([*LOCAL4, "--algo", "dpsgd", "--topology", "ring", *QUAD, "--out", out]) == 0
     assert capsys.readouterr().out.rstrip().endswith("| placement ranks")
     run = read_run(out)
+    assert run.topology is not None
     assert (
         run.config["placement"] == run.topology.placement == "ranks"
         and not run.topology.nodes_emulated
@@ -321,8 +324,7 @@ def test_resume_refuses_ranks_found_on_other_nodes(tmp_path):
         Checkpoints(summed, tmp_path / "r.h5", 0, 4, nodes=(0, 1, 2, 3)).load()
 
 
-# -- bad input
-# --------------------------------------------------------------------------------------
+# -- bad input -------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",

@@ -3,6 +3,9 @@ written out."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -87,7 +90,7 @@ def _formula(name: str, momentum=0.0, weight_decay=0.0, betas=(0.9, 0.999), eps=
     return np.array(trajectory)
 
 
-CASES = {
+CASES: dict[str, tuple[OptimizerConfig, Callable[..., Any], dict[str, Any]]] = {
     "sgd": (
         OptimizerConfig(),
         lambda p: torch.optim.SGD(p, lr=0.1),

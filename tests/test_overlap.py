@@ -17,6 +17,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import cast
 
 import h5py
 import numpy as np
@@ -102,7 +103,10 @@ def test_buckets_cover_the_model_once_in_the_same_order_with_final_gradients(buc
 
 def _flat_range(layer: torch.nn.Module, grad: torch.Tensor) -> tuple[int, int]:
     base = grad.data_ptr()
-    lows = [(p.grad.data_ptr() - base) // grad.element_size() for p in layer.parameters()]
+    lows = [
+        (cast(torch.Tensor, p.grad).data_ptr() - base) // grad.element_size()
+        for p in layer.parameters()
+    ]
     return min(lows), max(lo + p.numel() for lo, p in zip(lows, layer.parameters(), strict=True))
 
 
@@ -160,14 +164,15 @@ def test_hooks_on_another_thread_leave_the_delivery_to_the_stepping_thread(any_t
     batch = torch.randint(0, 11, (4, 5), generator=torch.Generator().manual_seed(0))
     here = _deliveries(model, grad, GradientBuckets(grad, list(model.parameters()), 1e-5), batch)
     buckets = GradientBuckets(grad, list(model.parameters()), 1e-5, any_thread=any_thread)
-    got, threads = [], set()
+    got: list[tuple[int, int, torch.Tensor]] = []
+    threads: set[int] = set()
     grad.zero_()
-    with buckets.delivering(
-        lambda lo, hi: (
-            got.append((lo, hi, grad[lo:hi].clone())),
-            threads.add(threading.get_ident()),
-        )
-    ):
+
+    def deliver(lo: int, hi: int) -> None:
+        got.append((lo, hi, grad[lo:hi].clone()))
+        threads.add(threading.get_ident())
+
+    with buckets.delivering(deliver):
         _on_another_thread(
             lambda: torch.nn.functional.cross_entropy(
                 model(batch).reshape(-1, 11), batch.reshape(-1)
@@ -306,7 +311,7 @@ def test_quadratics_overlap_in_float64(tmp_path):
         "--algo",
         "relay",
     ]
-    outs = []
+    outs: list[Path] = []
     for extra in ([], ["--overlap"]):
         outs.append(tmp_path / f"q{len(outs)}.h5")
         assert train.main([*args, *extra, "--out", str(outs[-1])]) == 0
@@ -314,8 +319,7 @@ def test_quadratics_overlap_in_float64(tmp_path):
 
 
 # --overlap and --progress-thread as they run (relaympi.training.plan.resolve): --overlap by default
-# on
-# for MPI ranks on more than one node on the CPU (measured faster there) with a model of several
+# on for MPI ranks on more than one node on the CPU (measured faster there) with a model of several
 # buckets (VGG-11 here), else off; the thread only where given and MPI overlaps
 @pytest.mark.parametrize(
     "flags, nodes, want",
@@ -439,12 +443,13 @@ def test_tasks_model_bytes_are_their_models():
     import torch
 
     from relaympi.tasks import TaskOptions, get_task_class
+    from relaympi.tasks.digits import DigitsTask
     from relaympi.tasks.models import VGG11_NUM_PARAMETERS
 
     digits, cifar10, quadratics = (
         get_task_class(name) for name in ("digits", "cifar10", "quadratics")
     )
-    model = digits(TaskOptions()).build_model(0)
+    model = DigitsTask(TaskOptions()).build_model(0)
     spec = {
         "problem_file": None,
         "seed": 0,
@@ -658,7 +663,8 @@ class _CallThreads:
     )
 
     def __init__(self, comm) -> None:
-        self.comm, self.threads = comm, set()
+        self.comm = comm
+        self.threads: set[int] = set()
         for name in self.NAMES:
             setattr(comm, name, self._logged(getattr(comm, name)))
 
@@ -667,7 +673,8 @@ class _CallThreads:
             self.threads.add(threading.get_ident())
             result = method(*args, **kwargs)
             if isinstance(result, Request):
-                result.test, result.wait = self._logged(result.test), self._logged(result.wait)
+                # wrapped in place, to log the thread of every call
+                result.test, result.wait = self._logged(result.test), self._logged(result.wait)  # type: ignore[method-assign]
             return result
 
         return call
@@ -826,8 +833,7 @@ def test_the_progress_thread_moves_a_transfer_while_the_rank_computes(spmd, requ
     assert (
         polls > 10
         # asked to poll every 0.2 ms for 0.4 s (~700 polls on an idle machine; fewer when ranks
-        # share
-        # cores)
+        # share cores)
     )
     assert moved
 
@@ -857,8 +863,8 @@ def test_mpi_ranks_on_two_nodes_overlap_by_default_and_say_whether_the_thread_ra
         "--out",
         out,
     ]
-    # buckets of 4 KiB: digits' 19 KiB model spans several, so --overlap's default is on across
-    # nodes
+    # buckets of 4 KiB: digits' 19 KiB model spans several, so --overlap's default is on
+    # across nodes
     proc = run_train(args, mpi=2, env={"MPI4PY_RC_THREAD_LEVEL": thread_level})
     assert proc.returncode == 0, proc.stderr[-2000:]
     with h5py.File(out, "r") as file:

@@ -1,10 +1,13 @@
 """Random quadratics, the tuned-learning-rate machinery, RelaySGD's lr correction, RelaySum mean
 estimation, and the study CLI."""
 
+# Long module: the random-quadratics studies, each piece against an independent computation
+
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import h5py
@@ -24,17 +27,35 @@ from relaympi.algorithms.dme_estimates import (
 from relaympi.algorithms.matrix import effective_delays, make_matrix_algorithm
 from relaympi.comm import run_local
 from relaympi.optim import OptimizerConfig, make_optimizer
+from relaympi.studies.quadratics.fig2 import (
+    FIGURE_SERIES,
+    Fig2Settings,
+    _findings,
+    draw_fig2,
+    fig2_figure,
+    steps_cell,
+)
+from relaympi.studies.quadratics.findings import StudyResult
 from relaympi.studies.quadratics.lr_correction import measure_lr_correction
-from relaympi.studies.quadratics.studies import STUDIES
+from relaympi.studies.quadratics.studies import STUDIES, settings_for
+from relaympi.studies.quadratics.tables import median_steps
 from relaympi.studies.quadratics.tuning import (
     Method,
     SearchConfig,
+    checkpoint_steps,
     d2_method,
     run_batch,
     suboptimality_batch,
     tune,
 )
-from relaympi.tasks.quadratics import QuadraticsSpec, generate, load
+from relaympi.tasks.quadratics import (
+    CONVENTION,
+    QuadraticsSpec,
+    generate,
+    heterogeneity_scale,
+    load,
+    shaped_matrices,
+)
 from relaympi.topology import build
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,24 +73,59 @@ def _one_blas_thread():
 # quadratics generation
 
 
+def _paper_gradients(A: np.ndarray, b: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """grad of ||A_i x - b_i||^2 (no 1/2), computed apart from relaympi: 2 A_i^T (A_i x - b_i)."""
+    return np.stack([2.0 * a.T @ (a @ x - bi) for a, bi in zip(A, b, strict=True)])
+
+
 @pytest.mark.parametrize(
     ("n", "dim", "zeta2", "r0", "mu", "L"),
     [(8, 10, 10.0, 10.0, 0.5, 1.0), (5, 7, 0.1, 1.0, 0.2, 2.0), (4, 6, 0.0, 3.0, 0.5, 1.0)],
 )
-def test_generated_quadratics_have_the_requested_constants(tmp_path, n, dim, zeta2, r0, mu, L):
+def test_generated_quadratics_follow_the_appendix_step_by_step(tmp_path, n, dim, zeta2, r0, mu, L):
     spec = QuadraticsSpec(dim=dim, mu=mu, L=L, zeta2=zeta2, r0=r0, sigma2=0.1)
     q = generate(n, spec, seed=3)
+    # steps 1 and 2: singular values mu, (d-2)/(d-1) mu + 1/(d-1) L, ..., L
+    second = (dim - 2) / (dim - 1) * mu + L / (dim - 1)
     for A in q.A:
-        np.testing.assert_allclose(
-            np.sort(np.linalg.svd(A, compute_uv=False)), np.linspace(mu, L, dim), rtol=1e-12
-        )
-    if zeta2 > 0:
-        assert q.heterogeneity() == pytest.approx(zeta2, rel=1e-8)
-    else:
-        assert q.heterogeneity() <= 1e-20 * r0**2
+        singular = np.sort(np.linalg.svd(A, compute_uv=False))
+        np.testing.assert_allclose(singular, np.linspace(mu, L, dim), rtol=1e-12)
+        assert singular[0] == pytest.approx(mu, rel=1e-12)
+        assert singular[1] == pytest.approx(second, rel=1e-12)
+        assert singular[-1] == pytest.approx(L, rel=1e-12)
+    # step 4: x* is the random vector drawn after the matrices and the directions, at norm r0
+    rng = np.random.default_rng([3, 0xC0FFEE])
+    np.testing.assert_array_equal(shaped_matrices(rng, n, spec), q.A)
+    directions = rng.standard_normal((n, dim))
+    drawn = rng.standard_normal(dim)
+    np.testing.assert_allclose(q.x_star, drawn * r0 / np.linalg.norm(drawn), rtol=1e-12)
     assert np.linalg.norm(q.x_star) == pytest.approx(r0, rel=1e-12)
-    mean_gradient = q.gradients(np.repeat(q.x_star[None], n, axis=0)).mean(axis=0)
-    assert np.abs(mean_gradient).max() <= 1e-12 * max(r0, 1.0) * L**2
+    # ... and the global optimum of the mean of ||A_i x - b_i||^2 (normal equations, solved here)
+    AtA = sum(a.T @ a for a in q.A)
+    Atb = sum(a.T @ bi for a, bi in zip(q.A, q.b, strict=True))
+    np.testing.assert_allclose(np.linalg.solve(AtA, Atb), q.x_star, rtol=1e-10, atol=1e-12)
+    # step 3: before step 4 the global optimum was 0 and worker i's own optimum s d_i
+    centered = q.b - np.einsum("nij,j->ni", q.A, q.x_star)
+    optimum = np.linalg.solve(AtA, sum(a.T @ c for a, c in zip(q.A, centered, strict=True)))
+    assert np.abs(optimum).max() <= 1e-10 * max(r0, 1.0)
+    own = np.stack([np.linalg.solve(a, c) for a, c in zip(q.A, centered, strict=True)])
+    scale = heterogeneity_scale(q.A, directions, zeta2) if zeta2 > 0 else 0.0
+    shift = own - scale * directions  # every worker moved by the same vector (the old optimum)
+    np.testing.assert_allclose(shift, np.repeat(shift[:1], n, axis=0), atol=1e-10 * max(r0, 1.0))
+    # zeta^2 under the paper's gradient (four times the 1/2-loss gradient's)
+    zeta2_paper = np.mean(np.sum(_paper_gradients(q.A, q.b, q.x_star) ** 2, axis=1))
+    if zeta2 > 0:
+        assert zeta2_paper == pytest.approx(zeta2, rel=1e-9)
+        assert q.heterogeneity() == pytest.approx(zeta2, rel=1e-9)
+    else:
+        assert zeta2_paper <= 1e-20 * r0**2
+    assert np.abs(_paper_gradients(q.A, q.b, q.x_star).mean(axis=0)).max() <= 1e-11 * r0 * L**2
+    # the loss has no 1/2, and q's gradients are its gradients
+    X = np.random.default_rng(1).standard_normal((n, dim))
+    expected = [2.0 * a.T @ (a @ x - bi) for a, bi, x in zip(q.A, q.b, X, strict=True)]
+    np.testing.assert_allclose(q.gradients(X), expected, rtol=1e-12, atol=1e-12)
+    losses = [np.sum((a @ X[0] - bi) ** 2) for a, bi in zip(q.A, q.b, strict=True)]
+    assert q.loss(X[0]) == pytest.approx(np.mean(losses), rel=1e-13)
     assert q.f_star == pytest.approx(q.loss(q.x_star), rel=1e-14, abs=1e-14)
     rng = np.random.default_rng(0)
     for _ in range(3):  # x* minimizes the mean objective
@@ -81,6 +137,35 @@ def test_generated_quadratics_have_the_requested_constants(tmp_path, n, dim, zet
     np.testing.assert_array_equal(back.b, q.b)
     np.testing.assert_array_equal(back.x_star, q.x_star)
     assert back.f_star == q.f_star and back.sigma2 == q.sigma2
+
+
+def test_the_gradient_is_the_losss_derivative():
+    """Central differences of the loss (no 1/2) agree with the gradient 2 A^T (A x - b)."""
+    q = generate(3, QuadraticsSpec(dim=5, zeta2=2.0, r0=3.0), seed=2)
+    x = np.random.default_rng(4).standard_normal(5)
+    step = 1e-5
+    numeric = [(q.loss(x + step * e) - q.loss(x - step * e)) / (2 * step) for e in np.eye(5)]
+    mean_gradient = q.gradients(np.repeat(x[None], 3, axis=0)).mean(axis=0)
+    np.testing.assert_allclose(mean_gradient, numeric, rtol=1e-7, atol=1e-8)
+
+
+def test_a_problem_file_of_the_half_loss_is_read_in_the_papers(tmp_path):
+    """A file written when the loss had a 1/2 holds the same A and b: its f_star doubles."""
+    q = generate(4, QuadraticsSpec(dim=5, zeta2=1.0, r0=2.0), seed=0)
+    path = tmp_path / "old.h5"
+    q.save(path)
+    with h5py.File(path, "a") as f:
+        f.attrs["f_star"] = q.f_star / 2
+        f.attrs["objective"] = "f_i(x) = 1/2 ||A_i x - b_i||^2, f = mean_i f_i"
+    back = load(path)
+    assert back.f_star == pytest.approx(q.f_star, rel=1e-15)
+    assert back.suboptimality(np.repeat(back.x_star[None], 4, axis=0)) == pytest.approx(
+        0.0, abs=1e-12
+    )
+    with h5py.File(path, "a") as f:
+        f.attrs["objective"] = "f_i(x) = ||A_i x + b_i||^2"
+    with pytest.raises(ValueError, match=r"objective 'f_i\(x\) = \|\|A_i x \+ b_i"):
+        load(path)
 
 
 def test_batched_suboptimality_is_the_problems():
@@ -125,11 +210,64 @@ def test_tuning_finds_the_fastest_learning_rate_of_gradient_descent():
     grid."""
     q = generate(4, QuadraticsSpec(dim=6, zeta2=1.0, r0=5.0), seed=0)
     method = Method("all-reduce", "allreduce", build("fully-connected", 4))
-    tuned = tune(q, method, SearchConfig(target=1e-8, max_steps=500))
-    assert tuned.reached and tuned.curve[tuned.steps] <= 1e-8 < tuned.curve[tuned.steps - 1]
+    tuned = tune(q, method, SearchConfig(target=1e-8, max_steps=500, checkpoints=0))
+    assert tuned.reached and tuned.steps is not None
+    assert tuned.curve[tuned.steps] <= 1e-8 < tuned.curve[tuned.steps - 1]
     for factor in (0.8, 0.9, 1.1, 1.25):
         other = run_batch(q, method, np.array([tuned.lr * factor]), 1e-8, 500)
         assert other.hit_step is None or other.hit_step >= tuned.steps
+
+
+def test_checkpoints_are_log_spaced_steps_up_to_the_cap():
+    steps = checkpoint_steps(20_000, 1000)
+    assert steps[0] == 1 and steps[-1] == 20_000 and np.all(np.diff(steps) > 0)
+    assert len(steps) <= 1000
+    np.testing.assert_array_equal(steps[:100], np.arange(1, 101))  # every step at first
+    ratio = 20_000 ** (1 / 999)
+    assert np.all(steps[1:] <= np.ceil(steps[:-1] * ratio) + 1)  # no gap beyond the spacing
+    np.testing.assert_array_equal(checkpoint_steps(50, 0), np.arange(1, 51))
+
+
+@pytest.mark.parametrize(("algo", "topology"), [("relay", "chain"), ("d2", "ring"), ("gt", "ring")])
+def test_a_rate_that_rises_above_the_target_is_refused(algo, topology):
+    """With refuse_rises, run_batch judges at the checkpoints only and refuses a rate whose
+    suboptimality rises from one checkpoint to the next while above the target; the oracle is
+    the free run's curve of every rate, judged here."""
+    q = generate(6, QuadraticsSpec(dim=4, zeta2=1.0, r0=3.0), seed=4)
+    method = Method("m", algo, build(topology, 6))
+    lrs = np.geomspace(0.3, 1.4, 9)
+    target, cap = 1e-6, 300
+    judged = checkpoint_steps(cap, 60)
+    free = run_batch(q, method, lrs, 1e-300, cap).curves
+    refused, first_hit = [], []
+    for k in range(len(lrs)):
+        values, previous, gone, hit = free[:, k], free[0, k], False, None
+        for t in judged:
+            if values[t] > previous > target or not np.isfinite(values[t]):
+                gone = True
+                break
+            if values[t] <= target:
+                hit = int(t)
+                break
+            previous = values[t]
+        refused.append(gone)
+        first_hit.append(hit)
+    assert any(refused) and not all(refused), refused  # the case tests both outcomes
+    hits = [h for h, r in zip(first_hit, refused, strict=True) if h is not None and not r]
+    result = run_batch(q, method, lrs, target, cap, checkpoints=judged, refuse_rises=True)
+    assert result.hit_step == min(hits)
+    assert result.hit_step in judged
+    expected_hits = [h == min(hits) for h in first_hit]
+    np.testing.assert_array_equal(result.hits, expected_hits)
+    # the rates that rose by the hit are refused, and none of them is a hit
+    assert not (result.hits & result.refused).any()
+    for k in range(len(lrs)):
+        rose_by_then = any(
+            free[t, k] > free[p, k] > target
+            for p, t in zip(np.r_[0, judged[:-1]], judged, strict=True)
+            if t <= result.hit_step
+        )
+        assert bool(result.refused[k]) == rose_by_then, k
 
 
 def test_d2_switches_to_exact_diffusion_only_below_minus_one_third():
@@ -139,6 +277,110 @@ def test_d2_switches_to_exact_diffusion_only_below_minus_one_third():
     assert not d2_method("D2", build("star", 32)).d2_exact_diffusion  # smallest eigenvalue 0
     assert d2_method("D2", build("binary-tree", 64)).d2_exact_diffusion  # -0.363
     assert d2_method("D2", build("social-network", 32)).d2_exact_diffusion  # -0.434
+
+
+# ---------------------------------------------------------------------------------------------
+# Figure 2 over seeds: its cells and its figure
+
+
+def _fig2_rows(steps: Mapping[tuple[str, float, int], Sequence[int | None]]) -> list[dict]:
+    """Rows as study_fig2 writes them: one per (method, zeta2, n, seed); None: not reached."""
+    rows = []
+    for (method, zeta2, n), per_seed in steps.items():
+        for seed, value in enumerate(per_seed):
+            rows.append(
+                {
+                    "method": method,
+                    "zeta2": zeta2,
+                    "n": n,
+                    "seed": seed,
+                    "steps": -1 if value is None else value,
+                    "reached": value is not None,
+                    "lr": 0.1,
+                    "d2_exact_diffusion": False,
+                }
+            )
+    return rows
+
+
+def test_fig2_cells_are_the_median_and_range_over_seeds():
+    rows = _fig2_rows(
+        {
+            ("a", 1.0, 4): [30, 10, 20],
+            ("a", 1.0, 8): [30, None, 20, 10],
+            ("a", 1.0, 16): [None, None, 20],
+            ("a", 1.0, 32): [7],
+        }
+    )
+    assert steps_cell(rows, method="a", zeta2=1.0, n=4) == "20 [10-30]"
+    assert steps_cell(rows, method="a", zeta2=1.0, n=8) == "25 [10-n.r.]"  # n.r. counts as inf
+    assert steps_cell(rows, method="a", zeta2=1.0, n=16) == "n.r. [20-n.r.]"
+    assert steps_cell(rows, method="a", zeta2=1.0, n=32) == "7"
+    assert steps_cell(rows, method="b", zeta2=1.0, n=4) == "-"
+    assert median_steps(rows, method="a", zeta2=1.0, n=8) == 25.0
+    assert median_steps(rows, method="a", zeta2=1.0, n=16) is None
+
+
+def test_fig2_is_drawn_as_the_paper_draws_it(tmp_path):
+    """Steps against n on log-log axes, one panel per heterogeneous zeta2; rings (and the chain)
+    dashed, trees solid, SGP dotted; the line is the median over seeds."""
+    s = Fig2Settings(n_values=(4, 8, 16), zeta2_values=(0.0, 0.01, 1.0), seeds=(0, 1, 2))
+    result = StudyResult("fig2", s)
+    grow = {"ring": 2.0, "binary-tree": 1.2, "chain": 2.0, "exponential": 1.0}
+    steps: dict[tuple[str, float, int], list[int]] = {}
+    for label, _, _ in FIGURE_SERIES:
+        for zeta2 in s.zeta2_values:
+            for n in s.n_values:
+                base = 10 * grow[label.split()[-1]] ** np.log2(n)
+                steps[label, zeta2, n] = [int(base), int(base) + 4, int(base) + 2]
+    result.rows = _fig2_rows(steps)
+    figure = fig2_figure(result)
+    axes = figure.axes
+    assert len(axes) == 2
+    assert [ax.get_title() for ax in axes] == ["$\\zeta^2$ = 0.01", "$\\zeta^2$ = 1"]
+    for ax in axes:
+        assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert lines["RelaySGD chain"].get_linestyle() == "--"
+        assert lines["D2 ring"].get_linestyle() == "--"
+        assert lines["GT ring"].get_linestyle() == "--"
+        assert lines["RelaySGD binary-tree"].get_linestyle() == "-"
+        assert lines["GT binary-tree"].get_linestyle() == "-"
+        assert lines["SGP exponential"].get_linestyle() == ":"
+        np.testing.assert_array_equal(lines["GT ring"].get_xdata(), [4, 8, 16])
+        np.testing.assert_array_equal(
+            lines["GT ring"].get_ydata(), [np.median(steps["GT ring", 1.0, n]) for n in (4, 8, 16)]
+        )
+    path = draw_fig2(result, tmp_path)
+    assert path == tmp_path / "fig2.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fig2_judges_log_growth_against_log2_n_itself():
+    """Steps a + b log2 n grow "~log n" even with a = 0 (whose log-log slope over n = 4..64 is
+    log2 n's own, about 0.4); steps growing like n^0.7 do not."""
+    ns = (4, 8, 16, 32, 64)
+    s = Fig2Settings(n_values=ns, zeta2_values=(0.01, 1.0), seeds=(0,))
+
+    def verdict(growth) -> bool:
+        steps = {}
+        for label, _, _ in FIGURE_SERIES:
+            for zeta2 in s.zeta2_values:
+                for n in ns:
+                    steps[label, zeta2, n] = [round(growth(n))]
+        found = {f.claim: f.holds for f in _findings(_fig2_rows(steps), s)}
+        return found["RelaySGD binary-tree: steps grow ~log n (zeta2=1)"]
+
+    assert verdict(lambda n: 5.5 * np.log2(n))  # the medians measured: slope 0.41
+    assert verdict(lambda n: 3 + 5 * np.log2(n))
+    assert not verdict(lambda n: 3 * n**0.7)
+    assert not verdict(lambda n: 2.0 * n)
+
+
+def test_fig2_runs_ten_seeds_unless_told():
+    assert settings_for("fig2", False, 0, None).seeds == tuple(range(10))
+    assert settings_for("fig2", False, 5, None, seeds=3).seeds == (5, 6, 7)
+    assert len(settings_for("fig2", True, 0, None).seeds) == 2
+    assert not hasattr(settings_for("star", False, 0, None), "seeds")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,12 +511,14 @@ def test_lr_correction_agrees_with_message_passing(name, n):
 
 
 @pytest.mark.slow
-def test_relaysgd_and_d2_are_independent_of_heterogeneity_dpsgd_is_not():
-    """Tuned per setting, steps to 1e-6 at zeta2 = 0 and 10 (the paper's setting adds gradient
-    noise).
+def test_d2_is_independent_of_heterogeneity_relaysgd_until_it_dominates_dpsgd_is_not():
+    """Tuned per setting, steps to 1e-6 at the appendix figure's zeta2 = 0, 0.1 and 10 with its
+    gradient noise (E||xi||^2 = 0.05^2) and r0 = 1.
 
-    Without noise zeta2 = 0 is special: x* is every worker's own optimum, so no communication
-    is needed and all methods finish in a few dozen steps (the study reports that variant too).
+    D2's steps are the noise's, whatever zeta2; DP-SGD needs many more steps, or never gets
+    there. RelaySGD takes the same steps at zeta2 = 0 and 0.1, but at zeta2 = 10, where the
+    heterogeneity dwarfs r0, it needs more (measured 52 and 88): the paper's "independent of
+    heterogeneity" does not hold there (Benchmarks, Random quadratics).
     """
     n = 32
     # A coarser search than the study's (same procedure), and d = 10 with 4 noise streams: with
@@ -290,9 +534,9 @@ def test_relaysgd_and_d2_are_independent_of_heterogeneity_dpsgd_is_not():
         noise_seeds=4,
     )
     steps: dict[tuple[str, float], int | None] = {}
-    for zeta2 in (0.0, 10.0):
+    for zeta2 in (0.0, 0.1, 10.0):
         q = generate(
-            n, QuadraticsSpec(dim=10, mu=0.5, L=1.0, zeta2=zeta2, r0=10.0, sigma2=3e-3), seed=0
+            n, QuadraticsSpec(dim=10, mu=0.5, L=1.0, zeta2=zeta2, r0=1.0, sigma2=0.0025), seed=0
         )
         for method in (
             Method("relay", "relay", build("chain", n)),
@@ -300,12 +544,18 @@ def test_relaysgd_and_d2_are_independent_of_heterogeneity_dpsgd_is_not():
             Method("dpsgd", "dpsgd", build("ring", n)),
         ):
             steps[method.label, zeta2] = tune(q, method, search).steps
-    for label in ("relay", "d2"):
-        low, high = steps[label, 0.0], steps[label, 10.0]
-        assert low is not None and high is not None, steps
-        assert max(low, high) <= 1.10 * min(low, high), steps
+
+    def spread(label: str, *zeta2: float) -> float:
+        values = [v for z in zeta2 if (v := steps[label, z]) is not None]
+        assert len(values) == len(zeta2), steps
+        return max(values) / min(values)
+
+    assert spread("d2", 0.0, 0.1, 10.0) <= 1.10, steps
+    assert spread("relay", 0.0, 0.1) <= 1.10, steps
+    assert 1.3 <= spread("relay", 0.1, 10.0) <= 2.0, steps
     low, high = steps["dpsgd", 0.0], steps["dpsgd", 10.0]
     assert low is not None and (high is None or high >= 2 * low), steps
+    assert steps["dpsgd", 0.1] is not None and steps["dpsgd", 0.1] >= 5 * low, steps
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,4 +626,10 @@ def test_all_studies_run_quickly_from_the_command_line(tmp_path):
             assert "git_commit" in f.attrs["provenance"] and "settings" in f.attrs
             assert len(f["table"]) > 0
     assert done.stdout.count("paper findings:") == len(STUDIES)
+    assert done.stdout.count(f"quadratics convention: {CONVENTION}\n") == len(STUDIES)
     assert "steps to 1e-06, zeta2=0" in done.stdout
+    with h5py.File(out / "fig2.h5", "r") as f:
+        assert f.attrs["quadratics_convention"] == CONVENTION
+        assert sorted(set(f["table"]["seed"][()])) == [0, 1]  # --quick: two seeds
+    assert (out / "fig2.png").read_bytes()[:4] == b"\x89PNG"
+    assert f"wrote {out / 'fig2.png'}" in done.stdout

@@ -7,6 +7,8 @@ local update and starts its communication. iallreduce_sum sums each element in o
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -197,8 +199,7 @@ def test_check_ranges(ranges) -> None:
             algorithms_base.check_ranges(ranges, 10)
 
 
-# -- iallreduce_sum: pieces of a buffer sum to the whole buffer's bits, on every backend
-# ------------
+# -- iallreduce_sum: pieces of a buffer sum to the whole buffer's bits, on every backend -----------
 
 
 def _fixed_tree_sum(values: list[np.ndarray], order: tuple[int, ...] | None = None) -> np.ndarray:
@@ -394,7 +395,12 @@ def test_gossip_messages_travel_in_pieces_that_change_no_bit(monkeypatch):
         x = torch.randn(1001, generator=torch.Generator().manual_seed(comm.rank))
         mixer = gossip.GossipMixer(comm, ring.mixing_matrix(0), ring.neighbors(comm.rank), 1001, x)
         exchange = comm.exchange
-        comm.exchange = lambda *a, **k: calls.append(comm.rank) or exchange(*a, **k)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            calls.append(comm.rank)
+            return exchange(*args, **kwargs)
+
+        comm.exchange = counted
         for r in range(4):
             mixer.mix(x, r)
         return x

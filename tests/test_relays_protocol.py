@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import subprocess
 import sys
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -18,14 +19,16 @@ import torch
 
 import relaympi.batched.relay as batched_relay
 from relaympi.algorithms import ALGORITHMS, AlgorithmOptions
+from relaympi.algorithms.losses import LossyRelaySum, layer_coordinates
 from relaympi.algorithms.relay import RelaySGD, RelaySGDGrad
 from relaympi.algorithms.relays import Relays
 from relaympi.algorithms.relaysum import RelaySum
 from relaympi.batched import BatchedOptimizer, make_batched_algorithm
+from relaympi.batched.algorithms import StackedAlgorithm
 from relaympi.comm import DropPolicy
 from relaympi.optim import OptimizerConfig
 from relaympi.topology import build
-from tests.drop_oracle import LossyOracle, LossyRelaySum, delivered_by, layer_coordinates
+from tests.drop_oracle import LossyOracle, delivered_by
 
 PROTOCOL = [
     name
@@ -40,6 +43,7 @@ def test_the_batched_engine_runs_the_algorithm_class_itself(algo):
     batched = make_batched_algorithm(
         algo, build("chain", 4), BatchedOptimizer(OptimizerConfig(), X0), X0, AlgorithmOptions()
     )
+    assert isinstance(batched, StackedAlgorithm)
     assert type(batched.stacked) is ALGORITHMS[algo]
     assert isinstance(batched.stacked.relay, batched_relay.BatchedRelaySum)
     assert not hasattr(batched_relay, "BatchedRelaySGD") and not hasattr(
@@ -74,19 +78,20 @@ def test_the_protocol_imports_without_torch():
 
 
 class _OracleRelays:
-    """Relays for every worker over tests.drop_oracle.LossyRelaySum (numpy, written from the paper):
-    a third engine that shares no code with either RelaySum."""
+    """Relays for every worker over relaympi.algorithms.losses.LossyRelaySum (numpy, written from
+    the paper): a third engine that shares no code with either RelaySum."""
 
     def __init__(self, topology, like: torch.Tensor, delivered):
-        self.relay = LossyRelaySum(topology, like.shape[1], delivered)
+        self.relay, self.delivered = LossyRelaySum(topology, like.shape[1]), delivered
         self.blocks = [
             slice(int(c[0]), int(c[-1]) + 1)
             for c in layer_coordinates(like.shape[1], topology.num_layers)
         ]
-        self.sums = self.nbar = None
+        self.sums: Any = None
+        self.nbar: Any = None
 
     def exchange(self, parcel, round):
-        self.sums, self.nbar = self.relay.step(parcel.numpy(), round)
+        self.sums, self.nbar = self.relay.step(parcel.numpy(), round, self.delivered)
 
     def counts(self):
         return [self.nbar[:, block.start] for block in self.blocks]
@@ -134,13 +139,14 @@ def test_the_rule_runs_on_any_relays(algo, mode, topo, n):
     X = x0.repeat(n, 1)
     config = OptimizerConfig(momentum=0.9)
     cls = RelaySGD if algo == "relay" else RelaySGDGrad
+    # the batched optimizer and the oracle's mixers stand in for a worker's (duck types)
     algorithm = cls(
         None,
         topology,
-        BatchedOptimizer(config, X),
+        BatchedOptimizer(config, X),  # type: ignore[arg-type]
         X.clone(),
         AlgorithmOptions(relay_mode=mode),
-        _OracleMixers(delivered),
+        _OracleMixers(delivered),  # type: ignore[arg-type]
     )
     oracle = LossyOracle(algo, topology, x0.numpy(), config, delivered, relay_mode=mode)
     Y = X.numpy().copy()
@@ -148,6 +154,6 @@ def test_the_rule_runs_on_any_relays(algo, mode, topo, n):
     for t in range(steps):
         algorithm.step(X, X - targets, lr, t)
         Y = oracle.step(Y, Y - targets.numpy(), lr, t)
-        lost += int((algorithm.relay.nbar < n).sum())
+        lost += int((cast(_OracleRelays, algorithm.relay).nbar < n).sum())
         np.testing.assert_allclose(X.numpy(), Y, rtol=1e-12, atol=1e-12, err_msg=f"step {t}")
     assert lost, "no message was lost: the drop rules went untested"

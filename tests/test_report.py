@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -279,8 +280,10 @@ def test_duplicates_are_reported(tmp_path: Path, capsys: pytest.CaptureFixture) 
 
 
 def test_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert report.main([str(tmp_path)]) == 1
-    assert "no run files" in capsys.readouterr().err
+    # no run file: the path is the mistake, as a missing one is
+    with pytest.raises(SystemExit) as info:
+        report.main([str(tmp_path)])
+    assert info.value.code == 2 and "no run files" in capsys.readouterr().err
     rf.write_empty_file(tmp_path / "empty.h5")
     assert report.main([str(tmp_path)]) == 1
     captured = capsys.readouterr()
@@ -435,7 +438,7 @@ def test_scaling_and_robustness_tables_on_crossing_curves(tmp_path: Path) -> Non
     shifted = CROSSING + 0.02  # seed 1: every worker 2 points higher, window means 0.72/0.69/0.754
     wide = np.hstack([CROSSING, CROSSING[:, ::-1] * 0.9])  # 6 workers; worst: 0.9 x B = 0.603
     lossy = CROSSING[:, [2, 0, 1]] - 0.05  # permuted workers: worst is still B, 0.62
-    common = dict(alpha=0.01, task="cifar10")
+    common: dict[str, Any] = dict(alpha=0.01, task="cifar10")
     rf.write_classification_run(tmp_path / "n3s0.h5", CROSSING, CROSSING_EPOCHS, seed=0, **common)
     rf.write_classification_run(tmp_path / "n3s1.h5", shifted, CROSSING_EPOCHS, seed=1, **common)
     rf.write_classification_run(tmp_path / "n6s0.h5", wide, CROSSING_EPOCHS, seed=0, **common)

@@ -4,6 +4,9 @@ table, plot and problem, loaded in a real headless browser where Chromium is ins
 from __future__ import annotations
 
 import base64
+import html
+import json
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -159,3 +162,43 @@ def test_a_browser_loads_the_page_without_errors(written: tuple[Path, str], tmp_
     assert pixels.shape == (4000, 1280)
     # the page drew something: text, table rules and plots, not a blank or an error page
     assert (pixels < 128).mean() > 0.005
+
+
+# Measures the page as laid out: the page's own width, and for each table whether it fits its box,
+# else whether its first column stays in place when the table is scrolled to its right end.
+_MEASURE = """<script>
+var out = {page: document.documentElement.scrollWidth, window: window.innerWidth, tables: []};
+document.querySelectorAll("table").forEach(function (table) {
+  var box = table.parentElement, first = table.querySelector("tbody td");
+  var row = {name: table.closest("section").id, fits: box.scrollWidth <= box.clientWidth};
+  if (!row.fits) {
+    box.scrollLeft = box.scrollWidth;
+    var moved = first.getBoundingClientRect().left - box.getBoundingClientRect().left;
+    row.pinned = Math.abs(moved) < 1;
+  }
+  out.tables.push(row);
+});
+var pre = document.createElement("pre");
+pre.id = "measured";
+pre.textContent = JSON.stringify(out);
+document.body.appendChild(pre);
+</script>"""
+
+
+@pytest.mark.slow
+def test_every_table_fits_a_1400_pixel_window(written: tuple[Path, str], tmp_path) -> None:
+    """No sideways scrolling of the page: a table wider than the window scrolls inside its own box,
+    and its first column (the row's algorithm) stays in place. The copy measured here drops the
+    page's Content-Security-Policy, which forbids the measuring script, and nothing else."""
+    _, text = written
+    measured = tmp_path / "measured.html"
+    page = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", text)
+    measured.write_text(page.replace("</body>", _MEASURE + "</body>"), encoding="utf-8")
+    dom = _browse(measured, tmp_path, "--window-size=1400,900", "--dump-dom").stdout
+    found = re.search(r'<pre id="measured">(.*?)</pre>', dom)
+    assert found, dom[-2000:]
+    layout = json.loads(html.unescape(found.group(1)))
+    assert layout["window"] == 1400 and layout["page"] <= layout["window"], layout
+    wide = [t for t in layout["tables"] if not t["fits"]]
+    assert wide, "the cost tables of this report are wider than the window: the case to check"
+    assert all(t["pinned"] for t in wide), wide

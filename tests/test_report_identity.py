@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -142,7 +143,7 @@ def _figures(monkeypatch, tables, out_dir):
 
     from relaympi.report.plots import write_plots
 
-    figures = []
+    figures: list[Any] = []
     monkeypatch.setattr(plt, "close", figures.append)
     paths = write_plots(tables, out_dir)
     return dict(zip((p.name for p in paths), figures, strict=True))

@@ -4,6 +4,7 @@ legend covers neither the title, the caption nor most of the axes."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -154,7 +155,7 @@ def test_legends_cover_neither_title_caption_nor_axes(
 
     from relaympi.report.plots import write_plots
 
-    figures = []
+    figures: list[Any] = []
     monkeypatch.setattr(plt, "close", figures.append)  # keep each figure for inspection
     paths = write_plots(_tables(sweep), tmp_path)
     kinds = {p.name.split("_")[0] for p in paths}

@@ -140,7 +140,7 @@ def test_curves_mark_the_change_with_a_vertical_line(runs_dir: Path) -> None:
         ax = fig.axes[0]
         marks = [line for line in ax.lines if line.get_gid() == "membership"]
         assert len(marks) == 1
-        assert list(marks[0].get_xdata()) == [7.5, 7.5]
+        assert list(np.asarray(marks[0].get_xdata())) == [7.5, 7.5]
         relay = next(label for label in by_label if label.startswith("RelaySGD"))
         series = [line for line in ax.lines if line.get_label() == relay][0]
         assert marks[0].get_color() == series.get_color()

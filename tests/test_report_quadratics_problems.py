@@ -7,20 +7,32 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
 import pytest
 
 from relaympi import report
+from relaympi.config import ConfigError, RunConfig
 from relaympi.report.summary import ReportSettings
 from relaympi.report.tables import all_tables
 from relaympi.results import PROBLEM_DIGEST_ATTR, read_run
-from relaympi.tasks.quadratics import QuadraticsSpec, generate, load
+from relaympi.results.schema import QUADRATICS_CONVENTION_ATTR
+from relaympi.tasks.quadratics import CONVENTION, QuadraticsSpec, generate, load
+from relaympi.training.out_file import check_out
+from relaympi.training.plan import resolve
 from tests import run_factories as rf
 
 ROOT = Path(__file__).resolve().parent.parent
-GENERATED = {"dim": 10, "mu": 0.5, "L": 1.0, "zeta2": 1.0, "sigma2": 0.0, "r0": 10.0}
+GENERATED: dict[str, Any] = {
+    "dim": 10,
+    "mu": 0.5,
+    "L": 1.0,
+    "zeta2": 1.0,
+    "sigma2": 0.0,
+    "r0": 10.0,
+}
 FROM_FILE = {"dim": 10, "mu": None, "L": None, "zeta2": None, "sigma2": 0.0, "r0": None}
 
 
@@ -47,6 +59,11 @@ def test_save_problem_then_problem_file_runs_share_one_table(tmp_path: Path) -> 
         for name in ("relay", "d2", "rerun")
     }
     assert digests == {load(problem).digest()}
+    conventions = {
+        read_run(runs / f"{name}.h5").attrs[QUADRATICS_CONVENTION_ATTR]
+        for name in ("relay", "d2", "rerun")
+    }
+    assert conventions == {CONVENTION}
 
     settings = ReportSettings(target=10.0)
     summaries, problems = report.load_runs(report.find_run_files([runs]), settings)
@@ -172,3 +189,40 @@ def test_a_problem_digest_is_its_arrays(tmp_path: Path, change: str) -> None:
     }[change]()
     assert other.digest() != problem.digest()
     assert len(problem.digest()) == 64 and int(problem.digest(), 16) >= 0
+
+
+def test_a_run_of_the_half_loss_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A quadratics run from before the loss lost its 1/2 records no convention: its
+    suboptimality and zeta2 are in another loss, so the report leaves it out, saying why, and
+    tabulates only today's run."""
+    sub = [1, 1e-2, 1e-4, 1e-7]
+    _quadratics(tmp_path / "new.h5", None, sub, **GENERATED)
+    old = tmp_path / "old.h5"
+    rf.write_quadratics_run(old, sub, np.arange(4) * 10, convention=None, algo="d2", **GENERATED)
+    settings = ReportSettings(target=1e-3)
+    summaries, problems = report.load_runs(report.find_run_files([tmp_path]), settings)
+    assert [s.path for s in summaries] == [tmp_path / "new.h5"]
+    assert len(problems) == 1
+    path, reason = problems[0]
+    assert path == old and "\n" not in reason
+    assert reason.startswith("cannot summarize: quadratics run in another loss (none recorded")
+    assert CONVENTION in reason
+    (table,) = [t for t in all_tables(summaries, settings) if t.kind == "quadratics"]
+    assert [row[0] for row in table.rows] == ["RelaySGD"]
+
+
+def test_an_unfinished_run_of_the_half_loss_is_not_resumed(tmp_path: Path) -> None:
+    """Going on with a preempted run of the 1/2 loss would mix two losses in one file."""
+    old = rf.write_quadratics_run(
+        tmp_path / "old.h5", [1, 1e-2], convention=None, status="preempted", world_size=4
+    )
+    plan = resolve(RunConfig(task="quadratics", steps=20, algo="relay", dim=10), 4)
+    with pytest.raises(ConfigError, match="older relaympi .* pass --overwrite") as error:
+        check_out(old, False, plan)
+    assert "\n" not in str(error.value)
+    check_out(old, True, plan)  # --overwrite starts it again
+    ours = rf.write_quadratics_run(
+        tmp_path / "ours.h5", [1, 1e-2], status="preempted", world_size=4
+    )
+    with pytest.raises(ConfigError, match="preempted run of another configuration"):
+        check_out(ours, False, plan)  # today's: judged by its configuration, as before

@@ -268,9 +268,21 @@ def test_present_marks_rows_from_the_change_on() -> None:
 LOST_STEP = 1230
 
 
-def lost_worker_run(path: Path, *, status: str = "completed", n: int = 16) -> Path:
+def bytes_rate(w: np.ndarray) -> np.ndarray:
+    return 1000.0 + 10.0 * w
+
+
+def inter_rate(w: np.ndarray) -> np.ndarray:
+    return 100.0 * (w % 3)
+
+
+def lost_worker_run(
+    path: Path, *, status: str = "completed", n: int = 16, counted: bool = False
+) -> Path:
     """16 workers on 8 nodes, evaluations every 100 steps to 2000; worker 7 (node 3, host node4)
-    lost at step 1230, its columns NaN from the evaluation of step 1300 on."""
+    lost at step 1230, its columns NaN from the evaluation of step 1300 on. ``counted``: with
+    the byte counters, worker w sending bytes_rate(w) bytes a step, inter_rate(w) of them to
+    other nodes."""
     steps = np.arange(0, 2001, 100)
     epochs = steps / 200.0
     rng = np.random.default_rng(0)
@@ -278,21 +290,26 @@ def lost_worker_run(path: Path, *, status: str = "completed", n: int = 16) -> Pa
     loss = 2.0 - accuracy
     lost = steps >= LOST_STEP
     accuracy[lost, 7] = loss[lost, 7] = np.nan
+    rows = {
+        "step": steps,
+        "epoch": epochs,
+        "time_s": steps / 100.0,
+        "train_loss": loss,
+        "test_accuracy": accuracy,
+    }
+    if counted:
+        workers = np.arange(n)
+        rows["bytes_sent"] = steps[:, None] * bytes_rate(workers)[None, :]
+        rows["inter_node_bytes_sent"] = steps[:, None] * inter_rate(workers)[None, :]
+        for name in ("bytes_sent", "inter_node_bytes_sent"):
+            rows[name][lost, 7] = np.nan
     with RunWriter.create(
         path,
         config={"task": "digits", "algo": "relay", "world_size": n},
         provenance={},
         world_size=n,
     ) as writer:
-        writer.extend(
-            {
-                "step": steps,
-                "epoch": epochs,
-                "time_s": steps / 100.0,
-                "train_loss": loss,
-                "test_accuracy": accuracy,
-            }
-        )
+        writer.extend(rows)
         writer.set_attrs(num_classes=10)
         writer.add_membership(
             {
@@ -355,6 +372,39 @@ def test_show_time_to_target_over_the_workers_present(tmp_path: Path, capsys) ->
     worst = np.nanmin(accuracy, axis=1)  # independent: the lost column is NaN from step 1300 on
     first = int(np.flatnonzero(worst >= float(f"{target:.12f}"))[0])
     assert re.search(rf": {run.data['time_s'][first]:.3g} s$", out, re.M), out
+
+
+def shown_bytes(out: str) -> tuple[float, float, float, float]:
+    """(bytes/step, its max worker, inter-node bytes/step, its max worker) from `show`'s output."""
+    found = re.search(
+        r"bytes/step (\S+) \(max worker (\S+)\), inter-node bytes/step (\S+) \(max worker "
+        r"(\S+)\)",
+        out,
+    )
+    assert found, out
+    return tuple(float(v) for v in found.groups())  # type: ignore[return-value]
+
+
+def test_show_bytes_per_step_over_the_workers_that_finished(tmp_path: Path, capsys) -> None:
+    path = lost_worker_run(tmp_path / "run.h5", counted=True)
+    assert main(["show", str(path)]) == 0
+    finished = np.delete(np.arange(16), 7)
+    sent, inter = bytes_rate(finished), inter_rate(finished)
+    expected = (sent.mean(), sent.max(), inter.mean(), inter.max())
+    np.testing.assert_allclose(shown_bytes(capsys.readouterr().out), expected, rtol=5e-4)
+
+
+def test_show_bytes_per_step_of_a_readmitted_worker_since_it_came_back(
+    tmp_path: Path, capsys
+) -> None:
+    path = readmitted_run(tmp_path / "run.h5", counted=True)
+    assert main(["show", str(path)]) == 0
+    workers = np.arange(16)
+    # every worker finished; rank 7 counts from 0 again at step 1600, at 3x its old rate
+    sent, inter = bytes_rate(workers), inter_rate(workers)
+    sent[7], inter[7] = 3 * sent[7], 3 * inter[7]
+    expected = (sent.mean(), sent.max(), inter.mean(), inter.max())
+    np.testing.assert_allclose(shown_bytes(capsys.readouterr().out), expected, rtol=5e-4)
 
 
 # ----------------------------------------------------------------------- the end summary
@@ -552,16 +602,22 @@ def test_a_readmission_at_the_loss_step_leaves_no_gap() -> None:
 READMIT_STEP = 1600
 
 
-def readmitted_run(path: Path) -> Path:
+def readmitted_run(path: Path, counted: bool = False) -> Path:
     """lost_worker_run, then a rerun that re-admitted rank 7 at step 1600: its columns hold numbers
-    again from that row on (1300 .. 1500 stay NaN)."""
-    lost_worker_run(path)
+    again from that row on (1300 .. 1500 stay NaN). ``counted``: with the byte counters, rank 7's
+    again from 0 at step 1600, at 3 times its rate before."""
+    lost_worker_run(path, counted=counted)
     with h5py.File(path, "r+") as file:
         steps = file["step"][:]
         again = steps >= READMIT_STEP
         for name in ("test_accuracy", "train_loss"):
             values = file[name][:]
             values[again, 7] = 0.3 + 0.001 * steps[again]
+            file[name][...] = values
+        rates = {"bytes_sent": bytes_rate, "inter_node_bytes_sent": inter_rate}
+        for name, rate in rates.items() if counted else ():
+            values = file[name][:]
+            values[again, 7] = (steps[again] - READMIT_STEP) * 3 * rate(np.array(7))
             file[name][...] = values
         changes = json.loads(file.attrs["membership"])
         file.attrs["membership"] = json.dumps(changes + [readmit(READMIT_STEP, [7], 16)])

@@ -15,7 +15,7 @@ from relaympi.results import read_run, run_status
 from relaympi.training.plan import resolve
 from relaympi.training.run_file import print_summary
 from tests import run_factories as rf
-from tests.conftest import env_for_subprocess, mpirun_path, requires_mpirun
+from tests.conftest import env_for_subprocess, mpirun, requires_mpirun
 
 # most tests launch the trainer as a process (2-17 s each)
 pytestmark = pytest.mark.slow
@@ -26,7 +26,7 @@ DIGITS = ["--task", "digits", "--backend", "local"]
 def train(args, cwd, env=None, mpi=None):
     cmd = [sys.executable, "-m", "relaympi.train", *map(str, args)]
     if mpi:
-        cmd = [mpirun_path(), "-n", str(mpi), *cmd]
+        cmd = [mpirun(), "-n", str(mpi), *cmd]
     env = {**env_for_subprocess(), **(env or {})}
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
@@ -54,6 +54,7 @@ def test_the_default_lr_warns_only_far_from_the_tuned_worker_count(algo, workers
     plan = resolve(parse_args([*DIGITS, "--workers", str(workers), "--algo", algo]), workers)
     assert (plan.lr_warning is not None) == warns, plan.lr_warning
     if warns:
+        assert plan.lr_warning is not None
         assert (
             "tuned for 16 workers" in plan.lr_warning
             and f"this run has {workers}" in plan.lr_warning

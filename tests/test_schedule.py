@@ -12,7 +12,6 @@ three steps (the recipe's shape in miniature), or small quadratics.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +23,8 @@ from relaympi.results import read_run
 from relaympi.tasks.partition import steps_per_epoch
 from relaympi.training import checkpoint_files
 from relaympi.training.plan import Schedule, resolve
-from relaympi.training.workloads import build_workload
-from tests.conftest import requires_mpirun, run_module, run_train
+from relaympi.training.workloads import ModelWorkload, build_workload
+from tests.conftest import matched, requires_mpirun, run_module, run_train
 
 
 def _schedule(**fields) -> Schedule:
@@ -153,10 +152,9 @@ DIGITS = ["--task", "digits", "--alpha", "1", "--batch-size", "240", "--seed", "
 def test_digits_workload_epoch_accounting_with_shards_that_do_not_divide_the_batch():
     plan = resolve(parse_args([*DIGITS, "--algo", "relay", "--steps", "10"]), 2)
     workloads = [build_workload(plan, rank, "cpu") for rank in range(2)]
-    shards = [w.shard_size for w in workloads]
-    assert sum(shards) == DIGITS_TRAIN and all(s % 240 for s in shards), (
-        shards
-    )  # the case under test
+    shards = [w.shard_size for w in workloads if isinstance(w, ModelWorkload)]
+    # the case under test
+    assert sum(shards) == DIGITS_TRAIN and all(s % 240 for s in shards), shards
     assert [w.steps_per_epoch for w in workloads] == [3, 3]
     schedule = plan.schedule(3)
     # epoch = step / 3: 0, 1/3, ..., 10/3; epochs 1, 2, 3 end at steps 3, 6, 9
@@ -217,8 +215,8 @@ def test_schedule_flags_out_of_range_exit_2(tmp_path, capsys, args, message):
 
 # -- 1. the run file's lr, epoch and step on every backend --------------------------------------
 # lr 0.8, one warm-up epoch = 3 steps from 0, milestones at epochs 2 and 3 = steps 6 and 9:
-#   t = 0: 0;  t = 1: 0.8 / 3;  t = 2: 1.6 / 3;  t = 3, 4, 5: 0.8;  t = 6, 7, 8: 0.08;  t = 9, 10:
-# 0.008
+#   t = 0: 0;  t = 1: 0.8 / 3;  t = 2: 1.6 / 3;  t = 3, 4, 5: 0.8;  t = 6, 7, 8: 0.08;
+#   t = 9, 10: 0.008
 RECIPE = [
     *DIGITS,
     "--algo",
@@ -460,8 +458,7 @@ def _topology_cli(*args) -> str:
 @pytest.mark.parametrize(
     "topology, n, by_hand",
     [
-        # chain 0-1-2: 11/9 (derived in
-        # tests/test_topology.py::test_lr_correction_three_worker_chain_by_hand)
+        # 11/9: tests/test_topology.py::test_lr_correction_three_worker_chain_by_hand
         ("chain", 3, 11 / 9),
         # two workers relaying are exactly all-reduce: 1
         ("chain", 2, 1.0),
@@ -470,9 +467,8 @@ def _topology_cli(*args) -> str:
 def test_lr_correction_is_what_the_topology_command_prints(tmp_path, topology, n, by_hand):
     factor = json.loads(_topology_cli(topology, "-n", str(n), "--json"))["lr_correction"]
     assert factor == pytest.approx(by_hand, rel=1e-12)
-    text = re.search(
-        r"RelaySGD lr correction\s+(\S+)", _topology_cli(topology, "-n", str(n))
-    ).group(1)
+    printed = _topology_cli(topology, "-n", str(n))
+    text = matched(r"RelaySGD lr correction\s+(\S+)", printed).group(1)
     assert float(text) == pytest.approx(factor, rel=1e-5)  # printed with 6 significant digits
 
     # lr 0.09, milestone at step 2 (quadratics: one step per epoch), no warm-up

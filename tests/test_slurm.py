@@ -63,7 +63,9 @@ def grid(*args: str, **settings: str) -> subprocess.CompletedProcess:
     )
 
 
-def bash(script: str, *args: str, cwd: Path = ROOT, **settings: str) -> subprocess.CompletedProcess:
+def bash(
+    script: str, *args: str, cwd: Path | str = ROOT, **settings: str
+) -> subprocess.CompletedProcess:
     """Run a script of jobs/ by its name, or any script by its path from the repository root."""
     return subprocess.run(
         ["bash", str(ROOT / script if "/" in script else JOBS / script), *args],
@@ -581,7 +583,7 @@ def test_sweep_lr_on_digits(cluster: None, tmp_path: Path) -> None:
     tables = report_csv(results)
     (lr_rows,) = [rows for name, rows in tables.items() if name.startswith("lr_")]
     (row,) = lr_rows
-    best = max(metric, key=metric.get)
+    best = max(metric, key=lambda lr: metric[lr])
     assert float(row["lr"]) == best
     assert row["lr_grid"] == "0.05 0.1 0.2"
     assert row["lr_sandwiched"] == str(best == 0.1)

@@ -15,7 +15,7 @@ from relaympi.config import parse_args
 from relaympi.results import read_run
 from tests.conftest import ROOT, env_for_subprocess, module_command, requires_mpirun, train_command
 
-NO_CAPS = {}  # an environment without OMP_NUM_THREADS / SLURM_CPUS_PER_TASK
+NO_CAPS: dict[str, str] = {}  # an environment without OMP_NUM_THREADS / SLURM_CPUS_PER_TASK
 
 
 # -- the rule -----------------------------------------------------------------------------------

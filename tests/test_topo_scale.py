@@ -365,8 +365,8 @@ def test_cli_describes_100000_ranks():
     # heap layout, computed here without relaympi: the parent of r is (r - 1) // 2
     assert summary["edges"][0] == [[(r - 1) // 2, r] for r in range(1, n)]
     assert summary["edges"][1] == sorted([n - 1 - r, n - 1 - (r - 1) // 2] for r in range(1, n))
-    # depth 16 holds ranks 65535..99999, in both subtrees of the root (the right one starts at
-    # 98303)
+    # depth 16 holds ranks 65535..99999, in both subtrees of the root (the right one starts
+    # at 98303)
     assert summary["diameter"] == 2 * 16
     assert summary["models_per_step"] == 2 and summary["is_tree"]
     # 1 + (2 W - n (n - 1)) / n^2 with the Wiener index W = sum over edges of s (n - s)

@@ -350,7 +350,7 @@ def test_exponential_schedule_rejects_bad_round_and_rank():
     with pytest.raises(TopologyError, match=r"rank must be in \[0, 8\), got 8"):
         schedule.send_peer(0, 8)
     with pytest.raises(TopologyError, match="integer"):
-        schedule.recv_peer(0.5, 1)
+        schedule.recv_peer(0.5, 1)  # type: ignore[arg-type]  # a wrong type on purpose
 
 
 # ---------------------------------------------------------------------------------------
@@ -410,7 +410,7 @@ def test_spanning_tree_errors():
     with pytest.raises(TopologyError, match=r"root must be a rank in \[0, 8\), got 8"):
         spanning_tree(build("ring", 8), root=8)
     with pytest.raises(TopologyError, match="root must be an integer"):
-        spanning_tree(build("ring", 8), root="0")
+        spanning_tree(build("ring", 8), root="0")  # type: ignore[arg-type]  # on purpose
     with pytest.raises(TopologyError, match="single-layer"):
         build("spanning-tree:double-binary-trees", 8)
     with pytest.raises(TopologyError, match="names no base"):
@@ -478,7 +478,7 @@ def test_topology_rank_and_layer_errors():
     with pytest.raises(TopologyError, match=r"layer must be in \[0, 2\).*got 2"):
         topo.edges(2)
     with pytest.raises(TopologyError, match="layer must be an integer"):
-        topo.delays("0")
+        topo.delays("0")  # type: ignore[arg-type]  # a wrong type on purpose
 
 
 def test_edge_list_good_file(tmp_path):

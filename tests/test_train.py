@@ -244,6 +244,7 @@ def _run_and_terminate(cmd, after_line: str, env=None, timeout=240):
     )
     deadline = time.monotonic() + timeout
     seen = []
+    assert proc.stderr is not None
     for line in proc.stderr:
         seen.append(line)
         if after_line in line:
@@ -366,10 +367,10 @@ def test_sigkill_of_one_rank_ends_the_job(tmp_path):
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.2)
     time.sleep(1.0)
-    victims = subprocess.run(
+    pids = subprocess.run(
         ["pgrep", "-f", f"relaympi.train.*{tmp_path / 'k.h5'}"], capture_output=True, text=True
     ).stdout.split()
-    victims = [int(p) for p in victims if int(p) != proc.pid]
+    victims = [int(p) for p in pids if int(p) != proc.pid]
     assert victims, "no rank processes found"
     killed_at = time.monotonic()
     os.kill(max(victims), signal.SIGKILL)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,9 @@ from relaympi import train
 from relaympi.config import ConfigError, parse_args
 from relaympi.results import read_run
 from relaympi.tasks import quadratics
+from relaympi.training.plan import default_out, resolve
 from relaympi.training.run_file import print_summary
+from tests.conftest import matched
 
 LOCAL = ["--backend", "local", "--workers", "2"]
 QUAD = [*LOCAL, "--task", "quadratics", "--algo", "relay", "--topology", "chain", "--steps", "3"]
@@ -93,8 +94,8 @@ def test_default_out_for_an_edge_list_is_a_plain_file_in_results(tmp_path) -> No
     edges.parent.mkdir()
     edges.write_text("0 1\n1 2\n2 3\n")
     cfg = parse_args([*LOCAL, "--workers", "4", "--topology", f"edge-list:{edges}"])
-    plan = train.resolve(cfg, 4)
-    out = train.default_out(plan.cfg, 4)
+    plan = resolve(cfg, 4)
+    out = default_out(plan.cfg, 4)
     assert out.parent == Path("results")
     assert (
         ":" not in out.name
@@ -106,8 +107,8 @@ def test_default_out_for_an_edge_list_is_a_plain_file_in_results(tmp_path) -> No
     cfg = parse_args(
         [*LOCAL, "--workers", "4", "--topology", f"edge-list:{other}", "--algo", "dpsgd"]
     )
-    other_out = train.default_out(train.resolve(cfg, 4).cfg, 4)
-    digests = [re.search(r"-chain-([0-9a-f]{8})-n4-", p.name).group(1) for p in (out, other_out)]
+    other_out = default_out(resolve(cfg, 4).cfg, 4)
+    digests = [matched(r"-chain-([0-9a-f]{8})-n4-", p.name).group(1) for p in (out, other_out)]
     assert digests[0] != digests[1]  # same stem, other content: other file
 
 
@@ -304,9 +305,9 @@ def test_summary_flags_a_worker_at_chance(tmp_path, capsys) -> None:
 
 
 def test_default_lr_at_another_worker_count_warns() -> None:
-    assert "tuned for 16 workers" in train.resolve(parse_args([*LOCAL]), 2).lr_warning
-    assert train.resolve(parse_args([*LOCAL, "--lr", "0.4"]), 2).lr_warning is None
-    assert train.resolve(parse_args([*LOCAL]), 16).lr_warning is None
+    assert "tuned for 16 workers" in str(resolve(parse_args([*LOCAL]), 2).lr_warning)
+    assert resolve(parse_args([*LOCAL, "--lr", "0.4"]), 2).lr_warning is None
+    assert resolve(parse_args([*LOCAL]), 16).lr_warning is None
 
 
 def test_help_describes_every_flag_topologies_and_exit_codes() -> None:

@@ -15,7 +15,7 @@ from tests.conftest import (
     PY,
     ROOT,
     env_for_subprocess,
-    mpirun_path,
+    mpirun,
     requires_mpirun,
     requires_ulfm,
     run_train,
@@ -133,7 +133,7 @@ def test_fault_tolerance_missing_names_the_library_and_the_fix(tmp_path):
     program.write_text(_MISSING)
     env = {k: v for k, v in env_for_subprocess().items() if k != "OMPI_MCA_mpi_ft_enable"}
     proc = subprocess.run(
-        [mpirun_path(), "-n", "2", PY, program],
+        [mpirun(), "-n", "2", PY, program],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -171,7 +171,7 @@ def test_a_run_under_open_mpi_records_the_numbers_of_the_default_mpi(tmp_path):
 
 def test_the_launcher_without_open_mpi_exits_1_naming_the_set_up(tmp_path):
     env = {**env_for_subprocess(), "RELAYMPI_OPENMPI": str(tmp_path / "none")}
-    command = [ROOT / "scripts" / "mpirun-ulfm", "-n", "2", "true"]
+    command = [str(ROOT / "scripts" / "mpirun-ulfm"), "-n", "2", "true"]
     proc = subprocess.run(command, env=env, capture_output=True, text=True)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and str(tmp_path / "none") in proc.stderr

@@ -116,15 +116,17 @@ def test_report_flags_an_unstable_quadratics_run(tmp_path: Path, capsys) -> None
         np.geomspace(1, 1e-8, 5),
         steps,
         train_loss=_losses([50.0, 80.0, 90.0, 101.0])[:5],
+        world_size=WORKERS,  # the width of its per-worker train_loss, as the reader checks
     )
     rf.write_quadratics_run(
         tmp_path / "ok.h5",
         np.geomspace(1, 1e-8, 5),
         steps,
         train_loss=_losses([50.0, 20.0, 9.0, 99.0])[:5],
+        world_size=WORKERS,
         algo="dpsgd",
         topology="ring",
     )
     assert report.main([str(tmp_path)]) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if "unstable" in line]
-    assert len(notes) == 1 and "q.h5" in notes[0] and "world_size=4" in notes[0]
+    assert len(notes) == 1 and "q.h5" in notes[0] and f"world_size={WORKERS}" in notes[0]

@@ -3,13 +3,17 @@ where a real name is close, and the command that shows the usage (under mpirun t
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from relaympi.entrypoint import UsageParser
-from tests.conftest import ROOT, env_for_subprocess, mpirun_path, requires_mpirun
+from relaympi.results import run_status
+from tests import run_factories as rf
+from tests.conftest import ROOT, env_for_subprocess, mpirun, mpirun_path, requires_mpirun
 
 # every test launches a command line as a process (about 2 s each)
 pytestmark = pytest.mark.slow
@@ -94,3 +98,63 @@ def test_every_usage_parser_answers_so(capsys):
         assert exit_info.value.code == 2
         err = capsys.readouterr().err.replace("'fetch')", "fetch)")  # quoted before Python 3.12.8
         assert err == line + " (see `python -m tool --help`)\n"
+
+
+# -- a bad --out is refused before torch loads ---------------------------------------------------
+_REFUSALS = """
+import json, sys
+from relaympi import train
+codes = [train.main(args) for args in json.loads(sys.argv[1])]
+print(json.dumps({"codes": codes, "torch": "torch" in sys.modules}))
+"""
+
+
+def test_a_bad_out_is_refused_before_torch_loads(tmp_path):
+    """Under mpirun every rank imports torch (80 s with 16 ranks on one node): the refusals of a
+    missing folder, a name without .h5 and a finished run come first, in one line each."""
+    finished = rf.write_classification_run(tmp_path / "done.h5", np.full((3, 2), 0.5))
+    outs = [tmp_path / "nodir" / "r.h5", tmp_path / "notes.txt", finished]
+    runs = [
+        ["--task", "digits", "--backend", "local", "--workers", "2", "--out", str(out)]
+        for out in outs
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", _REFUSALS, json.dumps(runs)],
+        cwd=ROOT,
+        env=env_for_subprocess(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert json.loads(proc.stdout) == {"codes": [2, 2, 2], "torch": False}, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"error: output directory {tmp_path / 'nodir'} does not exist (for --out {outs[0]}); "
+        "create it first",
+        f"error: --out {outs[1]} must end in .h5 (a run file is HDF5, and the report reads *.h5 "
+        f"files), such as {tmp_path / 'notes.h5'}",
+        f"error: {finished} already holds a finished run; pass --overwrite to replace it",
+    ]
+    assert not (tmp_path / "nodir").exists() and not (tmp_path / "notes.txt").exists()
+    assert run_status(finished) == "completed"
+
+
+@requires_mpirun
+def test_under_mpirun_a_finished_run_is_refused_before_any_rank_loads_torch(tmp_path):
+    finished = rf.write_classification_run(tmp_path / "done.h5", np.full((3, 2), 0.5))
+    proc = subprocess.run(
+        [mpirun(), "-n", "2", sys.executable, "-X", "importtime", "-m", "relaympi.train"]
+        + ["--task", "digits", "--out", str(finished)],
+        cwd=ROOT,
+        env=env_for_subprocess(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    err = proc.stderr
+    assert proc.returncode == 2, err[-3000:]
+    imports = [line for line in err.splitlines() if line.startswith("import time:")]
+    assert imports and not [line for line in imports if line.split("|")[-1].strip() == "torch"]
+    said = [line for line in err.splitlines() if not line.startswith("import time:")]
+    assert said == [
+        f"error: {finished} already holds a finished run; pass --overwrite to replace it"
+    ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from relaympi.algorithms.base import FULLY_CONNECTED, MatrixForm, RangedAlgorithm
+from relaympi.algorithms.gossip import Started
 
 
 class AllReduceMatrix(MatrixForm):
@@ -28,15 +29,16 @@ class AllReduce(RangedAlgorithm):
     The all-reduce is a collective: simulated message loss (--drop-prob) does not apply to it."""
 
     name = "allreduce"
+    summary = "centralized baseline: averaged gradients"
     heal_rule = "the fixed-tree sum over the survivors (no other state)"
     default_topology = "fully-connected"
-    topology_kind = FULLY_CONNECTED
+    topologies = FULLY_CONNECTED
     matrix_form = AllReduceMatrix
 
-    def _start(self, lo: int, hi: int, index: int):
+    def _start(self, lo: int, hi: int, index: int) -> Started:
         return self.mixers.start_allreduce_mean(self._ranged[1][..., lo:hi])
 
-    def _finish(self, lo: int, hi: int, pending) -> None:
+    def _finish(self, lo: int, hi: int, pending: Started) -> None:
         x, grad, lr, _ = self._ranged
         pending.finish()
         self.optimizer.update_range(grad, x, lr, lo, hi, apply=True)

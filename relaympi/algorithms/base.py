@@ -4,6 +4,8 @@ Communicator; no training loop inside."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -13,7 +15,7 @@ from relaympi.algorithms.gossip import CommMixers, Mixers
 from relaympi.algorithms.options import AlgorithmError, Options
 from relaympi.comm import Communicator
 from relaympi.optim import LocalOptimizer, OptimizerConfig
-from relaympi.topology import Topology
+from relaympi.topology import ONE_PEER_NAMES, Topology
 
 # communication rounds reserved per gradient step, so (step, sub-round) -> a unique round id
 ROUNDS_PER_STEP = 4
@@ -24,55 +26,107 @@ def round_id(step: int, sub: int = 0) -> int:
     return step * ROUNDS_PER_STEP + sub
 
 
-# The topology kinds an algorithm accepts (Algorithm.topology_kind), each with its check.
-TREES = "trees"  # every layer a spanning tree: RelaySum relays over them
-ONE_GRAPH = "one graph"  # one fixed graph: gossip with its Metropolis-Hastings matrix
-FULLY_CONNECTED = "fully-connected"  # the collective all-reduce
-EXPONENTIAL = "exponential"  # SGP's time-varying exponential graph
+@dataclass(frozen=True)
+class Topologies:
+    """Which topologies an algorithm takes (``Algorithm.topologies``): any predicate, with the
+    words that say why not. The ones below are those the algorithms here share; an algorithm with
+    other needs declares its own.
+
+    Attributes:
+        what: the topologies it takes, in words (Markdown: the docs' algorithm table).
+        refusal: ``refusal(algo, topology)``: why ``algo`` cannot run on ``topology``, naming what
+            it can; None where it can.
+    """
+
+    what: str
+    refusal: Callable[[str, Topology], str | None]
+
+    def check(self, algo: str, topology: Topology) -> None:
+        """Raise AlgorithmError unless ``algo`` runs on ``topology``.
+
+        Args:
+            algo: the algorithm's name, for the message.
+            topology: the topology to run on.
+
+        Raises:
+            AlgorithmError: why not, naming the topologies it takes.
+        """
+        why = self.refusal(algo, topology)
+        if why is not None:
+            raise AlgorithmError(why)
 
 
-def _check_trees(algo: str, topology: Topology) -> None:
-    if not topology.is_tree:
-        raise AlgorithmError(
-            f"{algo} relays over spanning trees; topology {topology.name!r} is not a "
-            "tree. Choose chain, star, "
-            "binary-tree, double-binary-trees, social-network-tree or spanning-tree:<graph>"
-        )
+def _not_trees(algo: str, topology: Topology) -> str | None:
+    if topology.is_tree:
+        return None
+    return (
+        f"{algo} relays over spanning trees; topology {topology.name!r} is not a tree. Choose "
+        "chain, star, binary-tree, double-binary-trees, social-network-tree or "
+        "spanning-tree:<graph>"
+    )
 
 
-def _check_one_graph(algo: str, topology: Topology) -> None:
+def _not_one_graph(algo: str, topology: Topology) -> str | None:
     if topology.num_layers != 1:
-        raise AlgorithmError(
+        return (
             f"{algo} gossips over one graph; {topology.name!r} has {topology.num_layers} "
             "layers (use ring, chain, binary-tree, ...)"
         )
-    if topology.name == EXPONENTIAL:
-        raise AlgorithmError(
-            f"{algo} needs a fixed graph; 'exponential' is SGP's time-varying schedule"
+    if topology.name == "exponential":
+        return f"{algo} needs a fixed graph; 'exponential' is SGP's time-varying schedule"
+    if topology.name in ONE_PEER_NAMES:
+        return (
+            f"{algo} needs a fixed gossip matrix; {topology.name!r} changes it every step "
+            "(use ring, chain, ... or dpsgd, qgm, gt on it)"
         )
+    return None
 
 
-def _check_fully_connected(algo: str, topology: Topology) -> None:
-    if topology.name != FULLY_CONNECTED:
-        raise AlgorithmError(
-            f"{algo} averages over all workers (topology fully-connected), not over "
-            f"{topology.name!r}"
-        )
+def _not_gossip_graph(algo: str, topology: Topology) -> str | None:
+    # a one-peer topology's W(t) changes every step; gossip without other state follows it
+    if topology.name in ONE_PEER_NAMES:
+        return None
+    return _not_one_graph(algo, topology)
 
 
-def _check_exponential(algo: str, topology: Topology) -> None:
-    if topology.name != EXPONENTIAL:
-        raise AlgorithmError(
-            f"{algo} runs on the time-varying 'exponential' topology, not {topology.name!r}"
-        )
+def _only(name: str, why: str) -> Callable[[str, Topology], str | None]:
+    def refusal(algo: str, topology: Topology) -> str | None:
+        if topology.name == name:
+            return None
+        return f"{algo} {why} (topology {name}), not over {topology.name!r}"
+
+    return refusal
 
 
-TOPOLOGY_CHECKS = {
-    TREES: _check_trees,
-    ONE_GRAPH: _check_one_graph,
-    FULLY_CONNECTED: _check_fully_connected,
-    EXPONENTIAL: _check_exponential,
-}
+# every layer a spanning tree: RelaySum relays over them
+SPANNING_TREES = Topologies(
+    "any tree: chain, star, binary-tree, double-binary-trees, social-network-tree, "
+    "`spanning-tree:<graph>`",
+    _not_trees,
+)
+# one fixed graph: gossip with its Metropolis-Hastings matrix
+ONE_GRAPH = Topologies(
+    "any one fixed graph (not exponential or a one-peer topology)", _not_one_graph
+)
+# one fixed graph, or a one-peer topology whose W(t) pairs each rank with one peer per step
+GOSSIP_GRAPHS = Topologies(
+    "any one fixed graph (not exponential), one-peer-exponential, alternating-ring",
+    _not_gossip_graph,
+)
+# the collective all-reduce
+FULLY_CONNECTED = Topologies(
+    "fully-connected", _only("fully-connected", "averages over all workers")
+)
+# SGP's time-varying exponential graph
+EXPONENTIAL = Topologies(
+    "exponential (n a power of two)",
+    _only("exponential", "runs on the time-varying exponential graph"),
+)
+
+
+# (round, tag, src, dst) -> whether that message arrived: the loss pattern a matrix form is stepped
+# with (``MatrixForm.lossy_step``; relaympi.algorithms.losses)
+Delivered = Callable[[int, int, int, int], bool]
 
 
 class MatrixForm(ABC):
@@ -82,14 +136,34 @@ class MatrixForm(ABC):
 
     def __init__(self, matrix_algorithm: Any):
         # matrix_algorithm: the relaympi.algorithms.matrix.MatrixAlgorithm this form steps (its n,
-        # d, topology,
-        # optimizer and options); not imported here, so the interfaces stay the lowest algorithm
-        # module
+        # d, topology, optimizer and options); not imported here, so the interfaces stay the lowest
+        # algorithm module
         self.matrix_algorithm = matrix_algorithm
 
     @abstractmethod
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
         """X(t+1) from X(t) and every worker's gradient G at X(t)."""
+
+    def lossy_step(
+        self, X: np.ndarray, G: np.ndarray, lr: float, t: int, delivered: Delivered
+    ) -> np.ndarray:
+        """``step`` with the messages ``delivered`` says were lost, by the loss rules of
+        docs/algorithms.md ("Message loss"; relaympi.algorithms.losses): the oracle the message
+        passing is held to under ``--drop-prob``. A form is stepped one way or the other, never
+        both. This default is ``step``: it serves an algorithm that sends no message that can be
+        lost (its declared communication is not lossy); one that does overrides it.
+
+        Args:
+            X: every worker's model x(t), [n, d].
+            G: every worker's gradient at x(t), [n, d].
+            lr: this step's learning rate.
+            t: the step number (it numbers the rounds whose messages ``delivered`` judges).
+            delivered: whether message (round, tag, src, dst) arrived.
+
+        Returns:
+            X(t+1), [n, d].
+        """
+        return self.step(X, G, lr, t)
 
 
 class Algorithm(ABC):
@@ -98,11 +172,13 @@ class Algorithm(ABC):
     The local optimizer turns the gradient into the local update u(t) (x(t+1/2) = x(t) + u(t));
     the algorithm decides what is communicated and how models are combined.
 
-    A class declares what it accepts (``default_topology``, ``topology_kind``, ``needs_momentum``)
-    and ``check`` refuses anything else; ``matrix_form`` is its vectorized form. Its options are a
-    class of relaympi.algorithms.options, named beside it in relaympi.algorithms.registry (and as
-    the type of its ``options``). Every algorithm is built by this constructor; a subclass builds
-    its own state in ``_setup``.
+    A class declares what it accepts (``default_topology``, ``topologies``, ``needs_momentum``) and
+    ``check`` refuses anything else; ``matrix_form`` is its vectorized form (and its behaviour
+    under lost messages), ``heal_rule`` what it does over the survivors of a lost worker. The rest
+    of its declaration is its line in relaympi.algorithms.registry (``Declared``: its label, its
+    options and how it communicates); tests/test_algorithm_declarations.py checks both. Its options
+    class is also the type of its ``options``. Every algorithm is built by this constructor; a
+    subclass builds its own state in ``_setup``.
 
     Every algorithm communicates only through ``mixers`` (gossip.Mixers: gossip mixers, all-reduce,
     and RelaySum as relays.Relays): by default CommMixers over ``comm``; the batched engine passes
@@ -128,9 +204,11 @@ class Algorithm(ABC):
         ```python
         class Average(Algorithm):
             name = "average"
+            summary = "the workers' mean, every step"
             default_topology = "fully-connected"
-            topology_kind = FULLY_CONNECTED
+            topologies = FULLY_CONNECTED
             matrix_form = AllReduceMatrix
+            heal_rule = "the mean over the survivors"
 
             def step(self, x, grad, lr, step):
                 self.optimizer.update(grad, x, lr, apply=True)
@@ -139,18 +217,17 @@ class Algorithm(ABC):
     """
 
     name: ClassVar[str]
-    default_topology: ClassVar[
-        str
-    ]  # the paper's topology for it (Table "Motivation of topology choices")
-    topology_kind: ClassVar[str]  # TREES, ONE_GRAPH, FULLY_CONNECTED or EXPONENTIAL
+    summary: ClassVar[str]  # what it is, in one line (the docs' algorithm table)
+    # the paper's topology for it (Table "Motivation of topology choices")
+    default_topology: ClassVar[str]
+    topologies: ClassVar[Topologies]  # the topologies it takes (SPANNING_TREES, ... or its own)
     needs_momentum: ClassVar[bool] = False  # only SGD with momentum > 0 as the local optimizer
     matrix_form: ClassVar[type[MatrixForm]]
-
     # --on-failure continue: what this algorithm does over the survivors of a lost worker. Every
     # algorithm is built again by its constructor from each survivor's model (its state starts
     # fresh; the model and the local optimizer's state are the survivor's own); this text says
-    # what that means for it (docs/membership.md's table is checked against it)
-    heal_rule: ClassVar[str] = "its state starts fresh from each survivor's model"
+    # what that means for it (docs/membership.md's table is made from it)
+    heal_rule: ClassVar[str]
 
     options: Options  # a subclass with options names their class here: ``options: D2Options``
     _ranged: tuple[torch.Tensor, torch.Tensor, float, int]  # begin_step's (x, grad, lr, step)
@@ -168,7 +245,7 @@ class Algorithm(ABC):
         Raises:
             AlgorithmError: the combination is refused; the message names the allowed choices.
         """
-        TOPOLOGY_CHECKS[cls.topology_kind](cls.name, topology)
+        cls.topologies.check(cls.name, topology)
         if cls.needs_momentum and (optimizer.name != "sgd" or not optimizer.momentum):
             raise AlgorithmError(
                 f"{cls.name} needs --optimizer sgd with --momentum > 0 (got "
@@ -223,8 +300,7 @@ class Algorithm(ABC):
     # flat model as soon as that range's gradient is final, while backward still computes the rest:
     #
     #     algorithm.begin_step(x, grad, lr, step)   # before backward: nothing of grad is final yet
-    #     algorithm.ready(lo, hi)                   # grad[lo:hi] is final: update it, start sending
-    # it
+    #     algorithm.ready(lo, hi)                   # grad[lo:hi] is final: update, start sending
     #     ...                                       # (ranges disjoint, covering [0, numel) in all)
     #     algorithm.finish_step()                   # the remaining receives, then x(t+1)
     #
@@ -232,17 +308,27 @@ class Algorithm(ABC):
     # layers everywhere), so messages of a range match by their order. The result is bit-identical
     # to step(): the default here runs the whole step() in finish_step(); an algorithm that starts
     # work in ready() overrides all three, and its step() is begin_step, ready(0, numel),
-    # finish_step
-    # (RangedAlgorithm below: all-reduce, D-PSGD, QGM, D², gradient tracking, SGP).
+    # finish_step (RangedAlgorithm below: all-reduce, D-PSGD, QGM, D², gradient tracking, SGP).
 
     def begin_step(self, x: torch.Tensor, grad: torch.Tensor, lr: float, step: int) -> None:
-        """Start step ``step`` on ``x`` with the gradient that will be in ``grad`` (not final
-        yet)."""
+        """Start step ``step`` on ``x`` with the gradient that will be in ``grad`` (not final yet).
+
+        Args:
+            x: the flat model x(t), updated in place by ``finish_step``.
+            grad: the buffer backward fills with the gradient at x(t), flat as x.
+            lr: this step's learning rate.
+            step: the step number t (the same on every worker).
+        """
         self._ranged = (x, grad, lr, step)
 
     def ready(self, lo: int, hi: int) -> None:  # noqa: B027 - the default does everything in finish_step
         """``grad[lo:hi]`` is final: start that range's update and communication if this algorithm
-        can."""
+        can.
+
+        Args:
+            lo: the range's first flat coordinate.
+            hi: one past its last (ranges of a step are disjoint and cover [0, numel)).
+        """
 
     def finish_step(self) -> None:
         """Complete the step begun by ``begin_step`` (every range has been ``ready``)."""
@@ -259,7 +345,11 @@ class Algorithm(ABC):
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - stateless algorithms keep the default
-        pass
+        """Restore what ``state_dict`` returned, on resume.
+
+        Args:
+            state: the tensors and numbers by name, as ``state_dict`` gave them.
+        """
 
 
 def check_ranges(ranges: list[tuple[int, int]], numel: int) -> None:

@@ -3,30 +3,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
 from relaympi.algorithms.base import (
     ONE_GRAPH,
-    MatrixForm,
     RangedAlgorithm,
     round_id,
 )
 from relaympi.algorithms.d2_rule import D2_MIN_EIGENVALUE, d2_allows
-from relaympi.algorithms.gossip import mixing_matrix_for
+from relaympi.algorithms.gossip import Started, mixing_matrix_for
+from relaympi.algorithms.losses import GossipMatrixForm
 from relaympi.algorithms.options import AlgorithmError, D2Options
 from relaympi.optim import OptimizerConfig
-from relaympi.topology import Topology, one_peer_schedule
+from relaympi.topology import Topology
 
 
 def d2_mixing_matrix(topology: Topology, exact_diffusion: bool, force: bool) -> np.ndarray:
     """The gossip matrix D² uses; refuses one whose smallest eigenvalue is below
-    D2_MIN_EIGENVALUE, and a one-peer topology (its correction assumes one fixed W)."""
-    if one_peer_schedule(topology.name, topology.world_size) is not None:
-        raise AlgorithmError(
-            f"d2 needs a fixed gossip matrix; {topology.name!r} changes it every step "
-            "(use ring, chain, ... or dpsgd, qgm, gt on it)"
-        )
+    D2_MIN_EIGENVALUE (a one-peer topology is refused before, by D2.topologies: its correction
+    assumes one fixed W)."""
     w = mixing_matrix_for(topology)
     if exact_diffusion:
         w = (
@@ -44,21 +42,24 @@ def d2_mixing_matrix(topology: Topology, exact_diffusion: bool, force: bool) -> 
     return w
 
 
-class D2Matrix(MatrixForm):
+class D2Matrix(GossipMatrixForm):
     """X(t+1) = W (X + U + C),  C(t+1) = X(t+1) - X - U."""
 
-    def __init__(self, matrix_algorithm):
+    def __init__(self, matrix_algorithm: Any) -> None:
         super().__init__(matrix_algorithm)
-        self.W = d2_mixing_matrix(
-            matrix_algorithm.topology,
-            matrix_algorithm.options.d2_exact_diffusion,
-            matrix_algorithm.options.d2_force,
-        )
+        self.Ws = [
+            d2_mixing_matrix(
+                matrix_algorithm.topology,
+                matrix_algorithm.options.d2_exact_diffusion,
+                matrix_algorithm.options.d2_force,
+            )
+        ]
         self.C = np.zeros((matrix_algorithm.n, matrix_algorithm.d))
 
-    def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
+    def mixed(self, X: np.ndarray, G: np.ndarray, lr: float, W: np.ndarray) -> np.ndarray:
         U = self.matrix_algorithm.optimizer.update(G, X, lr)
-        X_new = self.W @ (X + U + self.C)
+        X_new = W @ (X + U + self.C)
+        # from the x(t+1) obtained, lost messages included
         self.C = X_new - X - U
         return X_new
 
@@ -75,12 +76,16 @@ class D2(RangedAlgorithm):
     new correction follow its receives."""
 
     name = "d2"
+    summary = (
+        "D² with momentum and time-varying lr (the appendix algorithm); refuses a gossip matrix "
+        "W with λ_min < -1/3"
+    )
     heal_rule = (
         "D² weights rebuilt for the survivors' graph; the correction restarts at zero, so the "
         "first step after the heal is D²'s first step"
     )
     default_topology = "ring"
-    topology_kind = ONE_GRAPH
+    topologies = ONE_GRAPH
     matrix_form = D2Matrix
     options: D2Options
 
@@ -97,19 +102,19 @@ class D2(RangedAlgorithm):
         self.correction = torch.zeros_like(x0)
         self._half = torch.zeros_like(x0)
 
-    def _start(self, lo: int, hi: int, index: int):
+    def _start(self, lo: int, hi: int, index: int) -> Started:
         x, grad, lr, step = self._ranged
         self.optimizer.update_range(grad, x, lr, lo, hi, apply=True)
         half = x[..., lo:hi].add_(self.correction[..., lo:hi])  # x(t+1/2)
         self._half[..., lo:hi].copy_(half)
         return self.mixer.start(x, lo, hi, round_id(step), chunk=index)
 
-    def _finish(self, lo: int, hi: int, pending) -> None:
+    def _finish(self, lo: int, hi: int, pending: Started) -> None:
         pending.finish()
         self.correction[..., lo:hi].add_(self._ranged[0][..., lo:hi]).sub_(self._half[..., lo:hi])
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return {"correction": self.correction}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.correction.copy_(state["correction"])

@@ -32,9 +32,8 @@ def relaysum_dme_estimates(
         raise ValueError(
             f"RelaySum mean estimation needs one spanning tree over {n} workers, got {topology!r}"
         )
-    prefix = np.concatenate(
-        [np.zeros((R, 1, n)), np.cumsum(samples, axis=1)], axis=1
-    )  # [R, T+1, n]
+    # [R, T+1, n]
+    prefix = np.concatenate([np.zeros((R, 1, n)), np.cumsum(samples, axis=1)], axis=1)
     delay = effective_delays(topology, 0)
     workers = np.arange(n)[None, :]
     out = np.empty((R, len(checkpoints), n))

@@ -3,26 +3,30 @@ message per edge."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
-from relaympi.algorithms.base import ONE_GRAPH, MatrixForm, RangedAlgorithm, round_id
-from relaympi.algorithms.gossip import Mixer, gossip_matrices
+from relaympi.algorithms.base import GOSSIP_GRAPHS, RangedAlgorithm, round_id
+from relaympi.algorithms.gossip import Mixer, Started, gossip_matrices
+from relaympi.algorithms.losses import GossipMatrixForm
 
 
-class GradientTrackingMatrix(MatrixForm):
+class GradientTrackingMatrix(GossipMatrixForm):
     """X(t+1) = W(t) (X + U + C),  C(t+1) = W(t) (C + U) - U."""
 
-    def __init__(self, matrix_algorithm):
+    def __init__(self, matrix_algorithm: Any) -> None:
         super().__init__(matrix_algorithm)
         # W(t) = Ws[t mod len]: one matrix for a fixed graph, one per round for a one-peer topology
         self.Ws = gossip_matrices(matrix_algorithm.topology)
         self.C = np.zeros((matrix_algorithm.n, matrix_algorithm.d))
 
-    def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
+    def mixed(self, X: np.ndarray, G: np.ndarray, lr: float, W: np.ndarray) -> np.ndarray:
         U = self.matrix_algorithm.optimizer.update(G, X, lr)
-        X_new = self.Ws[t % len(self.Ws)] @ (X + U + self.C)
-        self.C = self.Ws[t % len(self.Ws)] @ (self.C + U) - U
+        X_new = W @ (X + U + self.C)
+        # the same W for both halves: a lost message loses both, as they travel in one
+        self.C = W @ (self.C + U) - U
         return X_new
 
 
@@ -41,12 +45,13 @@ class GradientTracking(RangedAlgorithm):
     """
 
     name = "gt"
+    summary = "gradient tracking (standard form)"
     heal_rule = (
         "gossip weights rebuilt for the survivors' graph; the correction restarts at zero, so the "
         "corrections sum to zero over the survivors (the tracker's invariant)"
     )
     default_topology = "ring"
-    topology_kind = ONE_GRAPH
+    topologies = GOSSIP_GRAPHS
     matrix_form = GradientTrackingMatrix
 
     def _setup(self, x0: torch.Tensor) -> None:
@@ -58,7 +63,7 @@ class GradientTracking(RangedAlgorithm):
             self.mixers.gossip(w, self.packed) for w in gossip_matrices(self.topology)
         ]
 
-    def _start(self, lo: int, hi: int, index: int):
+    def _start(self, lo: int, hi: int, index: int) -> Started:
         x, grad, lr, step = self._ranged
         self.optimizer.update_range(grad, x, lr, lo, hi, apply=False)
         u, c = self.optimizer.update_buffer[..., lo:hi], self.correction[..., lo:hi]
@@ -68,14 +73,14 @@ class GradientTracking(RangedAlgorithm):
         mixer = self.step_mixers[step % len(self.step_mixers)]
         return mixer.start(self.packed, 2 * lo, 2 * hi, round_id(step), chunk=index)
 
-    def _finish(self, lo: int, hi: int, pending) -> None:
+    def _finish(self, lo: int, hi: int, pending: Started) -> None:
         pending.finish()
         u = self.optimizer.update_buffer[..., lo:hi]
         self._ranged[0][..., lo:hi].copy_(self.packed[..., 2 * lo : lo + hi])
         torch.sub(self.packed[..., lo + hi : 2 * hi], u, out=self.correction[..., lo:hi])
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return {"correction": self.correction}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.correction.copy_(state["correction"])

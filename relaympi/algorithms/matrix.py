@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from relaympi.algorithms.base import MatrixForm
+from relaympi.algorithms.base import Delivered, MatrixForm
 from relaympi.algorithms.options import Options
 from relaympi.algorithms.registry import algorithm_options, get_algorithm_class
 from relaympi.algorithms.relay import effective_delays
@@ -68,6 +68,12 @@ class MatrixAlgorithm:
 
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
         return self.form.step(X, G, lr, t)
+
+    def lossy_step(
+        self, X: np.ndarray, G: np.ndarray, lr: float, t: int, delivered: Delivered
+    ) -> np.ndarray:
+        """``step`` with the messages ``delivered`` says were lost (``MatrixForm.lossy_step``)."""
+        return self.form.lossy_step(X, G, lr, t, delivered)
 
 
 def make_matrix_algorithm(

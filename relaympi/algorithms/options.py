@@ -23,18 +23,47 @@ class AlgorithmError(ValueError):
 
 
 def option(default: Any, purpose: str = "") -> Any:
-    """An option's field. ``purpose``: what it does, as the refusal of its flag for another
-    algorithm says it ("it sizes RelaySum's message chunks (relay, relay-grad), not used by sgp");
-    without one the refusal says "it applies to --algo relay only, not sgp"."""
+    """An option's field.
+
+    Args:
+        default: the option's value when the run does not set it.
+        purpose: what it does, as the refusal of its flag for another algorithm says it ("it sizes
+            RelaySum's message chunks (relay, relay-grad), not used by sgp"); without one the
+            refusal says "it applies to --algo relay only, not sgp".
+
+    Returns:
+        A dataclass field that carries ``purpose`` in its metadata.
+    """
     return field(default=default, metadata={"purpose": purpose})
 
 
 def purpose(options: type[Options], name: str) -> str:
-    """The ``purpose`` of option ``name`` of ``options`` ("" where it has none)."""
+    """The ``purpose`` of option ``name`` of ``options``.
+
+    Args:
+        options: an Options class.
+        name: one of its fields.
+
+    Returns:
+        What the option does ("" where it has no purpose).
+    """
     return next(f.metadata.get("purpose", "") for f in fields(options) if f.name == name)
 
 
 def option_names(options: type[Options]) -> tuple[str, ...]:
+    """The names of an options class's fields, which are also RunConfig fields (and flags).
+
+    Args:
+        options: an Options class.
+
+    Returns:
+        The field names, in declaration order.
+
+    Example:
+        >>> from relaympi.algorithms.options import D2Options, NoOptions
+        >>> option_names(D2Options), option_names(NoOptions)
+        (('d2_force', 'd2_exact_diffusion'), ())
+    """
     return tuple(f.name for f in fields(options))
 
 

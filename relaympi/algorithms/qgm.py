@@ -3,31 +3,34 @@ change after gossip."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
-from relaympi.algorithms.base import ONE_GRAPH, MatrixForm, RangedAlgorithm, round_id
-from relaympi.algorithms.gossip import Mixer, gossip_matrices
+from relaympi.algorithms.base import GOSSIP_GRAPHS, RangedAlgorithm, round_id
+from relaympi.algorithms.gossip import Mixer, Started, gossip_matrices
+from relaympi.algorithms.losses import GossipMatrixForm
 
 
-class QuasiGlobalMomentumMatrix(MatrixForm):
+class QuasiGlobalMomentumMatrix(GossipMatrixForm):
     """D = beta M + G (Nesterov: G + beta D);  X(t+1) = W(t) (X - lr D);
     M <- beta M + (1 - beta) (X - X(t+1)) / lr."""
 
-    def __init__(self, matrix_algorithm):
+    def __init__(self, matrix_algorithm: Any) -> None:
         super().__init__(matrix_algorithm)
         # W(t) = Ws[t mod len]: one matrix for a fixed graph, one per round for a one-peer topology
         self.Ws = gossip_matrices(matrix_algorithm.topology)
         self.M = np.zeros((matrix_algorithm.n, matrix_algorithm.d))
 
-    def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
+    def mixed(self, X: np.ndarray, G: np.ndarray, lr: float, W: np.ndarray) -> np.ndarray:
         c = self.matrix_algorithm.optimizer.config
         beta = c.momentum
         G = G + c.weight_decay * X if c.weight_decay else G
         D = beta * self.M + G
         if c.nesterov:
             D = G + beta * D
-        X_new = self.Ws[t % len(self.Ws)] @ (X - lr * D)
+        X_new = W @ (X - lr * D)
         if lr > 0:
             self.M = beta * self.M + (1 - beta) * (X - X_new) / lr
         return X_new
@@ -43,12 +46,13 @@ class QuasiGlobalMomentum(RangedAlgorithm):
     """
 
     name = "qgm"
+    summary = "D-PSGD with quasi-global momentum"
     heal_rule = (
         "gossip weights rebuilt for the survivors' graph; the quasi-global momentum restarts at "
         "zero (it followed the averaged model of the old neighbourhood)"
     )
     default_topology = "ring"
-    topology_kind = ONE_GRAPH
+    topologies = GOSSIP_GRAPHS
     needs_momentum = True  # quasi-global *momentum*: meaningless without it
     matrix_form = QuasiGlobalMomentumMatrix
 
@@ -62,7 +66,7 @@ class QuasiGlobalMomentum(RangedAlgorithm):
         self._x_before = torch.zeros_like(x0)
         self._direction = torch.zeros_like(x0)
 
-    def _start(self, lo: int, hi: int, index: int):
+    def _start(self, lo: int, hi: int, index: int) -> Started:
         x, grad, lr, step = self._ranged
         cfg, beta = self.optimizer.config, self.beta
         x, grad, m, d = (
@@ -80,7 +84,7 @@ class QuasiGlobalMomentum(RangedAlgorithm):
         mixer = self.step_mixers[step % len(self.step_mixers)]
         return mixer.start(self._ranged[0], lo, hi, round_id(step), chunk=index)
 
-    def _finish(self, lo: int, hi: int, pending) -> None:
+    def _finish(self, lo: int, hi: int, pending: Started) -> None:
         pending.finish()
         x, _, lr, _ = self._ranged
         beta = self.beta
@@ -89,8 +93,8 @@ class QuasiGlobalMomentum(RangedAlgorithm):
                 self._x_before[..., lo:hi].sub_(x[..., lo:hi]), alpha=(1 - beta) / lr
             )
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return {"momentum_buffer": self.momentum_buffer}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.momentum_buffer.copy_(state["momentum_buffer"])

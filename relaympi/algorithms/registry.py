@@ -1,14 +1,15 @@
 """The algorithms by name: look-up, their options, the combination check, building one worker's.
 
-Torch-free until an algorithm is used: the table names each class as "module:Class" (imported on
-first look-up) beside its options (relaympi.algorithms.options), which the run's configuration
-reads without torch. A new algorithm is its module and one line here.
+Torch-free until an algorithm is used: each algorithm's line (``Declared``) names its class as
+"module:Class" (imported on first look-up) beside what the run's configuration, the plan and the
+report read without torch: its options (relaympi.algorithms.options), its report label and how it
+communicates. A new algorithm is its module and one line here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields, make_dataclass
+from dataclasses import dataclass, fields, make_dataclass
 from typing import TYPE_CHECKING, Any
 
 from relaympi.algorithms.options import (
@@ -18,6 +19,7 @@ from relaympi.algorithms.options import (
     Options,
     RelaySGDOptions,
     RelaySumOptions,
+    option_names,
 )
 from relaympi.registry import Registry
 
@@ -29,26 +31,108 @@ if TYPE_CHECKING:
     from relaympi.optim import LocalOptimizer, OptimizerConfig
     from relaympi.topology import Topology
 
-# name -> (the class, its options), in the command line's order
-_DECLARED: dict[str, tuple[str, type[Options]]] = {
-    "allreduce": ("relaympi.algorithms.allreduce:AllReduce", NoOptions),
-    "dpsgd": ("relaympi.algorithms.dpsgd:DPSGD", NoOptions),
-    "qgm": ("relaympi.algorithms.qgm:QuasiGlobalMomentum", NoOptions),
-    "d2": ("relaympi.algorithms.d2:D2", D2Options),
-    "gt": ("relaympi.algorithms.gt:GradientTracking", NoOptions),
-    "sgp": ("relaympi.algorithms.sgp:SGP", NoOptions),
-    "relay": ("relaympi.algorithms.relay:RelaySGD", RelaySGDOptions),
-    "relay-grad": ("relaympi.algorithms.relay:RelaySGDGrad", RelaySumOptions),
+
+@dataclass(frozen=True)
+class Communication:
+    """How an algorithm communicates, as far as the code outside it cares: the configuration's
+    refusals, the plan, the checkpoints and the report derive their rules from these facts.
+
+    Attributes:
+        what: how it communicates, words that follow "--algo NAME" in a refusal ("sends no
+            messages").
+        lossy: it sends point-to-point messages that simulated loss (``--drop-prob``) can drop.
+        placed: it mixes over the topology's edges, so where ranks sit on the topology
+            (``--placement``) changes its numbers, and a default lr tuned for one worker count
+            may not suit far fewer (the plan warns).
+        follows_nodes: the ranks' nodes shape its communication whatever the placement (the
+            all-reduce's tree is built over them), so a resume must find each rank on its node.
+    """
+
+    what: str
+    lossy: bool
+    placed: bool
+    follows_nodes: bool = False
+
+
+# point-to-point messages over the topology's edges: gossip and RelaySum
+MESSAGES = Communication("sends messages over the topology's edges", lossy=True, placed=True)
+# the collective all-reduce (a fixed tree over the nodes), not simulated as lossy
+COLLECTIVE = Communication(
+    "communicates by a collective, which is not simulated as lossy",
+    lossy=False,
+    placed=False,
+    follows_nodes=True,
+)
+NO_COMMUNICATION = Communication("sends no messages", lossy=False, placed=False)
+
+
+@dataclass(frozen=True)
+class Declared:
+    """An algorithm's line in the registry: what the rest of the code knows of it without
+    importing it (torch-free). Its class declares the rest (``Algorithm``: the topologies it
+    takes, its default topology, its matrix form and behaviour under loss, its heal rule);
+    tests/test_algorithm_declarations.py checks that every algorithm declares everything.
+
+    Attributes:
+        cls: its ``Algorithm`` subclass as ``"package.module:Class"`` (imported on first use).
+        label: its name in the report's tables ("RelaySGD").
+        options: its options class (relaympi.algorithms.options); ``NoOptions`` without any.
+        communication: how it communicates (``MESSAGES``, ``COLLECTIVE``, ``NO_COMMUNICATION``
+            or a ``Communication`` of its own).
+    """
+
+    cls: str
+    label: str
+    options: type[Options] = NoOptions
+    communication: Communication = MESSAGES
+
+
+# name -> its declaration, in the command line's and the report's order. A new algorithm is its
+# module and one line here
+_DECLARED: dict[str, Declared] = {
+    "allreduce": Declared(
+        "relaympi.algorithms.allreduce:AllReduce", "All-reduce", communication=COLLECTIVE
+    ),
+    "relay": Declared("relaympi.algorithms.relay:RelaySGD", "RelaySGD", RelaySGDOptions),
+    "relay-grad": Declared(
+        "relaympi.algorithms.relay:RelaySGDGrad", "RelaySGD/Grad", RelaySumOptions
+    ),
+    "dpsgd": Declared("relaympi.algorithms.dpsgd:DPSGD", "D-PSGD"),
+    "qgm": Declared(
+        "relaympi.algorithms.qgm:QuasiGlobalMomentum", "D-PSGD + quasi-global momentum"
+    ),
+    "d2": Declared("relaympi.algorithms.d2:D2", "D2", D2Options),
+    "gt": Declared("relaympi.algorithms.gt:GradientTracking", "Gradient tracking"),
+    "sgp": Declared("relaympi.algorithms.sgp:SGP", "SGP"),
+    "isolated": Declared(
+        "relaympi.algorithms.isolated:Isolated", "Isolated", communication=NO_COMMUNICATION
+    ),
 }
 
+DECLARED: Registry[Declared] = Registry("algorithm", _DECLARED, error=AlgorithmError)
 ALGORITHMS: Registry[type[Algorithm]] = Registry(
-    "algorithm", {name: cls for name, (cls, _) in _DECLARED.items()}, error=AlgorithmError
+    "algorithm", {name: d.cls for name, d in _DECLARED.items()}, error=AlgorithmError
 )
 # each algorithm's options class (torch-free)
 ALGORITHM_OPTIONS: Registry[type[Options]] = Registry(
-    "algorithm", {name: options for name, (_, options) in _DECLARED.items()}, error=AlgorithmError
+    "algorithm", {name: d.options for name, d in _DECLARED.items()}, error=AlgorithmError
 )
 ALGORITHM_NAMES = ALGORITHMS.names
+
+
+def communication(algo: str) -> Communication:
+    """How ``algo`` communicates (torch-free).
+
+    Args:
+        algo: one of ALGORITHM_NAMES.
+
+    Returns:
+        Its declared ``Communication``.
+
+    Raises:
+        AlgorithmError: an unknown algorithm.
+    """
+    return DECLARED[algo].communication
 
 
 def _every_option() -> type[Options]:
@@ -98,6 +182,12 @@ def algorithm_options(algo: str, options: Options | Mapping[str, Any] | None = N
 def default_topology(algo: str) -> str:
     """The paper's topology for ``algo`` (e.g. "double-binary-trees" for relay).
 
+    Args:
+        algo: one of ALGORITHM_NAMES.
+
+    Returns:
+        A topology name, as ``relaympi.topology.build`` takes it.
+
     Raises:
         AlgorithmError: an unknown algorithm.
     """
@@ -106,6 +196,12 @@ def default_topology(algo: str) -> str:
 
 def get_algorithm_class(algo: str) -> type[Algorithm]:
     """The Algorithm subclass called ``algo`` (its module is imported on first use).
+
+    Args:
+        algo: one of ALGORITHM_NAMES.
+
+    Returns:
+        The class, not an instance.
 
     Raises:
         AlgorithmError: an unknown algorithm; the message lists the known ones.
@@ -133,8 +229,41 @@ def check_combination(
     get_algorithm_class(algo).check(topology, optimizer, algorithm_options(algo, options))
 
 
+def algorithm_table() -> str:
+    """docs/algorithms.md's table of the algorithms, made from their declarations (their classes
+    and their lines here; ``python -m scripts.doc_tables`` writes it).
+
+    Returns:
+        The Markdown table, one row per algorithm in the registry's order.
+    """
+    rows = [
+        "| `--algo` | what | topologies | default topology | communication | options | report "
+        "label |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, declared in DECLARED.items():
+        cls = get_algorithm_class(name)
+        what = cls.summary + (" (needs `--momentum`)" if cls.needs_momentum else "")
+        options = ", ".join(
+            f"`--{option.replace('_', '-')}`" for option in option_names(declared.options)
+        )
+        rows.append(
+            f"| `{name}` | {what} | {cls.topologies.what} | `{cls.default_topology}` | "
+            f"{declared.communication.what} | {options or 'none'} | {declared.label} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
 def check_topology_fits_world(topology: Topology, world_size: int) -> None:
-    """Raise AlgorithmError unless ``topology`` is for ``world_size`` workers."""
+    """Raise AlgorithmError unless ``topology`` is for ``world_size`` workers.
+
+    Args:
+        topology: the topology to run on.
+        world_size: the number of workers.
+
+    Raises:
+        AlgorithmError: the sizes differ; the message gives both.
+    """
     if topology.world_size != world_size:
         raise AlgorithmError(
             f"topology {topology.name!r} is for {topology.world_size} workers, "

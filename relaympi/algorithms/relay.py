@@ -10,11 +10,13 @@ import numpy as np
 import torch
 
 from relaympi.algorithms.base import (
-    TREES,
+    SPANNING_TREES,
     Algorithm,
+    Delivered,
     MatrixForm,
     round_id,
 )
+from relaympi.algorithms.losses import LossyRelaySum
 from relaympi.algorithms.options import RelaySGDOptions, RelaySumOptions
 from relaympi.algorithms.relays import RangedRelays
 from relaympi.topology import Topology
@@ -92,17 +94,35 @@ class _DelayedSum(MatrixForm):
                 count[:, coords] += masks[e].sum(axis=1, keepdims=True)
         return total, count
 
+    def lossy_relay(self) -> LossyRelaySum:
+        """RelaySum message by message, for ``lossy_step`` (built on its first use)."""
+        if not hasattr(self, "_lossy"):
+            self._lossy = LossyRelaySum(self.matrix_algorithm.topology, self.matrix_algorithm.d)
+        return self._lossy
+
 
 class RelaySGDMatrix(_DelayedSum):
     """X(t+1) = the delayed sum of X(s + 1/2) / how many arrived (counts), or with the missing
-    ones filled by X(t) (previous) or x(0) (initial), / n."""
+    ones filled by X(t) (previous) or x(0) (initial), / n. Under loss the sum is RelaySum's,
+    message by message, the counters saying how many parcels it holds."""
 
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
+        X_half = X + self.matrix_algorithm.optimizer.update(G, X, lr)
+        return self._normalized(X, *self.delayed_sum(X_half, t))
+
+    def lossy_step(
+        self, X: np.ndarray, G: np.ndarray, lr: float, t: int, delivered: Delivered
+    ) -> np.ndarray:
+        X_half = X + self.matrix_algorithm.optimizer.update(G, X, lr)
+        received, nbar = self.lossy_relay().step(X_half, round_id(t), delivered)
+        return self._normalized(X, X_half + received, nbar)
+
+    def _normalized(self, X: np.ndarray, total: np.ndarray, count: np.ndarray) -> np.ndarray:
         matrix_algorithm = self.matrix_algorithm
-        total, count = self.delayed_sum(X + matrix_algorithm.optimizer.update(G, X, lr), t)
-        if matrix_algorithm.options.relay_mode == "counts":
+        if matrix_algorithm.options.relay_mode == "counts":  # Algorithm 1, line 10
             return total / count
         missing = matrix_algorithm.n - count
+        # eq. robust-relaysum-model: missing models replaced by x_i(t), or by x(0)
         fill = (
             X
             if matrix_algorithm.options.relay_mode == "previous"
@@ -112,7 +132,7 @@ class RelaySGDMatrix(_DelayedSum):
 
 
 class RelaySGDGradMatrix(_DelayedSum):
-    """X(t+1) = X(t) + the delayed sum of U(s) / n."""
+    """X(t+1) = X(t) + the delayed sum of U(s) / n (under loss: RelaySum's, message by message)."""
 
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
         return (
@@ -120,6 +140,13 @@ class RelaySGDGradMatrix(_DelayedSum):
             + self.delayed_sum(self.matrix_algorithm.optimizer.update(G, X, lr), t)[0]
             / self.matrix_algorithm.n
         )
+
+    def lossy_step(
+        self, X: np.ndarray, G: np.ndarray, lr: float, t: int, delivered: Delivered
+    ) -> np.ndarray:
+        U = self.matrix_algorithm.optimizer.update(G, X, lr)
+        received, _ = self.lossy_relay().step(U, round_id(t), delivered)
+        return X + (U + received) / self.matrix_algorithm.n
 
 
 class _RelayedSteps(Algorithm):
@@ -174,10 +201,10 @@ class _RelayedSteps(Algorithm):
         self._ranged_relay.finish(self._landed)
         del self._ranged  # no step in progress: drop its references until the next begin_step
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return self.relay.state_dict()
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.relay.load_state_dict(state)
 
 
@@ -193,12 +220,13 @@ class RelaySGD(_RelayedSteps):
     """
 
     name = "relay"
+    summary = "RelaySGD (the paper's Algorithm 1), normalization `counts`/`previous`/`initial`"
     heal_rule = (
         "relay buffers and counters restart at zero over the survivors' trees: each worker relays "
         "only what the survivors sent since, and the counters keep the average normalized"
     )
     default_topology = "double-binary-trees"
-    topology_kind = TREES
+    topologies = SPANNING_TREES
     matrix_form = RelaySGDMatrix
     options: RelaySGDOptions
 
@@ -280,11 +308,12 @@ class RelaySGDGrad(_RelayedSteps):
     RelaySGD)."""
 
     name = "relay-grad"
+    summary = "RelaySGD/Grad (the paper's appendix)"
     heal_rule = (
         "relay buffers and counters restart at zero over the survivors' trees, as RelaySGD's"
     )
     default_topology = "double-binary-trees"
-    topology_kind = TREES
+    topologies = SPANNING_TREES
     matrix_form = RelaySGDGradMatrix
 
     def _setup(self, x0: torch.Tensor) -> None:

@@ -11,11 +11,11 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    # n-bar and what is computed from it on the host: a float for one worker, one float64 per worker
-    # [N]
+    # n-bar and what is computed from it on the host: a float for one worker, one float64 per
+    # worker [N]
     Counts = float | np.ndarray
-    # a factor of coords(x, layer): a float for one worker, a [N, 1] tensor (one per row) for all
-    # workers
+    # a factor of coords(x, layer): a float for one worker, a [N, 1] tensor (one per row) for
+    # all workers
     Factor = float | torch.Tensor
 
 # What one implementation's counts() and factor() give: Counts and Factor for one worker (float,

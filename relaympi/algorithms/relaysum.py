@@ -37,29 +37,23 @@ class _Layer:
     block: slice
     neighbors: tuple[int, ...]
     received: torch.Tensor  # [k, s + 1]: the last message from each neighbour (see row_of)
-    incoming: (
-        torch.Tensor | None
-    )  # [k, s + 1] receive buffers (default mode, k >= 2); swapped with received
+    # [k, s + 1] receive buffers (default mode, k >= 2); swapped with received
+    incoming: torch.Tensor | None
     total: torch.Tensor | None  # [s + 1] scratch for k >= 3: [p, 1] + every message received
-    tail: (
-        torch.Tensor | None
-    )  # a leaf's last chunk [p[a:s], 1] where no spare slot follows the parcel's block
+    # a leaf's last chunk [p[a:s], 1] where no spare slot follows the parcel's block
+    tail: torch.Tensor | None
     total_is_sum: bool = False  # total holds the sum of received's rows (computed by add_received)
-    row_of: list[int] = field(
-        default_factory=list
-    )  # row of received holding neighbors[p]'s message
-    chunks: list[slice] = field(
-        default_factory=list
-    )  # of a message, in index order (sent last to first)
+    # row of received holding neighbors[p]'s message
+    row_of: list[int] = field(default_factory=list)
+    # of a message, in index order (sent last to first)
+    chunks: list[slice] = field(default_factory=list)
     # this step's, from begin() to finish()
-    targets: list[int] = field(
-        default_factory=list
-    )  # row r of received goes to targets[r] (see RelaySum._targets)
+    # row r of received goes to targets[r] (see RelaySum._targets)
+    targets: list[int] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)  # per chunk, its coordinates not ready yet
     next_send: int = -1  # the chunk to send next (chunks go last to first); -1: all sent
-    recvs: list = field(
-        default_factory=list
-    )  # per chunk, the request receiving it (None: in place, landed in ready)
+    # per chunk, the request receiving it (None: in place, landed in ready)
+    recvs: list = field(default_factory=list)
     sends: list = field(default_factory=list)  # per chunk, the request sending it
     summed: int = 0  # chunks whose rows add_received_chunk summed into total this step
 
@@ -147,9 +141,8 @@ class RelaySum:
         self._opts: dict[str, Any] = {"dtype": like.dtype, "device": like.device}
         # CPU: passes run CACHE_BLOCK elements at a time; a GPU runs each op over a whole chunk
         self._block = CACHE_BLOCK if like.device.type == "cpu" else max(self.chunk, numel + 1)
-        self._progress_block = (
-            4 * self._block
-        )  # ready()'s pieces between two progress calls (the optimizer's block)
+        # ready()'s pieces between two progress calls (the optimizer's block)
+        self._progress_block = 4 * self._block
         self.layers: list[_Layer] = []
         for index, block in enumerate(topology.coordinate_blocks(numel)):
             nbrs = topology.neighbors(comm.rank, index)
@@ -243,9 +236,8 @@ class RelaySum:
             if not layer.total_is_sum:
                 _sum_rows(rows, block, total[block])
             total[block].add_(mine)
-            torch.sub(
-                total[block], rows[:, block], out=rows[:, block]
-            )  # m_ij = total - m_ji, every row at once
+            # m_ij = total - m_ji, every row at once
+            torch.sub(total[block], rows[:, block], out=rows[:, block])
 
     @staticmethod
     def _targets(layer: _Layer) -> list[int]:
@@ -409,9 +401,8 @@ class RelaySum:
                 if layer.neighbors and not in_place:
                     delivered = layer.recvs[j].wait()
                     upcoming.pop(0)
-                    self._progress = (
-                        upcoming[0] if upcoming else None
-                    )  # tested while this chunk is normalized
+                    # tested while this chunk is normalized
+                    self._progress = upcoming[0] if upcoming else None
                     if j == len(layer.chunks) - 1:  # chunks of a message are dropped together
                         for r, peer in enumerate(layer.neighbors):
                             if peer not in delivered:
@@ -472,14 +463,14 @@ class RelaySum:
 
     def _add_rows(
         self,
-        out,
+        out: torch.Tensor,
         layer: _Layer,
         rows: torch.Tensor,
         c: slice,
-        divisor,
-        before=None,
-        after=None,
-        progress=None,
+        divisor: float | None,
+        before: Callable[[slice], object] | None = None,
+        after: Callable[[slice], object] | None = None,
+        progress: Request | None = None,
     ) -> None:
         """out[coords of message slice c] += the sum of rows (k >= 3: through total, kept for the
         next

@@ -3,11 +3,14 @@ two rounds per step."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
 from relaympi.algorithms.base import (
     EXPONENTIAL,
+    Delivered,
     MatrixForm,
     RangedAlgorithm,
     round_id,
@@ -22,7 +25,7 @@ class SGPMatrix(MatrixForm):
     """X(t+1) = W(2t + 1) W(2t) (X + U), W(t') the exponential schedule's averaging matrix of round
     t'."""
 
-    def __init__(self, matrix_algorithm):
+    def __init__(self, matrix_algorithm: Any) -> None:
         super().__init__(matrix_algorithm)
         self.schedule = ExponentialSchedule(matrix_algorithm.n, any_size=True)
 
@@ -31,6 +34,28 @@ class SGPMatrix(MatrixForm):
         for r in range(ROUNDS):
             Y = self.schedule.mixing_matrix(ROUNDS * t + r) @ Y
         return Y
+
+    def lossy_step(
+        self, X: np.ndarray, G: np.ndarray, lr: float, t: int, delivered: Delivered
+    ) -> np.ndarray:
+        Y = X + self.matrix_algorithm.optimizer.update(G, X, lr)
+        for r in range(ROUNDS):  # global round counter k = 2t + r
+            Y = _lossy_round(Y, ROUNDS * t + r, round_id(t, r), delivered)
+        return Y
+
+
+def _lossy_round(Y: np.ndarray, k: int, round: int, delivered: Delivered) -> np.ndarray:
+    """Communication round k of SGP (appendix Algorithm "SGP"): with o = 2^(k mod log2 n), worker i
+    receives x_{i+o} and sets x_i <- (x_i + x_{i+o}) / 2; if that message is lost, x_i stays as it
+    was."""
+    n = Y.shape[0]
+    o = 2 ** (k % (n.bit_length() - 1))
+    out = Y.copy()
+    for i in range(n):
+        src = (i + o) % n
+        if delivered(round, 0, src, i):
+            out[i] = (Y[i] + Y[src]) / 2
+    return out
 
 
 class SGP(RangedAlgorithm):
@@ -46,12 +71,13 @@ class SGP(RangedAlgorithm):
     first round (starting that range's second round as it completes), then the second rounds."""
 
     name = "sgp"
+    summary = "SGP on the time-varying exponential graph, two rounds per step"
     heal_rule = (
         "the exponential schedule over the survivors' count: hops 1, 2, 4, ... below it (mixing "
         "is exact after log2 n rounds only for a power of two); the push-sum weights stay 1"
     )
     default_topology = "exponential"
-    topology_kind = EXPONENTIAL
+    topologies = EXPONENTIAL
     matrix_form = SGPMatrix
 
     def _setup(self, x0: torch.Tensor) -> None:
@@ -66,7 +92,7 @@ class SGP(RangedAlgorithm):
             for k in range(self.schedule.period)
         ]
 
-    def _start(self, lo: int, hi: int, index: int):
+    def _start(self, lo: int, hi: int, index: int) -> tuple:
         x, grad, lr, _ = self._ranged
         self.optimizer.update_range(grad, x, lr, lo, hi, apply=True)
         return self._round(0, lo, hi, index)
@@ -81,10 +107,10 @@ class SGP(RangedAlgorithm):
             ),
         )
 
-    def _test(self, pending) -> None:
+    def _test(self, pending: tuple) -> None:
         pending[2].test()
 
-    def _finish(self, lo: int, hi: int, pending) -> tuple | None:
+    def _finish(self, lo: int, hi: int, pending: tuple) -> tuple | None:
         r, index, started = pending
         started.finish()
         return self._round(r + 1, lo, hi, index) if r + 1 < ROUNDS else None

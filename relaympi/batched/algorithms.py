@@ -79,7 +79,6 @@ def make_batched_algorithm(
     refuses."""
     options = algorithm_options(algo, options)  # its own (make_algorithm's)
     check_topology_fits_world(topology, X0.shape[0])
-    check_combination(
-        algo, topology, optimizer.config, options
-    )  # make_algorithm's refusals, with its messages
+    # make_algorithm's refusals, with its messages
+    check_combination(algo, topology, optimizer.config, options)
     return BATCHED_ALGORITHMS[algo](topology, optimizer, X0, options, drops or DropPolicy(), nodes)

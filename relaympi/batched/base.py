@@ -49,9 +49,8 @@ def to_device(
     )
     if device.type != "cuda":
         return host.to(device)
-    return host.pin_memory().to(
-        device, non_blocking=True
-    )  # the caching host allocator keeps it until copied
+    # the caching host allocator keeps it until copied
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 class BatchedAlgorithm:

@@ -4,7 +4,7 @@ RelaySum as relaympi.batched.relay.BatchedRelaySum."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,6 +15,7 @@ from relaympi.batched.relay import BatchedRelaySum
 from relaympi.comm import DropPolicy
 from relaympi.comm.base import checked_nodes
 from relaympi.comm.tree_allreduce import stage_order, tree_bytes
+from relaympi.topology import Topology
 
 # columns of X per float64 product in mix: bounds its temporaries to 2 x N x MIX_COLUMNS float64s
 MIX_COLUMNS = 1 << 18
@@ -104,7 +105,9 @@ class BatchedMixer:
 class _Deferred:
     """A batched mix or mean, run whole at finish(): the batched engine has no wire to overlap."""
 
-    def __init__(self, run, X: torch.Tensor, lo: int, hi: int):
+    def __init__(
+        self, run: Callable[[torch.Tensor], object], X: torch.Tensor, lo: int, hi: int
+    ) -> None:
         if (lo, hi) != (0, X.shape[-1]):
             raise ValueError(
                 f"the batched engine steps whole models: got the range [{lo}, {hi}) of "
@@ -161,7 +164,11 @@ class BatchedMixers:
         return _Deferred(counted_mean, X, 0, X.shape[-1])
 
     def relays(
-        self, topology, like: torch.Tensor, in_place: bool = False, chunk: int | None = None
+        self,
+        topology: Topology,
+        like: torch.Tensor,
+        in_place: bool = False,
+        chunk: int | None = None,
     ) -> BatchedRelaySum:
         """RelaySum for X [N, d]. ``in_place`` and ``chunk`` shape message passing's buffers and do
         not

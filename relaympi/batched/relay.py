@@ -57,13 +57,11 @@ class _Tree:
     relays: torch.Tensor  # the workers of degree >= 2, by degree (descending): total's rows
     parities: tuple[_Parity, _Parity] | None  # None: one worker, no edge
     parity: int
-    messages: (
-        torch.Tensor
-    )  # [E, s]: the last message received on each edge (0 if lost), rows per parity
+    # [E, s]: the last message received on each edge (0 if lost), rows per parity
+    messages: torch.Tensor
     total: torch.Tensor  # [len(relays), s] scratch: p_i + the messages relay i received
-    counters: (
-        np.ndarray
-    )  # [E] float64 by edge id: parcels in each message (0 if lost); on the host, data-independent
+    # [E] float64 by edge id: parcels in each message (0 if lost); on the host, data-independent
+    counters: np.ndarray
 
 
 def _colours(nbrs: list[tuple[int, ...]], inner: list[bool]) -> dict[tuple[int, int], int]:
@@ -285,9 +283,8 @@ class BatchedRelaySum:
             messages[now.relay_rows].neg_()  # then + total: m_ij = total_i - m_ji, in m_ji's row
             for rows in now.slots:
                 messages.index_add_(0, rows, tree.total[: len(rows)])
-            torch.index_select(
-                parcel_k, 0, now.leaf_nodes, out=messages[now.leaf_rows]
-            )  # a leaf sends its parcel
+            # a leaf sends its parcel
+            torch.index_select(parcel_k, 0, now.leaf_nodes, out=messages[now.leaf_rows])
             lost = np.flatnonzero(~arrived)
             if len(lost):
                 messages.index_fill_(0, to_device(after.row_of[lost], None, messages.device), 0)

@@ -183,16 +183,16 @@ class Communicator(ABC):
         self.rank = rank
         self.world_size = world_size
         self.drops = drops or DropPolicy()
-        # each rank's node, numbered 0, 1, ... in the order of each node's lowest rank (None: one
-        # node)
+        # each rank's node, numbered 0, 1, ... in the order of each node's lowest rank (None:
+        # one node)
         self.nodes: tuple[int, ...] = checked_nodes(nodes, world_size)
         # bytes actually handed to the transport, per destination rank (dropped messages excluded;
         # the fixed-tree all-reduce's messages included, count_tree_sum)
         self.bytes_sent = np.zeros(world_size, dtype=np.int64)
         # the fixed-tree all-reduce's stage order: node-aware, the halves crossing nodes smallest
         self.sum_order: tuple[int, ...] = stage_order(self.nodes)
-        # requests progress() tests; None until progress() is first called (then every new one is
-        # tracked)
+        # requests progress() tests; None until progress() is first called (then every new one
+        # is tracked)
         self._in_flight: list[Request] | None = None
         # the survivors' communicator that replaced this one after a lost rank (shrink)
         self.successor: Communicator | None = None
@@ -332,7 +332,11 @@ class Communicator(ABC):
         """Count in ``bytes_sent`` the messages this rank sends in the fixed-tree all-reduce of
         ``buf`` (relaympi.comm.tree_allreduce, which MPICommunicator.iallreduce_sum runs and counts
         as it posts them): a backend that sums otherwise (in memory) reports the bytes message
-        passing sends. bfloat16/float16 travel as float32, as the MPI backend sums them."""
+        passing sends. bfloat16/float16 travel as float32, as the MPI backend sums them.
+
+        Args:
+            buf: the buffer being summed (its shape and dtype set the message sizes).
+        """
         numel = int(np.prod(tuple(buf.shape), dtype=np.int64))
         itemsize = 4 if buffers.is_half(buf) else buffers.nbytes(buf) // max(numel, 1)
         for dest, count in tree_sends(self.rank, self.world_size, numel, self.sum_order):
@@ -433,7 +437,11 @@ class Communicator(ABC):
         return False
 
     def progressing(self) -> AbstractContextManager[None]:
-        """A block (backward under --overlap) during which the progress thread, if started, runs."""
+        """A block (backward under --overlap) during which the progress thread, if started, runs.
+
+        Returns:
+            A context manager (a no-op where no progress thread runs).
+        """
         return nullcontext()
 
     def progress(self) -> None:
@@ -457,11 +465,15 @@ class Communicator(ABC):
         raise CommError(f"the {self.backend} backend cannot survive a lost rank")
 
     def shrink(self) -> tuple[Communicator, tuple[int, ...]]:
-        """After PeerLost: collective over the survivors. The communicator of the survivors (ranks
-        renumbered in their old order, nodes kept) and the old ranks that were lost.
+        """After PeerLost: collective over the survivors.
+
+        Returns:
+            The communicator of the survivors (ranks renumbered in their old order, nodes kept) and
+            the old ranks that were lost.
 
         Raises:
             PeerLost: another rank was lost while shrinking (shrink again).
+            CommError: this backend cannot survive a lost rank.
         """
         raise CommError(f"the {self.backend} backend cannot survive a lost rank")
 
@@ -479,8 +491,11 @@ class Communicator(ABC):
         """
 
     def inter_node_bytes(self) -> int:
-        """The bytes this rank sent so far to ranks on other nodes (``bytes_sent`` by
-        destination)."""
+        """The bytes this rank sent so far to ranks on other nodes.
+
+        Returns:
+            The sum of ``bytes_sent`` over destinations on another node than this rank's.
+        """
         other = np.asarray(self.nodes) != self.node
         return int(self.bytes_sent[other].sum())
 

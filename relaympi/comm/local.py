@@ -385,8 +385,7 @@ def run_local(
             t.join()
     if errors:
         real = [e for e in errors if not isinstance(e[1], WorldAborted)] or errors
-        rank, exc = min(
-            real, key=lambda e: e[0]
-        )  # the lowest rank's: rank 0 says why the others refused
+        # the lowest rank's: rank 0 says why the others refused
+        rank, exc = min(real, key=lambda e: e[0])
         raise exc
     return results

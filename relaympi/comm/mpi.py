@@ -173,9 +173,8 @@ class _TreeSumRequest(Request):
         polls = 0
         while not self.test():
             if self._comm._failure_req is None and self._pending is not None:
-                MPI.Request.Waitall(
-                    self._pending
-                )  # no failure channel to watch: block on this stage
+                # no failure channel to watch: block on this stage
+                MPI.Request.Waitall(self._pending)
                 continue
             self._comm._check_failures()
             polls += 1
@@ -217,8 +216,8 @@ class MPICommunicator(Communicator):
         # failure channel: any rank may tell rank 0 it failed; rank 0 checks it while it waits
         self._failures = (comm or MPI.COMM_WORLD).Dup()
         self._failure_buf = bytearray(_FAILURE_BYTES)
-        # nonblocking all-reduces (iallreduce_sum): their own communicator, a tag range each, in
-        # flight
+        # nonblocking all-reduces (iallreduce_sum): their own communicator, a tag range each,
+        # in flight
         self._sum_comm = (comm or MPI.COMM_WORLD).Dup()
         tag_ub = self._sum_comm.Get_attr(MPI.TAG_UB)
         assert tag_ub is not None  # every MPI defines TAG_UB
@@ -231,8 +230,7 @@ class MPICommunicator(Communicator):
             else None
         )
         # the progress thread's own communicator, made here with every rank (a Dup later, when one
-        # rank
-        # failed its set-up and waits in another collective, would leave the others waiting)
+        # rank failed its set-up and waits in another collective, would leave the others waiting)
         self._progress_comm = (comm or MPI.COMM_WORLD).Dup()
         self._progress_thread: ProgressThread | None = None
         self.survives = False  # survive_losses(): an MPI error raises PeerLost (ULFM)
@@ -327,14 +325,12 @@ class MPICommunicator(Communicator):
         buffers.check_transferable(buf, "send buffer")
         if buffers.is_device(buf):
             if self.cuda_aware:
-                buffers.synchronize_stream(
-                    buf
-                )  # MPI reads device memory outside the stream's order
+                # MPI reads device memory outside the stream's order
+                buffers.synchronize_stream(buf)
                 return self._device_spec(buf)
             host = self._staging.host_buffer(buf, slot)
-            buffers.copy_into(
-                host, buf
-            )  # blocking copy: the host copy is complete before MPI reads it
+            # blocking copy: the host copy is complete before MPI reads it
+            buffers.copy_into(host, buf)
             return buffers.host_view(host)
         return buffers.host_view(buf)
 
@@ -453,8 +449,8 @@ class MPICommunicator(Communicator):
     def allreduce_sum(self, buf: Any) -> None:
         buffers.check_transferable(buf, "allreduce buffer")
         if buffers.is_half(buf):
-            # bfloat16 would travel as MPI_BYTE and be summed bytewise (or refused): reduce in
-            # float32
+            # bfloat16 would travel as MPI_BYTE and be summed bytewise (or refused): reduce
+            # in float32
             wide = buf.float() if buffers.array_kind(buf) == "torch" else buf.astype(np.float32)
             self.allreduce_sum(wide)
             buffers.copy_into(
@@ -633,8 +629,6 @@ def fault_tolerance_missing() -> str | None:
         None, or one line naming the library (``"MPICH 5.0.2 cannot survive ..."``) and the
         commands that give a job that can.
     """
-    import os  # here, not at the top: this function is the only user
-
     name, version = MPI.get_vendor()
     library = f"{name} {'.'.join(map(str, version))}"
     if name != "Open MPI":

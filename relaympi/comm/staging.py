@@ -65,9 +65,8 @@ class DeviceStaging:
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             dst.copy_(src, non_blocking=True)
-        (src if src.is_cuda else dst).record_stream(
-            stream
-        )  # the allocator keeps the device tensor for the copy
+        # the allocator keeps the device tensor for the copy
+        (src if src.is_cuda else dst).record_stream(stream)
         copied = torch.cuda.Event()
         copied.record(stream)
         return copied

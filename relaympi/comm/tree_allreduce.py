@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-# tags per nonblocking all-reduce on its own communicator: one per stage (a fold, log2 n halvings,
-# log2 n doublings, an unfold), so stages and all-reduces in flight can never match each other's
-# messages
+# tags per nonblocking all-reduce on its own communicator: one per stage (a fold, log2 n
+# halvings, log2 n doublings, an unfold), so stages and all-reduces in flight can never match
+# each other's messages
 SUM_STAGES = 64
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -16,19 +17,25 @@ from relaympi.config.flags import ConfigError, Flag, plain, text
 from relaympi.config.run_config import RUN_FILE_ONLY_KEYS, RunConfig
 from relaympi.config.validation import validate
 from relaympi.entrypoint import UsageParser
+from relaympi.launcher import launch
 from relaympi.topology import TOPOLOGY_NAMES
 
 # --config: not a RunConfig field (a file of them)
 CONFIG = Flag(
     "JSON file of saved flags (as written in a run file's `config`), or a run file (.h5) to rerun "
-    "or vary (its `config`, less its `--out`, `--checkpoint-dir` and `--overwrite`); flags given "
-    "on the command line win",
+    "or vary (its `config`, less its `--overwrite` and every path it names, which a warning "
+    "lists); flags given on the command line win",
     type=Path,
     metavar="FILE",
 )
 # what a run file's config records of where that run's own files went: a rerun from the file
 # chooses its own (a completed run is not replaced, a checkpoint belongs to its run file)
 RUN_FILE_OWN_KEYS = ("out", "checkpoint_dir", "overwrite")
+# a run file may come from anyone: the files its config names (to write, like --save-problem, or
+# to read) are its author's choice, so a rerun from it takes none of them; the command line gives
+# its own. Every path-valued flag, and a topology read from an edge-list file.
+RUN_FILE_PATH_KEYS = tuple(f.name for f, flag in run_config.FLAGS if flag.type is Path)
+EDGE_LIST_PREFIX = "edge-list:"
 
 
 def _title(group: str) -> str:
@@ -166,7 +173,9 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     given = {k: v for k, v in vars(args).items() if v is not None and k != "config"}
     base: dict[str, Any] = {}
     if args.config is not None:
-        base = checked_values(read_config(Path(args.config)), f"--config {args.config}")
+        values, dropped = _read_config(Path(args.config))
+        base = checked_values(values, f"--config {args.config}")
+        _warn_dropped(args.config, {k: v for k, v in dropped.items() if k not in given})
     for key in RUN_FILE_ONLY_KEYS:  # a run file's config records these derived values too
         base.pop(key, None)
     if "steps" in given or "epochs" in given:  # a length on the command line replaces the file's
@@ -184,7 +193,19 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
 
 def read_config(path: Path) -> dict[str, Any]:
     """The flags --config FILE holds: a JSON object, or a run file's `config` attribute (less
-    RUN_FILE_OWN_KEYS). ConfigError for anything else."""
+    RUN_FILE_OWN_KEYS and the paths it names, RUN_FILE_PATH_KEYS). ConfigError for anything else.
+
+    Args:
+        path: the JSON file or run file.
+
+    Returns:
+        Flag name -> value, as the file holds them (types not checked yet).
+    """
+    return _read_config(path)[0]
+
+
+def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(read_config's flags, the paths a run file named that were dropped: key -> its value)."""
     from relaympi.results.schema import HDF5_SIGNATURE
 
     try:
@@ -209,7 +230,30 @@ def read_config(path: Path) -> dict[str, Any]:
         raise ConfigError(f"--config {path}: cannot read a JSON object: {exc}") from exc
     if not isinstance(values, dict):
         raise ConfigError(f"--config {path} must hold a JSON object of flags")
-    return {key: value for key, value in values.items() if key not in own}
+    values = {key: value for key, value in values.items() if key not in own}
+    dropped: dict[str, Any] = {}
+    if own:  # a run file: its own files were left out above, the other paths it names go here
+        for key in RUN_FILE_PATH_KEYS:
+            if values.get(key) is not None:
+                dropped[key] = values.pop(key)
+        topology = values.get("topology")
+        if isinstance(topology, str) and EDGE_LIST_PREFIX in topology:
+            dropped["topology"] = values.pop("topology")
+    return values, dropped
+
+
+def _warn_dropped(config: Path, dropped: dict[str, Any]) -> None:
+    """One warning line (rank 0) naming each path a run file's config held and the rerun dropped;
+    the values are quoted as JSON, so a planted one cannot add lines or terminal escapes."""
+    if not dropped or launch().rank != 0:
+        return
+    flags = {f.name: flag for f, flag in run_config.FLAGS}
+    named = ", ".join(f"{flags[k].option_string(k)} {json.dumps(v)}" for k, v in dropped.items())
+    print(
+        f"warning: --config {json.dumps(str(config))}: the run file's paths are not taken (a run "
+        f"file names files of its author's choosing; give them on the command line): {named}",
+        file=sys.stderr,
+    )
 
 
 def _run_file_config(path: Path) -> str:

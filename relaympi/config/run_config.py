@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relaympi.algorithms.registry import DECLARED, MESSAGES, Communication
 from relaympi.config import help_text
 from relaympi.config.flags import Applies, ConfigError, Flag, flag_field
 from relaympi.launcher import cuda_overlap_mode
@@ -48,16 +50,22 @@ _GENERATED = Applies(
     identity=False,
 )
 _QUADRATICS_FLAGS = "quadratics (`--task quadratics` only; refused for other tasks)"
-# where ranks sit changes the numbers through the topology: not all-reduce's (a collective; never
-# refused: scripts pass it to every algorithm)
-_PLACED = Applies(lambda c: c.get("algo") != "allreduce", refuse=False)
-# a collective: no message is ever dropped
+
+
+def _communication(c: Mapping[str, Any]) -> Communication:
+    """How the run's algorithm communicates, as it declares (relaympi.algorithms.registry); an
+    unknown name (refused elsewhere) as most do, by messages."""
+    algo = c.get("algo")
+    return DECLARED[algo].communication if isinstance(algo, str) and algo in DECLARED else MESSAGES
+
+
+# where ranks sit changes the numbers of an algorithm that mixes over the topology's edges; never
+# refused: scripts pass it to every algorithm
+_PLACED = Applies(lambda c: _communication(c).placed, refuse=False)
+# only point-to-point messages are simulated as lossy
 _DROPPABLE = Applies(
-    lambda c: c.get("algo") != "allreduce",
-    lambda c: (
-        "allreduce communicates by a collective, which is not simulated as "
-        "lossy (nothing would be dropped)"
-    ),
+    lambda c: _communication(c).lossy,
+    lambda c: f"{c.get('algo')} {_communication(c).what} (nothing would be dropped)",
 )
 _NOT_BATCHED = "message passing, not `--backend batched`"
 _BATCHED_OVERLAP = Applies(  # the batched engine: --overlap refused (--no-overlap is what it does)
@@ -656,7 +664,11 @@ class RunConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field as JSON-able values (paths as strings, tuples as lists)."""
+        """Every field as JSON-able values (paths as strings, tuples as lists).
+
+        Returns:
+            Field name -> value, in field order.
+        """
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -685,14 +697,7 @@ class RunConfig:
         if unknown:
             raise ConfigError(f"unknown config keys {unknown}; allowed: {sorted(names)}")
         kwargs = dict(data)
-        for key in (
-            "out",
-            "checkpoint_dir",
-            "data_dir",
-            "model_dir",
-            "problem_file",
-            "save_problem",
-        ):
+        for key in (f.name for f, flag in FLAGS if flag.type is Path):
             if kwargs.get(key) is not None:
                 kwargs[key] = Path(kwargs[key])
         if kwargs.get("milestones") is not None:

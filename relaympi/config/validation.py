@@ -142,18 +142,7 @@ def validate(cfg: RunConfig) -> None:
         if value is not None and value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if cfg.out is not None:
-        parent = Path(cfg.out).resolve().parent
-        if not parent.is_dir():
-            raise ConfigError(
-                f"output directory {parent} does not exist (for --out {cfg.out}); create it first"
-            )
-        if not os.access(parent, os.W_OK):
-            raise ConfigError(f"output directory {parent} is not writable (for --out {cfg.out})")
-        if Path(cfg.out).is_dir():
-            raise ConfigError(
-                f"--out {cfg.out} is a directory; give a file path such as "
-                f"{Path(cfg.out) / 'run.h5'}"
-            )
+        check_out_path(cfg.out)
     if cfg.checkpoint_dir is not None:
         _check_writable_dir("--checkpoint-dir", Path(cfg.checkpoint_dir))
     if cfg.data_dir is not None and not Path(cfg.data_dir).is_dir():
@@ -181,6 +170,35 @@ def validate(cfg: RunConfig) -> None:
         )
     if cfg.threads is not None and cfg.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {cfg.threads}")
+
+
+def check_out_path(out: str | Path) -> None:
+    """Refuse (ConfigError) an --out that cannot become a run file: its folder missing or not
+    writable, a folder itself, or a name without .h5. Torch-free, as this module's top: the
+    trainer calls it before it loads torch.
+
+    Args:
+        out: --out as given.
+
+    Raises:
+        ConfigError: the one line that says what is wrong and what to give instead.
+    """
+    parent = Path(out).resolve().parent
+    if not parent.is_dir():
+        raise ConfigError(
+            f"output directory {parent} does not exist (for --out {out}); create it first"
+        )
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(f"output directory {parent} is not writable (for --out {out})")
+    if Path(out).is_dir():
+        raise ConfigError(
+            f"--out {out} is a directory; give a file path such as {Path(out) / 'run.h5'}"
+        )
+    if Path(out).suffix != ".h5":  # the report and the sweeps find run files as *.h5
+        raise ConfigError(
+            f"--out {out} must end in .h5 (a run file is HDF5, and the report reads "
+            f"*.h5 files), such as {Path(out).with_suffix('.h5')}"
+        )
 
 
 def _flag(name: str) -> str:

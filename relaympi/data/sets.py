@@ -376,9 +376,8 @@ def _is_connection_error(exc: Exception) -> bool:
 
     if isinstance(exc, (OSError, LocalEntryNotFoundError, OfflineModeIsEnabled)):
         return True
-    return type(exc).__module__.startswith(
-        ("httpx", "httpcore", "requests", "urllib3")
-    )  # httpx2 too
+    # httpx2 too
+    return type(exc).__module__.startswith(("httpx", "httpcore", "requests", "urllib3"))
 
 
 class ImageNet(DataSet):

@@ -132,9 +132,8 @@ class MessagePassingRank(TrainingLoop):
             self.checkpoints.heal(self.rank, comm.barrier, self.members)
             self.evaluator.members = self.members
         # --overlap: each bucket's step starts from backward's hooks; the step's timers then split
-        # into
-        # backward with the work started inside it (compute) and the exposed rest (comm:
-        # finish_step)
+        # into backward with the work started inside it (compute) and the exposed rest
+        # (comm: finish_step)
         self.buckets = (
             GradientBuckets(
                 self.workload.grad,
@@ -146,8 +145,8 @@ class MessagePassingRank(TrainingLoop):
             if cfg.overlap
             else None
         )
-        # and a thread that runs MPI's progress engine during backward, between the hooks
-        # (docs/overlap.md)
+        # and a thread that runs MPI's progress engine during backward, between the
+        # hooks (docs/overlap.md)
         if (
             self.buckets is not None
             and cfg.progress_thread

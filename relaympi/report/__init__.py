@@ -1,15 +1,16 @@
 """The paper's tables (and plots) from a set of run files: `python -m relaympi.report results/`.
 
-    python -m relaympi.report [DIR_OR_FILE ...] [--format text|markdown|csv|latex] [--out OUTDIR]
+    python -m relaympi.report [DIR_OR_FILE ...] [--format FORMAT] [--out OUTDIR]
 
-Reads every *.h5 under the given directories (recursively) through relaympi.results and
-prints the accuracy, scaling, robustness, learning-rate and quadratics tables that the runs
-allow, then the cost tables (per accuracy-table family and hardware: time and bytes per step,
-samples/s, wall time to a target accuracy; see relaympi/report/cost.py). Unfinished, failed or
-unreadable files are listed under "Problems" (each file is read in a worker process, given
-RELAYMPI_READ_TIMEOUT seconds, default 30: a file too damaged to read in that time is one such
-problem). Exit status: 0 with at least one finished run, 1
-when there is none, 2 on a usage error. `python -m benchmarks.report` is the same command.
+Reads every *.h5 under the given directories (recursively) through relaympi.results and prints the
+accuracy, scaling, robustness, learning-rate and quadratics tables that the runs allow, then the
+cost tables (per accuracy-table family and hardware: time and bytes per step, samples/s, wall time
+to a target accuracy; see relaympi/report/cost.py). Unfinished, failed or unreadable files are
+listed under "Problems" (each file is read in a worker process, given RELAYMPI_READ_TIMEOUT
+seconds, default 30: a file too damaged to read in that time is one such problem). FORMAT: text
+(default), markdown, csv, latex, or html (the page --out writes). Exit status: 0 with at least one
+finished run, 1 when there is none, 2 on a usage error (a path that is missing or holds no run file
+is one). `python -m benchmarks.report` is the same command.
 
 Modules, from the run files up: summary (one run file as a RunSummary, the report's settings),
 cells (the seeds of one configuration and the rows of a table), tables (the paper's tables),

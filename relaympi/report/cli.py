@@ -3,8 +3,10 @@ them with --out). Usage in the package docstring (relaympi/report/__init__.py)."
 
 from __future__ import annotations
 
-import argparse
+import errno
+import os
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -12,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from relaympi.config import run_file_config_keys
+from relaympi.entrypoint import UsageParser
 from relaympi.report.cells import RowLabels
 from relaympi.report.cost import TARGET_FRACTION, cost_tables
 from relaympi.report.format import (
@@ -22,7 +25,7 @@ from relaympi.report.format import (
     render_problems,
     table_csv,
 )
-from relaympi.report.html import write_page
+from relaympi.report.html import PAGE_NAME, write_page
 from relaympi.report.summary import (
     DATASETS,
     ReportSettings,
@@ -32,22 +35,52 @@ from relaympi.report.summary import (
 )
 from relaympi.report.tables import Table, all_tables, untabulated
 from relaympi.results import Run, RunFileError
-from relaympi.results.bounded import read_runs, read_timeout
+from relaympi.results.bounded import read_memory, read_runs, read_timeout
+from relaympi.results.text import console, one_line
 
 PROG = "python -m relaympi.report"
 
 
 def find_run_files(paths: Iterable[Path]) -> list[Path]:
+    """The run files (*.h5) of ``paths``: a file as given, a folder searched to any depth.
+
+    The search keeps its own list of folders to visit, not the call stack (Path.rglob recursed
+    once per level: 1,000 nested folders ended it with a RecursionError). A folder reached
+    through a symbolic link is not entered (no loops); a folder that cannot be listed is skipped,
+    with one warning line where its path is too long to open.
+
+    Args:
+        paths: files and folders, as given on the command line.
+
+    Returns:
+        The run files found, sorted.
+    """
     files: set[Path] = set()
     for path in paths:
         if path.is_file():
             files.add(path)
-        else:
-            files.update(p for p in path.rglob("*.h5") if p.is_file())
+            continue
+        folders = [path]
+        while folders:
+            folder = folders.pop()
+            try:
+                with os.scandir(folder) as entries:
+                    for entry in entries:
+                        if entry.is_dir(follow_symlinks=False):
+                            folders.append(Path(entry.path))
+                        elif entry.name.endswith(".h5") and entry.is_file():
+                            files.add(Path(entry.path))
+            except OSError as error:
+                if error.errno == errno.ENAMETOOLONG:
+                    print(
+                        f"warning: {one_line(str(folder)[:80])}...: path too long to search; "
+                        "skipped",
+                        file=sys.stderr,
+                    )
     return sorted(files)
 
 
-def _unfinished_reason(run) -> str:
+def _unfinished_reason(run: Run) -> str:
     steps = run.data.get("step")
     epochs = run.data.get("epoch")
     where = ""
@@ -174,8 +207,36 @@ def placement_summary(runs: Sequence[RunSummary]) -> str:
     )
 
 
-def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def html_report(
+    tables: Sequence[Table],
+    problems: Sequence[Problem],
+    summary: str,
+    out_dir: Path | None,
+    plots: bool,
+) -> str:
+    """The report's HTML page, as --out writes it: read back from ``out_dir`` once written there,
+    else written with the rest of --out's files into a temporary directory (its plots are inlined,
+    so the page needs none of them afterwards).
+
+    Args:
+        tables: the report's tables.
+        problems: the files left out, with their reasons.
+        summary: the report's first line.
+        out_dir: --out's directory, where write_outputs already wrote the page; None: nowhere.
+        plots: whether the page shows the tables' plots.
+
+    Returns:
+        The page's HTML text.
+    """
+    if out_dir is not None:
+        return (out_dir / PAGE_NAME).read_text(encoding="utf-8")
+    with tempfile.TemporaryDirectory(prefix="relaympi-report-") as tmp:
+        write_outputs(tables, problems, Path(tmp), plots=plots, summary=summary)
+        return (Path(tmp) / PAGE_NAME).read_text(encoding="utf-8")
+
+
+def _parser(prog: str) -> UsageParser:
+    parser = UsageParser(
         prog=prog,
         description="Print the paper's tables from relaympi run files "
         "(*.h5, searched recursively).",
@@ -188,7 +249,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="directories (searched recursively) or run files; default: results",
     )
     parser.add_argument(
-        "--format", choices=FORMATS, default="text", help="output format (default: text)"
+        "--format",
+        choices=(*FORMATS, "html"),
+        default="text",
+        help="output format (default: text); html: the page --out writes as OUTDIR/index.html",
     )
     parser.add_argument(
         "--out",
@@ -198,7 +262,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "self-contained HTML page (OUTDIR/index.html), into OUTDIR",
     )
     parser.add_argument(
-        "--no-plots", action="store_true", help="with --out: skip the PNG plots (and the page's)"
+        "--no-plots",
+        action="store_true",
+        help="with --out or --format html: skip the PNG plots (and the page's)",
     )
     parser.add_argument(
         "--target",
@@ -251,6 +317,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         parser.error(f"--target-accuracy must be in (0, 1], got {args.target_accuracy:g}")
     try:
         read_timeout()
+        read_memory()
     except ValueError as error:
         parser.error(str(error))
     if not args.last_epochs > 0:
@@ -276,9 +343,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     )
 
     files = find_run_files(paths)
-    if not files:
-        print(f"error: no run files (*.h5) under {', '.join(map(str, paths))}", file=sys.stderr)
-        return 1
+    if not files:  # as a missing path: nothing to report on, so the paths are the mistake
+        parser.error(f"no run files (*.h5) under {', '.join(map(str, paths))}")
     runs, cost_runs, problems = load_all(files, settings)
     diverged = sum(r.status == "diverged" for r in runs)
     labels = RowLabels([*runs, *cost_runs])  # one label per row, in every table and plot
@@ -292,7 +358,9 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         + placement_summary(runs)
     )
     problems += left_out
-    sys.stdout.write(render(tables, problems, args.format, summary))
+    if args.format != "html":
+        # run files' strings reach the terminal only as text (no escape sequence of theirs runs)
+        sys.stdout.write(console(render(tables, problems, args.format, summary)))
     if args.out is not None:
         try:
             written = write_outputs(
@@ -301,6 +369,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         except OSError as error:
             parser.error(f"--out {args.out}: cannot write there ({error})")
         print(f"wrote {len(written)} file(s) to {args.out}", file=sys.stderr)
+    if args.format == "html":
+        sys.stdout.write(html_report(tables, problems, summary, args.out, not args.no_plots))
     if not runs:
         print(
             f"error: none of the {len(files)} run file(s) holds a finished (completed or "

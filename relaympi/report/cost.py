@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from relaympi.algorithms.registry import COLLECTIVE, DECLARED
 from relaympi.costs import TIMERS, StepCosts, hardware_label, median, time_to_accuracy
 from relaympi.report.cells import RowLabels
 from relaympi.report.summary import ReportSettings, RunSummary
@@ -108,7 +109,7 @@ def _fmt(value: float, spec: str) -> str:
 
 # algorithms whose communication is a collective: run files written before its messages were
 # counted (those without inter_node_bytes_sent) record 0 bytes_sent for it
-COLLECTIVE_ALGOS = ("allreduce",)
+COLLECTIVE_ALGOS = tuple(name for name, d in DECLARED.items() if d.communication == COLLECTIVE)
 COLLECTIVE_NOTE = (
     "All-reduce's bytes columns are empty for run files written before its messages were counted "
     "(no inter_node_bytes_sent): they record 0 bytes for the collective (its fixed tree sends "

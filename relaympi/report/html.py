@@ -23,17 +23,21 @@ PAGE_TITLE = "relaympi report"
 _POLICY = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 _STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2rem auto;
-       max-width: 70rem; padding: 0 1rem; color: #1b1b1b; line-height: 1.4; }
+       max-width: 84rem; padding: 0 1rem; color: #1b1b1b; line-height: 1.4; }
 h1 { font-size: 1.6rem; margin-bottom: 0.2rem; }
 h2 { font-size: 1.2rem; margin-top: 2.5rem; border-bottom: 1px solid #ccc; }
 .summary { color: #444; }
 nav ol { columns: 2; font-size: 0.9rem; }
 table { border-collapse: collapse; margin: 0.8rem 0; font-size: 0.9rem; }
-.scroll { overflow-x: auto; }  /* a wide table scrolls on its own, not the page */
+/* a table wider than the window scrolls on its own, not the page, and keeps its first column (the
+   row's algorithm) in place, so every cell stays next to the row it belongs to */
+.scroll { overflow-x: auto; }
 th, td { border: 1px solid #ccc; padding: 0.25rem 0.6rem; text-align: left; vertical-align: top;
-         white-space: nowrap; }
+         white-space: nowrap; background: #fff; }
 th { background: #f2f2f2; }
-tbody tr:nth-child(even) { background: #fafafa; }
+tbody tr:nth-child(even) td { background: #fafafa; }
+.scroll th:first-child, .scroll td:first-child { position: sticky; left: 0;
+                                                 box-shadow: inset -1px 0 #999; }
 td.diverged { color: #888; }
 .caption { font-size: 0.85rem; color: #333; max-width: 60rem; }
 .notes { font-size: 0.85rem; color: #8a4b00; }

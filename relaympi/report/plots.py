@@ -6,14 +6,21 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from relaympi.report.summary import Curve
 from relaympi.report.tables import Table
 
+if TYPE_CHECKING:  # matplotlib loads only when a plot is drawn
+    from matplotlib.axis import Axis
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter
 
-def _pyplot():
+
+def _pyplot() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -83,11 +90,25 @@ _TITLE_PT, _CAPTION_PT, _LEGEND_PT = 9, 7, 7
 _CHARS_PER_INCH = {9: 12.5, 7: 16.0}  # DejaVu Sans, a little under its average, so lines fit
 
 
+def literal(text: str) -> str:
+    """``text`` as matplotlib shows it literally: each ``$`` escaped, so that a pair of them (in a
+    label from a run file) is never parsed as mathtext, which fails on an unknown command.
+
+    Args:
+        text: a title, caption or series label.
+
+    Returns:
+        The text with every ``$`` written ``\\$``.
+    """
+    return text.replace("$", "\\$")
+
+
 def _wrap(text: str, points: int, width: float) -> str:
-    return "\n".join(textwrap.wrap(text, int(_CHARS_PER_INCH[points] * (width - 0.4))))
+    return "\n".join(textwrap.wrap(literal(text), int(_CHARS_PER_INCH[points] * (width - 0.4))))
 
 
-def _figure(title: str, caption: str, width: float = _WIDTH):
+# Any: matplotlib's stubs refuse the options passed here as dicts (**style, **options)
+def _figure(title: str, caption: str, width: float = _WIDTH) -> tuple[Any, Any]:
     """A figure with one axes, the title on top and the caption (what lines and bands are) under
     it, each wrapped to the figure's width; _legend puts the legend under the axes (constrained
     layout keeps them all apart)."""
@@ -100,7 +121,7 @@ def _figure(title: str, caption: str, width: float = _WIDTH):
     return fig, ax
 
 
-def _legend(fig, ax) -> None:
+def _legend(fig: Any, ax: Any) -> None:
     """The legend under the axes, outside them: it covers neither data, title nor caption. As
     many columns as the longest entry allows, and the figure made taller by the legend's height,
     so that long or many entries never shrink the axes."""
@@ -118,13 +139,13 @@ def _legend(fig, ax) -> None:
     fig.set_figheight(fig.get_figheight() + height + 0.2)
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig: Figure, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     _pyplot().close(fig)
     return path
 
 
-def curves_figure(title: str, by_label: dict[str, list[Curve]]):
+def curves_figure(title: str, by_label: dict[str, list[Curve]]) -> Figure:
     """Test accuracy over epochs, one line and band per series (see CURVES_CAPTION), and a dotted
     vertical line at each membership change of a series' runs (CHANGES_CAPTION)."""
     changed = any(c.changes for curves in by_label.values() for c in curves)
@@ -135,7 +156,7 @@ def curves_figure(title: str, by_label: dict[str, list[Curve]]):
         ax.plot(
             curve.epoch,
             100 * curve.mean,
-            label=label,
+            label=literal(label),
             markersize=4,
             markevery=max(1, len(curve.epoch) // 8),
             **style,
@@ -166,12 +187,11 @@ def _mean_time_curve(seeds: Sequence[tuple[np.ndarray, Curve]]) -> tuple[np.ndar
     return np.mean([t for t, _ in same], axis=0), np.mean([c.worst for _, c in same], axis=0)
 
 
-def time_figure(table: Table):
+def time_figure(table: Table) -> Figure:
     """Worst-worker test accuracy over wall-clock time, one line per cost-table row
     (TIME_CAPTION)."""
-    family, _, hardware = table.title.partition(
-        " -- "
-    )  # the hardware goes in the caption: it is long
+    # the hardware goes in the caption: it is long
+    family, _, hardware = table.title.partition(" -- ")
     fig, ax = _figure(
         family,
         f"{hardware}. {TIME_CAPTION[0].upper()}{TIME_CAPTION[1:]}" if hardware else TIME_CAPTION,
@@ -183,7 +203,7 @@ def time_figure(table: Table):
         ax.plot(
             seconds,
             100 * worst,
-            label=label,
+            label=literal(label),
             markersize=4,
             markevery=max(1, len(seconds) // 8),
             **series_style(index),
@@ -235,7 +255,7 @@ def series_figure(
     logx: bool,
     logy: bool = False,
     percent: bool = True,
-):
+) -> Figure | None:
     """One line per table row (algorithm, settings and topology) over the columns, min-max error
     bars (see SERIES_CAPTION); None when fewer than two column values have points."""
     series = {label: points for label, points in table.series.items() if points}
@@ -253,7 +273,7 @@ def series_figure(
             mean,
             yerr=[mean - low, high - mean],
             capsize=3,
-            label=label,
+            label=literal(label),
             **series_style(index),
         )
     if logx:
@@ -299,13 +319,13 @@ def _tick(x: float) -> str:
     return "inf" if not np.isfinite(x) else f"{x:g}"
 
 
-def _null_formatter():
+def _null_formatter() -> NullFormatter:
     from matplotlib.ticker import NullFormatter
 
     return NullFormatter()
 
 
-def _plain_log_ticks(axis) -> None:
+def _plain_log_ticks(axis: Axis) -> None:
     """Ticks labelled plainly (20, not 2x10^1), at 1, 2 and 5 times the powers of ten; at nice
     round numbers where the data span less than a decade (so some tick is always labelled)."""
     from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -13,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from relaympi.algorithms.registry import DECLARED
 from relaympi.config import experiment_settings
-from relaympi.costs import COST_DATASETS, StepCosts, hardware, step_costs
+from relaympi.costs import COST_DATASETS, StepCosts, hardware, member_step_costs
 from relaympi.results import (
     PROBLEM_DIGEST_ATTR,
     Run,
@@ -23,17 +23,11 @@ from relaympi.results import (
     unstable_loss,
     workers_at_chance,
 )
+from relaympi.results.schema import QUADRATICS_CONVENTION_ATTR
+from relaympi.tasks.quadratics import CONVENTION
 
-ALGO_NAMES = {
-    "allreduce": "All-reduce",
-    "relay": "RelaySGD",
-    "relay-grad": "RelaySGD/Grad",
-    "dpsgd": "D-PSGD",
-    "qgm": "D-PSGD + quasi-global momentum",
-    "d2": "D2",
-    "gt": "Gradient tracking",
-    "sgp": "SGP",
-}
+# each algorithm's label, in the registry's order (its declaration)
+ALGO_NAMES = {name: declared.label for name, declared in DECLARED.items()}
 ALGO_ORDER = {name: i for i, name in enumerate(ALGO_NAMES)}
 # The paper's reported metric per task (appendix "Detailed experimental setup").
 TASK_METRICS = {
@@ -48,8 +42,8 @@ METRIC_TEXT = {
     "mean": "the mean over workers of each worker's mean test accuracy over the last {w:g} epochs",
 }
 QUADRATIC_TASKS = ("quadratics", "quadratic")
-# Quadratics problem constants (paper appendix "Random quadratics"): each setting gets its own
-# table.
+# Quadratics problem constants (paper appendix "Random quadratics"): each setting gets its
+# own table.
 QUADRATIC_KEYS = ("dim", "mu", "L", "zeta2", "sigma2", "r0")
 # A run on a problem file records only these of them (the file's); the others make a problem
 QUADRATIC_FILE_KEYS = ("dim", "sigma2")
@@ -283,37 +277,6 @@ def steps_to_target(step: np.ndarray, suboptimality: np.ndarray, target: float) 
     return int(step[reached[0]]) if len(reached) else None
 
 
-def _columns(values: np.ndarray | None, workers: list[int]) -> np.ndarray | None:
-    return None if values is None else np.asarray(values)[workers]
-
-
-def _since_readmitted(
-    per_step: np.ndarray | None,
-    data: Mapping[str, np.ndarray],
-    name: str,
-    back: Mapping[int, int],
-) -> np.ndarray | None:
-    """``per_step`` (bytes per step per worker over the run) with each re-admitted worker's entry
-    over its rows since its latest re-admission instead: its counter started again at 0 there."""
-    if per_step is None or not back or name not in data:
-        return per_step
-    per_step = np.array(per_step, dtype=float)
-    step = np.asarray(data["step"], dtype=float)
-    values = np.asarray(data[name], dtype=float).reshape(len(step), -1)
-    for worker, at in back.items():
-        rows = np.flatnonzero(step >= at)
-        if worker >= len(per_step):
-            continue
-        if len(rows) < 2:  # one evaluation since: no interval to measure
-            per_step[worker] = math.nan
-            continue
-        first, last = rows[0], rows[-1]
-        per_step[worker] = (values[last, worker] - values[first, worker]) / (
-            step[last] - step[first]
-        )
-    return per_step
-
-
 def _epoch_at(data: Mapping[str, np.ndarray], step: int) -> float:
     """The epoch of ``step``, from the rows' step and epoch (interpolated between evaluations);
     NaN where the run recorded no epochs."""
@@ -357,6 +320,21 @@ def _problem_keys(
     )
 
 
+def _check_convention(run: Run) -> None:
+    """Refuse a quadratics run whose numbers are in another loss than CONVENTION's: one from
+    before the run file recorded it had f_i = 1/2 ||A_i x - b_i||^2, so its suboptimality, its
+    zeta2 and its learning rate would not compare with today's runs."""
+    convention = run.attrs.get(QUADRATICS_CONVENTION_ATTR)
+    if convention != CONVENTION:
+        stated = (
+            "none recorded: the older 1/2 ||A_i x - b_i||^2" if convention is None else convention
+        )
+        raise ValueError(
+            f"quadratics run in another loss ({str(stated)[:100]}), not {CONVENTION!r}; "
+            "rerun it with this relaympi"
+        )
+
+
 def summarize(
     run: Run,
     settings: ReportSettings,
@@ -373,6 +351,7 @@ def summarize(
     extra = tuple((key, _value_text(config.get(key))) for key in keys)
     own_keys: tuple[str, ...] = keys
     if task in QUADRATIC_TASKS:
+        _check_convention(run)
         extra = (*_problem_keys(config, digest, generated or {}), *extra)
         own_keys = (*QUADRATIC_KEYS, *keys)
         if digest is not None:  # the problem itself tells it apart, not the file's path
@@ -390,8 +369,8 @@ def summarize(
         optimizer=str(config.get("optimizer") or "sgd"),
         world_size=world_size,
         seed=None if config.get("seed") is None else int(config["seed"]),
-        # a drop probability that cannot apply (allreduce's collective drops nothing) is a reliable
-        # run
+        # a drop probability that cannot apply (allreduce's collective drops nothing) is a
+        # reliable run
         drop_prob=_float(experiment_settings(config).get("drop_prob"), 0.0) or 0.0,
         relay_mode=_relay_mode(config),
         extra=extra,
@@ -402,21 +381,7 @@ def summarize(
     )
     data = run.data
     finished = run.finished_workers if run.membership else None
-    costs = step_costs(data)
-    if costs is not None and finished is not None:  # the bytes of the workers that finished
-        back = readmitted_at(run.membership)
-        costs = dataclasses.replace(
-            costs,
-            bytes_per_step=_columns(
-                _since_readmitted(costs.bytes_per_step, data, "bytes_sent", back), finished
-            ),
-            inter_node_bytes_per_step=_columns(
-                _since_readmitted(
-                    costs.inter_node_bytes_per_step, data, "inter_node_bytes_sent", back
-                ),
-                finished,
-            ),
-        )
+    costs = member_step_costs(data, run.world_size, run.membership)
     summary["costs"] = costs
     summary["time_s"] = data.get("time_s")
     summary["batch_size"] = _int(config.get("batch_size"))

@@ -4,8 +4,8 @@ One job per module: ``schema`` (version, statuses, how attributes and rows are l
 ``errors``, ``reader`` (read_run, run_status, file_kind), ``bounded`` (the same reads in worker
 processes with a time limit, for files that may be damaged), ``writer`` (RunWriter), ``space``
 (a full disk while writing), ``membership`` (the workers a run lost and when: its membership
-changes), ``quality`` (runs at chance, unstable runs) and ``cli``
-(``python -m relaympi.results status|show``). Every name below is importable from here.
+changes), ``quality`` (runs at chance, unstable runs), ``text`` (its strings shown as data) and
+``cli`` (``python -m relaympi.results status|show``). Every name below is importable from here.
 """
 
 from relaympi.results.cli import (

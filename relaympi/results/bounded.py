@@ -1,5 +1,5 @@
-"""Reading run files with a time limit: each file is read in a worker process that is killed when
-it takes longer than the limit.
+"""Reading run files with a time and a memory limit: each file is read in a worker process that is
+killed when it takes longer than the limit, and that cannot allocate more than its memory limit.
 
 Some damaged HDF5 files send the HDF5 library into a loop that never returns (seen in its reading
 of attributes); no signal interrupts it, so the report and ``python -m relaympi.results`` read
@@ -8,6 +8,12 @@ the limit, or whose read crashes the worker, becomes a RunFileError with the rea
 remaining files are read as usual. The limit is READ_TIMEOUT_ENV's value in seconds
 (DEFAULT_READ_TIMEOUT when unset); the training reads its own files in-process (read_run,
 run_status), as before.
+
+A run file may come from anyone, and a crafted one can claim sizes that would exhaust the
+machine's memory. Each worker's address space is capped at what it held when it started plus
+READ_MEMORY_ENV's value in MiB (DEFAULT_READ_MEMORY_MIB when unset): an allocation beyond it
+fails, and the file is listed with the reason. Before that, read_run refuses a file whose datasets
+claim more than a DATA_SHARE of the limit (the reply's copy for the caller needs as much again).
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ START_GRACE = 60.0
 READY = "ready"
 # what the workers import before they fork (the forkserver's preload): the reader and HDF5
 _PRELOAD = ["relaympi.results.reader"]
+READ_MEMORY_ENV = "RELAYMPI_READ_MEMORY"
+DEFAULT_READ_MEMORY_MIB = 4096  # per worker; a healthy run file needs a few MiB
+DATA_SHARE = 4  # the datasets read may take a quarter of the limit (read, pickled, headroom)
 
 
 def read_timeout() -> float:
@@ -53,6 +62,57 @@ def read_timeout() -> float:
     return value
 
 
+def read_memory() -> int:
+    """The memory limit per file in bytes: READ_MEMORY_ENV's value in MiB, else
+    DEFAULT_READ_MEMORY_MIB.
+
+    Returns:
+        The limit in bytes.
+
+    Raises:
+        ValueError: a value that is not a number of MiB of at least 64 (one line, naming it).
+    """
+    text = os.environ.get(READ_MEMORY_ENV, "").strip()
+    if not text:
+        return DEFAULT_READ_MEMORY_MIB << 20
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 64 <= value < float("inf"):
+        raise ValueError(
+            f"{READ_MEMORY_ENV}={text!r}: expected a number of MiB per run file, at least 64"
+        )
+    return int(value * 2**20)
+
+
+def memory_reason(memory: int) -> str:
+    """Why a file whose read ran out of its memory limit is left out."""
+    return (
+        f"unreadable: reading it needed more than the memory limit of {memory / 2**20:g} MiB "
+        f"per run file ({READ_MEMORY_ENV}; a crafted file?)"
+    )
+
+
+def _limit_memory(memory: int) -> None:
+    """Cap this process's address space at its present size plus ``memory`` bytes, so that an
+    allocation beyond that fails (MemoryError) instead of exhausting the machine. Where there is
+    no /proc or RLIMIT_AS (not Linux), read_run's budget alone holds."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as statm:
+            size = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        cap = size + memory
+        for limit in (soft, hard):
+            if limit != resource.RLIM_INFINITY:
+                cap = min(cap, limit)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    except (ImportError, OSError, ValueError):
+        pass
+
+
 def timeout_reason(timeout: float) -> str:
     return f"unreadable: reading it did not finish in {timeout:g} s (corrupted?)"
 
@@ -62,11 +122,14 @@ def _crash_reason(exitcode: int | None) -> str:
     return f"unreadable: reading it crashed the reader process ({how}; corrupted?)"
 
 
-def _serve(conn: Connection, fn: Callable[..., Any]) -> None:
+def _serve(conn: Connection, fn: Callable[..., Any], memory: int | None = None) -> None:
     """A worker: call ``fn(*args)`` for each (index, args) received until None or EOF; send back
     (index, True, result) or (index, False, reason). READY first: the file's clock starts then.
-    Ctrl-C is the caller's to handle (it stops its workers), not each worker's to print."""
+    Ctrl-C is the caller's to handle (it stops its workers), not each worker's to print. With
+    ``memory``, the worker allocates at most that many bytes more than it holds at its start."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if memory is not None:
+        _limit_memory(memory)
     try:
         conn.send(READY)
     except (EOFError, OSError):
@@ -83,12 +146,16 @@ def _serve(conn: Connection, fn: Callable[..., Any]) -> None:
             reply = (index, True, fn(*args))
         except RunFileError as error:
             reply = (index, False, error.reason)
+        except MemoryError:
+            reply = (index, False, memory_reason(memory or 0))
         except Exception as error:  # noqa: BLE001 - any failure of a damaged file is its reason
             reply = (index, False, f"unreadable ({type(error).__name__}: {error})")
         try:
             conn.send(reply)
         except (EOFError, OSError):
             return
+        except MemoryError:  # its copy for the caller did not fit
+            conn.send((index, False, memory_reason(memory or 0)))
         except Exception as error:  # noqa: BLE001 - a result that cannot be sent back
             conn.send((index, False, f"unreadable ({type(error).__name__}: {error})"))
 
@@ -149,11 +216,13 @@ def bounded_map(
     calls: Sequence[tuple],
     timeout: float,
     workers: int | None = None,
+    memory: int | None = None,
 ) -> Iterator[tuple[bool, Any]]:
     """``fn(*args)`` for each args of ``calls``, each in a worker process with ``timeout``
-    seconds; yields, in the order of ``calls``, (True, result) or (False, reason): the reason of a
-    RunFileError or other exception, or that the call did not finish in time (its worker is killed)
-    or crashed its worker. ``fn`` must be a module-level function (workers import it)."""
+    seconds (and, with ``memory``, that many bytes to allocate beyond its start); yields, in the
+    order of ``calls``, (True, result) or (False, reason): the reason of a RunFileError or other
+    exception, or that the call did not finish in time (its worker is killed), ran out of its
+    memory or crashed its worker. ``fn`` must be a module-level function (workers import it)."""
     if not calls:
         return
     size = max(1, min(len(calls), workers or min(_cpus(), MAX_WORKERS)))
@@ -168,7 +237,7 @@ def bounded_map(
                 if worker.job is None and pending:
                     _give(worker, pending.popleft(), timeout)
             while pending and len(pool) < size:
-                worker = _start(context, fn)
+                worker = _start(context, fn, memory)
                 pool.append(worker)
                 _give(worker, pending.popleft(), timeout)
             busy = [w for w in pool if w.job is not None]
@@ -193,9 +262,9 @@ def bounded_map(
             worker.stop(kill=worker.job is not None)
 
 
-def _start(context: Any, fn: Callable[..., Any]) -> _Worker:
+def _start(context: Any, fn: Callable[..., Any], memory: int | None = None) -> _Worker:
     parent, child = context.Pipe()
-    process = context.Process(target=_serve, args=(child, fn), daemon=True)
+    process = context.Process(target=_serve, args=(child, fn, memory), daemon=True)
     process.start()
     child.close()  # the worker's end lives in the worker: its exit is the parent's EOF
     return _Worker(process, parent)
@@ -228,8 +297,8 @@ def _collect(worker: _Worker, results: dict[int, tuple[bool, Any]], timeout: flo
     worker.job = None
 
 
-def _read(path: Path, datasets: tuple[str, ...] | None) -> Run:
-    return read_run(path, datasets=datasets)
+def _read(path: Path, datasets: tuple[str, ...] | None, budget: int | None) -> Run:
+    return read_run(path, datasets=datasets, budget=budget)
 
 
 def read_runs(
@@ -237,13 +306,27 @@ def read_runs(
     *,
     datasets: Iterable[str] | None = None,
     timeout: float | None = None,
+    memory: int | None = None,
 ) -> Iterator[tuple[Path, Run | RunFileError]]:
     """(path, its Run or the RunFileError saying why it cannot be read) for each path, in order;
-    each read in a worker process with ``timeout`` seconds (default: read_timeout())."""
+    each read in a worker process with ``timeout`` seconds (default: read_timeout()) and
+    ``memory`` bytes (default: read_memory()), its datasets at most a DATA_SHARE of that.
+
+    Args:
+        paths: the run files.
+        datasets: the datasets to read (None: all).
+        timeout: seconds per file.
+        memory: bytes per file.
+
+    Returns:
+        An iterator of (path, Run or RunFileError), in the order of ``paths``.
+    """
     files = [Path(p) for p in paths]
     limit = read_timeout() if timeout is None else timeout
+    memory = read_memory() if memory is None else memory
     wanted = None if datasets is None else tuple(datasets)
-    outcomes = bounded_map(_read, [(path, wanted) for path in files], limit)
+    calls = [(path, wanted, memory // DATA_SHARE) for path in files]
+    outcomes = bounded_map(_read, calls, limit, memory=memory)
     for path, (ok, value) in zip(files, outcomes, strict=True):
         yield path, value if ok else RunFileError(path, value)
 
@@ -253,10 +336,11 @@ def read_run_bounded(
     *,
     datasets: Iterable[str] | None = None,
     timeout: float | None = None,
+    memory: int | None = None,
 ) -> Run:
-    """read_run in a worker process with a time limit; raises RunFileError as read_run does, and
-    for a read that does not finish in time."""
-    ((_, outcome),) = read_runs([path], datasets=datasets, timeout=timeout)
+    """read_run in a worker process with a time and memory limit; raises RunFileError as read_run
+    does, and for a read that does not finish in time or in its memory."""
+    ((_, outcome),) = read_runs([path], datasets=datasets, timeout=timeout, memory=memory)
     if isinstance(outcome, RunFileError):
         raise outcome
     return outcome
@@ -268,5 +352,6 @@ def run_statuses(
     """run_status of each path in a worker process: (status, None), or ("corrupt", reason) where
     the read did not finish in time or crashed its worker."""
     limit = read_timeout() if timeout is None else timeout
-    for ok, value in bounded_map(run_status, [(Path(p),) for p in paths], limit):
+    calls = [(Path(p),) for p in paths]
+    for ok, value in bounded_map(run_status, calls, limit, memory=read_memory()):
         yield (value, None) if ok else ("corrupt", value)

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from relaympi.results.bounded import read_run_bounded, read_timeout, run_statuses
+from relaympi.entrypoint import UsageParser
+from relaympi.results.bounded import read_memory, read_run_bounded, read_timeout, run_statuses
 from relaympi.results.errors import RunFileError
 from relaympi.results.membership import change_text
 from relaympi.results.quality import unstable_loss, unstable_text
 from relaympi.results.reader import Run
 from relaympi.results.schema import RunTopology
+from relaympi.results.text import one_line
 
 # The command's description (its --help): what the run file is.
 DESCRIPTION = (
@@ -27,13 +28,14 @@ OWN_TARGET_FRACTION = (
 
 
 def cost_lines(run: Run, target: float | None = None) -> list[str]:
-    """`show`'s cost summary of a run: median per-step costs and the time to a target accuracy
-    (``target``, else OWN_TARGET_FRACTION of the run's own final worst-worker accuracy: the
-    lowest worker test accuracy at its last evaluation)."""
+    """`show`'s cost summary of a run: median per-step costs (bytes: over the workers that
+    finished, as the report counts them) and the time to a target accuracy (``target``, else
+    OWN_TARGET_FRACTION of the run's own final worst-worker accuracy: the lowest worker test
+    accuracy at its last evaluation)."""
     from relaympi import costs
 
     lines = []
-    per_step = costs.step_costs(run.data)
+    per_step = costs.member_step_costs(run.data, run.world_size, run.membership)
     if per_step is not None:
         parts = [f"step {costs.median([per_step.step_ms]):.3g} ms"]
         parts += [
@@ -112,32 +114,38 @@ def topology_lines(topology: RunTopology | None) -> list[str]:
     return lines
 
 
+def _say(line: str) -> None:
+    """Print one line of `show`: the run file's strings (attribute names and values, hosts, the
+    topology's name) on it as text, never a line break or terminal escape of theirs."""
+    print(one_line(line))
+
+
 def _show(path: Path, target: float | None = None) -> int:
     try:
         run = read_run_bounded(path)
     except RunFileError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(one_line(f"error: {error}"), file=sys.stderr)
         return 1
-    print(f"path: {run.path}")
-    print(f"schema_version: {run.schema_version}")
-    print(f"status: {run.status}")
+    _say(f"path: {run.path}")
+    _say(f"schema_version: {run.schema_version}")
+    _say(f"status: {run.status}")
     present = run.present() if run.membership and "step" in run.data else None
     unstable = unstable_loss(run.data["train_loss"], present) if "train_loss" in run.data else None
     if unstable:
-        print(f"warning: {unstable_text(unstable)}")
+        _say(f"warning: {unstable_text(unstable)}")
     for name, value in sorted(run.attrs.items()):
-        print(f"{name}: {value}")
+        _say(f"{name}: {value}")
     for line in membership_lines(run):
-        print(line)
-    print("config:")
+        _say(line)
+    _say("config:")
     for name, value in sorted(run.config.items()):
-        print(f"  {name}: {json.dumps(value)}")
-    print("provenance:")
+        _say(f"  {name}: {json.dumps(value)}")
+    _say("provenance:")
     for name, value in sorted(run.provenance.items()):
-        print(f"  {name}: {json.dumps(value)}")
+        _say(f"  {name}: {json.dumps(value)}")
     for line in topology_lines(run.topology):
-        print(line)
-    print(f"datasets ({run.num_rows} rows):")
+        _say(line)
+    _say(f"datasets ({run.num_rows} rows):")
     for name, value in sorted(run.data.items()):
         last = value[-1] if len(value) else None
         summary = (
@@ -145,14 +153,14 @@ def _show(path: Path, target: float | None = None) -> int:
             if last is None or value.ndim > 2
             else f"  last={np.array2string(np.asarray(last), precision=4, threshold=8)}"
         )
-        print(f"  {name}: {value.dtype} {list(value.shape)}{summary}")
+        _say(f"  {name}: {value.dtype} {list(value.shape)}{summary}")
     for line in cost_lines(run, target):
-        print(line)
+        _say(line)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m relaympi.results", description=DESCRIPTION)
+    parser = UsageParser(prog="python -m relaympi.results", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True)
     status = commands.add_parser(
         "status", help="print each file's status (missing, corrupt or the run's)"
@@ -173,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         read_timeout()
+        read_memory()
     except ValueError as error:
         parser.error(str(error))
     if (
@@ -184,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "status":
         for path, (state, why) in zip(args.paths, run_statuses(args.paths), strict=True):
             if why is not None:  # the file hung or crashed the reader: say so, beside its status
-                print(f"{path}: {why}", file=sys.stderr)
+                print(one_line(f"{path}: {why}"), file=sys.stderr)
             print(state if len(args.paths) == 1 else f"{state}\t{path}", flush=True)
         return 0
     return _show(args.path, args.target_accuracy)

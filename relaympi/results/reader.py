@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ import numpy as np
 from relaympi.results.errors import RunFileError
 from relaympi.results.membership import (
     MEMBERSHIP_ATTR,
+    check_record,
     finished_workers,
     parse_membership,
     present,
@@ -29,6 +31,11 @@ from relaympi.results.schema import (
     decode_attr,
     row_datasets,
 )
+
+# A run file may come from anyone: what it claims is checked against what it holds before
+# anything is allocated from it. The most workers a run file may claim (the topology tool
+# describes 100,000 ranks; a claim far beyond any machine is a crafted file).
+MAX_WORLD_SIZE = 1 << 20
 
 
 def file_kind(path: str | os.PathLike) -> str:
@@ -93,6 +100,12 @@ class Run:
     def metric(self, name: str) -> np.ndarray:
         """The dataset ``name``, one row per evaluation.
 
+        Args:
+            name: a dataset of the run file ("step", "test_accuracy", ...).
+
+        Returns:
+            The dataset as read.
+
         Raises:
             KeyError: the run has no such dataset (or it was not read); the message lists those
                 it has.
@@ -121,9 +134,16 @@ class Run:
         return finished_workers(self.world_size, self.membership)
 
     def present(self) -> np.ndarray:
-        """[rows, world_size] bool: whether each worker took part at each row (false where a
-        membership change had lost it and no re-admission had brought it back yet: its NaN there
-        is by design, not a non-finite value)."""
+        """Whether each worker took part at each row: false where a membership change had lost it
+        and no re-admission had brought it back yet (its NaN there is by design, not a non-finite
+        value).
+
+        Returns:
+            [rows, world_size] bool.
+
+        Raises:
+            KeyError: the rows' step was not read.
+        """
         if "step" not in self.data:
             raise KeyError(f"{self.path}: the rows' step was not read")
         return present(self.data["step"], self.world_size, self.membership)
@@ -151,8 +171,8 @@ def _open_for_reading(path: Path) -> h5py.File:
     _precheck(path)
     try:
         try:
-            # locking=False: a live writer holds a lock, and readers must still see its flushed
-            # rows.
+            # locking=False: a live writer holds a lock, and readers must still see its
+            # flushed rows.
             return h5py.File(path, "r", locking=False)
         except OSError as error:
             if "locking flag" not in str(error):
@@ -182,7 +202,84 @@ def _read_header(path: Path, file: h5py.File) -> tuple[int, str, dict[str, Any]]
     status = attrs.pop("status")
     if status not in STATUSES:
         raise RunFileError(path, f"unknown status {status!r}")
+    size = attrs["world_size"]
+    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_WORLD_SIZE:
+        raise RunFileError(
+            path, f"attribute 'world_size' is {size!r}; a run has 1 to {MAX_WORLD_SIZE} workers"
+        )
     return version, status, attrs
+
+
+def _check_storage(path: Path, group: h5py.Group) -> None:
+    """Refuse what would make HDF5 read outside the file (external links, datasets with external
+    storage, virtual datasets: a crafted run file could name any local file) or a link the writer
+    never makes (a soft link). Checked for the root and the topology group, the reader's only
+    groups."""
+    for name in group:
+        link = group.get(name, getlink=True)
+        if not isinstance(link, h5py.HardLink):
+            raise RunFileError(
+                path,
+                f"refused: {group.name.rstrip('/')}/{name} is a {type(link).__name__}, which a "
+                "run file never holds (it could make the reader read another file)",
+            )
+        item = group[name]
+        if isinstance(item, h5py.Dataset) and (item.external or item.is_virtual):
+            how = "external storage" if item.external else "a virtual dataset"
+            raise RunFileError(
+                path,
+                f"refused: dataset {item.name} has {how}, which a run file never holds (it "
+                "could make the reader read another file)",
+            )
+
+
+def _check_sizes(
+    path: Path,
+    world_size: int,
+    available: dict[str, h5py.Dataset],
+    wanted: dict[str, h5py.Dataset],
+    topology: h5py.Group | None,
+    budget: int | None,
+) -> None:
+    """Check the file's claimed sizes against each other before any dataset is read: row
+    datasets hold numbers with a row axis, every per-worker axis is ``world_size`` wide, the
+    topology's rank_node has one entry per worker, and (with ``budget``) the ``wanted`` datasets
+    and the [rows, world_size] grids readers build from them fit in ``budget`` bytes."""
+    for name, ds in available.items():
+        if ds.dtype.kind not in "biuf" or ds.ndim == 0:
+            raise RunFileError(
+                path, f"dataset {name!r} holds {ds.dtype} {list(ds.shape)}, not rows of numbers"
+            )
+        if ds.ndim >= 2 and ds.shape[1] != world_size:
+            raise RunFileError(
+                path,
+                f"dataset {name!r} has shape {list(ds.shape)}: its per-worker axis must be "
+                f"world_size={world_size} wide",
+            )
+    rows = min((int(ds.shape[0]) for ds in available.values()), default=0)
+    total = rows * world_size * 8  # Run.present() and the per-worker means: [rows, world_size]
+    for ds in wanted.values():
+        total += rows * math.prod(ds.shape[1:]) * ds.dtype.itemsize
+    if topology is not None:
+        for name in topology:
+            item = topology[name]
+            if isinstance(item, h5py.Dataset):
+                if item.dtype.kind not in "biuf":
+                    raise RunFileError(path, f"dataset {item.name} holds {item.dtype}, not numbers")
+                total += math.prod(item.shape) * item.dtype.itemsize
+        nodes = topology.get("rank_node")
+        if isinstance(nodes, h5py.Dataset) and nodes.shape != (world_size,):
+            raise RunFileError(
+                path,
+                f"dataset {nodes.name} has shape {list(nodes.shape)}: one node per worker, "
+                f"world_size={world_size}",
+            )
+    if budget is not None and total > budget:
+        raise RunFileError(
+            path,
+            f"too large to read: its datasets claim {total / 2**20:.1f} MiB, over the limit of "
+            f"{budget / 2**20:.1f} MiB per run file",
+        )
 
 
 def _parse_json(path: Path, attrs: dict[str, Any], name: str) -> dict[str, Any]:
@@ -213,13 +310,25 @@ def _read_topology(file: h5py.File) -> RunTopology | None:
     )
 
 
-def read_run(path: str | os.PathLike, *, datasets: Iterable[str] | None = None) -> Run:
+def read_run(
+    path: str | os.PathLike,
+    *,
+    datasets: Iterable[str] | None = None,
+    budget: int | None = None,
+) -> Run:
     """Read a run file; ``datasets`` limits which datasets are loaded (default: all).
+
+    Before reading any dataset it checks what the file claims: world_size (1 to
+    MAX_WORLD_SIZE) against every per-worker axis and the topology, membership records against
+    world_size, numbers in every dataset, no external links, external storage or virtual
+    datasets (they would read other files), and with ``budget`` the bytes it would allocate.
 
     Args:
         path: the run file.
         datasets: the names of the datasets to load (those the file lacks are skipped); None:
             all of them.
+        budget: the most bytes the datasets read (and the [rows, world_size] grids built from
+            them) may take; None: no limit (a run's own file).
 
     Returns:
         The Run, its datasets cut to the rows every dataset has (a run killed mid-write keeps
@@ -241,17 +350,26 @@ def read_run(path: str | os.PathLike, *, datasets: Iterable[str] | None = None) 
         version, status, attrs = _read_header(path, file)
         config = _parse_json(path, attrs, "config")
         provenance = _parse_json(path, attrs, "provenance")
+        world_size = attrs["world_size"]
         try:
             membership = parse_membership(attrs.pop(MEMBERSHIP_ATTR, None))
+            for index, record in enumerate(membership):  # worker ids within world_size
+                membership[index] = check_record(record, world_size, membership[:index])
         except ValueError as error:
             raise RunFileError(path, f"attribute {MEMBERSHIP_ATTR!r} is {error}") from None
+        _check_storage(path, file)
+        group = file.get(TOPOLOGY_GROUP)
+        if isinstance(group, h5py.Group):
+            _check_storage(path, group)
         available = row_datasets(file)
         if available and "step" not in available:
             raise RunFileError(path, f"datasets {sorted(available)} without a 'step' dataset")
-        n = complete_rows(available)
         wanted = (
             available if datasets is None else {k: available[k] for k in datasets if k in available}
         )
+        topology_group = group if isinstance(group, h5py.Group) else None
+        _check_sizes(path, world_size, available, wanted, topology_group, budget)
+        n = complete_rows(available)
         data = {name: ds[:n] for name, ds in wanted.items()}
         topology = _read_topology(file)
     except RunFileError:

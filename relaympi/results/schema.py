@@ -23,6 +23,9 @@ ADDED_DATASETS = ("inter_node_bytes_sent",)
 # root attribute of a quadratics run: the problem's digest (relaympi.tasks.quadratics), the same
 # whether the run generated the problem or read it from --problem-file
 PROBLEM_DIGEST_ATTR = "problem_sha256"
+# root attribute of a quadratics run: the loss its numbers are in (relaympi.tasks.quadratics'
+# CONVENTION); runs written before it have none (their loss had a 1/2) and are not read as if alike
+QUADRATICS_CONVENTION_ATTR = "quadratics_convention"
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 STRING_DTYPE = h5py.string_dtype("utf-8")
@@ -68,9 +71,8 @@ class RunTopology:
 
     name: str
     placement: str  # "ranks" or "nodes", as the run resolved --placement
-    rank_node: (
-        np.ndarray
-    )  # [world_size] int64: rank r ran on node rank_node[r] (0, 1, ... by lowest rank)
+    # [world_size] int64: rank r ran on node rank_node[r] (0, 1, ... by lowest rank)
+    rank_node: np.ndarray
     nodes_emulated: (
         bool  # the nodes came from --ranks-per-node, not from where MPI placed the ranks
     )

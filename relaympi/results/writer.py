@@ -176,15 +176,18 @@ class RunWriter:
         self._reserve = reserve or SpaceReserve(Path(path).parent)
         self.world_size = int(file.attrs["world_size"])
         run_id = decode_attr(file.attrs.get("run_id"))
-        self.run_id: str | None = (
-            run_id if isinstance(run_id, str) else None
-        )  # None: a file from before run ids
+        # None: a file from before run ids
+        self.run_id: str | None = run_id if isinstance(run_id, str) else None
         self._datasets: dict[str, h5py.Dataset] = row_datasets(file)
         self._left_out: frozenset[str] = frozenset()
 
     def leave_out_if_absent(self, names: Iterable[str]) -> None:
         """Rows appended from now on leave out those of ``names`` the file's datasets lack (a run
-        resumed in a file written before they were recorded keeps the file's datasets)."""
+        resumed in a file written before they were recorded keeps the file's datasets).
+
+        Args:
+            names: the datasets a row may hold that older files do not have.
+        """
         if self._datasets:
             self._left_out = frozenset(name for name in names if name not in self._datasets)
 
@@ -274,9 +277,8 @@ class RunWriter:
             reserve.release()
             _close_quietly(file)
             if isinstance(exc, (OSError, RuntimeError)) and no_space(exc):
-                path.unlink(
-                    missing_ok=True
-                )  # an empty or partial header: no run file is better than a corrupt one
+                # an empty or partial header: no run file is better than a corrupt one
+                path.unlink(missing_ok=True)
                 raise RunFileWriteError(
                     f"cannot create the run file {path}: no space left on device"
                 ) from None
@@ -379,6 +381,9 @@ class RunWriter:
         """Drop every row whose step is >= ``step`` (after a heal the survivors redo that step),
         and flush.
 
+        Args:
+            step: the first step to drop.
+
         Raises:
             RunFileWriteError: no space left on the device.
         """
@@ -430,6 +435,9 @@ class RunWriter:
 
         Same rules as ``append`` (which calls this); one flush for all k rows. For importers
         and test factories; a training loop appends one row per evaluation.
+
+        Args:
+            rows: dataset name -> k values (``step`` required).
         """
         if "step" not in rows:
             raise KeyError("every row needs a 'step'")
@@ -531,7 +539,11 @@ class RunWriter:
 
     def set_topology(self, topology: RunTopology) -> None:
         """Record where the ranks are and the graph they ran on (the ``topology`` group; replaced if
-        present)."""
+        present).
+
+        Args:
+            topology: the run's topology and node layout.
+        """
 
         def write() -> None:
             if TOPOLOGY_GROUP in self._file:
@@ -552,7 +564,11 @@ class RunWriter:
         self._write(write, "the topology")
 
     def set_attrs(self, **attrs: Any) -> None:
-        """Set extra root attributes (str, int, float, bool, or sequences of numbers/strings)."""
+        """Set extra root attributes.
+
+        Args:
+            **attrs: name -> a str, int, float, bool, or a sequence of numbers or strings.
+        """
         self._write(lambda: self._set_attrs(attrs), "attributes")
 
     def _set_attrs(self, attrs: Mapping[str, Any]) -> None:

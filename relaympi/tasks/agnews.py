@@ -195,9 +195,9 @@ class AgNewsTask(ClassificationTask):
     """
 
     name: ClassVar[str] = "agnews"
-    # Paper: Adam (0.9, 0.999, 1e-8), constant lr, no warm-up, no weight decay, 5 epochs, 32 per
-    # worker; learning rates tuned per algorithm (appendix table "Tuned learning rates ... AG
-    # News").
+    # Paper: Adam (0.9, 0.999, 1e-8), constant lr, no warm-up, no weight decay, 5 epochs, 32
+    # per worker; learning rates tuned per algorithm (appendix table "Tuned learning rates ...
+    # AG News").
     defaults: ClassVar[TaskDefaults] = TaskDefaults(
         epochs=5,
         batch_size=32,

@@ -96,11 +96,11 @@ class Task(ABC):
 
     name: ClassVar[str]
     defaults: ClassVar[TaskDefaults]
-    # the topology an algorithm runs on for this task when it differs from the algorithm's own
-    # default
+    # the topology an algorithm runs on for this task when it differs from the algorithm's
+    # own default
     default_topology_by_algo: ClassVar[dict[str, str]] = {}
-    # the run settings (flag names, as attributes of the run's config) that are this task's own
-    # options
+    # the run settings (flag names, as attributes of the run's config) that are this task's
+    # own options
     option_names: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
@@ -132,8 +132,8 @@ class ClassificationTask(Task):
     """
 
     # the number of training samples where the task fixes it (embedded data): a run with more
-    # workers
-    # is refused before any data loads; other tasks' sizes are known once their data set is read
+    # workers is refused before any data loads; other tasks' sizes are known once their data set
+    # is read
     train_size: ClassVar[int | None] = None
 
     def __init__(self, options: TaskOptions):

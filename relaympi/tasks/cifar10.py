@@ -169,9 +169,8 @@ def crop_flip(
     device = images.device
     padded = images.new_zeros((batch, channels, height + 2 * padding, width + 2 * padding))
     padded[:, :, padding : padding + height, padding : padding + width] = images
-    rows = torch.as_tensor(top, device=device)[:, None] + torch.arange(
-        height, device=device
-    )  # [B, H]
+    # [B, H]
+    rows = torch.as_tensor(top, device=device)[:, None] + torch.arange(height, device=device)
     columns = torch.arange(width, device=device).expand(batch, width)
     columns = torch.where(torch.as_tensor(flip, device=device)[:, None], columns.flip(1), columns)
     columns = columns + torch.as_tensor(left, device=device)[:, None]  # [B, W]

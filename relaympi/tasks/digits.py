@@ -39,16 +39,14 @@ class DigitsTask(ClassificationTask):
 
     name = "digits"
     train_size = 1438  # of sklearn's 1797 images (the constant split above)
-    # 1438 training images: with 16 workers and 8 samples each, one epoch is 12 steps,
-    # so 20 epochs are 240 steps; 16 workers take ~2 s of one CPU core (torch with one
-    # thread). lr 0.1 is a placeholder until tuned per algorithm (centralized, i.e.
-    # all-reduce over 16 x 8 samples: 0.1 reaches ~92% test accuracy, 0.3 ~97%).
-    # Learning rates: the best of lr in {0.05, 0.1, ..., 3.2} (x2 grid) for 16 workers, alpha =
-    # 0.01,
-    # 20 epochs, seed 0, plain SGD (qgm: momentum 0.9), by the paper's worst-worker metric
-    # (`python -m relaympi.report`): allreduce 96.5%, relay-grad 97.2%, qgm 96.0%, relay 94.1%,
-    # gt 92.4%, d2 91.9%, sgp 85.6%, dpsgd 73.5%. The grid loop is in docs/benchmarks.md
-    # ("Learning-rate grid on digits").
+    # 1438 training images: with 16 workers and 8 samples each, one epoch is 12 steps, so 20 epochs
+    # are 240 steps; 16 workers take ~2 s of one CPU core (torch with one thread). lr 0.1 is a
+    # placeholder until tuned per algorithm (centralized, i.e. all-reduce over 16 x 8 samples: 0.1
+    # reaches ~92% test accuracy, 0.3 ~97%). Learning rates: the best of lr in {0.05, 0.1, ..., 3.2}
+    # (x2 grid) for 16 workers, alpha = 0.01, 20 epochs, seed 0, plain SGD (qgm: momentum 0.9), by
+    # the paper's worst-worker metric (`python -m relaympi.report`): allreduce 96.5%, relay-grad
+    # 97.2%, qgm 96.0%, relay 94.1%, gt 92.4%, d2 91.9%, sgp 85.6%, dpsgd 73.5%. The grid loop is in
+    # docs/benchmarks.md ("Learning-rate grid on digits").
     defaults = TaskDefaults(
         epochs=20,
         batch_size=8,

@@ -1,5 +1,19 @@
-"""Random quadratics (paper appendix "Random quadratics"): f_i(x) = 1/2 ||A_i x - b_i||^2 with
-controlled L, mu, zeta^2, r0."""
+"""Random quadratics (paper appendix "Random quadratics") in the paper's own terms.
+
+Worker i's loss is f_i(x) = ||A_i x - b_i||^2, without a 1/2; the global objective is their mean
+f = (1/n) sum_i f_i, its gradient is grad f_i(x) = 2 A_i^T (A_i x - b_i), the heterogeneity is
+zeta^2 = (1/n) sum_i ||grad f_i(x*)||^2 with that gradient, and a run's suboptimality is
+f(x_bar) - f(x*) in that loss (CONVENTION names it in run files and problem files).
+
+The sign: the appendix writes ||A_i x + b_i||^2 but its generation steps (moving the global
+optimum to zero with b_i <- b_i - A_i x*, then to x* with b_i <- b_i + A_i x*) place the optimum
+where they say only with ||A_i x - b_i||^2, the form the authors' code uses. relaympi stores that
+b_i: the appendix's offset is its negative, the problem is the same.
+
+``generate`` follows the appendix step by step (one function per step below); ``mu`` and ``L`` are
+the smallest and largest singular value of every A_i as its step 2 sets them, so f_i's Hessian
+2 A_i^T A_i has eigenvalues in [2 mu^2, 2 L^2].
+"""
 
 from __future__ import annotations
 
@@ -14,13 +28,25 @@ import numpy as np
 
 from relaympi.tasks.base import Task, TaskDefaults
 
+# What run files (root attribute relaympi.results.schema.QUADRATICS_CONVENTION_ATTR) and problem
+# files (attribute "objective") record: the loss, gradient and heterogeneity every number is in.
+CONVENTION = (
+    "f_i(x) = ||A_i x - b_i||^2, grad f_i(x) = 2 A_i^T (A_i x - b_i), "
+    "zeta2 = mean_i ||grad f_i(x*)||^2"
+)
+# The "objective" of problem files written before CONVENTION (the loss had a 1/2): their A and b
+# are the same problem, their f_star is half of the loss's.
+HALF_CONVENTION = "f_i(x) = 1/2 ||A_i x - b_i||^2, f = mean_i f_i"
+
 
 @dataclass(frozen=True)
 class QuadraticsSpec:
+    """The constants of a generated problem (the appendix's d, mu, L, zeta^2, r0; and sigma^2)."""
+
     dim: int = 50
     mu: float = 0.5  # smallest singular value of every A_i
     L: float = 1.0  # largest singular value of every A_i
-    zeta2: float = 1.0  # heterogeneity 1/n sum_i ||grad f_i(x*)||^2
+    zeta2: float = 1.0  # heterogeneity 1/n sum_i ||grad f_i(x*)||^2 (module docstring)
     r0: float = 10.0  # ||x(0) - x*|| with x(0) = 0
     sigma2: float = 0.0  # gradient noise variance E||xi||^2
 
@@ -38,7 +64,11 @@ class QuadraticsSpec:
 
 @dataclass
 class Quadratics:
-    """n local objectives; the global objective is their mean. Arrays are float64."""
+    """n local objectives f_i(x) = ||A_i x - b_i||^2; the global objective is their mean.
+
+    Arrays are float64. ``H`` [n, d, d] and ``c`` [n, d] hold every worker's gradient in one
+    place: grad f_i(x) = H[i] @ x - c[i], with H_i = 2 A_i^T A_i and c_i = 2 A_i^T b_i.
+    """
 
     A: np.ndarray  # [n, d, d]
     b: np.ndarray  # [n, d]
@@ -55,8 +85,8 @@ class Quadratics:
             raise ValueError(
                 f"expected A [n,d,d] and b [n,d], got A {self.A.shape} and b {self.b.shape}"
             )
-        self.AtA = np.einsum("nki,nkj->nij", self.A, self.A)
-        self.Atb = np.einsum("nki,nk->ni", self.A, self.b)
+        self.H = 2.0 * np.einsum("nki,nkj->nij", self.A, self.A)
+        self.c = 2.0 * np.einsum("nki,nk->ni", self.A, self.b)
 
     @property
     def num_workers(self) -> int:
@@ -67,11 +97,27 @@ class Quadratics:
         return self.A.shape[1]
 
     def local_gradient(self, i: int, x: np.ndarray) -> np.ndarray:
-        return self.AtA[i] @ x - self.Atb[i]
+        """grad f_i(x) = 2 A_i^T (A_i x - b_i).
+
+        Args:
+            i: the worker.
+            x: its iterate [d].
+
+        Returns:
+            The gradient [d].
+        """
+        return self.H[i] @ x - self.c[i]
 
     def gradients(self, X: np.ndarray) -> np.ndarray:
-        """Row i: grad f_i(X[i]) = A_i^T (A_i X[i] - b_i)."""
-        return np.einsum("nij,nj->ni", self.AtA, X) - self.Atb
+        """Row i: grad f_i(X[i]) = 2 A_i^T (A_i X[i] - b_i).
+
+        Args:
+            X: every worker's iterate [n, d].
+
+        Returns:
+            Every worker's gradient [n, d].
+        """
+        return np.einsum("nij,nj->ni", self.H, X) - self.c
 
     def noise(self, seed: int, step: int, rank: int) -> np.ndarray:
         """Gradient noise with E||xi||^2 = sigma2, a pure function of (seed, step, rank)."""
@@ -81,13 +127,28 @@ class Quadratics:
         return rng.standard_normal(self.dim) * np.sqrt(self.sigma2 / self.dim)
 
     def loss(self, x: np.ndarray) -> float:
-        """f(x) = 1/n sum_i 1/2 ||A_i x - b_i||^2."""
+        """f(x) = 1/n sum_i ||A_i x - b_i||^2.
+
+        Args:
+            x: one model [d].
+
+        Returns:
+            The global objective at x.
+        """
         r = np.einsum("nij,j->ni", self.A, x) - self.b
-        return float(0.5 * np.mean(np.sum(r * r, axis=1)))
+        return float(np.mean(np.sum(r * r, axis=1)))
 
     def local_losses(self, X: np.ndarray) -> np.ndarray:
+        """Row i: f_i(X[i]) = ||A_i X[i] - b_i||^2.
+
+        Args:
+            X: every worker's iterate [n, d].
+
+        Returns:
+            Every worker's own loss [n].
+        """
         r = np.einsum("nij,nj->ni", self.A, X) - self.b
-        return 0.5 * np.sum(r * r, axis=1)
+        return np.sum(r * r, axis=1)
 
     def suboptimality(self, X: np.ndarray) -> float:
         """f(x_bar) - f* of the workers' average model."""
@@ -102,8 +163,8 @@ class Quadratics:
         }
 
     def heterogeneity(self) -> float:
-        g = self.gradients(np.repeat(self.x_star[None], self.num_workers, axis=0))
-        return float(np.mean(np.sum(g * g, axis=1)))
+        """zeta^2 = 1/n sum_i ||grad f_i(x*)||^2 with the gradient 2 A_i^T (A_i x - b_i)."""
+        return heterogeneity_at(self.A, self.b, self.x_star)
 
     def digest(self) -> str:
         """The problem's sha256 (hex): of the shape of A and of A, b and sigma2 as little-endian
@@ -122,10 +183,35 @@ class Quadratics:
             f.create_dataset("x_star", data=self.x_star)
             f.attrs["f_star"] = self.f_star
             f.attrs["sigma2"] = self.sigma2
-            f.attrs["objective"] = "f_i(x) = 1/2 ||A_i x - b_i||^2, f = mean_i f_i"
+            f.attrs["objective"] = CONVENTION
 
 
-def _minimize(A: np.ndarray, b: np.ndarray) -> np.ndarray:
+def heterogeneity_at(A: np.ndarray, b: np.ndarray, x: np.ndarray) -> float:
+    """1/n sum_i ||2 A_i^T (A_i x - b_i)||^2: zeta^2 when x is the global optimum.
+
+    Args:
+        A: the matrices [n, d, d].
+        b: the offsets [n, d].
+        x: the point [d].
+
+    Returns:
+        The mean squared norm of the local gradients at x.
+    """
+    residual = np.einsum("nij,j->ni", A, x) - b
+    g = 2.0 * np.einsum("nki,nk->ni", A, residual)
+    return float(np.mean(np.sum(g * g, axis=1)))
+
+
+def global_optimum(A: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The minimizer of 1/n sum_i ||A_i x - b_i||^2: (sum A_i^T A_i)^-1 sum A_i^T b_i.
+
+    Args:
+        A: the matrices [n, d, d].
+        b: the offsets [n, d].
+
+    Returns:
+        x* [d].
+    """
     AtA = np.einsum("nki,nkj->ij", A, A)
     Atb = np.einsum("nki,nk->i", A, b)
     return np.linalg.solve(AtA, Atb)
@@ -140,14 +226,20 @@ def from_arrays(
 ) -> Quadratics:
     """A problem from its arrays; x* and f* are computed when absent."""
     A, b = np.asarray(A, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    x = _minimize(A, b) if x_star is None else np.asarray(x_star, dtype=np.float64)
+    x = global_optimum(A, b) if x_star is None else np.asarray(x_star, dtype=np.float64)
     q = Quadratics(A, b, x, 0.0, sigma2)
     q.f_star = q.loss(x) if f_star is None else float(f_star)
     return q
 
 
 def load(path: str | Path, world_size: int | None = None) -> Quadratics:
-    """Read a problem file (datasets A [n,d,d], b [n,d]; optional x_star [d], attribute f_star)."""
+    """Read a problem file (datasets A [n,d,d], b [n,d]; optional x_star [d], attributes f_star,
+    sigma2 and objective).
+
+    The file's ``objective`` names its loss: CONVENTION (or none: a file made by hand) is read as
+    it is; HALF_CONVENTION (files written before the loss lost its 1/2) holds the same problem,
+    so only its f_star is doubled; any other objective is refused.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"problem file {path} does not exist")
@@ -162,8 +254,18 @@ def load(path: str | Path, world_size: int | None = None) -> Quadratics:
             x_star = f["x_star"][()] if "x_star" in f else None
             f_star = float(f.attrs["f_star"]) if "f_star" in f.attrs else None
             sigma2 = float(f.attrs.get("sigma2", 0.0))
+            objective = f.attrs.get("objective", CONVENTION)
     except OSError as exc:
         raise ValueError(f"problem file {path} is not a readable HDF5 file: {exc}") from exc
+    if isinstance(objective, bytes):
+        objective = objective.decode("utf-8", errors="replace")
+    if objective == HALF_CONVENTION:
+        f_star = None if f_star is None else 2.0 * f_star
+    elif objective != CONVENTION:
+        raise ValueError(
+            f"problem file {path} has objective {str(objective)[:80]!r}; relaympi reads "
+            f"{CONVENTION!r} (or the older {HALF_CONVENTION!r})"
+        )
     if world_size is not None and A.shape[0] != world_size:
         raise ValueError(
             f"problem file {path} has {A.shape[0]} local objectives but the run has "
@@ -172,40 +274,80 @@ def load(path: str | Path, world_size: int | None = None) -> Quadratics:
     return from_arrays(A, b, x_star, f_star, sigma2)
 
 
-def generate(n: int, spec: QuadraticsSpec, seed: int = 0) -> Quadratics:
-    """A random instance following the paper's appendix procedure (with the 1/2 ||A x - b||^2
-    loss)."""
-    rng = np.random.default_rng([seed, 0xC0FFEE])
+def shaped_matrices(rng: np.random.Generator, n: int, spec: QuadraticsSpec) -> np.ndarray:
+    """Appendix steps 1 and 2: A_i i.i.d. standard normal, then U_i S~ V_i^T from its SVD, S~ with
+    the singular values mu, (d-2)/(d-1) mu + 1/(d-1) L, ..., L (linearly spaced).
+
+    Args:
+        rng: the problem's random stream (drawn from first).
+        n: workers.
+        spec: the constants (dim, mu, L).
+
+    Returns:
+        A [n, d, d].
+    """
     d = spec.dim
     singular = np.linspace(spec.mu, spec.L, d)
     A = np.empty((n, d, d))
     for i in range(n):
         U, _, Vt = np.linalg.svd(rng.standard_normal((d, d)))
         A[i] = (U * singular) @ Vt
-    directions = rng.standard_normal((n, d))
+    return A
 
-    def offsets(scale: float) -> np.ndarray:
-        b = np.einsum("nij,nj->ni", A, scale * directions)  # local optima at scale * d_i
-        shift = _minimize(A, b)
-        return b - np.einsum("nij,j->ni", A, shift)  # global optimum back at 0
 
-    def zeta2(b: np.ndarray) -> float:
-        g = np.einsum("nki,nk->ni", A, b)  # grad f_i(0) = -A_i^T b_i
-        return float(np.mean(np.sum(g * g, axis=1)))
+def centered_offsets(A: np.ndarray, directions: np.ndarray, scale: float) -> np.ndarray:
+    """Appendix steps 3c and 3d: b_i = A_i s d_i (worker i's own optimum at s d_i), then
+    b_i <- b_i - A_i x* so that the global optimum x* moves to zero.
 
-    # zeta^2 grows as scale^2 (offsets are linear in the scale), so the search converges in one
-    # step; the loop guards the general case.
-    scale = 1.0
-    if spec.zeta2 > 0 and n > 1:
-        for _ in range(50):
-            current = zeta2(offsets(scale))
-            if current == 0 or abs(current - spec.zeta2) <= 1e-12 * spec.zeta2:
-                break
-            scale *= np.sqrt(spec.zeta2 / current)
-        b = offsets(scale)
-    else:
-        b = np.zeros((n, d))
-    x_star = rng.standard_normal(d)
+    Args:
+        A: the matrices [n, d, d].
+        directions: the random directions d_i [n, d].
+        scale: s.
+
+    Returns:
+        b [n, d] whose global optimum is 0.
+    """
+    b = np.einsum("nij,nj->ni", A, scale * directions)
+    return b - np.einsum("nij,j->ni", A, global_optimum(A, b))
+
+
+def heterogeneity_scale(A: np.ndarray, directions: np.ndarray, zeta2: float) -> float:
+    """Appendix step 3e: the scale s at which the centered offsets have heterogeneity ``zeta2``.
+
+    The appendix searches s by bisection; the offsets, the optimum they move and so the local
+    gradients at it are linear in s, so zeta^2(s) = s^2 zeta^2(1) exactly, and the bisection's
+    limit is s = sqrt(zeta2 / zeta^2(1)), taken here directly (zeta^2 then holds to rounding,
+    where the authors' code stops its search within 1e-5).
+
+    Args:
+        A: the matrices [n, d, d].
+        directions: the random directions d_i [n, d].
+        zeta2: the heterogeneity to reach (> 0).
+
+    Returns:
+        s; 0 where no scale makes heterogeneity (one worker).
+    """
+    unit = heterogeneity_at(A, centered_offsets(A, directions, 1.0), np.zeros(A.shape[1]))
+    return math.sqrt(zeta2 / unit) if unit > 0 else 0.0
+
+
+def generate(n: int, spec: QuadraticsSpec, seed: int = 0) -> Quadratics:
+    """A random instance made by the appendix's procedure, step by step (module docstring).
+
+    Args:
+        n: workers (local objectives).
+        spec: the constants.
+        seed: picks the instance.
+
+    Returns:
+        The problem, its global optimum x* at norm r0 and its heterogeneity spec.zeta2.
+    """
+    rng = np.random.default_rng([seed, 0xC0FFEE])
+    A = shaped_matrices(rng, n, spec)  # steps 1 and 2
+    directions = rng.standard_normal((n, spec.dim))  # step 3a
+    scale = heterogeneity_scale(A, directions, spec.zeta2) if spec.zeta2 > 0 else 0.0  # 3b, 3e
+    b = centered_offsets(A, directions, scale)  # steps 3c, 3d: the optimum at 0
+    x_star = rng.standard_normal(spec.dim)  # step 4: x* at norm r0, every optimum moved by it
     x_star *= spec.r0 / max(float(np.linalg.norm(x_star)), 1e-300)
     b = b + np.einsum("nij,j->ni", A, x_star)
     return from_arrays(A, b, None, None, spec.sigma2)

@@ -42,8 +42,8 @@ __all__ = [
     "node_labels",
 ]
 
-# How a topology was built: "ranks" in rank order (the paper's), "nodes" node-aware
-# (relaympi.topology.placement).
+# How a topology was built: "ranks" in rank order (the paper's), "nodes"
+# node-aware (relaympi.topology.placement).
 PLACEMENTS = ("ranks", "nodes")
 
 # A summary computes the diameter of a graph that is neither a tree nor vertex-transitive by a
@@ -64,7 +64,7 @@ def as_world_size(world_size: Any, *, what: str = "world_size", minimum: int = 1
     return value
 
 
-def node_labels(nodes: Sequence[Any], world_size: int) -> np.ndarray:
+def node_labels(nodes: Sequence[Any] | np.ndarray, world_size: int) -> np.ndarray:
     """Each rank's node as 0..M-1, nodes numbered in the order of their lowest rank, shape [n].
 
     nodes: one node id per rank (any hashable: a host name, an int)."""
@@ -148,12 +148,10 @@ class Topology:
             a rank outside the world), or facts for another number of layers.
 
     Example:
-        ```python
-        import numpy as np
-
-        chain = Topology("my-chain", 4, np.array([[0, 1], [1, 2], [2, 3]]))
-        chain.is_tree, chain.diameter, chain.neighbors(1)  # (True, 3, (0, 2))
-        ```
+        >>> import numpy as np
+        >>> chain = Topology("my-chain", 4, np.array([[0, 1], [1, 2], [2, 3]]))
+        >>> chain.is_tree, chain.diameter, chain.neighbors(1)
+        (True, 3, (0, 2))
     """
 
     __slots__ = ("name", "world_size", "placement", "_edges", "_facts", "_cache")
@@ -279,11 +277,34 @@ class Topology:
         return self._cache[("adjacency", layer)]  # built with the edges
 
     def degrees(self, layer: int = 0) -> np.ndarray:
-        """Degree of every rank in the given layer, shape [n]."""
+        """Degree of every rank in the given layer.
+
+        Args:
+            layer: the layer (0 for a one-layer topology).
+
+        Returns:
+            [n] ints: the number of neighbours of each rank.
+
+        Example:
+            >>> from relaympi.topology import build
+            >>> build("ring", 4).degrees().tolist()
+            [2, 2, 2, 2]
+        """
         return np.diff(self._adjacency(self._layer(layer)).indptr)
 
     def neighbors(self, rank: int, layer: int = 0) -> tuple[int, ...]:
-        """Neighbours of rank in the given layer, sorted ascending."""
+        """Neighbours of rank in the given layer, sorted ascending.
+
+        Args:
+            rank: a rank in [0, world_size).
+            layer: the layer (0 for a one-layer topology).
+
+        Returns:
+            The neighbours' ranks.
+
+        Raises:
+            TopologyError: a rank or layer out of range.
+        """
         adjacency = self._adjacency(self._layer(layer))
         rank = self._rank(rank)
         return tuple(
@@ -291,21 +312,51 @@ class Topology:
         )
 
     def degree(self, rank: int, layer: int = 0) -> int:
-        """Number of neighbours of rank in the given layer."""
+        """Number of neighbours of rank in the given layer.
+
+        Args:
+            rank: a rank in [0, world_size).
+            layer: the layer (0 for a one-layer topology).
+
+        Returns:
+            ``len(neighbors(rank, layer))``, without building the tuple.
+        """
         adjacency = self._adjacency(self._layer(layer))
         rank = self._rank(rank)
         return int(adjacency.indptr[rank + 1] - adjacency.indptr[rank])
 
     def edges(self, layer: int = 0) -> list[tuple[int, int]]:
-        """Edges (i, j) with i < j of the given layer, sorted."""
+        """Edges (i, j) with i < j of the given layer, sorted.
+
+        Args:
+            layer: the layer (0 for a one-layer topology).
+
+        Returns:
+            One (i, j) pair per edge.
+        """
         return list(map(tuple, self._edges[self._layer(layer)].tolist()))
 
     def edge_array(self, layer: int = 0) -> np.ndarray:
-        """edges(layer) as a read-only [m, 2] int64 array (no Python objects per edge)."""
+        """edges(layer) as an array, without Python objects per edge.
+
+        Args:
+            layer: the layer (0 for a one-layer topology).
+
+        Returns:
+            A read-only [m, 2] int64 array, rows (i, j) with i < j, sorted.
+        """
         return self._edges[self._layer(layer)]
 
     def hops_from(self, rank: int, layer: int = 0) -> np.ndarray:
-        """Hop distance from rank to every rank in the given layer (one BFS), shape [n], int64."""
+        """Hop distance from rank to every rank in the given layer (one BFS).
+
+        Args:
+            rank: the rank to measure from.
+            layer: the layer (0 for a one-layer topology).
+
+        Returns:
+            [n] int64: hops from ``rank`` (0 at ``rank`` itself).
+        """
         rank, layer = self._rank(rank), self._layer(layer)
         return bfs_hops(self._adjacency(layer), rank).astype(np.int64)
 
@@ -315,9 +366,20 @@ class Topology:
         return all(len(e) == self.world_size - 1 for e in self._edges)  # connected
 
     def delays(self, layer: int = 0) -> np.ndarray:
-        """Hop distances tau_ij between all ranks in the given layer (tau_ii = 0), shape [n, n].
+        """Hop distances tau_ij between all ranks in the given layer (tau_ii = 0).
 
         Dense by nature (8 n^2 bytes): for algorithms and tests at small n.
+
+        Args:
+            layer: the layer (0 for a one-layer topology).
+
+        Returns:
+            [n, n] int64, a copy the caller may change.
+
+        Example:
+            >>> from relaympi.topology import build
+            >>> build("chain", 3).delays().tolist()
+            [[0, 1, 2], [1, 0, 1], [2, 1, 0]]
         """
         layer = self._layer(layer)
 
@@ -348,6 +410,12 @@ class Topology:
         is the diameter (the farthest rank from any rank ends a longest path). A vertex-transitive
         layer (ring, hypercube, exponential, fully connected): eccentricity of rank 0. Otherwise
         BFS from every rank, in chunks of sources that keep memory O(n) per chunk.
+
+        Args:
+            layer: the layer (0 for a one-layer topology).
+
+        Returns:
+            The diameter in hops (0 for one rank).
         """
         layer = self._layer(layer)
 
@@ -388,29 +456,60 @@ class Topology:
         return int(union.max(initial=0))
 
     def coordinate_blocks(self, numel: int) -> tuple[slice, ...]:
-        """The contiguous block of a flat ``numel``-vector that each layer carries."""
+        """The contiguous block of a flat ``numel``-vector that each layer carries.
+
+        Args:
+            numel: the length of the flat model.
+
+        Returns:
+            One slice per layer, in layer order, covering [0, numel).
+        """
         return coordinate_blocks(numel, self.num_layers)
 
     def models_per_step(self, rank: int) -> float:
         """Models sent by rank per step: each layer carries 1/num_layers of the model to each
-        neighbour."""
+        neighbour.
+
+        Args:
+            rank: a rank in [0, world_size).
+
+        Returns:
+            The number of whole models' worth of coordinates ``rank`` sends per step.
+        """
         return sum(self.degree(rank, k) for k in range(self.num_layers)) / self.num_layers
 
     def max_models_per_step(self) -> float:
-        """models_per_step maximized over ranks."""
+        """models_per_step maximized over ranks.
+
+        Returns:
+            The busiest rank's models per step.
+        """
         total = sum(self.degrees(k) for k in range(self.num_layers))
         assert isinstance(total, np.ndarray)  # num_layers >= 1, so not sum()'s start 0
         return float(total.max() / self.num_layers)
 
     def inter_node_edges(self, nodes: Any) -> list[int]:
-        """Per layer, the edges whose two ranks are on different nodes (nodes: one node id per
-        rank)."""
+        """Per layer, the edges whose two ranks are on different nodes.
+
+        Args:
+            nodes: one node id per rank (any hashable: host names, integers).
+
+        Returns:
+            One count per layer.
+        """
         labels = self._node_labels(nodes)
         return [int((labels[e[:, 0]] != labels[e[:, 1]]).sum()) for e in self._edges]
 
     def inter_node_degrees(self, nodes: Any) -> np.ndarray:
-        """[layers, M]: per layer, the inter-node edges that end on each node (nodes numbered in the
-        order of their lowest rank); a node sends one message per step over each of them."""
+        """Per layer, the inter-node edges that end on each node; a node sends one message per step
+        over each of them.
+
+        Args:
+            nodes: one node id per rank (any hashable: host names, integers).
+
+        Returns:
+            [layers, M] int64, nodes numbered in the order of their lowest rank.
+        """
         labels = self._node_labels(nodes)
         counts = np.zeros((self.num_layers, int(labels.max(initial=0)) + 1), dtype=np.int64)
         for k, e in enumerate(self._edges):
@@ -422,17 +521,29 @@ class Topology:
         return node_labels(nodes, self.world_size)
 
     def mixing_matrix(self, layer: int = 0) -> np.ndarray:
-        """Metropolis-Hastings gossip matrix of the given layer, shape [n, n]."""
+        """Metropolis-Hastings gossip matrix of the given layer.
+
+        Args:
+            layer: the layer (0 for a one-layer topology).
+
+        Returns:
+            [n, n] float64, symmetric and doubly stochastic.
+        """
         return dense_metropolis_hastings(self.world_size, self._edges[self._layer(layer)])
 
     def gossip_extremes(self, layer: int = 0) -> GossipExtremes:
         """Spectral gap and smallest eigenvalue of the layer's Metropolis-Hastings matrix.
 
         A closed form where the generator knows one; otherwise the rule of
-        relaympi.topology.spectra:
-        dense eigvalsh up to DENSE_SPECTRUM_MAX_RANKS, inertia counts for trees of height (from
-        rank 0) up to TREE_INERTIA_MAX_HEIGHT, sparse Lanczos up to SPARSE_SPECTRUM_MAX_RANKS,
-        above that None with the reason.
+        relaympi.topology.spectra: dense eigvalsh up to DENSE_SPECTRUM_MAX_RANKS, inertia counts for
+        trees of height (from rank 0) up to TREE_INERTIA_MAX_HEIGHT, sparse Lanczos up to
+        SPARSE_SPECTRUM_MAX_RANKS, above that None with the reason.
+
+        Args:
+            layer: the layer (0 for a one-layer topology).
+
+        Returns:
+            The extremes, or None values with the reason where they are too costly at this size.
         """
         layer = self._layer(layer)
 
@@ -483,10 +594,15 @@ class Topology:
 
         Multi-layer topologies give per-layer lists for edges and for the gossip quantities.
         A quantity that is too costly at this size is None, and "not_computed" (present only
-        then) maps its key to the reason. edge_arrays=True gives each layer's edges as its
-        read-only [m, 2] array instead of a list of pairs (~140 bytes of Python objects per
-        edge). What the algorithms make of a topology is theirs to say (``python -m
-        relaympi.topology``).
+        then) maps its key to the reason. What the algorithms make of a topology is theirs to say
+        (``python -m relaympi.topology``).
+
+        Args:
+            edge_arrays: give each layer's edges as its read-only [m, 2] array instead of a list of
+                pairs (~140 bytes of Python objects per edge).
+
+        Returns:
+            Name, size, placement, layers, edges, diameter, degrees and gossip quantities, by key.
         """
         per_layer = range(self.num_layers)
         edges = [self._edges[k] if edge_arrays else self._edges[k].tolist() for k in per_layer]

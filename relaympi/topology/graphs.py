@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from functools import partial
 from pathlib import Path
 
@@ -47,7 +47,7 @@ __all__ = [
 SOCIAL_NETWORK_SIZE = 32  # Davis Southern Women graph: 18 women + 14 events
 
 
-def _graph(world_size: int, edges) -> nx.Graph:
+def _graph(world_size: int, edges: Iterable[tuple[int, int]]) -> nx.Graph:
     graph = nx.Graph()
     graph.add_nodes_from(range(world_size))
     graph.add_edges_from(edges)

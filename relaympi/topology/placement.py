@@ -93,16 +93,14 @@ def _nested_heap(order: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     inside = local >= 1
     j = local[inside]
     heap_parent = (j - 1) // 2
-    relay_parent = np.where(
-        j <= 2, j - 1, (j - 3) // 2 + 2
-    )  # 0 - 1 - 2, then a heap rooted at local 2
+    # 0 - 1 - 2, then a heap rooted at local 2
+    relay_parent = np.where(j <= 2, j - 1, (j - 3) // 2 + 2)
     parent_local = np.where(relays[node[inside]], relay_parent, heap_parent)
     intra = np.stack([starts[node[inside]] + parent_local, np.flatnonzero(inside)], axis=1)
     child = np.arange(1, node_count)
     parent = (child - 1) // 2
-    attach = np.minimum(
-        (child - 1) % 2, sizes[parent] - 1
-    )  # first child node at local 0, second at 1
+    # first child node at local 0, second at 1
+    attach = np.minimum((child - 1) % 2, sizes[parent] - 1)
     inter = np.stack([starts[parent] + attach, starts[child]], axis=1)
     return order[np.concatenate([intra, inter])]
 

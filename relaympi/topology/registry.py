@@ -49,8 +49,8 @@ def _social_network_tree(world_size: int, root: int | None) -> Topology:
     return Topology("social-network-tree", tree.world_size, tree.layers)
 
 
-# name -> the topology over world_size ranks; TOPOLOGY_NAMES in this order (the command lines'
-# lists)
+# name -> the topology over world_size ranks; TOPOLOGY_NAMES in this order (the command
+# lines' lists)
 TOPOLOGIES: Registry[Callable[[int], Topology]] = Registry(
     "topology",
     {
@@ -62,9 +62,8 @@ TOPOLOGIES: Registry[Callable[[int], Topology]] = Registry(
         "fully-connected": fully_connected,
         "hypercube": hypercube,
         "social-network": _social_network,
-        "social-network-tree": lambda world_size: _social_network_tree(
-            world_size, None
-        ),  # build(): root
+        # build(): root
+        "social-network-tree": lambda world_size: _social_network_tree(world_size, None),
         "exponential": exponential,
         "one-peer-exponential": one_peer_exponential,
         "alternating-ring": alternating_ring,
@@ -119,12 +118,13 @@ def build(
             does not apply to the family, or a bad node layout; the message says what is allowed.
 
     Example:
-        ```python
-        trees = build("double-binary-trees", 8)
-        trees.num_layers, trees.neighbors(3, layer=1)  # (2, (6,))
-        build("spanning-tree:ring", 6, root=2)
-        build("chain", 8, placement="nodes", nodes=["a"] * 4 + ["b"] * 4)
-        ```
+        >>> trees = build("double-binary-trees", 8)
+        >>> trees.num_layers, trees.neighbors(3, layer=1)
+        (2, (6,))
+        >>> build("spanning-tree:ring", 6, root=2).edges()
+        [(0, 1), (0, 5), (1, 2), (2, 3), (3, 4)]
+        >>> build("chain", 8, placement="nodes", nodes=["a"] * 4 + ["b"] * 4).placement
+        'nodes'
     """
     check_placement(placement)
     if nodes is not None and isinstance(world_size, int) and not isinstance(world_size, bool):

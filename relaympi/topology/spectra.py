@@ -96,13 +96,12 @@ def circulant_spectrum(world_size: int, offsets: tuple[int, ...]) -> np.ndarray:
     j = np.arange(n, dtype=np.float64)
     adjacency = np.zeros(n)
     for s in shifts:
-        adjacency += np.cos(
-            2.0 * np.pi * ((j * s) % n) / n
-        )  # j s mod n keeps the angle small and exact
+        # j s mod n keeps the angle small and exact
+        adjacency += np.cos(2.0 * np.pi * ((j * s) % n) / n)
     eigenvalues = (1.0 + adjacency) / (1.0 + len(shifts))
     # cos() is exact only to rounding: a ring of 3 has eigenvalue (1 + 2 cos(2 pi/3)) / 3 = 0,
-    # computed
-    # as -7e-17. Nonzero eigenvalues of these graphs stay far above 1e-13 for any n below 1e8.
+    # computed as -7e-17. Nonzero eigenvalues of these graphs stay far above 1e-13 for any n
+    # below 1e8.
     eigenvalues[np.abs(eigenvalues) < 1e-13] = 0.0
     return np.sort(eigenvalues)
 
@@ -167,9 +166,8 @@ def sparse_extremes(world_size: int, edges: np.ndarray) -> GossipExtremes:
     """
     n = world_size
     matrix = sparse_metropolis_hastings(n, edges)
-    start = (
-        np.cos(np.arange(n) * 0.7) + 1.5
-    )  # deterministic, not orthogonal to any eigenvector in practice
+    # deterministic, not orthogonal to any eigenvector in practice
+    start = np.cos(np.arange(n) * 0.7) + 1.5
     try:
         lowest = eigsh(
             matrix,

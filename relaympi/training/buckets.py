@@ -123,9 +123,8 @@ class GradientBuckets:
         self._done.add(key)
         index = self._bucket_of[key]
         self._waiting[index] -= 1
-        here = (
-            self.any_thread or threading.get_ident() == self._owner
-        )  # else delivered when backward returns
+        # else delivered when backward returns
+        here = self.any_thread or threading.get_ident() == self._owner
         if self._waiting[index] == 0:
             self._final[index] = True
             while here and self._next < len(self.buckets) and self._final[self._next]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,22 @@ class CheckpointWriteError(OSError):
 
 def _write_atomically(target: Path, data: bytes) -> None:
     """Write ``data`` to ``target`` through a temporary file and a rename: ``target`` is either its
-    old self or complete, and a failed write leaves no temporary file behind."""
-    tmp = target.with_name(target.name + ".tmp")
+    old self or complete, and a failed write leaves no temporary file behind.
+
+    The temporary file is created exclusively in ``target``'s folder under a name nobody can
+    guess (mkstemp: O_CREAT | O_EXCL, mode 0600), so in a folder others can write to, no
+    symbolic link planted there beforehand is followed; the rename replaces ``target`` itself,
+    never what a link there points to. The checkpoint keeps mode 0600: a run's state is its
+    owner's."""
     try:
-        with open(tmp, "wb") as f:
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise CheckpointWriteError(
+            f"cannot write the checkpoint {target}: {exc.strerror or exc}"
+        ) from None
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -55,18 +68,20 @@ def save(directory: Path, rank: int, step: int, state: dict[str, Any]) -> None:
     """Write rank's state for ``step`` (atomic rename; older files stay until prune())."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    buffer = (
-        io.BytesIO()
-    )  # serialized in memory first: a full disk fails a plain write, with its errno
+    # serialized in memory first: a full disk fails a plain write, with its errno
+    buffer = io.BytesIO()
     torch.save({"format_version": FORMAT_VERSION, "step": step, **state}, buffer)
     _write_atomically(_path(directory, rank, step), buffer.getbuffer().tobytes())
 
 
 def prune(directory: Path, rank: int, keep_step: int) -> None:
-    """Delete this rank's checkpoints of other steps (call once meta.json names keep_step)."""
+    """Delete this rank's checkpoints of other steps (call once meta.json names keep_step), and
+    the temporary files a killed write of this rank left."""
     for path in Path(directory).glob(f"rank{rank:05d}.step*.pt"):
         if path != _path(Path(directory), rank, keep_step):
             path.unlink(missing_ok=True)
+    for path in Path(directory).glob(f".rank{rank:05d}.step*.pt.*.tmp"):
+        path.unlink(missing_ok=True)
 
 
 def load(directory: Path, rank: int, step: int) -> dict[str, Any]:

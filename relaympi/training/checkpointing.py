@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from relaympi.algorithms.registry import communication
 from relaympi.config import RESUME_FREE_KEYS, ConfigError, RunConfig
 from relaympi.results import (
     FINISHED_STATUSES,
@@ -55,11 +56,11 @@ class Checkpoints:
         self.barrier = barrier or (lambda: None)
         self.engine = engine
         # placed by node, the trees follow the nodes, and so does the all-reduce's tree (its stage
-        # order):
-        # a resume must find the ranks on the same nodes
+        # order; its declared communication follows the nodes): a resume must find the ranks on the
+        # same nodes
         self.nodes = (
             [int(node) for node in nodes]
-            if cfg.placement == "nodes" or cfg.algo == "allreduce"
+            if cfg.placement == "nodes" or communication(cfg.algo).follows_nodes
             else None
         )
         self.directory = cfg.checkpoint_dir
@@ -187,9 +188,8 @@ class Checkpoints:
             )
         steps = run.data.get("step")
         last = int(steps[-1]) if steps is not None and len(steps) else None
-        needed = (
-            (step - 1) // eval_every * eval_every if step > 0 else 0
-        )  # the last evaluation before the checkpoint's step
+        # the last evaluation before the checkpoint's step
+        needed = (step - 1) // eval_every * eval_every if step > 0 else 0
         if last is None or last < needed:
             at = f"end at step {last}" if last is not None else "are empty"
             return self._refuse(

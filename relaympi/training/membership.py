@@ -55,12 +55,17 @@ def injected_losses() -> dict[int, list[int]]:
     return losses
 
 
+class HealError(RuntimeError):
+    """The survivors of a loss cannot go on (their topology cannot be built): a failure of the
+    run, recorded as such (exit status 1), not a misuse; one line says why."""
+
+
 def survivor_topology(plan: Plan, survivor_nodes: Sequence[int]) -> Topology:
     """The run's topology family built again over the survivors (one node id each, in their rank
     order), placed as the run was (--placement, as resolved).
 
     Raises:
-        ConfigError: the family cannot be built for that many workers (one line).
+        HealError: the family cannot be built for that many workers (one line).
     """
     name, count = plan.topology.name, len(survivor_nodes)
     nodes = number_nodes(survivor_nodes)
@@ -73,7 +78,7 @@ def survivor_topology(plan: Plan, survivor_nodes: Sequence[int]) -> Topology:
             return build(name, count, placement="nodes", nodes=nodes)
         return build(name, count)
     except TopologyError as exc:
-        raise ConfigError(
+        raise HealError(
             f"--on-failure continue: topology {name!r} cannot be built again over the "
             f"{count} surviving workers: {exc}"
         ) from None
@@ -100,7 +105,10 @@ def check_heals(plan: Plan) -> None:
     workers (an edge list fixes its count, say), rather than at the first loss."""
     if plan.world_size > 2:
         survivors = list(plan.nodes or (0,) * plan.world_size)[:-1]
-        survivor_topology(plan, survivors)
+        try:
+            survivor_topology(plan, survivors)
+        except HealError as exc:  # known before the run starts: a misuse
+            raise ConfigError(str(exc)) from None
 
 
 @dataclass

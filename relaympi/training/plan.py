@@ -24,6 +24,7 @@ from relaympi.algorithms import (
     AlgorithmError,
     Options,
     check_combination,
+    communication,
     default_topology,
     get_algorithm_class,
     lr_correction,
@@ -83,8 +84,8 @@ class Plan:
         str, ...
         # flags given that this run resolved away (e.g. --progress-thread where --overlap is off)
     ] = ()
-    # each rank's node (0, 1, ... by each node's lowest rank): as MPI placed the ranks, or emulated
-    # (--ranks-per-node)
+    # each rank's node (0, 1, ... by each node's lowest rank): as MPI placed the ranks, or
+    # emulated (--ranks-per-node)
     nodes: tuple[int, ...] = ()
     # a rerun on the survivors of a run that lost workers (--on-failure continue): the original ids
     # of the workers it runs, in rank order (world_size stays the run's first count); () otherwise
@@ -259,7 +260,8 @@ def placed_topology(
 # at chance, their averaged batch 8x smaller than tuned for; with 32 and 64 RelaySGD/Grad ends at
 # 30-45% and the gossip algorithms fall to 70-90%, their graphs mixing slower. So the trainer warns
 # only where the count moved that far: more workers than tuned, or fewer than a quarter as many
-# (all-reduce, centralized SGD on the mean gradient, only for more).
+# (only for more where the algorithm mixes over no graph, as its declared communication says:
+# all-reduce is centralized SGD on the mean gradient, isolated workers never mix).
 LR_FEWER_WORKERS_FACTOR = 4
 
 
@@ -267,7 +269,7 @@ def lr_may_not_suit(algo: str, world_size: int, tuned: int) -> bool:
     """Whether a default lr tuned for ``tuned`` workers may not suit ``world_size`` of them."""
     if world_size > tuned:
         return True
-    return algo != "allreduce" and world_size * LR_FEWER_WORKERS_FACTOR < tuned
+    return communication(algo).placed and world_size * LR_FEWER_WORKERS_FACTOR < tuned
 
 
 def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None) -> Plan:
@@ -359,9 +361,8 @@ def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None)
     except AlgorithmError as exc:
         raise ConfigError(str(exc)) from exc
     assert cfg.lr is not None  # filled in above
-    lr = float(cfg.lr) * (
-        lr_correction(topology) if cfg.relay_lr_correction else 1.0
-    )  # validate() refused it for other algorithms
+    # validate() refused it for other algorithms
+    lr = float(cfg.lr) * (lr_correction(topology) if cfg.relay_lr_correction else 1.0)
     return Plan(
         cfg=cfg,
         world_size=world_size,

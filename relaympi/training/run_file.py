@@ -3,7 +3,6 @@ summary."""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -11,10 +10,9 @@ from typing import Any
 import numpy as np
 
 from relaympi import provenance
-from relaympi.config import ConfigError, experiment_settings
+from relaympi.config import ConfigError
 from relaympi.results import (
     CHANCE_FACTOR,
-    FINISHED_STATUSES,
     PROBLEM_DIGEST_ATTR,
     RESUMABLE_STATUSES,
     NotARunFileError,
@@ -22,7 +20,6 @@ from relaympi.results import (
     RunFileWriteError,
     RunTopology,
     RunWriter,
-    file_kind,
     read_run,
     run_status,
     summary_text,
@@ -31,7 +28,9 @@ from relaympi.results import (
     workers_at_chance,
 )
 from relaympi.results.quality import CHANCE_AFTER_EPOCHS
-from relaympi.results.schema import ADDED_DATASETS
+from relaympi.results.schema import ADDED_DATASETS, QUADRATICS_CONVENTION_ATTR
+from relaympi.results.text import one_line
+from relaympi.tasks.quadratics import CONVENTION
 from relaympi.training.checkpoint_files import CheckpointWriteError
 from relaympi.training.plan import Plan
 
@@ -63,47 +62,6 @@ def close_quietly(writer: RunWriter) -> None:
         log.error("%s", exc)
 
 
-def check_out(out: Path, overwrite: bool, plan: Plan | None = None) -> None:
-    """Refuse (ConfigError) an --out this run may not replace, before anything is written: --out
-    replaces only run files (a finished one, a damaged one, or a preempted run of another
-    configuration than ``plan``'s, only with --overwrite)."""
-    kind = file_kind(out)
-    if kind == "other":
-        raise ConfigError(
-            f"--out {out} exists and is not a relaympi run file; --out replaces only run "
-            "files (even with --overwrite): "
-            "choose another --out, or move that file away"
-        )
-    if kind == "damaged" and not overwrite:
-        raise ConfigError(
-            f"--out {out} exists but cannot be read as a run file (empty or damaged HDF5); "
-            "pass --overwrite to replace it, or choose another --out"
-        )
-    if kind == "run" and not overwrite and run_status(out) in FINISHED_STATUSES:
-        raise ConfigError(f"{out} already holds a finished run; pass --overwrite to replace it")
-    if kind == "run" and not overwrite and plan is not None and run_status(out) == "preempted":
-        differ = _differences(read_run(out).config, plan)
-        if differ:
-            raise ConfigError(
-                f"{out} holds a preempted run of another configuration ({differ}); pass "
-                "--overwrite to replace it, or choose another --out"
-            )
-
-
-def _differences(saved: dict[str, Any], plan: Plan) -> str:
-    """How the experiment in a run file's ``saved`` config differs from ``plan``'s ('' if it does
-    not): its settings (relaympi.config.experiment_settings) and its worker count."""
-    mine = plan.cfg.to_dict() | {"world_size": plan.world_size}
-    theirs, ours = experiment_settings(saved), experiment_settings(mine)
-    theirs["world_size"], ours["world_size"] = saved.get("world_size"), plan.world_size
-    keys = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
-    words = [
-        f"{key} {json.dumps(theirs.get(key))} there, {json.dumps(ours.get(key))} here"
-        for key in keys[:3]
-    ]
-    return "; ".join(words) + (f"; and {len(keys) - 3} more" if len(keys) > 3 else "")
-
-
 def writer_factory(plan: Plan, out: Path, command: str) -> Any:
     """Rank 0's run file: reopened to resume an unfinished run, else created."""
 
@@ -130,7 +88,12 @@ def writer_factory(plan: Plan, out: Path, command: str) -> Any:
             )
             writer.set_topology(run_topology(plan))
             if plan.problem is not None:  # quadratics: the problem, however it was made
-                writer.set_attrs(**{PROBLEM_DIGEST_ATTR: plan.problem.digest()})
+                writer.set_attrs(
+                    **{
+                        PROBLEM_DIGEST_ATTR: plan.problem.digest(),
+                        QUADRATICS_CONVENTION_ATTR: CONVENTION,
+                    }
+                )
             return writer
         except NotARunFileError as exc:
             raise ConfigError(
@@ -235,9 +198,8 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
             f"best {np.max(acc):.4f}"
         )
         epoch = run.data["epoch"]
-        window = (epoch > epoch[-1] - 5) & (
-            epoch > 0
-        )  # the paper's last-5-epochs window, as the report uses it
+        # the paper's last-5-epochs window, as the report uses it
+        window = (epoch > epoch[-1] - 5) & (epoch > 0)
         if window.any():
             acc = run.data["test_accuracy"][window][:, finished]
             if run.membership:  # a re-admitted worker's rows while it was out do not count
@@ -272,9 +234,8 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
     if run.config.get(
         "overlap"
     ):  # the default across nodes: say so, it sets the timers' meaning (docs/overlap.md)
-        ran = run.provenance.get(
-            "transport_progress_thread", run.config.get("progress_thread")
-        )  # False where MPI lacked THREAD_MULTIPLE
+        # False where MPI lacked THREAD_MULTIPLE
+        ran = run.provenance.get("transport_progress_thread", run.config.get("progress_thread"))
         line += " | overlap" + (" with a progress thread" if ran else "")
     unstable = (
         unstable_loss(run.data["train_loss"], run.present() if run.membership else None)
@@ -283,4 +244,4 @@ def print_summary(out: Path, status: str, checkpoint_dir: Path | None = None) ->
     )
     if unstable:
         line += f" | WARNING: {unstable_text(unstable)}"
-    print(line, flush=True)
+    print(one_line(line), flush=True)  # the file's strings as text: no line break or escape

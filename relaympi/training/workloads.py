@@ -123,8 +123,8 @@ def run_partition(task: ClassificationTask, plan: Plan) -> list[np.ndarray]:
     try:
         return dirichlet_partition(labels, plan.world_size, cfg.alpha, cfg.seed)
     except PartitionError as exc:
-        # Lin et al.'s draw is random: with few samples per worker no draw may meet its half-share
-        # rule
+        # Lin et al.'s draw is random: with few samples per worker no draw may meet its
+        # half-share rule
         raise TaskError(
             f"--alpha {cfg.alpha:g} with {plan.world_size} workers on the {len(labels)} "
             f"training samples of {cfg.task} "
@@ -200,28 +200,29 @@ def _to(value: Any, device: torch.device) -> Any:
 
 
 class QuadraticWorkload(Workload):
-    """Worker i minimizes f_i(x) = 1/2 ||A_i x - b_i||^2 (float64), starting from x(0) = 0."""
+    """Worker i minimizes f_i(x) = ||A_i x - b_i||^2 (float64, relaympi.tasks.quadratics), starting
+    from x(0) = 0."""
 
     reports_params = True  # suboptimality and consensus distance need every worker's x
 
     def __init__(self, problem: Quadratics, seed: int, rank: int):
         self.problem, self.rank, self.seed = problem, rank, seed
-        self.AtA = torch.from_numpy(problem.AtA[rank])
-        self.Atb = torch.from_numpy(problem.Atb[rank])
+        self.H = torch.from_numpy(problem.H[rank])
+        self.c = torch.from_numpy(problem.c[rank])
         self.x = padded_zeros(problem.dim, dtype=torch.float64)  # spare slots: RelaySum counters
         self.grad = torch.zeros_like(self.x)
         self.steps_per_epoch = 1
 
     def gradient(self, step: int) -> float:
-        torch.mv(self.AtA, self.x, out=self.grad)
-        self.grad.sub_(self.Atb)
+        torch.mv(self.H, self.x, out=self.grad)
+        self.grad.sub_(self.c)
         if self.problem.sigma2:
             self.grad.add_(torch.from_numpy(self.problem.noise(self.seed, step, self.rank)))
         return self.current_loss()
 
     def current_loss(self) -> float:
         r = self.problem.A[self.rank] @ self.x.numpy() - self.problem.b[self.rank]
-        return float(0.5 * r @ r)
+        return float(r @ r)
 
     def evaluate(self) -> dict[str, float]:
         return {}

@@ -82,9 +82,8 @@ class BatchedData:
             return self._image_batch(step)
         if self._gather_only:
             indices = np.concatenate([sampler.batch(step) for sampler in self.samplers])
-            inputs, targets = self.task.train_batch(
-                indices, self.samplers[0].rng(step)
-            )  # DigitsTask ignores the rng
+            # DigitsTask ignores the rng
+            inputs, targets = self.task.train_batch(indices, self.samplers[0].rng(step))
             inputs, targets = (
                 inputs.view(self.world_size, self.batch_size, *inputs.shape[1:]),
                 targets.view(self.world_size, -1),

@@ -172,9 +172,8 @@ class BatchedModel:
                 enabled=self.autocast is not None,
             ),
         ):
-            losses = self._losses(self.outputs(X, inputs), targets).to(
-                X.dtype
-            )  # autocast may leave bf16
+            # autocast may leave bf16
+            losses = self._losses(self.outputs(X, inputs), targets).to(X.dtype)
             (G,) = torch.autograd.grad(losses.sum(), X)
         return G, losses.detach()
 

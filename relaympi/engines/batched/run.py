@@ -65,9 +65,8 @@ class ModelEngine:
         options = replace(plan.task_options, device=str(device))
         # make_engine gives every other task a QuadraticEngine; resolve() filled in the batch size
         assert issubclass(plan.task, ClassificationTask) and cfg.batch_size is not None
-        self.task = plan.task(
-            options
-        )  # resolve refused tasks this engine cannot run, before any data loads
+        # resolve refused tasks this engine cannot run, before any data loads
+        self.task = plan.task(options)
         self.model = BatchedModel(self.task, cfg.seed, device, autocast=AUTOCAST[cfg.autocast])
         parts = run_partition(self.task, plan)
         self.data = BatchedData(self.task, parts, cfg.batch_size, cfg.seed, device)
@@ -90,9 +89,8 @@ class ModelEngine:
         return self.model.gradients(self.X, inputs, targets)
 
     def current_losses(self) -> np.ndarray:
-        return np.full(
-            self.X.shape[0], math.nan
-        )  # no loss before the first step (as ModelWorkload)
+        # no loss before the first step (as ModelWorkload)
+        return np.full(self.X.shape[0], math.nan)
 
     def metrics(self) -> dict[str, Any]:
         result = self.model.evaluate(self.X, self.task.test_batches(self.eval_batch_size))
@@ -100,12 +98,13 @@ class ModelEngine:
 
 
 class QuadraticEngine:
-    """f_i(x) = 1/2 ||A_i x - b_i||^2 for all workers at once, in float64, from X(0) = 0."""
+    """f_i(x) = ||A_i x - b_i||^2 (relaympi.tasks.quadratics) for all workers at once, in float64,
+    from X(0) = 0."""
 
     def __init__(self, plan: Plan, device: torch.device):
         self.problem, self.seed, self.cfg = plan.problem, plan.cfg.seed, plan.cfg
-        self.AtA = torch.from_numpy(self.problem.AtA).to(device)
-        self.Atb = torch.from_numpy(self.problem.Atb).to(device)
+        self.H = torch.from_numpy(self.problem.H).to(device)
+        self.c = torch.from_numpy(self.problem.c).to(device)
         self.X = torch.zeros(plan.world_size, self.problem.dim, dtype=torch.float64, device=device)
         self.steps_per_epoch = 1
         # the original id of each row: its objective f_i and its noise stream
@@ -115,8 +114,8 @@ class QuadraticEngine:
     def keep_workers(self, rows: list[int], members: list[int]) -> None:
         """Keep the workers at positions ``rows`` (original ids ``members``): their objectives'
         rows; each draws its noise by its original id. X is the caller's."""
-        index = torch.as_tensor(rows, dtype=torch.long, device=self.AtA.device)
-        self.AtA, self.Atb = self.AtA.index_select(0, index), self.Atb.index_select(0, index)
+        index = torch.as_tensor(rows, dtype=torch.long, device=self.H.device)
+        self.H, self.c = self.H.index_select(0, index), self.c.index_select(0, index)
         self.members = list(members)
         problem = self.problem
         self._local = Quadratics(
@@ -126,9 +125,9 @@ class QuadraticEngine:
     def restore_workers(self, members: list[int]) -> None:
         """The rows become the workers of original ids ``members`` (re-admitted ones among them):
         each its own objective and noise stream again. X is the caller's."""
-        problem, device = self.problem, self.AtA.device
-        self.AtA = torch.from_numpy(problem.AtA[members]).to(device)
-        self.Atb = torch.from_numpy(problem.Atb[members]).to(device)
+        problem, device = self.problem, self.H.device
+        self.H = torch.from_numpy(problem.H[members]).to(device)
+        self.c = torch.from_numpy(problem.c[members]).to(device)
         self.members = list(members)
         self._local = (
             problem
@@ -143,7 +142,7 @@ class QuadraticEngine:
         )
 
     def gradient(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        G = torch.bmm(self.AtA, self.X.unsqueeze(2)).squeeze(2).sub_(self.Atb)
+        G = torch.bmm(self.H, self.X.unsqueeze(2)).squeeze(2).sub_(self.c)
         if self.problem.sigma2:
             noise = np.stack([self.problem.noise(self.seed, step, rank) for rank in self.members])
             G.add_(torch.from_numpy(noise).to(G.device))

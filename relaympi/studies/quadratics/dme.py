@@ -148,8 +148,8 @@ def _findings(rows: list[dict[str, Any]], s: DmeSettings) -> list[Finding]:
                 + f" at T={'/'.join(str(r['T']) for r in later)}",
             )
         )
-        # gossip needs about the mixing time (~n^2 on a ring) to reach O(1/(nT)); RelaySum the
-        # diameter
+        # gossip needs about the mixing time (~n^2 on a ring) to reach O(1/(nT)); RelaySum
+        # the diameter
         reach = {}
         for key in ("relay_mse", "gossip_mse"):
             reach[key] = next((r["T"] for r in ours if n * r["T"] * r[key] <= 1.25), None)

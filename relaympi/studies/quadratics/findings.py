@@ -12,8 +12,10 @@ import h5py
 import numpy as np
 
 from relaympi.studies.quadratics.tuning import Tuned
+from relaympi.tasks.quadratics import CONVENTION
 
-SCHEMA_VERSION = 1
+# 2: the quadratics in the paper's loss, no 1/2 (attribute quadratics_convention); 1 had the 1/2
+SCHEMA_VERSION = 2
 
 
 @dataclass
@@ -32,13 +34,11 @@ class Finding:
 class StudyResult:
     study: str
     settings: Any
-    rows: list[dict[str, Any]] = field(
-        default_factory=list
-    )  # the table, one row per run or measurement
+    # the table, one row per run or measurement
+    rows: list[dict[str, Any]] = field(default_factory=list)
     curves: list[np.ndarray | None] = field(default_factory=list)  # per row: suboptimality per step
-    trials: list[np.ndarray | None] = field(
-        default_factory=list
-    )  # per row: every learning rate the search tried
+    # per row: every learning rate the search tried
+    trials: list[np.ndarray | None] = field(default_factory=list)
     tables: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     data: dict[str, np.ndarray] = field(default_factory=dict)
@@ -67,6 +67,7 @@ def write_result(result: StudyResult, out_dir: Path, provenance: dict[str, Any])
         f.attrs["kind"] = "quadratics-study"
         f.attrs["schema_version"] = SCHEMA_VERSION
         f.attrs["study"] = result.study
+        f.attrs["quadratics_convention"] = CONVENTION
         f.attrs.create(
             "settings",
             json.dumps(dataclasses.asdict(result.settings), sort_keys=True, default=_json_default),
@@ -105,7 +106,10 @@ def write_result(result: StudyResult, out_dir: Path, provenance: dict[str, Any])
 
 def report(result: StudyResult) -> str:
     """The printed form of a study: its tables, the paper's findings, and its wall time."""
-    lines = [f"== {result.study} ({result.elapsed_s:.1f} s) =="]
+    lines = [
+        f"== {result.study} ({result.elapsed_s:.1f} s) ==",
+        f"quadratics convention: {CONVENTION}",
+    ]
     for table in result.tables:
         lines += [table, ""]
     lines.append("paper findings:")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from relaympi.algorithms.registry import communication
 from relaympi.studies.quadratics.findings import Finding, StudyResult
 from relaympi.studies.quadratics.tables import expect_row, fmt, grid
 from relaympi.studies.quadratics.tuned import ProblemSettings, add_tuned, make_problem, steps_cell
@@ -49,7 +50,8 @@ def study_social(s: SocialSettings) -> StudyResult:
         problem = make_problem(32, s.problem, s.zeta2, sigma2, s.search.seed)
         for method, root in methods:
             edges = len(method.topology.edges(0))
-            payload = _bytes_per_step(edges, d) if method.algo != "allreduce" else -1
+            # bytes over the graph's edges, for an algorithm that sends its messages over them
+            payload = _bytes_per_step(edges, d) if communication(method.algo).placed else -1
             # RelaySGD's messages carry a float64 counter
             counters = edges * 2 * 8 if method.algo == "relay" else 0
             row = add_tuned(

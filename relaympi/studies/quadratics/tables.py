@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -54,11 +55,38 @@ def steps_of(rows: list[Row], **match: Any) -> int | None:
     return row["steps"] if row is not None and row["reached"] else None
 
 
-def fmt(steps: int | None) -> str:
-    return "n.r." if steps is None else str(steps)
+def fmt(steps: float | None) -> str:
+    return "n.r." if steps is None else f"{steps:g}"
 
 
-def log_log_slope(ns: Sequence[int], steps: Sequence[int | None]) -> float | None:
+def seed_steps(rows: list[Row], **match: Any) -> list[float]:
+    """Steps to the target of every matching row (one per seed), math.inf where not reached."""
+    return [
+        float(r["steps"]) if r["reached"] else math.inf
+        for r in rows
+        if all(r.get(k) == v for k, v in match.items())
+    ]
+
+
+def median_steps(rows: list[Row], **match: Any) -> float | None:
+    """The median over seeds of the matching rows' steps to the target, a seed that did not reach
+    it counting as infinitely many; None if that median is infinite (or no row matches).
+
+    Args:
+        rows: the study's rows.
+        **match: the columns' values (method, zeta2, n).
+
+    Returns:
+        The median steps, or None.
+    """
+    values = seed_steps(rows, **match)
+    if not values:
+        return None
+    median = float(np.median(values))
+    return median if math.isfinite(median) else None
+
+
+def log_log_slope(ns: Sequence[int], steps: Sequence[float | None]) -> float | None:
     """Slope of log(steps) against log(n) (least squares); None if some setting did not reach the
     target."""
     if any(s is None for s in steps) or len(ns) < 2:
@@ -66,7 +94,7 @@ def log_log_slope(ns: Sequence[int], steps: Sequence[int | None]) -> float | Non
     return float(np.polyfit(np.log(ns), np.log(np.asarray(steps, dtype=float)), 1)[0])
 
 
-def ratio_within(values: Sequence[int | None], tolerance: float) -> tuple[bool, float | None]:
+def ratio_within(values: Sequence[float | None], tolerance: float) -> tuple[bool, float | None]:
     """Whether max/min <= 1 + tolerance, and the ratio (None if some setting did not reach the
     target)."""
     if not values or any(v is None for v in values):

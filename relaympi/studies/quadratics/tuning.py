@@ -45,6 +45,13 @@ class SearchConfig:
     current best's two grid neighbours, the best included, so the bracket shrinks by a factor
     (round_points - 1) / 2 per round on the log scale (binary search halves it; evaluating a
     whole grid in one vectorized run is cheaper here than sequential bisection).
+
+    What counts, as in the paper's published tuning code: the suboptimality is judged at
+    ``checkpoints`` steps log-spaced in [1, max_steps] (every step up to about 100 of 20,000),
+    the steps to the target are the first such step at or below it, and on a noise-free problem
+    a learning rate whose suboptimality rises from one checkpoint to the next while still above
+    the target is refused like a diverging one (``refuse_rises``): the tuned rate converges
+    without oscillating above the target.
     """
 
     target: float
@@ -60,8 +67,12 @@ class SearchConfig:
         1  # with gradient noise: suboptimality is averaged over this many noise streams
     )
     seed: int = 0
+    checkpoints: int = 1000  # log-spaced steps at which runs are judged (0: every step)
+    refuse_rises: bool = True  # noise-free: refuse a rate whose suboptimality rises above target
 
     def __post_init__(self) -> None:
+        if self.checkpoints < 0 or self.checkpoints == 1:
+            raise ValueError(f"checkpoints must be 0 or >= 2, got {self.checkpoints}")
         if not self.target > 0:
             raise ValueError(f"target must be > 0, got {self.target}")
         if self.max_steps < 1:
@@ -89,13 +100,43 @@ class BatchResult:
     min_suboptimality: np.ndarray  # [K] lowest (noise-averaged) suboptimality seen
     diverged: np.ndarray  # [K] bool
     curves: np.ndarray  # [steps_run + 1, K] (noise-averaged) suboptimality per step
+    rose: np.ndarray | None = None  # [K] bool: refused, its suboptimality rose above the target
+
+    @property
+    def refused(self) -> np.ndarray:
+        """[K] bool: diverged, or refused for rising above the target."""
+        return self.diverged if self.rose is None else self.diverged | self.rose
+
+
+def checkpoint_steps(max_steps: int, count: int) -> np.ndarray:
+    """The steps at which runs are judged: ``count`` log-spaced steps in [1, max_steps], rounded,
+    without repeats (0: every step).
+
+    Args:
+        max_steps: the cap on steps.
+        count: how many log-spaced points (before rounding merges the first ones).
+
+    Returns:
+        Sorted int steps, the last one max_steps.
+    """
+    if count == 0 or max_steps == 1:
+        return np.arange(1, max_steps + 1)
+    return np.unique(np.rint(np.geomspace(1, max_steps, count)).astype(np.int64))
 
 
 def suboptimality_batch(problem: Quadratics, X: np.ndarray) -> np.ndarray:
-    """f(x_bar) - f* for each of B models stacked as X [n, B, d]: exactly 1/2 e^T H e with H = mean
-    A_i^T A_i."""
+    """f(x_bar) - f* for each of B models stacked as X [n, B, d].
+
+    Args:
+        problem: the quadratics (f the mean of ||A_i x - b_i||^2).
+        X: B stacked sets of worker iterates [n, B, d].
+
+    Returns:
+        [B]: exactly e^T (1/n sum_i A_i^T A_i) e = 1/2 e^T H e with e = x_bar - x* and H the
+        global Hessian (the mean of problem.H).
+    """
     error = X.mean(axis=0) - problem.x_star  # [B, d]
-    hessian = problem.AtA.mean(axis=0)
+    hessian = problem.H.mean(axis=0)
     return 0.5 * np.einsum("bi,ij,bj->b", error, hessian, error)
 
 
@@ -107,14 +148,19 @@ def run_batch(
     max_steps: int,
     noise_seeds: int = 1,
     seed: int = 0,
+    checkpoints: np.ndarray | None = None,
+    refuse_rises: bool = False,
 ) -> BatchResult:
     """Run ``method`` for every learning rate at once on the matrix engine, from x(0) = 0.
 
     Learning rate k and noise stream s occupy the coordinate block [n, (k, s), d] of one
     engine of width K * S * d: every algorithm mixes rows (workers) only and relays each
     coordinate alike, and the local step u = -lr g is made lr-specific by scaling the
-    gradient block by lr_k and passing lr = 1. Stops at the first step where some learning
-    rate's noise-averaged suboptimality is <= target, once all diverged, or at max_steps.
+    gradient block by lr_k and passing lr = 1. Stops at the first checkpoint (``checkpoints``,
+    sorted steps; None: every step) where some learning rate's noise-averaged suboptimality is
+    <= target, once all are refused, or at max_steps. With ``refuse_rises`` (noise-free
+    problems only), a rate whose suboptimality at a checkpoint exceeds the previous
+    checkpoint's while that one was above the target is refused (SearchConfig).
     """
     lrs = np.asarray(lrs, dtype=np.float64)
     n, d = problem.num_workers, problem.dim
@@ -136,46 +182,62 @@ def run_batch(
     )
     scale = np.repeat(lrs, S * d)[None, :]  # [1, width]
     X = np.zeros((n, width))
-    rng = np.random.default_rng(
-        [seed, 0x5EED]
-    )  # one stream, drawn in step order: common to all lrs and rounds
+    # one stream, drawn in step order: common to all lrs and rounds
+    rng = np.random.default_rng([seed, 0x5EED])
     noise_std = math.sqrt(problem.sigma2 / d) if problem.sigma2 > 0 else 0.0
-    hessian_t = problem.AtA.transpose(0, 2, 1)
+    hessian_t = problem.H.transpose(0, 2, 1)
 
     def measure(X: np.ndarray) -> np.ndarray:
         values = suboptimality_batch(problem, X.reshape(n, K * S, d)).reshape(K, S).mean(axis=1)
         return np.where(np.isfinite(values), values, np.inf)
 
+    judged = np.zeros(max_steps + 1, dtype=bool)
+    if checkpoints is None:
+        judged[1:] = True
+    else:
+        judged[[t for t in checkpoints if t <= max_steps]] = True
+    refuse_rises = refuse_rises and problem.sigma2 == 0  # with noise, rises are the noise's
+
     first = measure(X)
     curves = [first]
     best = first.copy()
+    last = first.copy()  # the suboptimality at the previous checkpoint
     diverged = np.zeros(K, dtype=bool)
+    rose = np.zeros(K, dtype=bool)
     hit_step = None
     step = 0
     with np.errstate(over="ignore", invalid="ignore"):
         for step in range(1, max_steps + 1):
             X3 = X.reshape(n, K * S, d)
-            G = (X3 @ hessian_t - problem.Atb[:, None, :]).reshape(n, K, S, d)
+            G = (X3 @ hessian_t - problem.c[:, None, :]).reshape(n, K, S, d)
             if noise_std:
                 G = G + (noise_std * rng.standard_normal((n, 1, S, d)))
             X = engine.step(X, G.reshape(n, width) * scale, 1.0, step - 1)
             values = measure(X)
             curves.append(values)
-            np.minimum(best, values, out=best)
-            newly = ~diverged & (values > _DIVERGENCE_FACTOR * np.maximum(first, target))
-            if newly.any():  # freeze diverged blocks at 0 with lr 0 so they stay finite
-                diverged |= newly
-                frozen = np.repeat(diverged, S * d)
+            open_ = ~(diverged | rose)
+            np.minimum(best, np.where(open_, values, best), out=best)
+            newly = open_ & (values > _DIVERGENCE_FACTOR * np.maximum(first, target))
+            diverged |= newly
+            if judged[step]:
+                if refuse_rises:
+                    rising = open_ & ~newly & (values > last) & (last > target)
+                    rose |= rising
+                    newly |= rising
+                last = values
+            if newly.any():  # freeze refused blocks at 0 with lr 0 so they stay finite
+                frozen = np.repeat(diverged | rose, S * d)
                 scale[0, frozen] = 0.0
                 X[:, frozen] = 0.0
-            if (values <= target).any():
+            reached = judged[step] & ~(diverged | rose) & (values <= target)
+            if reached.any():
                 hit_step = step
                 break
-            if diverged.all():
+            if (diverged | rose).all():
                 break
     curves_array = np.array(curves)
-    hits = curves_array[-1] <= target if hit_step is not None else np.zeros(K, dtype=bool)
-    return BatchResult(lrs, step, hit_step, hits, best, diverged, curves_array)
+    hits = reached if hit_step is not None else np.zeros(K, dtype=bool)
+    return BatchResult(lrs, step, hit_step, hits, best, diverged, curves_array, rose)
 
 
 @dataclass
@@ -189,9 +251,8 @@ class Tuned:
     best_suboptimality: float
     at_boundary: bool  # the best learning rate was at an edge of the initial range
     curve: np.ndarray  # suboptimality per step at lr
-    trials: np.ndarray = field(
-        repr=False
-    )  # [m, 3]: lr, steps to target (-1: not reached), lowest suboptimality
+    # [m, 3]: lr, steps to target (-1: not reached), lowest suboptimality
+    trials: np.ndarray = field(repr=False)
     wall_s: float = 0.0
 
     @property
@@ -205,7 +266,7 @@ def _pick(result: BatchResult) -> int:
     if result.hit_step is not None:
         tied = np.flatnonzero(result.hits)
         return int(tied[len(tied) // 2])
-    score = np.where(result.diverged, np.inf, result.min_suboptimality)
+    score = np.where(result.refused, np.inf, result.min_suboptimality)
     if not np.isfinite(score).any():
         return 0  # everything diverged: the smallest learning rate is the best guess
     return int(np.argmin(score))
@@ -219,9 +280,19 @@ def tune(problem: Quadratics, method: Method, config: SearchConfig) -> Tuned:
     spacing = math.log(grid[1] / grid[0])
     trials: list[tuple[float, int, float]] = []
 
+    judged = checkpoint_steps(config.max_steps, config.checkpoints)
+
     def evaluate(lrs: np.ndarray, cap: int) -> tuple[BatchResult, int]:
         result = run_batch(
-            problem, method, lrs, config.target, cap, config.noise_seeds, config.seed
+            problem,
+            method,
+            lrs,
+            config.target,
+            cap,
+            config.noise_seeds,
+            config.seed,
+            judged,
+            config.refuse_rises,
         )
         for k, lr in enumerate(lrs):
             # (hits are all False where no step hit the target)
