@@ -99,6 +99,13 @@ CASES = (
         Case("gt", "binary-tree", 7, MOMENTUM),
         Case("sgp", "exponential", 8),
         Case("sgp", "exponential", 4, MOMENTUM),
+        # one-peer time-varying topologies: W(t) changes every step
+        Case("dpsgd", "alternating-ring", 6),
+        Case("dpsgd", "one-peer-exponential", 8, MOMENTUM),
+        Case("qgm", "one-peer-exponential", 4, MOMENTUM),
+        Case("qgm", "alternating-ring", 6, MOMENTUM),
+        Case("gt", "alternating-ring", 4, ADAM),
+        Case("gt", "one-peer-exponential", 8, MOMENTUM),
         Case("relay-grad", "chain", 6),
         Case("relay-grad", "double-binary-trees", 8, SGD, relay_chunk=3),
         Case("relay", "binary-tree", 7, ADAM),

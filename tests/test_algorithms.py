@@ -183,6 +183,9 @@ def test_relaysum_counts_converge_under_drops():
         ("relay-grad", "fully-connected", 4, "not a tree"),
         ("sgp", "ring", 4, "exponential"),
         ("d2", "social-network", 32, "-1/3"),
+        ("sgp", "one-peer-exponential", 4, "exponential"),
+        ("d2", "alternating-ring", 4, "d2 needs a fixed gossip matrix; 'alternating-ring'"),
+        ("d2", "one-peer-exponential", 4, "changes it every step"),
     ],
 )
 def test_invalid_combinations_are_refused(algo, topo, n, message):

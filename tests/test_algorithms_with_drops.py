@@ -149,6 +149,32 @@ def test_every_case_loses_messages(case):
     assert gap > 1e-6 if case.loses_messages else gap == 0
 
 
+def _one_peer_pairs(name: str, n: int, t: int) -> list[tuple[int, int]]:
+    """Step t's pairs of a one-peer topology, from docs/algorithms.md's definition:
+    one-peer-exponential pairs i with i XOR 2^(t mod log2 n); alternating-ring pairs (2j, 2j+1) on
+    even steps and (2j+1, 2j+2 mod n) on odd steps."""
+    if name == "one-peer-exponential":
+        hop = 2 ** (t % (n.bit_length() - 1))
+        return [(i, i + hop) for i in range(n) if not i & hop]
+    return [(i, (i + 1) % n) for i in range(t % 2, n, 2)]
+
+
+@pytest.mark.parametrize("name, n", [("one-peer-exponential", 8), ("alternating-ring", 6)])
+def test_loss_model_mixes_with_each_steps_one_peer(name, n):
+    """On a one-peer topology the loss model mixes with W(t) of step t: each rank averages with
+    its peer at 1/2, and keeps its own model where the peer's message was lost."""
+    drops = DropPolicy(0.3, seed=5)
+    oracle = LossyOracle("dpsgd", build(name, n), np.zeros(n), SGD, delivered_by(drops))
+    for t in range(7):
+        expected = np.eye(n)
+        for i, j in _one_peer_pairs(name, n, t):
+            for dst, src in ((i, j), (j, i)):
+                if not drops.dropped(round_id(t), 0, src, dst):
+                    expected[dst, dst] = expected[dst, src] = 0.5
+        # X = I, no update: X(t+1) = W(t) with its lost messages
+        np.testing.assert_array_equal(oracle.step(np.eye(n), np.zeros((n, n)), 0.0, t), expected)
+
+
 class _LoseOne(DropPolicy):
     """Exactly one lost message: (round, tag, src, dst)."""
 

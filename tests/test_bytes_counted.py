@@ -292,3 +292,22 @@ def test_a_run_resumed_in_an_older_file_goes_on_without_the_new_dataset(tmp_path
     run = read_run(out)
     assert run.status == "completed" and "inter_node_bytes_sent" not in run.data
     assert run.data["step"].tolist() == list(range(0, STEPS + 1, EVAL_EVERY))
+
+
+@pytest.mark.parametrize("backend", ["local", "batched"])
+@pytest.mark.parametrize("topology", ["one-peer-exponential", "alternating-ring"])
+@pytest.mark.parametrize("algo", ["dpsgd", "gt"])
+def test_one_peer_topologies_send_half_a_rings_bytes(tmp_path, algo, topology, backend):
+    """One peer per step: each worker sends its model (gradient tracking: and its tracker) once a
+    step, half of what it sends on a ring's two neighbours."""
+    per_step = {}
+    for topo in ("ring", topology):
+        out = tmp_path / f"{topo}.h5"
+        args = [*_args(algo)[: -len(NODES_ARGS)], "--topology", topo, "--backend", backend]
+        assert train.main([*args, "--workers", "4", "--out", str(out)]) == 0
+        run = read_run(out)
+        np.testing.assert_array_equal(run.data["step"][-1], STEPS)
+        per_step[topo] = run.data["bytes_sent"][-1] / STEPS
+    models = 2 if algo == "gt" else 1
+    np.testing.assert_array_equal(per_step[topology], np.full(4, models * DIM * ITEMSIZE))
+    np.testing.assert_array_equal(per_step["ring"], 2 * per_step[topology])

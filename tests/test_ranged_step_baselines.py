@@ -40,6 +40,8 @@ CASES = [
     Case("gt", "binary-tree", 6, MOMENTUM),
     Case("sgp", "exponential", 8, MOMENTUM),
     Case("sgp", "exponential", 4, ADAM),
+    Case("dpsgd", "alternating-ring", 6, MOMENTUM),  # one peer per step: W(t) by the step number
+    Case("gt", "one-peer-exponential", 4, SGD),
 ]
 
 

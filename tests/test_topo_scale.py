@@ -58,6 +58,12 @@ CLOSED_FORMS = {
         lambda n: circulant_spectrum(n, tuple(2**k for k in range(n.bit_length() - 1))),
         POWERS,
     ),
+    # the union graphs of the one-peer topologies: the hypercube, the ring (one edge at n = 2)
+    "one-peer-exponential": (hypercube_spectrum, POWERS),
+    "alternating-ring": (
+        lambda n: circulant_spectrum(n, (1,)),
+        [n for n in ODD_AND_EVEN if n % 2 == 0],
+    ),
 }
 FAMILY_SIZES = [
     (name, n)

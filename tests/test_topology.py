@@ -22,6 +22,7 @@ from relaympi.commands.topology import describe, main
 from relaympi.topology import (
     TOPOLOGY_NAMES,
     ExponentialSchedule,
+    OnePeerSchedule,
     Topology,
     TopologyError,
     build,
@@ -54,6 +55,8 @@ ACCEPTS = {
     "social-network": lambda n: n == 32,
     "social-network-tree": lambda n: n == 32,
     "exponential": lambda n: n >= 2 and _power_of_two(n),
+    "one-peer-exponential": lambda n: n >= 2 and _power_of_two(n),
+    "alternating-ring": lambda n: n >= 2 and n % 2 == 0,
 }
 ALWAYS_TREES = {"chain", "star", "binary-tree", "double-binary-trees", "social-network-tree"}
 ACCEPTED = [(name, n) for name in TOPOLOGY_NAMES for n in SIZES if ACCEPTS[name](n)]
@@ -265,6 +268,79 @@ def test_exponential_topology_is_union_of_schedule(n):
 def test_exponential_schedule_rejects_bad_world_size(n):
     with pytest.raises(TopologyError, match="power of two|integer"):
         ExponentialSchedule(n)
+
+
+# ---------------------------------------------------------------------------------------
+# one-peer time-varying topologies: every rank averages with one peer per step
+
+# each round's pairs at n = 8, written out by hand
+ONE_PEER_PAIRS_8 = {
+    "one-peer-exponential": [  # i XOR 1, i XOR 2, i XOR 4
+        [(0, 1), (2, 3), (4, 5), (6, 7)],
+        [(0, 2), (1, 3), (4, 6), (5, 7)],
+        [(0, 4), (1, 5), (2, 6), (3, 7)],
+    ],
+    "alternating-ring": [  # right neighbour of the even ranks, then of the odd ranks
+        [(0, 1), (2, 3), (4, 5), (6, 7)],
+        [(1, 2), (3, 4), (5, 6), (0, 7)],
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(ONE_PEER_PAIRS_8))
+def test_one_peer_schedules_pair_every_rank_as_written_out(name):
+    schedule = OnePeerSchedule(name, 8)
+    rounds = ONE_PEER_PAIRS_8[name]
+    assert schedule.period == len(rounds)
+    for k in range(3 * schedule.period):
+        w = schedule.mixing_matrix(k)
+        expected = np.eye(8) / 2
+        for i, j in rounds[k % len(rounds)]:
+            assert schedule.peer(k, i) == j and schedule.peer(k, j) == i
+            expected[i, j] = expected[j, i] = 0.5
+        np.testing.assert_array_equal(w, expected)  # symmetric and doubly stochastic
+    union = sorted({pair for pairs in rounds for pair in pairs})
+    assert build(name, 8).edges() == union
+
+
+@pytest.mark.parametrize("n", POWERS_OF_TWO)
+def test_one_peer_exponential_averages_exactly_in_log2_n_steps(n):
+    schedule = OnePeerSchedule("one-peer-exponential", n)
+    assert 2**schedule.period == n
+    assert build("one-peer-exponential", n).edges() == build("hypercube", n).edges()
+    for start in (0, 1, schedule.period + 1):
+        product = np.eye(n)
+        for k in range(start, start + schedule.period):
+            product = schedule.mixing_matrix(k) @ product
+        np.testing.assert_array_equal(product, np.full((n, n), 1 / n))
+
+
+@pytest.mark.parametrize("n", [2, 4, 6, 10, 64])
+def test_alternating_ring_takes_each_ring_neighbour_in_turn(n):
+    schedule = OnePeerSchedule("alternating-ring", n)
+    for rank in range(n):
+        met = {schedule.peer(k, rank) for k in range(schedule.period)}
+        assert met == {(rank - 1) % n, (rank + 1) % n}
+        for k in range(4):
+            assert schedule.peer(k, schedule.peer(k, rank)) == rank
+    if n > 2:
+        assert build("alternating-ring", n).edges() == build("ring", n).edges()
+
+
+@pytest.mark.parametrize(
+    "name, n, message",
+    [
+        ("one-peer-exponential", 6, "power of two"),
+        ("one-peer-exponential", 1, "power of two"),
+        ("alternating-ring", 5, "even world_size"),
+        ("alternating-ring", 0, "even world_size"),
+        ("alternating-ring", 4.0, "integer"),
+        ("ring", 4, "no one-peer schedule called 'ring'"),
+    ],
+)
+def test_one_peer_schedules_refuse_what_they_cannot_pair(name, n, message):
+    with pytest.raises(TopologyError, match=message):
+        OnePeerSchedule(name, n)
 
 
 def test_exponential_schedule_rejects_bad_round_and_rank():
@@ -693,3 +769,16 @@ def test_cli_subprocess_bad_input_exits_2():
     assert result.stdout == ""
     result = _run_cli("ring")  # argparse: -n missing
     assert result.returncode == 2 and "-n" in result.stderr
+
+
+def test_describe_gives_the_one_peer_pairings_and_one_model_per_step():
+    summary = describe(build("alternating-ring", 8), ranks_per_node=2, model_size=10)
+    assert summary["models_per_step"] == 1.0 and summary["d2_allowed"] is False
+    assert summary["one_peer_schedule"] == {
+        "period": 2,
+        "peers": [[1, 0, 3, 2, 5, 4, 7, 6], [7, 2, 1, 4, 3, 6, 5, 0]],
+    }
+    # nodes {0,1} {2,3} ...: step 0 stays inside nodes; step 1 each node sends 2 models out
+    assert summary["inter_node_bytes_per_node_per_step"] == 2 * 10 * 4
+    cube = describe(build("one-peer-exponential", 8), ranks_per_node=4, model_size=10)
+    assert cube["inter_node_bytes_per_node_per_step"] == 4 * 10 * 4  # step 2: i XOR 4 crosses

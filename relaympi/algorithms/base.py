@@ -15,7 +15,7 @@ from relaympi.algorithms.gossip import CommMixers, Mixers
 from relaympi.algorithms.options import AlgorithmError, Options
 from relaympi.comm import Communicator
 from relaympi.optim import LocalOptimizer, OptimizerConfig
-from relaympi.topology import Topology
+from relaympi.topology import ONE_PEER_NAMES, Topology
 
 # communication rounds reserved per gradient step, so (step, sub-round) -> a unique round id
 ROUNDS_PER_STEP = 4
@@ -74,7 +74,19 @@ def _not_one_graph(algo: str, topology: Topology) -> str | None:
         )
     if topology.name == "exponential":
         return f"{algo} needs a fixed graph; 'exponential' is SGP's time-varying schedule"
+    if topology.name in ONE_PEER_NAMES:
+        return (
+            f"{algo} needs a fixed gossip matrix; {topology.name!r} changes it every step "
+            "(use ring, chain, ... or dpsgd, qgm, gt on it)"
+        )
     return None
+
+
+def _not_gossip_graph(algo: str, topology: Topology) -> str | None:
+    # a one-peer topology's W(t) changes every step; gossip without other state follows it
+    if topology.name in ONE_PEER_NAMES:
+        return None
+    return _not_one_graph(algo, topology)
 
 
 def _only(name: str, why: str) -> Callable[[str, Topology], str | None]:
@@ -93,7 +105,14 @@ SPANNING_TREES = Topologies(
     _not_trees,
 )
 # one fixed graph: gossip with its Metropolis-Hastings matrix
-ONE_GRAPH = Topologies("any one fixed graph (not exponential)", _not_one_graph)
+ONE_GRAPH = Topologies(
+    "any one fixed graph (not exponential or a one-peer topology)", _not_one_graph
+)
+# one fixed graph, or a one-peer topology whose W(t) pairs each rank with one peer per step
+GOSSIP_GRAPHS = Topologies(
+    "any one fixed graph (not exponential), one-peer-exponential, alternating-ring",
+    _not_gossip_graph,
+)
 # the collective all-reduce
 FULLY_CONNECTED = Topologies(
     "fully-connected", _only("fully-connected", "averages over all workers")

@@ -23,7 +23,8 @@ from relaympi.topology import Topology
 
 def d2_mixing_matrix(topology: Topology, exact_diffusion: bool, force: bool) -> np.ndarray:
     """The gossip matrix D² uses; refuses one whose smallest eigenvalue is below
-    D2_MIN_EIGENVALUE."""
+    D2_MIN_EIGENVALUE (a one-peer topology is refused before, by D2.topologies: its correction
+    assumes one fixed W)."""
     w = mixing_matrix_for(topology)
     if exact_diffusion:
         w = (
@@ -46,11 +47,13 @@ class D2Matrix(GossipMatrixForm):
 
     def __init__(self, matrix_algorithm: Any) -> None:
         super().__init__(matrix_algorithm)
-        self.W = d2_mixing_matrix(
-            matrix_algorithm.topology,
-            matrix_algorithm.options.d2_exact_diffusion,
-            matrix_algorithm.options.d2_force,
-        )
+        self.Ws = [
+            d2_mixing_matrix(
+                matrix_algorithm.topology,
+                matrix_algorithm.options.d2_exact_diffusion,
+                matrix_algorithm.options.d2_force,
+            )
+        ]
         self.C = np.zeros((matrix_algorithm.n, matrix_algorithm.d))
 
     def mixed(self, X: np.ndarray, G: np.ndarray, lr: float, W: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ import torch
 from relaympi.algorithms.relays import Relays
 from relaympi.algorithms.relaysum import DEFAULT_CHUNK, RelaySum
 from relaympi.comm import Communicator, Request
-from relaympi.topology import Topology
+from relaympi.topology import Topology, one_peer_schedule
 
 
 class Started(Protocol):
@@ -231,9 +231,43 @@ class CommMixers:
 
 
 def mixing_matrix_for(topology: Topology) -> np.ndarray:
+    """The one fixed gossip matrix of a single-graph topology (its Metropolis-Hastings weights).
+
+    Args:
+        topology: a single-layer topology whose gossip matrix does not change with the step.
+
+    Returns:
+        W, [n, n].
+
+    Raises:
+        ValueError: several layers, or a time-varying one-peer topology (``gossip_matrices``).
+    """
+    if one_peer_schedule(topology.name, topology.world_size) is not None:
+        raise ValueError(
+            f"{topology.name!r} changes its gossip matrix every step: use gossip_matrices"
+        )
     if topology.num_layers != 1:
         raise ValueError(
             f"gossip needs a single-graph topology, {topology.name!r} has "
             f"{topology.num_layers} layers"
         )
     return topology.mixing_matrix(0)
+
+
+def gossip_matrices(topology: Topology) -> list[np.ndarray]:
+    """The gossip matrix of each step of the topology's period: W(t) is entry t mod len.
+
+    A fixed graph has one (its Metropolis-Hastings weights); a one-peer topology
+    (``one-peer-exponential``, ``alternating-ring``) one per round of its schedule, each pairing
+    every rank with one peer at weights 1/2.
+
+    Args:
+        topology: a single-layer topology.
+
+    Returns:
+        The matrices [n, n] of one period, in step order.
+    """
+    schedule = one_peer_schedule(topology.name, topology.world_size)
+    if schedule is None:
+        return [mixing_matrix_for(topology)]
+    return [schedule.mixing_matrix(k) for k in range(schedule.period)]

@@ -8,17 +8,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from relaympi.algorithms.base import ONE_GRAPH, RangedAlgorithm, round_id
-from relaympi.algorithms.gossip import Started, mixing_matrix_for
+from relaympi.algorithms.base import GOSSIP_GRAPHS, RangedAlgorithm, round_id
+from relaympi.algorithms.gossip import Mixer, Started, gossip_matrices
 from relaympi.algorithms.losses import GossipMatrixForm
 
 
 class GradientTrackingMatrix(GossipMatrixForm):
-    """X(t+1) = W (X + U + C),  C(t+1) = W (C + U) - U."""
+    """X(t+1) = W(t) (X + U + C),  C(t+1) = W(t) (C + U) - U."""
 
     def __init__(self, matrix_algorithm: Any) -> None:
         super().__init__(matrix_algorithm)
-        self.W = matrix_algorithm.topology.mixing_matrix(0)
+        # W(t) = Ws[t mod len]: one matrix for a fixed graph, one per round for a one-peer topology
+        self.Ws = gossip_matrices(matrix_algorithm.topology)
         self.C = np.zeros((matrix_algorithm.n, matrix_algorithm.d))
 
     def mixed(self, X: np.ndarray, G: np.ndarray, lr: float, W: np.ndarray) -> np.ndarray:
@@ -50,14 +51,17 @@ class GradientTracking(RangedAlgorithm):
         "corrections sum to zero over the survivors (the tracker's invariant)"
     )
     default_topology = "ring"
-    topologies = ONE_GRAPH
+    topologies = GOSSIP_GRAPHS
     matrix_form = GradientTrackingMatrix
 
     def _setup(self, x0: torch.Tensor) -> None:
         n = x0.shape[-1]  # [x+u+c, c+u] side by side in the last dimension (batched: every row)
         self.packed = torch.zeros((*x0.shape[:-1], 2 * n), dtype=x0.dtype, device=x0.device)
         self.correction = torch.zeros_like(x0)
-        self.mixer = self.mixers.gossip(mixing_matrix_for(self.topology), self.packed)
+        # one mixer per step of the topology's period (a fixed graph: one)
+        self.step_mixers: list[Mixer] = [
+            self.mixers.gossip(w, self.packed) for w in gossip_matrices(self.topology)
+        ]
 
     def _start(self, lo: int, hi: int, index: int) -> Started:
         x, grad, lr, step = self._ranged
@@ -66,7 +70,8 @@ class GradientTracking(RangedAlgorithm):
         model, corr = self.packed[..., 2 * lo : lo + hi], self.packed[..., lo + hi : 2 * hi]
         torch.add(x[..., lo:hi], u, out=model).add_(c)
         torch.add(c, u, out=corr)
-        return self.mixer.start(self.packed, 2 * lo, 2 * hi, round_id(step), chunk=index)
+        mixer = self.step_mixers[step % len(self.step_mixers)]
+        return mixer.start(self.packed, 2 * lo, 2 * hi, round_id(step), chunk=index)
 
     def _finish(self, lo: int, hi: int, pending: Started) -> None:
         pending.finish()

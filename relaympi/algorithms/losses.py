@@ -124,18 +124,31 @@ def lossy_mixing(W: np.ndarray, round: int, delivered: Delivered, tag: int = 0) 
 
 
 class GossipMatrixForm(MatrixForm):
-    """The matrix form of a gossip algorithm over one mixing matrix ``W`` (set by the subclass):
-    ``mixed`` is its step with a round's matrix, which lost messages thin (``lossy_mixing``)."""
+    """The matrix form of a gossip algorithm over the mixing matrices ``Ws`` (set by the subclass):
+    step t mixes with W(t) = Ws[t mod len(Ws)], one matrix on a fixed graph and one per round of a
+    one-peer topology's schedule. ``mixed`` is its step with a round's matrix, which lost messages
+    thin (``lossy_mixing`` of that step's W(t))."""
 
-    W: np.ndarray
+    Ws: list[np.ndarray]
+
+    def gossip_matrix(self, t: int) -> np.ndarray:
+        """W(t), the lossless mixing matrix of step ``t``.
+
+        Args:
+            t: the gradient step.
+
+        Returns:
+            W(t), [n, n].
+        """
+        return self.Ws[t % len(self.Ws)]
 
     def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
-        return self.mixed(X, G, lr, self.W)
+        return self.mixed(X, G, lr, self.gossip_matrix(t))
 
     def lossy_step(
         self, X: np.ndarray, G: np.ndarray, lr: float, t: int, delivered: Delivered
     ) -> np.ndarray:
-        return self.mixed(X, G, lr, lossy_mixing(self.W, round_id(t), delivered))
+        return self.mixed(X, G, lr, lossy_mixing(self.gossip_matrix(t), round_id(t), delivered))
 
     @abstractmethod
     def mixed(self, X: np.ndarray, G: np.ndarray, lr: float, W: np.ndarray) -> np.ndarray:

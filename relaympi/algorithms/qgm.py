@@ -8,18 +8,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from relaympi.algorithms.base import ONE_GRAPH, RangedAlgorithm, round_id
-from relaympi.algorithms.gossip import Started, mixing_matrix_for
+from relaympi.algorithms.base import GOSSIP_GRAPHS, RangedAlgorithm, round_id
+from relaympi.algorithms.gossip import Mixer, Started, gossip_matrices
 from relaympi.algorithms.losses import GossipMatrixForm
 
 
 class QuasiGlobalMomentumMatrix(GossipMatrixForm):
-    """D = beta M + G (Nesterov: G + beta D);  X(t+1) = W (X - lr D);  M <- beta M + (1 - beta) (X -
-    X(t+1)) / lr."""
+    """D = beta M + G (Nesterov: G + beta D);  X(t+1) = W(t) (X - lr D);
+    M <- beta M + (1 - beta) (X - X(t+1)) / lr."""
 
     def __init__(self, matrix_algorithm: Any) -> None:
         super().__init__(matrix_algorithm)
-        self.W = matrix_algorithm.topology.mixing_matrix(0)
+        # W(t) = Ws[t mod len]: one matrix for a fixed graph, one per round for a one-peer topology
+        self.Ws = gossip_matrices(matrix_algorithm.topology)
         self.M = np.zeros((matrix_algorithm.n, matrix_algorithm.d))
 
     def mixed(self, X: np.ndarray, G: np.ndarray, lr: float, W: np.ndarray) -> np.ndarray:
@@ -51,13 +52,16 @@ class QuasiGlobalMomentum(RangedAlgorithm):
         "zero (it followed the averaged model of the old neighbourhood)"
     )
     default_topology = "ring"
-    topologies = ONE_GRAPH
+    topologies = GOSSIP_GRAPHS
     needs_momentum = True  # quasi-global *momentum*: meaningless without it
     matrix_form = QuasiGlobalMomentumMatrix
 
     def _setup(self, x0: torch.Tensor) -> None:
         self.beta = self.optimizer.config.momentum
-        self.mixer = self.mixers.gossip(mixing_matrix_for(self.topology), x0)
+        # one mixer per step of the topology's period (a fixed graph: one)
+        self.step_mixers: list[Mixer] = [
+            self.mixers.gossip(w, x0) for w in gossip_matrices(self.topology)
+        ]
         self.momentum_buffer = torch.zeros_like(x0)
         self._x_before = torch.zeros_like(x0)
         self._direction = torch.zeros_like(x0)
@@ -77,7 +81,8 @@ class QuasiGlobalMomentum(RangedAlgorithm):
             d.mul_(beta).add_(g)  # g + beta (beta m + g)
         self._x_before[..., lo:hi].copy_(x)
         x.add_(d, alpha=-lr)
-        return self.mixer.start(self._ranged[0], lo, hi, round_id(step), chunk=index)
+        mixer = self.step_mixers[step % len(self.step_mixers)]
+        return mixer.start(self._ranged[0], lo, hi, round_id(step), chunk=index)
 
     def _finish(self, lo: int, hi: int, pending: Started) -> None:
         pending.finish()

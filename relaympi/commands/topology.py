@@ -20,7 +20,7 @@ from relaympi.topology.core import Topology, coordinate_blocks
 from relaympi.topology.errors import TopologyError
 from relaympi.topology.placement import PLACEMENTS, nodes_of
 from relaympi.topology.registry import EDGE_LIST, SPANNING_TREE_PREFIX, TOPOLOGY_NAMES, build
-from relaympi.topology.schedule import ExponentialSchedule
+from relaympi.topology.schedule import ExponentialSchedule, one_peer_schedule
 
 __all__ = ["DEFAULT_MODEL_SIZE", "MAX_DESCRIBED_EDGES", "describe", "main"]
 
@@ -91,6 +91,20 @@ def describe(
     summary |= _cluster_plan(topology, ranks_per_node, model_size, dtype_bytes)
     if "not_computed" in summary:  # last, so that small topologies keep their keys' order
         summary["not_computed"] = summary.pop("not_computed")
+    pairing = one_peer_schedule(topology.name, topology.world_size)
+    if pairing is not None:  # the graph is the union of the pairings; a step uses one of them
+        summary["models_per_step"] = 1.0
+        summary["d2_allowed"] = False
+        summary["one_peer_schedule"] = {
+            "period": pairing.period,
+            "peers": [_listed(pairing.peers(k), edge_arrays) for k in range(pairing.period)],
+        }
+        # each rank sends one model a step, to its peer: a node's bytes out are its ranks whose
+        # peer is elsewhere, at the busiest step
+        nodes = np.array(nodes_of(topology.world_size, ranks_per_node), dtype=np.int64)
+        crossing = [nodes[pairing.peers(k)] != nodes for k in range(pairing.period)]
+        most = max(int(np.bincount(nodes[c], minlength=1).max(initial=0)) for c in crossing)
+        summary["inter_node_bytes_per_node_per_step"] = most * model_size * dtype_bytes
     if topology.name == "exponential":
         schedule = ExponentialSchedule(topology.world_size)
         rounds = range(schedule.period)
@@ -256,6 +270,18 @@ def _text(summary: dict[str, Any]) -> str:
     gaps = _per_layer(summary, "spectral_gap")
     lowest = _per_layer(summary, "min_eigenvalue")
     allowed = _per_layer(summary, "d2_allowed")
+    if "one_peer_schedule" in summary:
+        pairing = summary["one_peer_schedule"]
+        lines.append(
+            f"gossip            one peer per step, pairs averaging at 1/2, period "
+            f"{pairing['period']} (D2 refused: W changes every step)"
+        )
+        for k, peers in enumerate(pairing["peers"]):
+            peers = np.asarray(peers, dtype=np.int64)
+            first = np.flatnonzero(np.arange(len(peers)) < peers)  # each pair once
+            pairs = _joined(first, peers[first], "{}-{}", " ")
+            lines.extend(_wrap(f"step {k}: {pairs}", "  "))
+        gaps = lowest = allowed = []
     for k, (gap, low, d2) in enumerate(zip(gaps, lowest, allowed, strict=True)):
         where = f" (layer {k})" if layers > 1 else ""
         if gap is None or low is None:

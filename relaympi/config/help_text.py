@@ -54,7 +54,8 @@ def topology() -> str:
         if own := cls.default_topology_by_algo:
             tasks += f"; task {task}: " + ", ".join(f"{a} {t}" for a, t in own.items())
     return (
-        f"communication graph: {', '.join(TOPOLOGY_NAMES)} (exponential for n a power of two, "
+        f"communication graph: {', '.join(TOPOLOGY_NAMES)} (exponential and "
+        "one-peer-exponential for n a power of two, alternating-ring for n even, "
         f"social-network and social-network-tree for exactly {SOCIAL_NETWORK_SIZE} workers), "
         "`spanning-tree:<name>` (the Spanning Tree Protocol tree of a graph) or "
         f"`edge-list:<file>` (a pair `i j` per line). Default per algorithm: {defaults}{tasks}"

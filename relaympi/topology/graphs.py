@@ -12,7 +12,13 @@ import numpy as np
 
 from .core import LayerFacts, Topology, as_world_size
 from .errors import TopologyError
-from .schedule import ExponentialSchedule, is_power_of_two
+from .schedule import (
+    ALTERNATING_RING,
+    ONE_PEER_EXPONENTIAL,
+    ExponentialSchedule,
+    OnePeerSchedule,
+    is_power_of_two,
+)
 from .spectra import (
     chain_spectrum,
     circulant_spectrum,
@@ -30,6 +36,8 @@ __all__ = [
     "fully_connected",
     "hypercube",
     "exponential",
+    "one_peer_exponential",
+    "alternating_ring",
     "social_network",
     "from_graph",
     "from_edge_list",
@@ -176,6 +184,30 @@ def exponential(world_size: int, any_size: bool = False) -> Topology:
         "exponential", vertex_transitive=True, eigenvalues=partial(circulant_spectrum, n, offsets)
     )
     return Topology("exponential", n, (schedule.union_edges(),), facts=(facts,))
+
+
+def one_peer_exponential(world_size: int) -> Topology:
+    """Union graph of the one-peer exponential schedule (the hypercube's edges; display, delays and
+    the placement checks); n a power of two >= 2. The gossip algorithms average with one peer per
+    step, i XOR 2^(step mod log2 n): OnePeerSchedule says who."""
+    n = as_world_size(world_size, what=f"{ONE_PEER_EXPONENTIAL} world_size", minimum=-(2**62))
+    schedule = OnePeerSchedule(ONE_PEER_EXPONENTIAL, n)
+    facts = LayerFacts(
+        ONE_PEER_EXPONENTIAL, vertex_transitive=True, eigenvalues=partial(hypercube_spectrum, n)
+    )
+    return Topology(ONE_PEER_EXPONENTIAL, n, (schedule.union_edges(),), facts=(facts,))
+
+
+def alternating_ring(world_size: int) -> Topology:
+    """Union graph of the alternating ring (the ring's edges; one edge for n = 2); n even >= 2. The
+    gossip algorithms average with the right and the left ring neighbour in turn, one per step:
+    OnePeerSchedule says who."""
+    n = as_world_size(world_size, what=f"{ALTERNATING_RING} world_size", minimum=-(2**62))
+    schedule = OnePeerSchedule(ALTERNATING_RING, n)
+    facts = LayerFacts(
+        ALTERNATING_RING, vertex_transitive=True, eigenvalues=partial(circulant_spectrum, n, (1,))
+    )
+    return Topology(ALTERNATING_RING, n, (schedule.union_edges(),), facts=(facts,))
 
 
 def social_network() -> Topology:

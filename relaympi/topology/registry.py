@@ -13,6 +13,7 @@ from .core import Topology
 from .errors import TopologyError
 from .graphs import (
     SOCIAL_NETWORK_SIZE,
+    alternating_ring,
     binary_tree,
     chain,
     double_binary_trees,
@@ -20,6 +21,7 @@ from .graphs import (
     from_edge_list,
     fully_connected,
     hypercube,
+    one_peer_exponential,
     ring,
     social_network,
     star,
@@ -63,6 +65,8 @@ TOPOLOGIES: Registry[Callable[[int], Topology]] = Registry(
         # build(): root
         "social-network-tree": lambda world_size: _social_network_tree(world_size, None),
         "exponential": exponential,
+        "one-peer-exponential": one_peer_exponential,
+        "alternating-ring": alternating_ring,
     },
     error=TopologyError,
 )
