@@ -125,3 +125,24 @@ def test_an_in_process_loss_reaches_a_rank_only_through_a_call_that_needs_it():
 
     results = run_local(4, body)
     assert [results[r] for r in (0, 1, 3)] == [1.0, 0.0, 0.0]
+
+
+def test_the_kill_loop_counts_a_rank_killed_after_the_run_ended_as_finished():
+    """A kill after the last step's line can land once every rank agreed that the run is over:
+    that worker finished (numbers in the last row), and is not missing from the losses."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from benchmarks.kill_loop import finished_before_kill
+
+    last = np.array([[1.0, np.nan, 1.0, 1.0], [1.0, np.nan, 1.0, np.nan]])
+    kills = [
+        {"workers": [1], "seen_at_step": 10},
+        {"workers": [2], "seen_at_step": 40},  # finished: numbers in the last row
+    ]
+    run = SimpleNamespace(data={"train_loss": last[:1]})
+    assert finished_before_kill(run, kills, [1], 40) == [2]
+    run = SimpleNamespace(data={"train_loss": last})  # lost at the last step: recorded
+    kills[1]["workers"] = [3]
+    assert finished_before_kill(run, kills, [1, 3], 40) == []
