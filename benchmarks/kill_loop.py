@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -174,6 +175,25 @@ def differences(first: Path, second: Path) -> list[str]:
     return found
 
 
+def finished_before_kill(run: Any, kills: list[dict], lost: list[int], total: int) -> list[int]:
+    """The killed workers that the run file shows finishing the run: killed after the last step's
+    line, not recorded as lost, and with numbers in the last row. A kill that lands after the
+    ranks agreed that the run is over takes nothing from it (docs/membership.md).
+
+    Args:
+        run: the run file, as read_run gives it.
+        kills: run_with_kills' kills.
+        lost: the workers the run file records as lost.
+        total: the run's last step.
+
+    Returns:
+        Those workers' ids, sorted.
+    """
+    late = {w for kill in kills if kill["seen_at_step"] >= total for w in kill["workers"]}
+    last = np.asarray(run.data["train_loss"])[-1]
+    return sorted(w for w in late if w not in lost and np.isfinite(last[w]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.kill_loop",
@@ -203,13 +223,16 @@ def main(argv: list[str] | None = None) -> int:
     membership = list(run.membership)  # parsed by the reader (it leaves attrs)
     lost = sorted(w for c in membership for w in c["lost"])
     total = int(run.config.get("total_steps") or run.data["step"][-1])
+    finished = finished_before_kill(run, result["kills"], lost, total)
+    expected = sorted(set(result["killed"]) - set(finished))
     result.update(
         status=run.status,
         membership=membership,
         steps_per_s=total / result["wall_s"],
-        recorded_equals_killed=lost == result["killed"],
+        finished_before_kill=finished,
+        recorded_equals_killed=lost == expected,
     )
-    ok = run.status == "completed" and lost == result["killed"]
+    ok = run.status == "completed" and lost == expected
     if args.replay:
         replayed = replay(command, out, membership, int(run.attrs["world_size"]))
         result["replay_differences"] = differences(out, replayed)
@@ -225,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(result, indent=1))
     print(
         f"kill loop: {len(result['killed'])} ranks killed, {run.status}, "
-        f"recorded {'=' if lost == result['killed'] else '!='} killed"
+        f"recorded {'=' if lost == expected else '!='} killed"
+        + (f" ({len(finished)} had finished the run first)" if finished else "")
         + (
             f", replay {'identical' if not result['replay_differences'] else 'DIFFERS'}"
             if args.replay

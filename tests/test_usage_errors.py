@@ -168,7 +168,8 @@ MISUSE = [
         ["--topology", "rnig"],
         "error: unknown topology 'rnig' (did you mean 'ring'?); choose one of ring, chain, star, "
         "binary-tree, double-binary-trees, fully-connected, hypercube, social-network, "
-        "social-network-tree, exponential, spanning-tree:<name> or edge-list:<file>",
+        "social-network-tree, exponential, one-peer-exponential, alternating-ring, "
+        "spanning-tree:<name> or edge-list:<file>",
     ),
     (["--lr", "-1"], "error: --lr must be > 0, got -1.0"),
     (

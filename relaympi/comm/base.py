@@ -432,6 +432,24 @@ class Communicator(ABC):
         """
         raise CommError(f"the {self.backend} backend cannot survive a lost rank")
 
+    def agree(self, flag: bool) -> bool:
+        """A uniform agreement of every rank still in the world (ULFM's MPI_Comm_agree): the AND of
+        their flags, the same on every rank; or, on every rank alike, PeerLost where a rank was lost
+        since this communicator was made. It completes on a revoked communicator, so survivors that
+        are healing and survivors that think the run is over meet in it.
+
+        Args:
+            flag: this rank's vote.
+
+        Returns:
+            True where every rank voted True.
+
+        Raises:
+            PeerLost: a rank of this communicator was lost (on every rank that returns).
+            CommError: this backend cannot survive a lost rank.
+        """
+        raise CommError(f"the {self.backend} backend cannot survive a lost rank")
+
     def vanish(self) -> None:
         """This rank leaves the world at once, as a killed process would (an injected loss): never
         returns."""

@@ -57,8 +57,12 @@ class LocalWorld:
         # (else a vanished rank aborts the world), and the survivors' shrink rendezvous
         self.lost: set[int] = set()
         self.survives = False
+        self.revoked = False  # a survivor noticed a loss: every rank's next call raises PeerLost
         self._shrinking: set[int] = set()
         self._shrunk: tuple[LocalWorld, tuple[int, ...], tuple[int, ...]] | None = None
+        # agree(): the votes of the round in progress, and each finished round's (AND, lost)
+        self._votes: dict[int, bool] = {}
+        self._agreed: list[tuple[bool, bool]] = []
 
     def communicator(self, rank: int) -> LocalCommunicator:
         return LocalCommunicator(self, rank)
@@ -72,21 +76,58 @@ class LocalWorld:
         if shrunk is not None:  # the survivors' world: a failure there must release them too
             shrunk[0].abort(reason)
 
-    def _check(self) -> None:
+    def _check(self, peer: int | None = None, arrived: int = 0) -> None:
+        """Raise where this call cannot complete (the caller holds ``_cond``): the world aborted;
+        or, where losses are survived, a survivor revoked the world, or the call waits for a lost
+        rank: its ``peer``, or, for a collective, once every rank not lost has ``arrived`` in it.
+        A survivor that raises revokes the world, as an MPI survivor revokes its communicators:
+        as on MPI, a loss reaches a rank only through a call that needs the lost rank, or through
+        that revocation (so survivors that need nothing of the lost rank finish their step)."""
         if self._aborted is not None:
             raise WorldAborted(f"local world aborted: {self._aborted}")
-        if self.lost and self.survives:
+        if not (self.lost and self.survives):
+            return
+        stuck = arrived >= self.world_size - len(self.lost) if peer is None else peer in self.lost
+        if self.revoked or stuck:
+            if not self.revoked:
+                self.revoked = True
+                self._cond.notify_all()
             lost = ", ".join(str(r) for r in sorted(self.lost))
             raise PeerLost(f"local world revoked: rank {lost} lost")
 
     def lose(self, rank: int) -> None:
-        """Rank ``rank`` vanished: the world is revoked (every survivor's next call raises
-        PeerLost), or aborted where losses are not survived."""
+        """Rank ``rank`` vanished: every survivor's call that needs it raises PeerLost (and revokes
+        the world), or the world is aborted where losses are not survived."""
         with self._cond:
             self.lost.add(rank)
             if not self.survives and self._aborted is None:
                 self._aborted = f"rank {rank} vanished"
             self._cond.notify_all()
+
+    def agree(self, rank: int, flag: bool) -> bool:
+        """Rank ``rank``'s vote in a uniform agreement of the ranks not lost (MPI_Comm_agree): once
+        each of them voted, the AND of the votes, or PeerLost on every one of them where a rank was
+        lost."""
+        with self._cond:
+            round_ = len(self._agreed)
+            self._votes[rank] = flag
+            self._cond.notify_all()
+            while len(self._agreed) == round_:
+                if self._aborted is not None:
+                    raise WorldAborted(f"local world aborted: {self._aborted}")
+                alive = set(range(self.world_size)) - self.lost
+                if alive <= set(self._votes):
+                    votes = [self._votes[r] for r in sorted(alive)]
+                    self._agreed.append((all(votes), bool(self.lost) and self.survives))
+                    self._votes = {}
+                    self._cond.notify_all()
+                    break
+                self._cond.wait(timeout=1.0)
+            value, failed = self._agreed[round_]
+        if failed:
+            lost = ", ".join(str(r) for r in sorted(self.lost))
+            raise PeerLost(f"local world revoked: rank {lost} lost")
+        return value
 
     def shrink(self, rank: int) -> tuple[LocalWorld, int, tuple[int, ...]]:
         """Rank ``rank``'s part of the survivors' shrink: once every rank not lost arrived, the
@@ -125,7 +166,7 @@ class LocalWorld:
         key = (src, dst, tag)
         with self._cond:
             while not self._mail[key]:
-                self._check()
+                self._check(src)
                 if not block:
                     return None
                 self._cond.wait(timeout=1.0)
@@ -137,10 +178,11 @@ class LocalWorld:
 
     def _collective(self, rank: int, value: Any, combine: Callable[[list[Any]], Any]) -> Any:
         with self._cond:
-            self._check()
+            self._check(arrived=-1)  # revoked or aborted
             generation = self._generation
             self._slots[rank] = value
             self._arrived += 1
+            self._cond.notify_all()
             if self._arrived == self.world_size:
                 self._result = combine(list(self._slots))
                 self._slots = [None] * self.world_size
@@ -149,7 +191,7 @@ class LocalWorld:
                 self._cond.notify_all()
             else:
                 while self._generation == generation:
-                    self._check()
+                    self._check(arrived=self._arrived)
                     self._cond.wait(timeout=1.0)
             return self._result
 
@@ -157,7 +199,7 @@ class LocalWorld:
         """Rank ``rank``'s contribution to the ``seq``-th nonblocking all-reduce; the last one sums
         in rank order."""
         with self._cond:
-            self._check()
+            self._check(arrived=-1)  # revoked or aborted
             pending = self._sums.setdefault(seq, _PendingSum(self.world_size))
             pending.values[rank] = value
             pending.arrived += 1
@@ -170,7 +212,7 @@ class LocalWorld:
 
     def _sum_ready(self, seq: int) -> bool:
         with self._cond:
-            self._check()
+            self._check(arrived=self._sums[seq].arrived)
             return self._sums[seq].total is not None
 
     def _take_sum(self, seq: int, buf: Any) -> None:
@@ -179,7 +221,7 @@ class LocalWorld:
         with self._cond:
             pending = self._sums[seq]
             while pending.total is None:
-                self._check()
+                self._check(arrived=pending.arrived)
                 self._cond.wait(timeout=1.0)
             buffers.copy_into(buf, pending.total)
             pending.taken += 1
@@ -230,7 +272,10 @@ class _LocalRequest(Request):
 
     def test(self) -> bool:
         world, rank = self._comm.world, self._comm.rank
-        world._check()
+        with world._cond:
+            for peer in self._pending:
+                if not world._has(peer, rank, self._tag):
+                    world._check(peer)
         return all(world._has(peer, rank, self._tag) for peer in self._pending)
 
 
@@ -302,6 +347,9 @@ class LocalCommunicator(Communicator):
 
     def survive_losses(self) -> None:
         self.world.survives = True
+
+    def agree(self, flag: bool) -> bool:
+        return self.world.agree(self.rank, flag)
 
     def shrink(self) -> tuple[Communicator, tuple[int, ...]]:
         world, rank, lost = self.world.shrink(self.rank)

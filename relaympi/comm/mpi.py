@@ -556,6 +556,14 @@ class MPICommunicator(Communicator):
             except (MPI.Exception, NotImplementedError):
                 pass
 
+    def agree(self, flag: bool) -> bool:
+        try:
+            return bool(self.comm.Agree(1 if flag else 0))
+        except MPI.Exception as exc:
+            raise PeerLost(
+                f"rank {self.rank}: a rank is gone ({exc.Get_error_string().strip()})"
+            ) from None
+
     def shrink(self) -> tuple[Communicator, tuple[int, ...]]:
         self._revoke()
         if self._progress_thread is not None:

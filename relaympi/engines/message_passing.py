@@ -18,21 +18,22 @@ import numpy as np
 import torch
 
 from relaympi.algorithms import make_algorithm
-from relaympi.comm import Communicator, run_local
+from relaympi.comm import Communicator, PeerLost, run_local
 from relaympi.comm.base import number_nodes
 from relaympi.comm.local import VANISHED
 from relaympi.config import ConfigError
 from relaympi.launcher import cuda_overlap_mode
 from relaympi.optim import make_optimizer
 from relaympi.training.buckets import GradientBuckets
+from relaympi.training.checkpoint_state import to_device
 from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.evaluation import Evaluator
+from relaympi.training.healing import PeerMembership
 from relaympi.training.loop import (
     STOP,
     USAGE_ERRORS,
     TrainingLoop,
     WriterFactory,
-    _to_device,
     device_for,
 )
 from relaympi.training.membership import check_heals, readmission_weights, survivor_topology
@@ -99,7 +100,6 @@ class MessagePassingRank(TrainingLoop):
         self.nodes0 = (tuple(plan.nodes) or (0,) * self.n0) if plan.members else comm.nodes
         me = self.members[self.rank]
         self.workers = range(me, me + 1)  # this worker's id for life (its first rank)
-        self._shrunk: tuple[Any, list[int]] | None = None  # a shrink not yet rebuilt on
         self.check_injection(self.n0)
         if plan.cfg.on_failure == "continue":
             check_heals(plan)
@@ -218,7 +218,7 @@ class MessagePassingRank(TrainingLoop):
         members = [w for w in range(self.n0) if w not in lost]
         if state is not None:
             x.copy_(state["x"])
-            self.optimizer.load_state_dict(_to_device(state["optimizer"], x.device))
+            self.optimizer.load_state_dict(to_device(state["optimizer"], x.device))
             self.restore_common(state)
             if "bytes_total" in state:
                 self.evaluator.carried_bytes = state["bytes_total"].numpy().astype(float)
@@ -233,44 +233,8 @@ class MessagePassingRank(TrainingLoop):
             cfg.algo, self.comm, self.plan.topology, self.optimizer, x, self.plan.algorithm_options
         )
 
-    # -- membership (--on-failure continue) -------------------------------------------------
-    def share_hosts(self, hosts: list[str] | None) -> list[str]:
-        return self.comm.bcast(hosts)
-
-    def survive_losses(self) -> None:
-        self.comm.survive_losses()
-
-    def vanish(self) -> None:
-        self.comm.vanish()
-
-    def shrink(self) -> tuple[Any, list[int]]:
-        # a loss while the survivors agreed on the step: shrink what the last shrink gave
-        source, members = self._shrunk or (self.comm, self.members)
-        new, lost = source.shrink()
-        self._shrunk = (new, [m for r, m in enumerate(members) if r not in lost])
-        return new, [members[r] for r in lost]
-
-    def min_over(self, new: Any, value: int) -> int:
-        return int(-new.allreduce_flags(np.array([-float(value)]))[0])
-
-    def all_max(self, values: np.ndarray) -> np.ndarray:
-        return self.comm.allreduce_flags(values)
-
-    def rebuild(self, new: Any, lost: list[int], step: int) -> None:
-        old, self._shrunk = self.comm, None
-        self.evaluator.carried_bytes += (float(old.bytes_sent.sum()), float(old.inter_node_bytes()))
-        self.members = [m for m in self.members if m not in lost]  # lost: every shrink's since
-        self.comm, self.rank, self.n = new, new.rank, new.world_size
-        self.is_root = self.rank == 0
-        plan, cfg = self.plan, self.plan.cfg
-        topology = survivor_topology(plan, [self.nodes0[m] for m in self.members])
-        # the heal rule: each algorithm built again from the survivors' models (its class says
-        # what that restarts); the model and the local optimizer's state are the survivor's own
-        self.algorithm = make_algorithm(
-            cfg.algo, new, topology, self.optimizer, self.workload.x, plan.algorithm_options
-        )
-        self.evaluator.comm, self.evaluator.members = new, self.members
-        self.checkpoints.heal(self.rank, new.barrier, self.members)
+    def membership_engine(self) -> RankMembership:
+        return RankMembership(self)
 
     # -- the steps ----------------------------------------------------------------------------
     def gradient(self, step: int) -> float:
@@ -305,6 +269,93 @@ class MessagePassingRank(TrainingLoop):
         )
         if row is not None:
             self.log_evaluation(row, self.n)
+
+
+class RankMembership(PeerMembership):
+    """A message-passing rank's side of the membership protocol (docs/membership.md), over its
+    Communicator: ULFM's agree and shrink on MPI, the in-process world's on ``--backend local``."""
+
+    def __init__(self, rank: MessagePassingRank) -> None:
+        self.rank = rank
+        # a shrink not rebuilt on yet: the survivors' communicator and their ids (a loss while the
+        # survivors agree on the step shrinks what the last shrink gave)
+        self._shrunk: tuple[Communicator, list[int]] | None = None
+
+    def survive_losses(self) -> None:
+        self.rank.comm.survive_losses()
+
+    def share_hosts(self, hosts: list[str] | None) -> list[str]:
+        shared: list[str] = self.rank.comm.bcast(hosts)
+        return shared
+
+    def lose(self, step: int, workers: list[int]) -> list[int]:
+        if any(worker in self.rank.workers for worker in workers):
+            self.rank.comm.vanish()
+        return []
+
+    def vanish(self, during: str | None = None) -> None:
+        # inside a heal: leave the survivors' newest world (the in-process one knows only its own)
+        comm = self._shrunk[0] if self._shrunk else self.rank.comm
+        if during is None:
+            comm.vanish()
+        elif during == "exchange":  # once the next exchange's messages are posted
+            post = comm._post
+
+            def post_then_vanish(sends: Any, recvs: Any, tag: int, chunk: int = 0) -> Any:
+                post(sends, recvs, tag, chunk)
+                comm.vanish()
+
+            comm._post = post_then_vanish  # type: ignore[method-assign]
+        elif during == "checkpoint":  # its own file written, before the others know it is
+            checkpoints = self.rank.checkpoints
+
+            def vanish_at_barrier() -> None:
+                comm.vanish()
+
+            checkpoints.barrier = vanish_at_barrier
+        else:
+            raise ValueError(f"cannot vanish during {during!r}")
+
+    def agree_end(self, done: bool) -> bool:
+        return self.rank.comm.agree(done)
+
+    def heal_vote(self) -> None:
+        source = self._shrunk[0] if self._shrunk else self.rank.comm
+        try:
+            source.agree(False)
+        except PeerLost:  # the usual answer: a rank of it is gone
+            pass
+
+    def all_max(self, values: np.ndarray) -> np.ndarray:
+        return self.rank.comm.allreduce_flags(values)
+
+    def shrink(self) -> list[int]:
+        source, members = self._shrunk or (self.rank.comm, self.rank.members)
+        new, lost = source.shrink()
+        self._shrunk = (new, [m for r, m in enumerate(members) if r not in lost])
+        return [members[r] for r in lost]
+
+    def min_over(self, value: int) -> int:
+        assert self._shrunk is not None  # after a shrink
+        return int(-self._shrunk[0].allreduce_flags(np.array([-float(value)]))[0])
+
+    def rebuild(self, lost: list[int], step: int) -> None:
+        assert self._shrunk is not None  # after a shrink
+        rank, (new, _) = self.rank, self._shrunk
+        old, self._shrunk = rank.comm, None
+        rank.evaluator.carried_bytes += (float(old.bytes_sent.sum()), float(old.inter_node_bytes()))
+        rank.members = [m for m in rank.members if m not in lost]  # lost: every shrink's since
+        rank.comm, rank.rank, rank.n = new, new.rank, new.world_size
+        rank.is_root = rank.rank == 0
+        plan, cfg = rank.plan, rank.plan.cfg
+        topology = survivor_topology(plan, [rank.nodes0[m] for m in rank.members])
+        # the heal rule: each algorithm built again from the survivors' models (its class says
+        # what that restarts); the model and the local optimizer's state are the survivor's own
+        rank.algorithm = make_algorithm(
+            cfg.algo, new, topology, rank.optimizer, rank.workload.x, plan.algorithm_options
+        )
+        rank.evaluator.comm, rank.evaluator.members = new, rank.members
+        rank.checkpoints.heal(rank.rank, new.barrier, rank.members)
 
 
 def _trainable(workload: Any) -> list[torch.nn.Parameter]:

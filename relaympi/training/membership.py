@@ -32,26 +32,72 @@ from relaympi.training.plan import Plan
 FAULT_ENV = "RELAYMPI_INJECT_FAILURE"
 
 
-def injected_losses() -> dict[int, list[int]]:
-    """RELAYMPI_INJECT_FAILURE=RANK:STEP[,RANK:STEP...] as {step: [ranks]} (empty when unset).
+# where in a step an injected loss strikes (docs/membership.md#the-same-losses-on-every-engine)
+PHASES: dict[str, str] = {
+    "start": "at the start of step STEP, before its evaluation (the default)",
+    "gradient": "after the gradient of step STEP, before its exchange",
+    "exchange": "inside step STEP's exchange, once its first messages are posted",
+    "agreement": "after step STEP, just before the agreement that ends it",
+    "evaluation": "right after its part of the evaluation at step STEP",
+    "checkpoint": "inside the checkpoint of step STEP, once its own file is written",
+    "flush": "right after the run file's row of step STEP is flushed (the writer)",
+    "end": "after the last step (STEP: the run's last), before the run's end agreement",
+    "heal": "inside the first heal at step STEP or later, after the survivors shrank",
+}
+# phases the batched engine (one process, rows of one tensor) can stage: a worker leaves only at a
+# step's start there
+START_PHASES = ("start",)
+
+
+@dataclass(frozen=True)
+class Injection:
+    """One injected loss: worker ``rank`` vanishes at ``step``, where ``phase`` says."""
+
+    rank: int
+    step: int
+    phase: str = "start"
+
+
+def injected_losses() -> list[Injection]:
+    """RELAYMPI_INJECT_FAILURE=RANK:STEP[:PHASE][,...] as Injections (empty when unset).
+
+    Returns:
+        One Injection per entry, in the order given.
 
     Raises:
-        ConfigError: a malformed value (one line, with an example).
+        ConfigError: a malformed value, an unknown phase or a rank named twice (one line).
     """
     value = os.environ.get(FAULT_ENV, "")
-    losses: dict[int, list[int]] = {}
+    losses: list[Injection] = []
     if not value:
         return losses
     for item in value.split(","):
+        fields = item.split(":")
         try:
-            rank, step = (int(v) for v in item.split(":"))
+            if len(fields) not in (2, 3):
+                raise ValueError(item)
+            rank, step = int(fields[0]), int(fields[1])
         except ValueError:
             raise ConfigError(
-                f"{FAULT_ENV}={value!r}; expected RANK:STEP or RANK:STEP,RANK:STEP..., e.g. 1:5"
+                f"{FAULT_ENV}={value!r}; expected RANK:STEP[:PHASE] or RANK:STEP,RANK:STEP..., "
+                "e.g. 1:5 or 1:5:exchange"
             ) from None
+        phase = fields[2] if len(fields) == 3 else "start"
+        if phase not in PHASES:
+            raise ConfigError(
+                f"{FAULT_ENV}={value!r}: unknown phase {phase!r}; choose one of "
+                + ", ".join(PHASES)
+            )
         if rank < 0 or step < 0:
             raise ConfigError(f"{FAULT_ENV}={value!r}: ranks and steps are >= 0")
-        losses.setdefault(step, []).append(rank)
+        twice = [loss for loss in losses if loss.rank == rank]
+        if twice:
+            first = twice[0]
+            raise ConfigError(
+                f"{FAULT_ENV}={value!r} names rank {rank} twice ({first.rank}:{first.step} and "
+                f"{item}); a worker can be lost only once"
+            )
+        losses.append(Injection(rank, step, phase))
     return losses
 
 

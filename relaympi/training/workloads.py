@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
+from relaympi.config import ConfigError, RunConfig
 from relaympi.flat import flatten_module, padded_zeros
+from relaympi.launcher import launch
 from relaympi.tasks.base import ClassificationTask, TaskError, too_many_workers
 from relaympi.tasks.partition import (
     PartitionError,
@@ -32,6 +34,18 @@ if TYPE_CHECKING:
 # In-process ranks are threads: model construction seeds torch's global RNG (fork_rng +
 # manual_seed), so two ranks building at once would draw from each other's seed.
 _BUILD_LOCK = threading.Lock()
+
+
+def device_for(cfg: RunConfig, rank: int) -> str:
+    """The device this rank trains on: with --device cuda, GPU (local rank mod GPU count)."""
+    if cfg.device != "cuda":
+        return cfg.device
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise ConfigError("--device cuda but torch sees no GPU")
+    local = launch().local_rank
+    local = rank if local is None else local
+    return f"cuda:{local % count}"
 
 
 class Workload(ABC):

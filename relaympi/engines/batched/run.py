@@ -45,6 +45,7 @@ from relaympi.tasks.base import ClassificationTask
 from relaympi.tasks.quadratics import Quadratics, QuadraticsTask
 from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.evaluation import device_memory, row_header
+from relaympi.training.healing import Membership
 from relaympi.training.loop import STOP, TrainingLoop, device_for
 from relaympi.training.membership import readmission_weights, survivor_topology
 from relaympi.training.plan import Plan
@@ -287,18 +288,8 @@ class BatchedRun(TrainingLoop):
                 log.info(why)
 
     # -- membership ---------------------------------------------------------------------------
-    def share_hosts(self, hosts: list[str] | None) -> list[str]:
-        assert hosts is not None  # one process: its own host for every worker
-        return hosts * self.n0
-
-    def lose_injected(self, step: int, ranks: list[int]) -> None:
-        """RELAYMPI_INJECT_FAILURE's workers of this step vanish: their rows leave, the survivors
-        heal at once (one process: nothing to detect, nothing to redo)."""
-        t0 = time.perf_counter()
-        lost = [rank for rank in dict.fromkeys(ranks) if rank in self.members]
-        if lost:
-            self.drop_workers(lost, step)
-            self._after_change(step, lost, t0, (False, False), None)
+    def membership_engine(self) -> BatchedMembership:
+        return BatchedMembership(self)
 
     def drop_workers(self, lost: list[int], step: int) -> None:
         """Workers ``lost`` (original ids, all current members) vanish at the start of step
@@ -492,7 +483,7 @@ class BatchedRun(TrainingLoop):
         if self.n != self.n0:
             members = torch.as_tensor(self.members, dtype=torch.long, device=losses.device)
             losses = losses.new_zeros(self.n0).index_copy_(0, members, losses.detach())
-        if self.check_lag > 1:  # read later, many steps at once (TrainingLoop._settle)
+        if self.check_lag > 1:  # read later, many steps at once (relaympi.training.clocks.settle)
             return losses.detach().double()
         return losses.detach().double().cpu().numpy()
 
@@ -564,3 +555,31 @@ class BatchedRun(TrainingLoop):
         total = self._bytes_before.copy()
         total[self.members] += now
         return total
+
+
+class BatchedMembership(Membership):
+    """The batched engine's side of the membership protocol: every worker is a row of this one
+    process, so a worker leaves only at a step's start, its row removed, and the survivors carry
+    on at once (nothing to detect, nothing to redo, nobody to agree with)."""
+
+    def __init__(self, run: BatchedRun) -> None:
+        self.run = run
+
+    def survive_losses(self) -> None:
+        return None
+
+    def share_hosts(self, hosts: list[str] | None) -> list[str]:
+        assert hosts is not None  # one process: its own host for every worker
+        return hosts * self.run.n0
+
+    def lose(self, step: int, workers: list[int]) -> list[int]:
+        lost = [worker for worker in dict.fromkeys(workers) if worker in self.run.members]
+        if lost:
+            self.run.drop_workers(lost, step)
+        return lost
+
+    def agree_end(self, done: bool) -> bool:
+        return done
+
+    def all_max(self, values: np.ndarray) -> np.ndarray:
+        return values

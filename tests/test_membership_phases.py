@@ -1,0 +1,138 @@
+"""A worker lost at every moment of a run (RELAYMPI_INJECT_FAILURE=RANK:STEP:PHASE) under Open MPI
+with ULFM: the job ends soon after the loss, the run file says completed and records exactly the
+lost ranks, and the survivors' numbers equal the in-process engine's with the same injection; a
+heal or end agreement stuck for good ends its process with one line, and the run file says so."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+
+import h5py
+import pytest
+
+from benchmarks.kill_loop import differences
+from relaympi.results import read_run
+from tests.conftest import PY, requires_ulfm, run_train, run_ulfm
+
+STEPS = 12
+QUAD = [
+    *("--task", "quadratics", "--algo", "relay", "--steps", STEPS, "--eval-every", "2"),
+    *("--record-params", "--on-failure", "continue"),
+]
+CHECKPOINTED = ["--checkpoint-every", "4"]  # with a --checkpoint-dir of the test's own
+
+# (phase, injection): one loss at each phase of a step, of the run's end and of a heal
+PHASES = [
+    ("start", "2:5"),
+    ("last-step", f"1:{STEPS}"),  # the run's last evaluation: this deadlocked the survivors
+    ("gradient", "2:5:gradient"),
+    ("exchange", "2:5:exchange"),
+    ("agreement", "2:5:agreement"),
+    ("evaluation", "2:6:evaluation"),
+    ("checkpoint", "2:8:checkpoint"),
+    ("flush", "0:6:flush"),  # the run file's writer: the lowest survivor takes the file over
+    ("end", f"3:{STEPS}:end"),  # after the last step, before the end agreement
+    ("heal", "1:5,2:5:heal"),  # a second loss inside the first one's heal
+]
+
+
+def _membership(path) -> list[tuple[int, list[int], int]]:
+    with h5py.File(path) as f:
+        records = json.loads(f.attrs["membership"])
+    return [(r["step"], sorted(r["lost"]), r["world_size"]) for r in records]
+
+
+def _started(path) -> float:
+    with h5py.File(path) as f:
+        text = f.attrs["start_time"]
+    return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+
+
+@pytest.mark.slow
+@requires_ulfm
+@pytest.mark.parametrize("phase, inject", PHASES, ids=[p[0] for p in PHASES])
+def test_a_loss_at_every_phase_heals_and_equals_the_local_replay(tmp_path, phase, inject):
+    env = {"RELAYMPI_INJECT_FAILURE": inject}
+    extra = CHECKPOINTED if phase == "checkpoint" else []
+    mpi_out, local_out = tmp_path / "mpi.h5", tmp_path / "local.h5"
+    mpi_args = [*QUAD, *extra, "--out", mpi_out]
+    if extra:
+        mpi_args += ["--checkpoint-dir", tmp_path / "mpi-ckpt"]
+    passed = ["-x", "RELAYMPI_INJECT_FAILURE", "-x", "PYTHONPATH"]
+    proc = run_ulfm([*passed, PY, "-m", "relaympi.train", *mpi_args], 4, env=env, timeout=240)
+    ended = time.time()
+    output = proc.stdout + proc.stderr[-3000:]
+    assert proc.returncode != 124, output  # no hang
+    # every loss happens after the run file opened: the job ended within 60 s of it
+    assert ended - _started(mpi_out) < 60, output
+    run = read_run(mpi_out)
+    assert run.status == "completed", output
+    lost = sorted(int(item.split(":")[0]) for item in inject.split(","))
+    assert sorted(r for change in run.membership for r in change["lost"]) == lost
+    assert f"{4 - len(lost)} of 4 workers finished" in proc.stdout
+    local_args = [*QUAD, *extra, "--backend", "local", "--workers", 4, "--out", local_out]
+    if extra:
+        local_args += ["--checkpoint-dir", tmp_path / "local-ckpt"]
+    run_train(local_args, env=env, check=0)
+    assert _membership(mpi_out) == _membership(local_out)
+    assert differences(mpi_out, local_out) == []
+
+
+def test_a_rank_named_at_a_phase_the_run_never_reaches_is_refused(tmp_path, capsys):
+    from relaympi import train
+
+    cases = {
+        f"1:{STEPS - 1}:end": f"phase end needs STEP {STEPS}, the run's last step",
+        "1:4:checkpoint": "no checkpoint is saved at step 4",
+    }
+    args = [*map(str, QUAD), "--backend", "local", "--workers", "4"]
+    for index, (inject, message) in enumerate(cases.items()):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("RELAYMPI_INJECT_FAILURE", inject)
+            status = train.main([*args, "--out", str(tmp_path / f"r{index}.h5")])
+        assert status == train.EXIT_USAGE
+        assert message in capsys.readouterr().err
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RELAYMPI_INJECT_FAILURE", "1:4:exchange")
+        batched = [*args[: args.index("--backend")], "--backend", "batched", "--workers", "4"]
+        status = train.main([*batched, "--out", str(tmp_path / "b.h5")])
+    assert status == train.EXIT_USAGE
+    assert "this engine loses workers only at a step's start" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["failed", "preempted"])
+def test_a_heal_stuck_for_good_ends_the_process_and_the_run_file_says_so(tmp_path, checkpoint):
+    """A heal that never finishes (stalled on purpose) ends the process after
+    RELAYMPI_HEAL_TIMEOUT with one line naming the phase; the run file says failed, or preempted
+    where a checkpoint was saved (a rerun resumes it), never running."""
+    out = tmp_path / "r.h5"
+    env = {
+        "RELAYMPI_INJECT_FAILURE": "1:6",
+        "RELAYMPI_INJECT_STALL": "heal",
+        "RELAYMPI_HEAL_TIMEOUT": "2",
+    }
+    args = [*QUAD, "--backend", "local", "--workers", 4, "--out", out]
+    if checkpoint:
+        args += [*CHECKPOINTED, "--checkpoint-dir", tmp_path / "ckpt"]
+    started = time.monotonic()
+    proc = run_train(args, env=env, check=4 if checkpoint else 1, timeout=120)
+    assert time.monotonic() - started < 60
+    lines = [line for line in proc.stderr.splitlines() if "did not finish" in line]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert "the heal did not finish within 2 s (RELAYMPI_HEAL_TIMEOUT)" in lines[0]
+    run = read_run(out)
+    assert run.status == ("preempted" if checkpoint else "failed")
+    if checkpoint:
+        assert run.attrs["stopped_step"] == 4 and run.attrs["checkpoint_saved"]
+
+
+def test_a_bad_heal_timeout_is_refused_in_one_line(tmp_path):
+    proc = run_train(
+        [*QUAD, "--backend", "local", "--workers", 2, "--out", tmp_path / "r.h5"],
+        env={"RELAYMPI_HEAL_TIMEOUT": "soon"},
+        check=2,
+    )
+    assert "RELAYMPI_HEAL_TIMEOUT='soon'; expected seconds > 0" in proc.stderr
