@@ -207,11 +207,12 @@ def test_misuse_is_refused_before_torch_loads():
     assert said.split("\n--\n")[:-1] == [line for _, line in MISUSE]
 
 
-@requires_mpirun
-def test_under_mpirun_a_mistyped_value_is_refused_before_any_rank_loads_torch():
+def _said_under_mpirun(*args: str) -> list[str]:
+    """``train ARGS`` under ``mpirun -n 2``: it must exit 2 with no rank importing torch; the
+    lines it printed (import times left out)."""
     proc = subprocess.run(
         [mpirun(), "-n", "2", sys.executable, "-X", "importtime", "-m", "relaympi.train"]
-        + ["--task", "digits", "--lr", "-1"],
+        + ["--task", "digits", *args],
         cwd=ROOT,
         env=env_for_subprocess(),
         capture_output=True,
@@ -222,27 +223,17 @@ def test_under_mpirun_a_mistyped_value_is_refused_before_any_rank_loads_torch():
     assert proc.returncode == 2, err[-3000:]
     imports = [line for line in err.splitlines() if line.startswith("import time:")]
     assert imports and not [line for line in imports if line.split("|")[-1].strip() == "torch"]
-    said = [line for line in err.splitlines() if not line.startswith("import time:")]
-    assert said == ["error: --lr must be > 0, got -1.0"]
+    return [line for line in err.splitlines() if not line.startswith("import time:")]
+
+
+@requires_mpirun
+def test_under_mpirun_a_mistyped_value_is_refused_before_any_rank_loads_torch():
+    assert _said_under_mpirun("--lr", "-1") == ["error: --lr must be > 0, got -1.0"]
 
 
 @requires_mpirun
 def test_under_mpirun_a_finished_run_is_refused_before_any_rank_loads_torch(tmp_path):
     finished = rf.write_classification_run(tmp_path / "done.h5", np.full((3, 2), 0.5))
-    proc = subprocess.run(
-        [mpirun(), "-n", "2", sys.executable, "-X", "importtime", "-m", "relaympi.train"]
-        + ["--task", "digits", "--out", str(finished)],
-        cwd=ROOT,
-        env=env_for_subprocess(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    err = proc.stderr
-    assert proc.returncode == 2, err[-3000:]
-    imports = [line for line in err.splitlines() if line.startswith("import time:")]
-    assert imports and not [line for line in imports if line.split("|")[-1].strip() == "torch"]
-    said = [line for line in err.splitlines() if not line.startswith("import time:")]
-    assert said == [
+    assert _said_under_mpirun("--out", str(finished)) == [
         f"error: {finished} already holds a finished run; pass --overwrite to replace it"
     ]
