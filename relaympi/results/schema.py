@@ -59,9 +59,8 @@ def complete_rows(datasets: Mapping[str, h5py.Dataset]) -> int:
     return n
 
 
-TOPOLOGY_GROUP = (
-    "topology"  # where the ranks were and the graph they ran on (not a per-evaluation dataset)
-)
+# where the ranks were and the graph they ran on (not a per-evaluation dataset)
+TOPOLOGY_GROUP = "topology"
 
 
 @dataclass(frozen=True)

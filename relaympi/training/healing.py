@@ -44,9 +44,8 @@ log = logging.getLogger("relaympi.train")
 # --on-failure continue on MPI: each rank writes DIR/worker<id>.pid ("PID HOST"), for a tool that
 # kills ranks (benchmarks/kill_loop.py)
 PID_DIR_ENV = "RELAYMPI_PID_DIR"
-HEAL_TIMEOUT_ENV = (
-    "RELAYMPI_HEAL_TIMEOUT"  # seconds a heal, the end agreement or the close may take
-)
+# seconds a heal, the end agreement or the close may take
+HEAL_TIMEOUT_ENV = "RELAYMPI_HEAL_TIMEOUT"
 DEFAULT_HEAL_TIMEOUT_S = 60.0
 # tests only: a phase of the protocol ("heal", "end") in which every process stalls for good
 STALL_ENV = "RELAYMPI_INJECT_STALL"

@@ -248,9 +248,8 @@ def placed_topology(
         except TopologyError:
             if placement != "auto":
                 raise
-            resolved = (
-                "ranks"  # the rank-order build below says so if the topology is wrong in itself
-            )
+            # the rank-order build below says so if the topology is wrong in itself
+            resolved = "ranks"
     return resolved, build(name, world_size)
 
 

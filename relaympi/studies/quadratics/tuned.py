@@ -20,9 +20,8 @@ from relaympi.tasks.quadratics import Quadratics, QuadraticsSpec, generate
 
 log = logging.getLogger("relaympi.studies.quadratics")
 
-EXACT_DIFFUSION_MARK = (
-    "+"  # table marker: D² ran with (W + I) / 2 because W's smallest eigenvalue is < -1/3
-)
+# table marker: D² ran with (W + I) / 2 because W's smallest eigenvalue is < -1/3
+EXACT_DIFFUSION_MARK = "+"
 
 
 @dataclass(frozen=True)
