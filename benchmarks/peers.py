@@ -240,7 +240,7 @@ def peer_worker(peer: str, algo: str, topology: str | None, steps: int, out: Pat
         optimizer = make_optimizer(plan.optimizer, workload.x)
         bytes_per_step = 2 * (size - 1) / size * numel * 4  # gloo's ring all-reduce, float32
     else:
-        from decent_dp.ddp import DecentralizedDataParallel  # type: ignore[import-untyped]
+        from decent_dp.ddp import DecentralizedDataParallel
 
         lr = schedule.lr_at(0)
         model = DecentralizedDataParallel(
