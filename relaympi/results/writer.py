@@ -89,6 +89,18 @@ def _locked_by_a_writer(path: Path) -> bool:
         os.close(fd)
 
 
+def in_use(path: str | os.PathLike) -> bool:
+    """Whether a live run is writing ``path`` (it holds HDF5's exclusive lock on it).
+
+    Args:
+        path: a run file's path (nothing there: False).
+
+    Returns:
+        True while another process has the file open for writing.
+    """
+    return _locked_by_a_writer(Path(path))
+
+
 def _utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 

@@ -17,6 +17,7 @@ from relaympi.results import (
     run_status,
 )
 from relaympi.results.schema import QUADRATICS_CONVENTION_ATTR
+from relaympi.results.writer import in_use
 from relaympi.tasks.quadratics import CONVENTION
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ def check_out(out: Path, overwrite: bool, plan: Plan | None = None) -> None:
         and plan is not None
         and plan.problem is not None
         and run_status(out) in RESUMABLE_STATUSES
+        and not in_use(out)  # a live run's file: the writer refuses it, naming that
         and read_run(out).attrs.get(QUADRATICS_CONVENTION_ATTR) != CONVENTION
     ):
         raise ConfigError(
