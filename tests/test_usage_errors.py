@@ -4,6 +4,7 @@ where a real name is close, and the command that shows the usage (under mpirun t
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -207,9 +208,11 @@ def test_misuse_is_refused_before_torch_loads():
     assert said.split("\n--\n")[:-1] == [line for _, line in MISUSE]
 
 
-def _said_under_mpirun(*args: str) -> list[str]:
-    """``train ARGS`` under ``mpirun -n 2``: it must exit 2 with no rank importing torch; the
-    lines it printed (import times left out)."""
+def _said_under_mpirun(*args: str) -> str:
+    """``train ARGS`` under ``mpirun -n 2``: it must exit 2 with no rank importing torch; what it
+    printed besides the import times. The ranks' stderr reach mpirun's as one stream, so a rank's
+    import-time line can land inside another's error line: each import-time record is cut out
+    wherever it falls."""
     proc = subprocess.run(
         [mpirun(), "-n", "2", sys.executable, "-X", "importtime", "-m", "relaympi.train"]
         + ["--task", "digits", *args],
@@ -221,19 +224,20 @@ def _said_under_mpirun(*args: str) -> list[str]:
     )
     err = proc.stderr
     assert proc.returncode == 2, err[-3000:]
-    imports = [line for line in err.splitlines() if line.startswith("import time:")]
+    record = re.compile(r"import time:[^|\n]*\|[^|\n]*\|[^\n]*?(?:\n|$)")
+    imports = record.findall(err)
     assert imports and not [line for line in imports if line.split("|")[-1].strip() == "torch"]
-    return [line for line in err.splitlines() if not line.startswith("import time:")]
+    return record.sub("", err)
 
 
 @requires_mpirun
 def test_under_mpirun_a_mistyped_value_is_refused_before_any_rank_loads_torch():
-    assert _said_under_mpirun("--lr", "-1") == ["error: --lr must be > 0, got -1.0"]
+    assert _said_under_mpirun("--lr", "-1") == "error: --lr must be > 0, got -1.0\n"
 
 
 @requires_mpirun
 def test_under_mpirun_a_finished_run_is_refused_before_any_rank_loads_torch(tmp_path):
     finished = rf.write_classification_run(tmp_path / "done.h5", np.full((3, 2), 0.5))
-    assert _said_under_mpirun("--out", str(finished)) == [
-        f"error: {finished} already holds a finished run; pass --overwrite to replace it"
-    ]
+    assert _said_under_mpirun("--out", str(finished)) == (
+        f"error: {finished} already holds a finished run; pass --overwrite to replace it\n"
+    )
