@@ -31,12 +31,17 @@ check_folder_chain() {  # FOLDER (canonical, existing): it and every folder abov
     read -r uid mode < <(stat -c '%u %a' -- "$folder")
     trusted_owner "$uid" || refuse "state folder $folder is owned by uid $uid, not root: refusing a folder another user made; give --dir a new folder or one of root's"
     ((!(8#$mode & 8#022))) || refuse "state folder $folder is writable by group or others (mode $mode): refusing it; chmod go-w it or give another --dir"
-    dir="$folder"
-    while [[ "$dir" != / ]]; do
-        dir="$(dirname -- "$dir")"
+    check_parents "$folder" "$(dirname -- "$folder")"
+}
+
+check_parents() {  # FOLDER DIR (canonical, existing): DIR and every folder above it may hold FOLDER safely, or refuse
+    local folder="$1" dir="$2" uid mode
+    while :; do
         read -r uid mode < <(stat -c '%u %a' -- "$dir")
         trusted_owner "$uid" || refuse "state folder $folder lies in $dir, owned by uid $uid, who could replace it: give --dir a folder in one of root's"
         ((!(8#$mode & 8#022) || (8#$mode & 8#1000))) || refuse "state folder $folder lies in $dir, writable by group or others without the sticky bit (mode $mode): give --dir a folder in one of root's"
+        [[ "$dir" != / ]] || break
+        dir="$(dirname -- "$dir")"
     done
 }
 
@@ -48,7 +53,9 @@ open_state_dir() {  # create|existing: check SLURM_DIR (made 0700 first with cre
         up="$dir"
         while [[ ! -e "$up" ]]; do up="$(dirname -- "$up")"; done
         [[ -d "$up" ]] || refuse "state folder $dir: $up is not a folder"
-        check_folder_chain "$(realpath -e -- "$up")"  # before anything is made in it
+        # before anything is made in it: the nearest folder that exists will hold the new one (a
+        # sticky /tmp is fine there); the new folder itself is checked once made
+        check_parents "$dir" "$(realpath -e -- "$up")"
         (umask 077 && mkdir -p -- "$dir")
     fi
     [[ -d "$dir" ]] || refuse "state folder $dir is not a folder"

@@ -225,6 +225,27 @@ def test_start_makes_a_folder_of_roots_alone_and_names_the_conf(
     assert daemons == [f"slurmctld -f {conf}", f"slurmd -f {conf}"]
 
 
+@as_root
+def test_a_new_folder_in_a_sticky_shared_folder_is_made(tmp_path: Path, stubs: Path) -> None:
+    """A state folder that does not exist yet, in a sticky folder every user may write (/tmp): the
+    sticky folder holds it safely and is not itself taken for the state folder. (A test's folder
+    that an earlier stop removed is made again this way.)"""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    folder = shared / "cluster"
+    proc = tool(stubs, "start", "--dir", str(folder))
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and folder.stat().st_uid == 0
+    # without the sticky bit, others could rename the new folder away: refused, nothing made
+    other = tmp_path / "open"
+    other.mkdir()
+    other.chmod(0o777)
+    proc = tool(stubs, "start", "--dir", str(other / "cluster"))
+    assert_refused(proc, other / "cluster", f"lies in {other}")
+    assert not (other / "cluster").exists()
+
+
 def test_the_munge_key_is_never_readable_by_others(tmp_path: Path) -> None:
     """Made under umask 077: even before its chmod (a no-op here) only its owner may read it."""
     key = tmp_path / "etc" / "munge" / "munge.key"
