@@ -12,7 +12,7 @@ from relaympi.algorithms import (
     ALGORITHM_NAMES,
     ALGORITHM_OPTIONS,
     default_topology,
-    get_algorithm_class,
+    needs_momentum,
 )
 from relaympi.algorithms.options import option_names
 from relaympi.algorithms.registry import DECLARED
@@ -281,7 +281,7 @@ def configurations(sweep_name: str, settings: JobSettings) -> list[GridPoint]:
                 for momentum in momenta:
                     if (
                         algo in ALGORITHM_NAMES
-                        and get_algorithm_class(algo).needs_momentum  # quasi-global momentum
+                        and needs_momentum(algo)  # quasi-global momentum
                         and momentum == 0
                     ):
                         continue

@@ -480,6 +480,22 @@ def test_train_help_shows_every_default() -> None:
     assert "agnews: relay chain" in " ".join(str(actions["--topology"].help).split())
 
 
+def test_every_task_takes_its_defaults_from_the_torch_free_table() -> None:
+    """--help reads relaympi.tasks.defaults, never a task's class (which imports torch): each
+    registered task has its line there, in the registry's order, and its class uses that line."""
+    from relaympi.algorithms import ALGORITHM_NAMES
+    from relaympi.tasks import TASK_NAMES, get_task_class
+    from relaympi.tasks.defaults import DEFAULT_TOPOLOGY_BY_ALGO, TASK_DEFAULTS
+    from relaympi.topology import TOPOLOGY_NAMES
+
+    assert tuple(TASK_DEFAULTS) == TASK_NAMES
+    for task in TASK_NAMES:
+        assert get_task_class(task).defaults is TASK_DEFAULTS[task], task
+    for task, own in DEFAULT_TOPOLOGY_BY_ALGO.items():
+        assert task in TASK_NAMES and set(own) <= set(ALGORITHM_NAMES), task
+        assert set(own.values()) <= set(TOPOLOGY_NAMES), task
+
+
 @pytest.mark.parametrize("module", ["benchmarks.comm", "benchmarks.bench_report"])
 def test_every_benchmark_option_has_help(module: str) -> None:
     import importlib

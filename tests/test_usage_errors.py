@@ -241,3 +241,47 @@ def test_under_mpirun_a_finished_run_is_refused_before_any_rank_loads_torch(tmp_
     assert _said_under_mpirun("--out", str(finished)) == (
         f"error: {finished} already holds a finished run; pass --overwrite to replace it\n"
     )
+
+
+# -- --help needs no torch either ----------------------------------------------------------------
+_TORCH_FREE = """
+import json, sys
+from relaympi import train
+try:
+    code = train.main(sys.argv[1:])
+except SystemExit as exc:  # --help exits from inside the parser
+    code = exc.code
+print(json.dumps({"code": code, "torch": "torch" in sys.modules}), file=sys.stderr)
+"""
+
+
+def _torch_free(*args: str) -> tuple[dict, str, str]:
+    """``train.main(ARGS)`` in a fresh process: its exit status and whether it imported torch, what
+    it printed to stdout, and its stderr without that last line."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _TORCH_FREE, *args],
+        cwd=ROOT,
+        env=env_for_subprocess(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    *said, last = proc.stderr.splitlines()
+    return json.loads(last), proc.stdout, "\n".join(said)
+
+
+def test_help_imports_no_torch():
+    """--help shows every task's and algorithm's defaults (the tasks' defaults, the default
+    topologies, the algorithms that need momentum) from their torch-free declarations."""
+    status, out, err = _torch_free("--help")
+    assert status == {"code": 0, "torch": False}, err
+    text = re.sub(r"(\w)- (\w)", r"\1-\2", " ".join(out.split()))  # lines wrap after a hyphen
+    assert (
+        "Default per algorithm: allreduce/isolated fully-connected, relay/relay-grad "
+        "double-binary-trees, dpsgd/qgm/d2/gt ring, sgp exponential; task agnews: relay chain"
+    ) in text
+    assert (
+        "samples per worker per step; task default: quadratics 1, digits 8, cifar10 32, "
+        "imagenet 32, agnews 32"
+    ) in text
+    assert "agnews 0 (--algo qgm: 0.9 where that is 0)" in text

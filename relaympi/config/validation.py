@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from relaympi.algorithms.options import option_names
-from relaympi.algorithms.registry import ALGORITHM_NAMES, AlgorithmOptions
+from relaympi.algorithms.registry import ALGORITHM_NAMES, AlgorithmOptions, default_topology
 from relaympi.config.applies import not_applicable
 from relaympi.config.flags import ConfigError
 from relaympi.config.run_config import AUTOCAST_DTYPES, BACKENDS, MAX_SEED, PLACEMENTS, RunConfig
 from relaympi.drops import DropPolicy
 from relaympi.optim_config import OptimizerConfig
 from relaympi.tasks import TASK_NAMES
+from relaympi.tasks.defaults import default_topology_for
 from relaympi.tasks.quadratics import QuadraticsSpec
 from relaympi.topology import TOPOLOGY_NAMES
 
@@ -263,3 +264,16 @@ def _check_inputs_not_outputs(cfg: RunConfig) -> None:
                     f"{_flag(a)} and {_flag(b)} are the same file {getattr(cfg, a)}: "
                     f"{what}; choose another {_flag(b)}"
                 )
+
+
+def run_topology(cfg: RunConfig) -> str:
+    """The topology a run uses: --topology, else its task's for its algorithm, else its
+    algorithm's default (torch-free).
+
+    Args:
+        cfg: the run's configuration (its task and algorithm known).
+
+    Returns:
+        A topology name, as ``relaympi.topology.build`` takes it.
+    """
+    return cfg.topology or default_topology_for(cfg.task, cfg.algo) or default_topology(cfg.algo)
