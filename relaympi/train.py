@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from relaympi import threads
 from relaympi.config import ConfigError, RunConfig, parse_args
-from relaympi.config.validation import check_out_path
+from relaympi.config.validation import check_out_path, check_world_size
 from relaympi.engines import BACKENDS, engine_for
 from relaympi.launcher import launch
 from relaympi.tasks import TaskError
@@ -44,7 +44,8 @@ from relaympi.training.out_file import check_out, refuse_finished_run
 
 # torch, MPI and the training modules (which import torch) are imported inside the functions that
 # need them: under mpirun every rank imports them, 80 s with 16 ranks on one node, and misuse is
-# refused before (parse_args is torch-free; main's _refuse_before_loading checks --out)
+# refused before (parse_args and --help are torch-free; main's _refuse_before_loading checks --out,
+# check_world_size the topology against the worker count)
 if TYPE_CHECKING:
     from relaympi.training.plan import Plan
 
@@ -359,7 +360,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"is one of {launch().size} MPI ranks: "
                     "drop --backend/--workers under mpirun/srun, or run the command without mpirun"
                 )
+            assert cfg.workers is not None  # validate() requires --workers for such a run
+            check_world_size(cfg, cfg.workers)
             return _main_in_process(cfg, argv)
+        if launch().launched:  # a plain `python` run is refused as one process in _main_mpi
+            check_world_size(cfg, launch().size)
         return _main_mpi(cfg, argv)
     except BrokenPipeError:  # `... --help | head`: the reader left; entrypoint.run ends quietly
         raise

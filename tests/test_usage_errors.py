@@ -208,13 +208,13 @@ def test_misuse_is_refused_before_torch_loads():
     assert said.split("\n--\n")[:-1] == [line for _, line in MISUSE]
 
 
-def _said_under_mpirun(*args: str) -> str:
-    """``train ARGS`` under ``mpirun -n 2``: it must exit 2 with no rank importing torch; what it
-    printed besides the import times. The ranks' stderr reach mpirun's as one stream, so a rank's
-    import-time line can land inside another's error line: each import-time record is cut out
-    wherever it falls."""
+def _said_under_mpirun(*args: str, ranks: int = 2) -> str:
+    """``train ARGS`` under ``mpirun -n RANKS``: it must exit 2 with no rank importing torch; what
+    it printed besides the import times. The ranks' stderr reach mpirun's as one stream, so a
+    rank's import-time line can land inside another's error line: each import-time record is cut
+    out wherever it falls."""
     proc = subprocess.run(
-        [mpirun(), "-n", "2", sys.executable, "-X", "importtime", "-m", "relaympi.train"]
+        [mpirun(), "-n", str(ranks), sys.executable, "-X", "importtime", "-m", "relaympi.train"]
         + ["--task", "digits", *args],
         cwd=ROOT,
         env=env_for_subprocess(),
@@ -243,7 +243,16 @@ def test_under_mpirun_a_finished_run_is_refused_before_any_rank_loads_torch(tmp_
     )
 
 
-# -- --help needs no torch either ----------------------------------------------------------------
+@requires_mpirun
+def test_under_mpirun_a_topology_the_rank_count_cannot_build_is_refused_before_torch():
+    """SGP's exponential schedule on 3 ranks: every rank finds it before torch, rank 0 says it."""
+    assert _said_under_mpirun("--algo", "sgp", ranks=3) == (
+        "error: topology 'exponential' with 3 workers: the exponential schedule needs a power of "
+        "two world_size (2, 4, 8, 16, ...), got 3\n"
+    )
+
+
+# -- --help, and a topology the worker count cannot build, need no torch either -------------------
 _TORCH_FREE = """
 import json, sys
 from relaympi import train
@@ -285,3 +294,22 @@ def test_help_imports_no_torch():
         "imagenet 32, agnews 32"
     ) in text
     assert "agnews 0 (--algo qgm: 0.9 where that is 0)" in text
+
+
+def test_a_topology_the_worker_count_cannot_build_is_refused_before_torch():
+    """SGP's exponential schedule on 6 workers, and RelaySGD's trees on one: one line, exit 2, no
+    torch; a run that may resume the survivors of a larger run (--checkpoint-dir) is left to the
+    plan, which refuses the same count with the same line."""
+    base = ["--task", "quadratics", "--steps", "2", "--backend", "local"]
+    status, _, err = _torch_free(*base, "--workers", "6", "--algo", "sgp")
+    assert status == {"code": 2, "torch": False}
+    assert err == (
+        "error: topology 'exponential' with 6 workers: the exponential schedule needs a power of "
+        "two world_size (2, 4, 8, 16, ...), got 6"
+    )
+    status, _, err = _torch_free(*base, "--workers", "1")
+    assert status == {"code": 2, "torch": False}
+    assert err == (
+        "error: topology 'double-binary-trees' with 1 workers: double-binary-trees world_size "
+        "must be >= 2, got 1; one worker is the centralized baseline: --algo allreduce"
+    )

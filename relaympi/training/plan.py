@@ -31,7 +31,7 @@ from relaympi.algorithms import (
 )
 from relaympi.comm import DropPolicy
 from relaympi.config import ConfigError, RunConfig
-from relaympi.config.validation import run_topology
+from relaympi.config.validation import run_topology, topology_refusal
 from relaympi.data import task_dirs
 from relaympi.optim import OptimizerConfig
 from relaympi.tasks import Task, TaskOptions, get_task_class
@@ -290,13 +290,8 @@ def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None)
     try:
         placement, topology = placed_topology(topo_name, world_size, cfg.placement, nodes)
     except TopologyError as exc:
-        hint = (
-            "; one worker is the centralized baseline: --algo allreduce" if world_size == 1 else ""
-        )
         where = " and --placement nodes" if cfg.placement == "nodes" else ""
-        raise ConfigError(
-            f"topology {topo_name!r} with {world_size} workers{where}: {exc}{hint}"
-        ) from exc
+        raise topology_refusal(topo_name, world_size, where, exc) from exc
     asked = cfg
     cfg = replace(cfg, placement=placement)
     lr_warning = None
