@@ -7,13 +7,11 @@ batched computation (stacked models on one device; the fastest way to sweep):
     mpirun -n 16 python -m relaympi.train --algo relay --task cifar10
     python -m relaympi.train --task digits --backend local --workers 16 --algo relay --alpha 0.01
     python -m relaympi.train --task digits --backend batched --workers 16 --algo relay --alpha 0.01
-    python -m relaympi.train --task quadratics --backend local --workers 8 --algo relay --topology
-    chain --steps 200
+    python -m relaympi.train --task quadratics --backend local --workers 8 --steps 20
 
-Exit status: 0 completed, 1 failed, 2 misuse, 3 diverged (recorded), 4 preempted (SIGTERM, SIGUSR1
-or
-Ctrl-C/SIGINT; checkpoint saved: the same command resumes), 5 stopped by such a signal without a
-checkpoint (no --checkpoint-dir: a rerun starts over).
+Exit status: 0 completed, 1 failed, 2 misuse, 3 diverged (recorded), 4 preempted (SIGTERM,
+SIGUSR1 or Ctrl-C/SIGINT; checkpoint saved: the same command resumes), 5 stopped by such a signal
+without a checkpoint (no --checkpoint-dir: a rerun starts over).
 """
 
 from __future__ import annotations
@@ -67,8 +65,7 @@ _first_stop_at: list[float] = []
 
 def _request_stop(signum: int, frame: Any) -> None:
     """Stop at the next step boundary (checkpoint, record, exit); a second Ctrl-C (not one a
-    launcher
-    forwards within a second of the first) exits at once."""
+    launcher forwards within a second of the first) exits at once."""
     if signum == signal.SIGINT and _first_stop_at and time.monotonic() - _first_stop_at[0] > 1.0:
         os.write(
             2,
@@ -97,8 +94,8 @@ class BarSafeHandler(logging.StreamHandler):
 
 
 def _save_problem(plan: Plan) -> None:
-    """Write --save-problem; an existing file is replaced only with --overwrite (others may train on
-    it).
+    """Write --save-problem; an existing file is replaced only with --overwrite (others may train
+    on it).
 
     A file that already holds exactly this problem is left as it is, so re-running the command
     (to resume after preemption) works without --overwrite.
