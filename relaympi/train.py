@@ -232,9 +232,8 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
     from relaympi.training.plan import default_out, run_nodes
 
     size = world_size()
-    if (
-        size == 1 and not launch().launched
-    ):  # `mpirun -n 1` is the single-worker baseline; plain python is a mistake
+    # `mpirun -n 1` is the single-worker baseline; plain python is a mistake
+    if size == 1 and not launch().launched:
         raise ConfigError(
             "this is one process, so there is only one worker. Launch one worker per rank: "
             "`mpirun -n 16 python -m relaympi.train ...` (or srun under SLURM), or run "
@@ -274,9 +273,8 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
         np.array([1.0 if error else 0.0, 1.0 if error and comm.rank == 0 else 0.0])
     )
     if flags[0] > 0:
-        if error is not None and (
-            comm.rank == 0 or flags[1] == 0
-        ):  # one copy of the message where possible
+        # one copy of the message where possible
+        if error is not None and (comm.rank == 0 or flags[1] == 0):
             print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     if comm.rank == 0:
@@ -419,9 +417,8 @@ def _main_exiting() -> int:
     status = main()
     from relaympi.results import UNCLOSABLE
 
-    if (
-        UNCLOSABLE
-    ):  # HDF5 would crash freeing a run file it could not close (a full disk): skip the teardown
+    # HDF5 would crash freeing a run file it could not close (a full disk): skip the teardown
+    if UNCLOSABLE:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)

@@ -60,9 +60,9 @@ def test_the_rule_finds_a_split_comment_and_nothing_else() -> None:
     assert orphaned_words(fine) == []
 
 
-# relaympi/ is not yet held to this rule: its remaining dangling comments sit in modules being
-# changed elsewhere, and moving them is left for a quiet moment
-DANGLING_TREES = ("benchmarks", "jobs", "scripts", "tests")
+# not yet held to this rule: these packages still hold a few dangling comments, left while their
+# modules are being changed on other branches (move them, then drop the package from here)
+DANGLING_LATER = ("relaympi/comm", "relaympi/engines", "relaympi/training")
 
 
 def dangling_comments(source: str) -> list[int]:
@@ -94,8 +94,9 @@ def dangling_comments(source: str) -> list[int]:
 def test_no_comment_dangles_after_closing_brackets() -> None:
     found = [
         f"{path.relative_to(ROOT)}:{line}"
-        for tree in DANGLING_TREES
+        for tree in TREES
         for path in sorted((ROOT / tree).rglob("*.py"))
+        if not str(path.relative_to(ROOT)).startswith(DANGLING_LATER)
         for line in dangling_comments(path.read_text(encoding="utf-8"))
     ]
     assert not found, (

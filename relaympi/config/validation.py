@@ -209,9 +209,8 @@ def _check_writable_dir(flag: str, path: Path) -> None:
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{flag} {path} exists and is not a directory")
     existing = path.absolute()
-    while (
-        not existing.exists()
-    ):  # the nearest existing ancestor is where mkdir would create the rest
+    # the nearest existing ancestor is where mkdir would create the rest
+    while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
         raise ConfigError(f"{flag} {path}: {existing} is not a directory")
