@@ -45,8 +45,8 @@ GPU_VARIANTS = (
     "bf16-cl",
     "fp32-cl-graph",
     "bf16-cl-graph",
-    "bf16-cl-compile",
-)  # a compile takes about a minute: fp32-cl-compile on request
+    "bf16-cl-compile",  # a compile takes about a minute: fp32-cl-compile on request
+)
 CPU_VARIANTS = ("fp32", "bf16", "fp32-cl")
 PRECISIONS = ("fp32", "ieee", "tf32", "bf16")
 OPTIONS = ("cl", "compile", "graph")
@@ -264,9 +264,8 @@ def run_main(args: argparse.Namespace) -> int:
             row = bench_variant(
                 name, args.device, args.batch_size, args.warmup, args.steps, args.cudnn_benchmark
             )
-        except (
-            Exception
-        ) as exc:  # a row that says why (out of memory, a compiler error), and on to the next
+        # a row that says why (out of memory, a compiler error), and on to the next
+        except Exception as exc:
             error = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             rows.append(
                 {"variant": name, **parse_variant(name), "error": f"{type(exc).__name__}: {error}"}

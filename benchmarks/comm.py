@@ -144,9 +144,8 @@ def _raw_exchange(comm, messages: list[tuple[int, int, int]], device: torch.devi
 def _cases(comm, numel: int, device: torch.device, chunk: int) -> dict:
     """The timed operations for one message size (closures over this size's buffers)."""
     n, rank = comm.world_size, comm.rank
-    x = padded_zeros(
-        numel, device=device
-    )  # a flat model: RelaySum's counters fit in its spare slots
+    # a flat model: RelaySum's counters fit in its spare slots
+    x = padded_zeros(numel, device=device)
     x.copy_(torch.randn(numel, generator=torch.Generator().manual_seed(rank)))
     cases = {}
     # on several nodes, each placed operation twice: the paper's rank order, and node-aware
@@ -222,18 +221,16 @@ def _cases(comm, numel: int, device: torch.device, chunk: int) -> dict:
     def tree_allreduce(_i: int) -> None:  # Communicator.iallreduce_sum: the same bits for any cut
         comm.iallreduce_sum(v).wait()
 
-    def tree_allreduce_pieces(
-        _i: int,
-    ) -> None:  # as a ranged step: 8 pieces in flight at once, last first
+    # as a ranged step: 8 pieces in flight at once, last first
+    def tree_allreduce_pieces(_i: int) -> None:
         for request in [comm.iallreduce_sum(v[lo:hi]) for lo, hi in reversed(pieces)]:
             request.wait()
 
     cases["iallreduce fixed tree"] = tree_allreduce
     cases["iallreduce fixed tree 8 pieces"] = tree_allreduce_pieces
     tree_allreduce.bytes_per_call = tree_allreduce_pieces.bytes_per_call = 4 * numel  # type: ignore[attr-defined]
-    if (
-        comm.backend == "mpi"
-    ):  # the busiest rank's, derived from the tree here (the communicator's count must agree)
+    # the busiest rank's, derived from the tree here (the communicator's count must agree)
+    if comm.backend == "mpi":
         from relaympi.comm.tree_allreduce import stage_order
 
         order = stage_order(comm.nodes)
@@ -262,9 +259,8 @@ def tree_inter_node_bytes(
         for r in range(p):
             lo, hi = 0, numel
             for d in order:
-                if (
-                    nodes[r] != nodes[r ^ d]
-                ):  # the half it gives in the reduce-scatter, the half it kept in the allgather
+                # the half it gives in the reduce-scatter, the half it kept in the allgather
+                if nodes[r] != nodes[r ^ d]:
                     sent[r] += hi - lo
                 mid = lo + (hi - lo) // 2
                 lo, hi = (mid, hi) if r & d else (lo, mid)

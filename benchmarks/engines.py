@@ -123,9 +123,8 @@ def measure(engine: str, workload: EngineCase, extra: list[str], folder: Path) -
     run = read_run(out)
     data = run.data
     steps = int(data["step"][-1])
-    train_s = float(
-        data["time_s"][-1] - data["time_eval_s"][-1][0]
-    )  # worker 0's clock, as the log line's
+    # worker 0's clock, as the log line's
+    train_s = float(data["time_s"][-1] - data["time_eval_s"][-1][0])
     return Timing(
         steps=steps,
         train_s=train_s,

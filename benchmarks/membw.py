@@ -156,9 +156,8 @@ def traffic(case: str, topology: Topology | None, numel: int, copies: int = 2) -
     ledger = _Ledger(n)
     if case == "allreduce":
         if n > 1:
-            moved = (
-                2 * (n - 1) / n * numel
-            )  # reduce-scatter + allgather, sent (and received) per rank
+            # reduce-scatter + allgather, sent (and received) per rank
+            moved = 2 * (n - 1) / n * numel
             for rank in range(n):  # ring: every rank sends to its successor
                 ledger.transfer(rank, (rank + 1) % n, moved, copies)
                 ledger.add(rank, 2 * (n - 1) / n * numel, (n - 1) / n * numel)  # reductions
@@ -177,9 +176,8 @@ def traffic(case: str, topology: Topology | None, numel: int, copies: int = 2) -
     _assembly(ledger, topology, numel, sum_kept=step, in_place=case == "relaysum-in-place")
     if step:
         for rank in range(n):
-            ledger.add(
-                rank, 2 * numel, 2 * numel
-            )  # u = -lr g (read g, write u); x += u (read x, write x)
+            # u = -lr g (read g, write u); x += u (read x, write x)
+            ledger.add(rank, 2 * numel, 2 * numel)
             for layer, block in enumerate(topology.coordinate_blocks(numel)):
                 s, k = block.stop - block.start, topology.degree(rank, layer)
                 # add_received: x += the k payloads (k >= 3: through total), x /= n-bar
@@ -255,9 +253,8 @@ def triad(comm, elements: int, reps: int) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    a, b, c = (
-        torch.full((elements,), v, dtype=torch.float32) for v in (0.0, 1.0, 2.0)
-    )  # touched: pages exist
+    # touched: pages exist
+    a, b, c = (torch.full((elements,), v, dtype=torch.float32) for v in (0.0, 1.0, 2.0))
     torch.add(b, c, alpha=3.0, out=a)  # warm-up
 
     def timed(active: bool) -> float:

@@ -335,9 +335,8 @@ def main(argv: list[str] | None = None) -> int:
                 for algo in algos:
                     try:
                         runs: dict[str, list[Timing]] = {v: [] for v in variants}
-                        for _ in range(
-                            args.repeat
-                        ):  # alternating, so a load change on a shared machine hits every variant
+                        # alternating, so a load change on a shared machine hits every variant
+                        for _ in range(args.repeat):
                             for variant in variants:
                                 runs[variant].append(
                                     train(

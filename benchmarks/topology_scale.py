@@ -60,13 +60,8 @@ def measure(
         process.returncode = os.waitstatus_to_exitcode(status)
         printed = out.seek(0, os.SEEK_END)
     cpu = usage.ru_utime + usage.ru_stime
-    return (
-        process.returncode,
-        seconds,
-        cpu,
-        usage.ru_maxrss / 1024,
-        printed,
-    )  # ru_maxrss: KiB on Linux
+    # ru_maxrss: KiB on Linux
+    return (process.returncode, seconds, cpu, usage.ru_maxrss / 1024, printed)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -29,9 +29,8 @@ from relaympi.engines import BACKENDS  # RELAYMPI_BACKEND: relaympi.train's --ba
 from relaympi.engines import check as engine_check
 from relaympi.training.plan import resolve
 
-ROOT = (
-    Path(__file__).resolve().parent.parent
-)  # the checkout: the default results folder, the trainer's PYTHONPATH
+# the checkout: the default results folder, the trainer's PYTHONPATH
+ROOT = Path(__file__).resolve().parent.parent
 LAUNCHERS = ("srun", "mpirun", "local")
 _INPUT_FLAGS = {
     "RELAYMPI_DATA_DIR": ("--data-dir", "data"),
@@ -47,9 +46,8 @@ class Job:
     config: RunConfig  # out, checkpoint_dir, data and model folders, backend included
     world_size: int
     command: list[str]
-    unset: tuple[
-        str, ...
-    ] = ()  # RELAYMPI_DATA_DIR / _MODEL_DIR that the sweep needs and nothing gives
+    # RELAYMPI_DATA_DIR / _MODEL_DIR that the sweep needs and nothing gives
+    unset: tuple[str, ...] = ()
 
     @property
     def out(self) -> Path:
@@ -253,9 +251,8 @@ def check_job(job: Job, settings: JobSettings, scratch: Path) -> str | None:
     try:
         with contextlib.redirect_stderr(messages), contextlib.redirect_stdout(messages):
             cfg = parse_args(_trainer_args(config_file, settings))
-        engine_check(
-            resolve(cfg, job.world_size)
-        )  # what the job's engine refuses, without loading it for others
+        # what the job's engine refuses, without loading it for others
+        engine_check(resolve(cfg, job.world_size))
     except ConfigError as error:
         return str(error)
     except SystemExit:  # argparse: an unknown flag or value in RELAYMPI_EXTRA_ARGS

@@ -94,9 +94,8 @@ def cmd_run(sweep_name: str, settings: JobSettings, index: int | None) -> int:
     job.checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
     write_config(job)
     command_line = list(job.command)
-    if (
-        status in FINISHED_STATUSES or status == "corrupt"
-    ):  # RELAYMPI_FORCE=1; or a damaged run file (never another kind of file)
+    # RELAYMPI_FORCE=1; or a damaged run file (never another kind of file)
+    if status in FINISHED_STATUSES or status == "corrupt":
         command_line.append("--overwrite")
     _log(
         f"{label}: run file {status}; {'resuming' if status in RESUMABLE_STATUSES else 'starting'}"

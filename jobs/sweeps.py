@@ -12,7 +12,7 @@ from relaympi.algorithms import (
     ALGORITHM_NAMES,
     ALGORITHM_OPTIONS,
     default_topology,
-    get_algorithm_class,
+    needs_momentum,
 )
 from relaympi.algorithms.options import option_names
 from relaympi.algorithms.registry import DECLARED
@@ -281,9 +281,9 @@ def configurations(sweep_name: str, settings: JobSettings) -> list[GridPoint]:
                 for momentum in momenta:
                     if (
                         algo in ALGORITHM_NAMES
-                        and get_algorithm_class(algo).needs_momentum
+                        and needs_momentum(algo)  # quasi-global momentum
                         and momentum == 0
-                    ):  # quasi-global momentum
+                    ):
                         continue
                     if paper_momenta and algo in PAPER_PLAIN_ONLY and momentum:
                         continue

@@ -62,9 +62,9 @@ class UsageParser(argparse.ArgumentParser):
             flags = sorted(self._option_strings())
             for word in unknown.group("words").split():
                 if word.startswith("--"):
-                    match = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1)
-                    if match:
-                        return match[0]
+                    flag = _close_flag(word.split("=", 1)[0], flags)
+                    if flag:
+                        return flag
         return None
 
     def _option_strings(self) -> set[str]:
@@ -75,6 +75,34 @@ class UsageParser(argparse.ArgumentParser):
                 for parser in action.choices.values():
                     names |= parser._option_strings() if isinstance(parser, UsageParser) else set()
         return names
+
+
+def _close_flag(word: str, flags: list[str]) -> str | None:
+    """The flag among ``flags`` closest to the mistyped ``word``, or None: a whole name, else one
+    whose start is close to it (argparse takes a flag's start, so `--targt` is a slip of
+    `--target-accuracy`; a start as long as the word, and a word of at least `--` and 4 letters,
+    so that short junk guesses nothing).
+
+    Args:
+        word: the unrecognized flag, without any ``=value``.
+        flags: the parser's long flags.
+
+    Returns:
+        The flag to suggest, or None where none is close.
+    """
+    match = difflib.get_close_matches(word, flags, n=1)
+    if match:
+        return match[0]
+    if len(word) < 6:
+        return None
+    starts: dict[str, list[str]] = {}
+    for flag in flags:
+        if len(flag) > len(word):
+            starts.setdefault(flag[: len(word)], []).append(flag)
+    # a start that two flags share names neither
+    unique = [start for start, named in starts.items() if len(named) == 1]
+    match = difflib.get_close_matches(word, unique, n=1, cutoff=0.8)
+    return starts[match[0]][0] if match else None
 
 
 # argparse's messages (Python 3.10 to 3.13): choices are quoted before 3.12.8, bare since

@@ -108,9 +108,8 @@ def collect(
         info["cuda"] = torch.version.cuda or "none"
         # what relaympi.threads' rule or --threads chose
         info["torch_threads"] = torch.get_num_threads()
-        if (
-            torch.cuda.is_initialized()
-        ):  # only a run on a GPU has initialized CUDA: never start it here
+        # only a run on a GPU has initialized CUDA: never start it here
+        if torch.cuda.is_initialized():
             info["gpu_model"] = torch.cuda.get_device_name(torch.cuda.current_device())
     except ImportError:
         info["torch"] = "not installed"

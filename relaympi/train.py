@@ -7,13 +7,11 @@ batched computation (stacked models on one device; the fastest way to sweep):
     mpirun -n 16 python -m relaympi.train --algo relay --task cifar10
     python -m relaympi.train --task digits --backend local --workers 16 --algo relay --alpha 0.01
     python -m relaympi.train --task digits --backend batched --workers 16 --algo relay --alpha 0.01
-    python -m relaympi.train --task quadratics --backend local --workers 8 --algo relay --topology
-    chain --steps 200
+    python -m relaympi.train --task quadratics --backend local --workers 8 --steps 20
 
-Exit status: 0 completed, 1 failed, 2 misuse, 3 diverged (recorded), 4 preempted (SIGTERM, SIGUSR1
-or
-Ctrl-C/SIGINT; checkpoint saved: the same command resumes), 5 stopped by such a signal without a
-checkpoint (no --checkpoint-dir: a rerun starts over).
+Exit status: 0 completed, 1 failed, 2 misuse, 3 diverged (recorded), 4 preempted (SIGTERM,
+SIGUSR1 or Ctrl-C/SIGINT; checkpoint saved: the same command resumes), 5 stopped by such a signal
+without a checkpoint (no --checkpoint-dir: a rerun starts over).
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ from tqdm import tqdm
 
 from relaympi import threads
 from relaympi.config import ConfigError, RunConfig, parse_args
-from relaympi.config.validation import check_out_path
+from relaympi.config.validation import check_out_path, check_world_size
 from relaympi.engines import BACKENDS, engine_for
 from relaympi.launcher import launch
 from relaympi.tasks import TaskError
@@ -44,7 +42,8 @@ from relaympi.training.out_file import check_out, refuse_finished_run
 
 # torch, MPI and the training modules (which import torch) are imported inside the functions that
 # need them: under mpirun every rank imports them, 80 s with 16 ranks on one node, and misuse is
-# refused before (parse_args is torch-free; main's _refuse_before_loading checks --out)
+# refused before (parse_args and --help are torch-free; main's _refuse_before_loading checks --out,
+# check_world_size the topology against the worker count)
 if TYPE_CHECKING:
     from relaympi.training.plan import Plan
 
@@ -66,8 +65,7 @@ _first_stop_at: list[float] = []
 
 def _request_stop(signum: int, frame: Any) -> None:
     """Stop at the next step boundary (checkpoint, record, exit); a second Ctrl-C (not one a
-    launcher
-    forwards within a second of the first) exits at once."""
+    launcher forwards within a second of the first) exits at once."""
     if signum == signal.SIGINT and _first_stop_at and time.monotonic() - _first_stop_at[0] > 1.0:
         os.write(
             2,
@@ -96,8 +94,8 @@ class BarSafeHandler(logging.StreamHandler):
 
 
 def _save_problem(plan: Plan) -> None:
-    """Write --save-problem; an existing file is replaced only with --overwrite (others may train on
-    it).
+    """Write --save-problem; an existing file is replaced only with --overwrite (others may train
+    on it).
 
     A file that already holds exactly this problem is left as it is, so re-running the command
     (to resume after preemption) works without --overwrite.
@@ -234,9 +232,8 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
     from relaympi.training.plan import default_out, run_nodes
 
     size = world_size()
-    if (
-        size == 1 and not launch().launched
-    ):  # `mpirun -n 1` is the single-worker baseline; plain python is a mistake
+    # `mpirun -n 1` is the single-worker baseline; plain python is a mistake
+    if size == 1 and not launch().launched:
         raise ConfigError(
             "this is one process, so there is only one worker. Launch one worker per rank: "
             "`mpirun -n 16 python -m relaympi.train ...` (or srun under SLURM), or run "
@@ -276,9 +273,8 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
         np.array([1.0 if error else 0.0, 1.0 if error and comm.rank == 0 else 0.0])
     )
     if flags[0] > 0:
-        if error is not None and (
-            comm.rank == 0 or flags[1] == 0
-        ):  # one copy of the message where possible
+        # one copy of the message where possible
+        if error is not None and (comm.rank == 0 or flags[1] == 0):
             print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     if comm.rank == 0:
@@ -359,7 +355,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"is one of {launch().size} MPI ranks: "
                     "drop --backend/--workers under mpirun/srun, or run the command without mpirun"
                 )
+            assert cfg.workers is not None  # validate() requires --workers for such a run
+            check_world_size(cfg, cfg.workers)
             return _main_in_process(cfg, argv)
+        if launch().launched:  # a plain `python` run is refused as one process in _main_mpi
+            check_world_size(cfg, launch().size)
         return _main_mpi(cfg, argv)
     except BrokenPipeError:  # `... --help | head`: the reader left; entrypoint.run ends quietly
         raise
@@ -417,9 +417,8 @@ def _main_exiting() -> int:
     status = main()
     from relaympi.results import UNCLOSABLE
 
-    if (
-        UNCLOSABLE
-    ):  # HDF5 would crash freeing a run file it could not close (a full disk): skip the teardown
+    # HDF5 would crash freeing a run file it could not close (a full disk): skip the teardown
+    if UNCLOSABLE:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)

@@ -22,7 +22,8 @@ from relaympi.algorithms import (
     ALGORITHM_NAMES,
     AlgorithmOptions,
     communication,
-    get_algorithm_class,
+    default_topology,
+    needs_momentum,
 )
 from relaympi.optim import OptimizerConfig
 
@@ -173,9 +174,8 @@ def _declared_rows(written: list[Case]) -> list[Case]:
     for algo in ALGORITHM_NAMES:
         if any(case.algo == algo for case in written):
             continue
-        cls = get_algorithm_class(algo)
-        optimizers = (MOMENTUM,) if cls.needs_momentum else (MOMENTUM, ADAM)
-        rows += [Case(algo, cls.default_topology, WORKERS, opt) for opt in optimizers]
+        optimizers = (MOMENTUM,) if needs_momentum(algo) else (MOMENTUM, ADAM)
+        rows += [Case(algo, default_topology(algo), WORKERS, opt) for opt in optimizers]
     return rows
 
 

@@ -14,6 +14,7 @@ pytest.importorskip("transformers")
 
 from relaympi.tasks import TaskError, TaskOptions, get_task_class  # noqa: E402
 from relaympi.tasks.agnews import AgNewsTask, read_agnews_csv  # noqa: E402
+from relaympi.tasks.defaults import default_topology_for  # noqa: E402
 from tests.nlp_factories import agnews_rows, make_agnews_fixture, write_agnews_csv  # noqa: E402
 
 
@@ -42,7 +43,7 @@ def test_registry_and_defaults():
     assert d.milestones == () and d.warmup_epochs == 0
     assert d.lr == 3e-5
     assert d.lr_by_algo == {"allreduce": 3e-5, "relay": 9e-4, "dpsgd": 1e-6, "qgm": 1e-6}
-    assert cls.default_topology_by_algo == {"relay": "chain"}
+    assert default_topology_for("agnews", "relay") == "chain"
 
 
 def test_csv_parsing_with_quotes_commas_and_header(tmp_path):

@@ -14,7 +14,7 @@ from relaympi.algorithms import ALGORITHM_NAMES, DECLARED, RELAY_MODES, get_algo
 from relaympi.algorithms.base import Algorithm, MatrixForm, Topologies
 from relaympi.algorithms.options import Options
 from relaympi.algorithms.registry import Communication, Declared
-from relaympi.topology import build
+from relaympi.topology import TOPOLOGY_NAMES, build
 from tests.algorithm_cases import TESTS, cases
 
 REGISTRY = "relaympi/algorithms/registry.py"
@@ -24,9 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CLASS_DECLARES = (
     ("name", str, "its --algo value, the registry's key"),
     ("summary", str, "one line for the docs' algorithm table"),
-    ("default_topology", str, "the topology it runs on without --topology"),
     ("topologies", Topologies, "which topologies it takes: a Topologies predicate"),
-    ("needs_momentum", bool, "whether it takes only SGD with momentum"),
     ("matrix_form", type, "its MatrixForm: the oracle, and what a lost message does"),
     ("heal_rule", str, "what it does over the survivors of a lost worker"),
 )
@@ -67,6 +65,17 @@ def missing(algo: str, cls: type[Algorithm], declared: Declared) -> list[str]:
         found.append(f"{line} needs a `communication` (a Communication: how it communicates)")
     if not (isinstance(declared.options, type) and issubclass(declared.options, Options)):
         found.append(f"{line} needs `options`, an Options class (NoOptions without any)")
+    if declared.default_topology not in TOPOLOGY_NAMES:
+        found.append(
+            f"{line} needs a `default_topology` (the topology it runs on without --topology), "
+            f"one of {', '.join(TOPOLOGY_NAMES)}; got {declared.default_topology!r}"
+        )
+    for attribute in ("default_topology", "needs_momentum"):
+        if attribute in vars(cls):  # read from the registry line alone (torch-free)
+            found.append(
+                f"{algo}: {module}: class {cls.__name__} declares `{attribute}`; it belongs on "
+                f"{line}"
+            )
     return found
 
 
@@ -77,9 +86,9 @@ def test_every_algorithm_declares_everything(algo: str) -> None:
 
 @pytest.mark.parametrize("algo", ALGORITHM_NAMES)
 def test_every_algorithm_takes_its_own_default_topology(algo: str) -> None:
-    cls = get_algorithm_class(algo)
-    n = {"social-network": 32, "social-network-tree": 32}.get(cls.default_topology, 8)
-    assert cls.topologies.refusal(algo, build(cls.default_topology, n)) is None
+    cls, topology = get_algorithm_class(algo), DECLARED[algo].default_topology
+    n = {"social-network": 32, "social-network-tree": 32}.get(topology, 8)
+    assert cls.topologies.refusal(algo, build(topology, n)) is None
 
 
 @pytest.mark.parametrize("test", TESTS)
@@ -91,8 +100,9 @@ def test_every_algorithm_and_relay_mode_has_rows_in_the_case_table(test: str) ->
 
 
 def test_a_missing_piece_is_named_with_where_it_goes() -> None:
-    """An algorithm that leaves out its heal rule, its summary and its lossy step, and whose
-    registry line has no label, is told each, with the file and the attribute."""
+    """An algorithm that leaves out its heal rule, its summary and its lossy step, whose class
+    declares its default topology, and whose registry line has no label and no known default
+    topology, is told each, with the file and the attribute."""
 
     class Plain(MatrixForm):
         def step(self, X: np.ndarray, G: np.ndarray, lr: float, t: int) -> np.ndarray:
@@ -107,7 +117,7 @@ def test_a_missing_piece_is_named_with_where_it_goes() -> None:
         def step(self, x: Any, grad: Any, lr: float, step: int) -> None:
             pass
 
-    found = missing("careless", Careless, Declared("tests:Careless", ""))
+    found = missing("careless", Careless, Declared("tests:Careless", "", default_topology="rnig"))
     here = "tests/test_algorithm_declarations.py"
     assert found == [
         f"careless: {here}: class Careless needs `summary` (one line for the docs' algorithm "
@@ -118,6 +128,10 @@ def test_a_missing_piece_is_named_with_where_it_goes() -> None:
         "says what a lost message does)",
         f"careless: {REGISTRY}: its Declared line in _DECLARED needs a `label` (its name in the "
         "report)",
+        f"careless: {REGISTRY}: its Declared line in _DECLARED needs a `default_topology` (the "
+        f"topology it runs on without --topology), one of {', '.join(TOPOLOGY_NAMES)}; got 'rnig'",
+        f"careless: {here}: class Careless declares `default_topology`; it belongs on careless: "
+        f"{REGISTRY}: its Declared line in _DECLARED",
     ]
 
 

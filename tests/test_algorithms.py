@@ -147,9 +147,8 @@ def test_relaysum_delivers_exact_delayed_sums(topo):
         for t in range(rounds):
             for layer in range(L):
                 tau = np.maximum(topology.delays(layer)[i] - 1, 0)
-                coords = topology.coordinate_blocks(4)[
-                    layer
-                ]  # contiguous block k of the flat vector
+                # contiguous block k of the flat vector
+                coords = topology.coordinate_blocks(4)[layer]
                 present = [j for j in range(n) if tau[j] <= t]
                 want = sum(parcel(j, t - tau[j]).numpy()[coords] for j in present)
                 np.testing.assert_array_equal(sums[t][coords], want)
@@ -247,9 +246,10 @@ def test_relaysum_memory_is_one_buffer_per_neighbour(topo, n, bound, in_place):
         parcel = padded_zeros(numel, dtype=torch.float32)  # as flat models and updates are
         relay = RelaySum(comm, topology, numel, parcel, in_place=in_place, chunk=chunk)
         held, bounce = relay.buffers()
+        # minus the counters
         elements = sum(b.numel() for b in held) - sum(
             b.shape[0] if b.dim() == 2 else 1 for b in held
-        )  # minus the counters
+        )
         for t in range(3):  # the exchange allocates no per-step model copies
             parcel.fill_(1.0)
             relay.exchange(parcel, t)
@@ -271,9 +271,8 @@ def test_relaysum_memory_is_one_buffer_per_neighbour(topo, n, bound, in_place):
     copies = run_local(n, body)
     assert max(copies) <= bound
     if in_place and topo in ("chain", "double-binary-trees"):
-        assert (
-            max(copies) <= 2.5 + chunk / numel
-        )  # the paper: at most ~2 extra model copies on double binary trees
+        # the paper: at most ~2 extra model copies on double binary trees
+        assert max(copies) <= 2.5 + chunk / numel
 
 
 @pytest.mark.parametrize("topo", ["chain", "binary-tree", "double-binary-trees", "star"])
@@ -455,9 +454,8 @@ def test_d2_exact_diffusion_mixes_with_half_w_plus_identity(topo, n):
 
     topology = build(topo, n)
     expected = (_hand_metropolis_hastings(topology) + np.eye(n)) / 2
-    if (
-        topo == "ring"
-    ):  # by hand: MH gives 1/3 everywhere on a ring, so 2/3 self and 1/6 per neighbour
+    # by hand: MH gives 1/3 everywhere on a ring, so 2/3 self and 1/6 per neighbour
+    if topo == "ring":
         for i in range(n):
             assert expected[i, i] == pytest.approx(2 / 3)
             assert expected[i, (i + 1) % n] == expected[i, (i - 1) % n] == pytest.approx(1 / 6)

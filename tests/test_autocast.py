@@ -65,9 +65,10 @@ def test_a_bf16_run_records_it_and_learns_as_float32_does(tmp_path):
     )
     assert accuracy32 > 0.5, accuracy32  # 10 classes: chance is 0.1
     assert abs(accuracy16 - accuracy32) < 0.05, (accuracy16, accuracy32)
+    # bf16 was in effect
     assert (
         accuracy16 != accuracy32 or not (bf16.data["train_loss"] == fp32.data["train_loss"]).all()
-    )  # bf16 was in effect
+    )
 
 
 @pytest.mark.parametrize(

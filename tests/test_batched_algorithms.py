@@ -235,9 +235,8 @@ def test_relay_counts_parcels_like_message_passing_on_a_chain():
         algorithm.step(X, G.clone(), 1.0, t)
         np.testing.assert_allclose(X[:, 0].numpy(), want, rtol=0, atol=1e-15)
     itemsize = 8
-    assert (
-        algorithm.bytes_sent[0, 1] == 2 * 2 * itemsize
-    )  # [payload, counter] in steps 0 and 2, step 1 lost
+    # [payload, counter] in steps 0 and 2, step 1 lost
+    assert algorithm.bytes_sent[0, 1] == 2 * 2 * itemsize
     assert algorithm.bytes_sent[1, 0] == 3 * 2 * itemsize
 
 
@@ -358,9 +357,8 @@ def _peak_allocated_bytes(fn, tmp_path) -> int:
         fn()
     path = str(tmp_path / "memory.raw.json.gz")
     with warnings.catch_warnings():
-        warnings.simplefilter(
-            "ignore", FutureWarning
-        )  # deprecated for CUDA's snapshots; the CPU timeline has no successor
+        # deprecated for CUDA's snapshots; the CPU timeline has no successor
+        warnings.simplefilter("ignore", FutureWarning)
         prof.export_memory_timeline(path, device="cpu")
     with gzip.open(path, "rt") as f:
         events = json.load(f)
@@ -393,9 +391,8 @@ def test_relay_memory_is_no_more_than_message_passing(topo, n, tmp_path):
     steps(0)
     temporaries = _peak_allocated_bytes(lambda: steps(2), tmp_path)
     batched = _held_bytes(relay.trees, set()) + temporaries
-    assert (
-        _peak_allocated_bytes(lambda: X.index_select(0, torch.arange(n)), tmp_path) >= X.nbytes
-    )  # it sees temporaries
+    # it sees temporaries
+    assert _peak_allocated_bytes(lambda: X.index_select(0, torch.arange(n)), tmp_path) >= X.nbytes
 
     def held_by_rank(comm) -> int:
         parcel = padded_zeros(numel, dtype=torch.float32)

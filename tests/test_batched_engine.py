@@ -171,9 +171,8 @@ def _gradient_case(task_name, request):
 
 
 def _float64(inputs):
-    return (
-        inputs.double() if inputs.is_floating_point() else inputs
-    )  # uint8 images stay uint8: the model normalizes them
+    # uint8 images stay uint8: the model normalizes them
+    return inputs.double() if inputs.is_floating_point() else inputs
 
 
 def _batched_in_float64(model):
@@ -373,9 +372,8 @@ def test_batched_run_file_matches_the_local_backend(tmp_path, task_args, cifar_d
         np.abs(batched.data["test_accuracy"] - local.data["test_accuracy"]).max()
         <= 1 / num_test + 1e-12
     )
-    assert (
-        batched.data["test_loss"][-1].mean() < batched.data["test_loss"][0].mean() - 1e-3
-    )  # it trained
+    # it trained
+    assert batched.data["test_loss"][-1].mean() < batched.data["test_loss"][0].mean() - 1e-3
     np.testing.assert_array_equal(
         batched.data["bytes_sent"][-1], 8 * 12 if task_args is DIGITS else 8 * 4
     )

@@ -130,12 +130,10 @@ def test_only_cpu_runs_without_threads_and_small_models_are_timed():
     small = torch.zeros(16, 4810)
     assert batched_threads.times_threads(small, None)
     assert not batched_threads.times_threads(small, 2)  # --threads given
-    assert not batched_threads.times_threads(
-        torch.zeros(16, 9_200_000, device="meta"), None
-    )  # not a CPU
-    big = torch.zeros(1).expand(
-        16, 9_200_000
-    )  # 16 VGG-11s: 590 MiB (a view of one float, for its shape)
+    # not a CPU
+    assert not batched_threads.times_threads(torch.zeros(16, 9_200_000, device="meta"), None)
+    # 16 VGG-11s: 590 MiB (a view of one float, for its shape)
+    big = torch.zeros(1).expand(16, 9_200_000)
     assert not batched_threads.times_threads(big, None)
     torch.set_num_threads(1)
     assert not batched_threads.times_threads(small, None)  # nothing to give up

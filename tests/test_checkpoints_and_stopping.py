@@ -100,10 +100,8 @@ def test_overwrite_takes_the_checkpoint_over_and_then_the_old_owner_is_refused(t
     ]
     old = train([*DIGITS, "--checkpoint-dir", ck, "--out", a])
     assert old.returncode == 2 and str(a2.resolve()) in old.stderr, old.stderr[-3000:]
-    assert run_status(a) == "preempted" and read_run(a).data["step"].tolist() == [
-        0,
-        10,
-    ]  # untouched
+    # untouched
+    assert run_status(a) == "preempted" and read_run(a).data["step"].tolist() == [0, 10]
 
 
 @pytest.mark.slow
@@ -331,9 +329,8 @@ def test_a_full_disk_fails_the_run_with_one_line_and_a_readable_file(small_disk,
     )
     run = read_run(out)
     assert run.status == "failed" and "no space left on device" in run.attrs["error"]
-    assert run.data["step"].tolist() == [
-        5 * k for k in range(len(run.data["step"]))
-    ]  # whole rows, no gap
+    # whole rows, no gap
+    assert run.data["step"].tolist() == [5 * k for k in range(len(run.data["step"]))]
 
 
 @pytest.mark.slow

@@ -251,12 +251,8 @@ def test_a_job_on_two_nodes_learns_bit_for_bit_what_one_node_does(
     wrap = f"mpirun -n 4 hostname > {shlex.quote(str(hosts))} && {train_command(out)}"
     proc = sbatch(nodes, "--wait", "-o", str(tmp_path / "job.out"), "--wrap", wrap)
     assert proc.returncode == 0, proc.stderr + (tmp_path / "job.out").read_text()[-3000:]
-    assert sorted(hosts.read_text().split()) == [
-        "node1",
-        "node1",
-        "node2",
-        "node2",
-    ]  # two ranks on each node
+    # two ranks on each node
+    assert sorted(hosts.read_text().split()) == ["node1", "node1", "node2", "node2"]
     after = nodes.sent_bytes(2)
     # every step's exchange between the nodes crossed node2's shaped link, both ways (MBs, not bytes
     # of SLURM)
@@ -589,9 +585,8 @@ def test_open_mpi_places_two_ranks_per_node_and_survives_a_lost_rank(
         proc.stderr + (tmp_path / "job.out").read_text()[-3000:]
     )
     hosts = found[0]["hosts"]
-    assert hosts[0] == hosts[1] != hosts[2] == hosts[3], (
-        hosts
-    )  # ranks 0-1 on one node, 2-3 on the other
+    # ranks 0-1 on one node, 2-3 on the other
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts
     for record in found:
         assert record["hosts"] == hosts and record["before"] == 1111.0
         assert record["size"] == 3 and record["sum"] == 111.0 and record["ranks"] == [0, 1, 2]

@@ -188,9 +188,8 @@ def _replace(comm):
         for p in peers:
             lost = comm.drops.dropped(rnd, 1, p, r)
             assert (p not in got) == lost
-            expected = (
-                (100.0 * r + p) if lost else (100.0 * p + r)
-            )  # kept, or the peer's message to us
+            # kept, or the peer's message to us
+            expected = (100.0 * r + p) if lost else (100.0 * p + r)
             assert torch.all(bufs[p] == expected)
             results.append(lost)
     return results

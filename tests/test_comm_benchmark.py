@@ -63,9 +63,8 @@ def test_benchmark_writes_every_operation_with_its_ratios(tmp_path, capsys):
     }
     assert set(ops) == expected
     row = {op: i for i, op in enumerate(ops)}
-    for op in (
-        ops
-    ):  # a ratio to raw exactly for RelaySum and the RelaySGD step, to allreduce for all others
+    # a ratio to raw exactly for RelaySum and the RelaySGD step, to allreduce for all others
+    for op in ops:
         assert np.isfinite(ratios[row[op]]) == op.startswith(("relaysum", "relaysgd", "gossip"))
         assert np.isfinite(vs_allreduce[row[op]]) == (op != "allreduce")
     # rank 0's bytes per call: RelaySum sends exactly the raw exchange's messages. On a 4-chain
@@ -159,18 +158,10 @@ def test_node_aware_rows_and_each_ranks_inter_node_bytes(tmp_path):
 @pytest.mark.parametrize(
     "nodes, numel, order, want",
     [
-        (
-            (0, 0, 1, 1),
-            1000,
-            (1, 2),
-            4 * 500,
-        ),  # node-aware: the second half-split crosses, half of the buffer's half each way
-        (
-            (0, 0, 1, 1),
-            1000,
-            (2, 1),
-            4 * 1000,
-        ),  # the first split across nodes: half the buffer there, the same back
+        # node-aware: the second half-split crosses, half of the buffer's half each way
+        ((0, 0, 1, 1), 1000, (1, 2), 4 * 500),
+        # the first split across nodes: half the buffer there, the same back
+        ((0, 0, 1, 1), 1000, (2, 1), 4 * 1000),
         ((0, 1), 7, (1,), 4 * 7),  # one stage: 4 elements given, 3 kept and sent back
         # 6 ranks, p = 4: ranks 4, 5 fold into 0, 1 across nodes (1000 each way); rank 1 also
         # crosses at d = 2 (1000)
@@ -186,9 +177,10 @@ def test_pieces_inter_node_bytes_are_the_busiest_ranks_sum():
     # and d = 2 with rank 3 (its whole segment: 7, then 4) = 22. Rank 3: d = 2 (7, 4) and d = 1 with
     # rank 2 (its upper half: 4, then 2) = 17. Ranks 0, 4, 5: the fold, 11. Rank 2: 6.
     assert bench.tree_inter_node_bytes([0, 0, 0, 1, 1, 1], [7, 4], (2, 1)) == 4 * 22
+    # rank 1 is the busiest for both
     assert bench.tree_inter_node_bytes([0, 0, 0, 1, 1, 1], [7, 4], (2, 1)) == sum(
         bench.tree_inter_node_bytes([0, 0, 0, 1, 1, 1], [size], (2, 1)) for size in (7, 4)
-    )  # rank 1 is the busiest for both
+    )
 
 
 def test_sgp_is_timed_in_whole_periods_of_its_schedule():

@@ -60,6 +60,20 @@ def _refusal(main: Callable[[list[str]], int], argv: list[str], capsys) -> str:
             None,  # nothing close: no guess
             RESULTS,
         ),
+        (
+            results_cli.main,
+            ["show", "a.h5", "--target-acuracy", "0.8"],
+            "unrecognized arguments: --target-acuracy 0.8",
+            "--target-accuracy",  # a subcommand's flag
+            RESULTS,
+        ),
+        (
+            results_cli.main,
+            ["show", "a.h5", "--targt", "0.8"],
+            "unrecognized arguments: --targt 0.8",
+            "--target-accuracy",  # close to its start, as argparse takes an abbreviation
+            RESULTS,
+        ),
         (quadratics.main, ["fig3"], "argument study: invalid choice: fig3", "fig2", STUDIES),
         (quadratics.main, ["fig2", "--quik"], "unrecognized arguments: --quik", "--quick", STUDIES),
         (grid.main, ["lst"], "argument command: invalid choice: lst", "list", GRID),
@@ -83,6 +97,8 @@ def _refusal(main: Callable[[list[str]], int], argv: list[str], capsys) -> str:
         "report-format",
         "results-command",
         "results-no-guess",
+        "results-show-flag",
+        "results-show-flag-start",
         "study",
         "study-flag",
         "grid-command",

@@ -17,9 +17,8 @@ from tests import run_factories as rf
 
 # Seed 0 of a 2-worker run evaluated at steps 0, 100, 200, 300 (epochs 0..3, batch 32 per worker).
 EPOCHS = np.array([0.0, 1.0, 2.0, 3.0])
-ACC = np.array(
-    [[0.1, 0.1], [0.5, 0.9], [0.85, 0.8], [0.9, 0.9]]
-)  # worst worker: 0.1, 0.5, 0.8, 0.9
+# worst worker: 0.1, 0.5, 0.8, 0.9
+ACC = np.array([[0.1, 0.1], [0.5, 0.9], [0.85, 0.8], [0.9, 0.9]])
 SEED0 = {
     "time_s": [0.0, 1.0, 2.5, 3.5],
     # slowest worker's evaluation per interval: 0.2 s each -> wall per step 8, 13, 8 ms
@@ -141,17 +140,15 @@ def test_a_seed_short_of_the_target_is_counted(tmp_path: Path, capsys) -> None:
 
 
 def test_default_target_is_95_percent_of_allreduce(tmp_path: Path, capsys) -> None:
-    flat = np.array(
-        [[0.1, 0.1], [0.8, 0.8], [0.8, 0.8], [0.8, 0.8]]
-    )  # metric: worst worker mean 0.8
+    # metric: worst worker mean 0.8
+    flat = np.array([[0.1, 0.1], [0.8, 0.8], [0.8, 0.8], [0.8, 0.8]])
     write(tmp_path / "ar.h5", SEED0, acc=flat, algo="allreduce", topology="fully-connected")
     write(tmp_path / "relay.h5", SEED0, acc=np.minimum(ACC + 0.05, 1))  # better than all-reduce
     (rows,) = cost_rows(csv_tables(tmp_path)).values()
     assert [float(r["target"]) for r in rows] == pytest.approx([0.95 * 0.8] * 2)
     by_algo = {r["algo"]: r for r in rows}
-    assert (
-        float(by_algo["allreduce"]["time_to_target_s"]) == 1.0
-    )  # 0.8 >= 0.76 at the second evaluation
+    # 0.8 >= 0.76 at the second evaluation
+    assert float(by_algo["allreduce"]["time_to_target_s"]) == 1.0
     assert float(by_algo["relay"]["time_to_target_s"]) == 2.5  # 0.55 < 0.76 <= 0.85
     capsys.readouterr()
     assert report.main([str(tmp_path)]) == 0
@@ -159,9 +156,8 @@ def test_default_target_is_95_percent_of_allreduce(tmp_path: Path, capsys) -> No
 
 
 def test_default_target_without_allreduce_is_the_best_experiments(tmp_path: Path, capsys) -> None:
-    write(
-        tmp_path / "relay.h5", SEED0
-    )  # metric: worst of worker means (0.75, 0.8667) over epochs 1-3
+    # metric: worst of worker means (0.75, 0.8667) over epochs 1-3
+    write(tmp_path / "relay.h5", SEED0)
     write(tmp_path / "dpsgd.h5", SEED0, acc=ACC * 0.5, algo="dpsgd", topology="ring")
     (rows,) = cost_rows(csv_tables(tmp_path)).values()
     assert float(rows[0]["target"]) == pytest.approx(0.95 * (0.5 + 0.85 + 0.9) / 3)
@@ -172,9 +168,8 @@ def test_default_target_without_allreduce_is_the_best_experiments(tmp_path: Path
 
 def test_mixed_hardware_gets_two_labelled_tables(tmp_path: Path, capsys) -> None:
     write(tmp_path / "local.h5", SEED0, prov=LOCAL)
-    write(
-        tmp_path / "batched.h5", SEED1, prov=BATCHED
-    )  # the same experiment and seed, other engine
+    # the same experiment and seed, other engine
+    write(tmp_path / "batched.h5", SEED1, prov=BATCHED)
     write(tmp_path / "other_cpu.h5", SEED1, prov={**LOCAL, "cpu_model": "CPU Y"}, seed=4)
     tables = cost_rows(csv_tables(tmp_path, "--target-accuracy", "0.8"))
     assert len(tables) == 3

@@ -249,9 +249,8 @@ def test_offline_says_where_to_put_the_file_and_uses_it(tmp_path, cifar, monkeyp
     (tmp_path / "cifar10" / MANIFEST).unlink()
     (tmp_path / "cifar10").rename(tmp_path / "elsewhere")
     assert run_cli("fetch", "cifar10", "--root", tmp_path) == 1
-    assert (
-        "is not the published file" in capsys.readouterr().err and dest.exists()
-    )  # a hand-placed file is never deleted
+    # a hand-placed file is never deleted
+    assert "is not the published file" in capsys.readouterr().err and dest.exists()
 
 
 def test_url_and_mirror_variable(tmp_path, server, cifar, monkeypatch):
@@ -383,10 +382,8 @@ def test_fetch_distilbert_from_a_local_hub(tmp_path, server, tiny_model):
     (repo / "README.md").write_text("not asked for\n")
     serve_hub_repo(server, DistilBert.repo_id, repo)
     env = {**env_for_subprocess(), "HF_ENDPOINT": server.url, "HF_HOME": str(tmp_path / "hf-home")}
-    for name in (
-        "HF_HUB_OFFLINE",
-        "TRANSFORMERS_OFFLINE",
-    ):  # huggingface_hub honours both; other tests leave them set
+    # huggingface_hub honours both; other tests leave them set
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         env.pop(name, None)
     proc = subprocess.run(
         module_command("relaympi.data", "fetch", "distilbert", "--root", tmp_path / "root"),

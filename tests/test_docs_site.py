@@ -39,6 +39,17 @@ def test_the_home_page_lists_every_page() -> None:
     assert not missing, f"docs/index.md's list of pages leaves out {missing}"
 
 
+def test_the_release_named_is_the_latest_in_changes() -> None:
+    """README.md and the Home page name the latest release: the first dated heading of
+    docs/changes.md."""
+    latest = re.search(r"^## (\d{4}-\d{2}-\d{2})", (DOCS / "changes.md").read_text("utf-8"), re.M)
+    assert latest is not None
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    home = (DOCS / "index.md").read_text(encoding="utf-8")
+    assert re.findall(r"this release \((\d{4}-\d{2}-\d{2})\)", readme) == [latest.group(1)]
+    assert re.findall(r"the latest: (\d{4}-\d{2}-\d{2})", home) == [latest.group(1)]
+
+
 def test_the_site_links_pages_as_files() -> None:
     settings = dict(
         line.split(":", 1)

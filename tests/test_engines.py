@@ -94,9 +94,8 @@ def test_the_batched_check_refuses_a_task_the_engine_cannot_run(tmp_path) -> Non
         "--workers",
         "2",
     ]
-    plan = resolve(
-        parse_args([*args, "--backend", "batched"]), 2
-    )  # resolving alone refuses nothing of an engine's
+    # resolving alone refuses nothing of an engine's
+    plan = resolve(parse_args([*args, "--backend", "batched"]), 2)
     with pytest.raises(
         ConfigError,
         match="--backend batched cannot run task 'agnews': its model takes structured inputs",
@@ -112,9 +111,8 @@ def test_start_state_restore_and_failures_live_in_the_shared_loop() -> None:
     for engine_loop in (MessagePassingRank, BatchedRun):
         assert issubclass(engine_loop, TrainingLoop)
         assert not [name for name in shared if name in vars(engine_loop)], engine_loop
-    assert {"record_failure", "close_quietly"} <= set(
-        TrainingLoop.run.__code__.co_names
-    )  # recorded once, for every engine
+    # recorded once, for every engine
+    assert {"record_failure", "close_quietly"} <= set(TrainingLoop.run.__code__.co_names)
 
 
 @pytest.mark.parametrize("backend", ["local", "batched"])

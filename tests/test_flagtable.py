@@ -69,13 +69,11 @@ def test_resume_free_keys_are_metadata_and_cannot_change_the_numbers() -> None:
         "bucket_size",
         "on_failure",
     }
-    assert (
-        set(RESUME_FREE_KEYS) <= NON_SEMANTIC_KEYS
-    )  # what a resumed run may change never changes its numbers
+    # what a resumed run may change never changes its numbers
+    assert set(RESUME_FREE_KEYS) <= NON_SEMANTIC_KEYS
     key = resume_key(RunConfig(threads=3, relay_chunk=64))
-    assert (
-        "threads" not in key and key["relay_chunk"] == 64
-    )  # chunks are checkpointed state: they must match
+    # chunks are checkpointed state: they must match
+    assert "threads" not in key and key["relay_chunk"] == 64
 
 
 def test_a_new_field_with_its_flag_gets_parser_refusal_identity_and_table(monkeypatch) -> None:
@@ -273,10 +271,8 @@ BATCH_SCRIPT = {
         (OPEN_MPI, (True, 5, 8, 1, 4)),
         (SRUN, (True, 6, 8, 2, None)),
         (BATCH_SCRIPT, (False, 0, 1, 0, None)),  # a batch script is no rank of an 8-task world
-        (
-            {"PMI_RANK": "0", "PMI_SIZE": "1"},
-            (True, 0, 1, None, None),
-        ),  # mpirun -n 1: launched, one rank
+        # mpirun -n 1: launched, one rank
+        ({"PMI_RANK": "0", "PMI_SIZE": "1"}, (True, 0, 1, None, None)),
     ],
     ids=["plain", "mpich", "open-mpi", "srun", "batch-script", "mpirun-n-1"],
 )
@@ -312,11 +308,8 @@ def test_device_and_backend_checks_follow_the_launcher(monkeypatch, capsys) -> N
     from relaympi.training.loop import device_for
 
     monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
-    for var, value in {
-        **SRUN,
-        "SLURM_PROCID": "0",
-        "PMIX_RANK": "0",
-    }.items():  # rank 0 prints the error
+    # rank 0 prints the error
+    for var, value in {**SRUN, "SLURM_PROCID": "0", "PMIX_RANK": "0"}.items():
         monkeypatch.setenv(var, value)
     assert device_for(RunConfig(device="cuda"), rank=6) == "cuda:0"  # SLURM_LOCALID 2 on 2 GPUs
     assert train.main(LOCAL) == 2

@@ -210,9 +210,8 @@ def _allreduce_body(comm, dtype_name, numel):
         what = f"rank {comm.rank}: {dtype_name} allreduce_{'mean' if mean else 'sum'} of {numel}"
         assert on_device.device == _device(comm) and on_device.dtype == dtype
         assert_matches(on_device, on_cpu, what)
-        if (
-            not mean
-        ):  # exact sums: the CPU result is the true one (bfloat16 reduced as numbers, not bytes)
+        # exact sums: the CPU result is the true one (bfloat16 reduced as numbers, not bytes)
+        if not mean:
             assert_matches(on_cpu, total.to(dtype), what + " (CPU vs exact)")
     return True
 
@@ -310,9 +309,8 @@ def _flatten_body(comm, dtype_name):
         assert p.grad is not None
         assert p.grad.untyped_storage().data_ptr() == grad_device.untyped_storage().data_ptr()
     inputs = _data((comm.rank, 3), 5 * 7, dtype).reshape(5, 7)
-    reference = copy.deepcopy(
-        model_cpu
-    ).double()  # the same (exactly widened) weights, for float32's bound
+    # the same (exactly widened) weights, for float32's bound
+    reference = copy.deepcopy(model_cpu).double()
     for model, x in (
         (model_cpu, inputs),
         (model_device, inputs.to(device)),
@@ -334,9 +332,8 @@ def _flatten_body(comm, dtype_name):
         )
     else:
         torch.testing.assert_close(grad_device.cpu(), grad_cpu, rtol=1e-10, atol=1e-12)
-    grad_cpu.copy_(
-        grad_device.cpu()
-    )  # from here on both sides hold the same bits: compare the transport alone
+    # from here on both sides hold the same bits: compare the transport alone
+    grad_cpu.copy_(grad_device.cpu())
 
     # neighbour exchange of the flat gradient, allreduce of the flat parameters
     peers = _ring_peers(comm)

@@ -53,9 +53,8 @@ def _staged_race_body(comm, rounds: int = 3):
     numel = 1 << 22
     send = torch.zeros(numel, device=device)
     recv = {p: torch.zeros(numel, device=device) for p in peers}
-    for r in range(
-        rounds
-    ):  # the same host buffers again: a copy out must finish before MPI rewrites them
+    # the same host buffers again: a copy out must finish before MPI rewrites them
+    for r in range(rounds):
         _busy(device)
         send.fill_(comm.rank + 10.0 * r)  # queued behind the busy kernels when exchange starts
         comm.exchange({p: send for p in peers}, recv, tag=40 + r).wait()
@@ -180,9 +179,8 @@ def _mixing(n: int, seed: int) -> torch.Tensor:
 
 
 def test_mix_is_the_float64_product_rounded_once_and_leaves_the_matmul_precision_alone(monkeypatch):
-    monkeypatch.setattr(
-        batched_mixer, "MIX_COLUMNS", 100
-    )  # several column blocks and a short last one
+    # several column blocks and a short last one
+    monkeypatch.setattr(batched_mixer, "MIX_COLUMNS", 100)
 
     def refuse(*args):
         raise AssertionError("mix changed the global float32 matmul precision")

@@ -28,9 +28,8 @@ EVALS = 8
 def _figure_text(fig) -> str:
     from matplotlib.text import Text
 
-    return " ".join(
-        " ".join(t.get_text() for t in fig.findobj(Text)).split()
-    )  # wrapped lines joined
+    # wrapped lines joined
+    return " ".join(" ".join(t.get_text() for t in fig.findobj(Text)).split())
 
 
 def _data_lines(ax) -> list:
@@ -117,9 +116,8 @@ def test_the_legend_is_outside_the_axes_and_inside_the_figure(count: int) -> Non
         tight = ax.get_tightbbox()
         assert tight is not None and box.y1 <= tight.y0  # under the axes, tick labels, x label
         figure_box = fig.bbox
-        assert (
-            box.x1 <= figure_box.x1 + 1 and box.y1 <= figure_box.y1 + 1 and box.y0 >= -1
-        )  # not clipped
+        # not clipped
+        assert box.x1 <= figure_box.x1 + 1 and box.y1 <= figure_box.y1 + 1 and box.y0 >= -1
 
 
 def _write_runs(directory: Path) -> dict[tuple[str, int], np.ndarray]:
@@ -198,9 +196,8 @@ def test_each_plot_says_what_its_lines_bands_and_bars_are(tmp_path: Path) -> Non
     container: Any = ax.containers[
         next(i for i, lbl in enumerate(labels) if lbl.startswith("RelaySGD"))
     ]
-    metric = [
-        min(a[-5:, w].mean() for w in range(WORKERS)) for a in seeds
-    ]  # worst worker, last 5 epochs
+    # worst worker, last 5 epochs
+    metric = [min(a[-5:, w].mean() for w in range(WORKERS)) for a in seeds]
     np.testing.assert_allclose(container.lines[0].get_ydata()[0], 100 * np.mean(metric))
     segment = container.lines[2][0].get_segments()[0]  # the error bar at drop 0
     np.testing.assert_allclose(sorted(segment[:, 1]), [100 * min(metric), 100 * max(metric)])
@@ -281,9 +278,8 @@ def test_following_checks_advice_for_data_put_there_by_hand_verifies_it(
     _follow(advice)
     status, out = _check(root, capsys)
     assert status == 0 and "cifar10     verified" in out
-    assert (
-        root / "cifar10.by-hand" / "cifar-10-batches-bin" / "data_batch_1.bin"
-    ).is_file()  # kept
+    # kept
+    assert (root / "cifar10.by-hand" / "cifar-10-batches-bin" / "data_batch_1.bin").is_file()
 
 
 def test_following_the_jobs_data_advice_and_the_trainers_hint_verifies_it(
@@ -453,9 +449,8 @@ def test_train_help_shows_every_default() -> None:
     for flag, action in actions.items():
         text = " ".join((action.help or "").split())
         assert text, flag
-        if (
-            action.nargs == 0 or flag in NO_DEFAULT
-        ):  # on/off flags, and options with nothing assumed
+        # on/off flags, and options with nothing assumed
+        if action.nargs == 0 or flag in NO_DEFAULT:
             continue
         assert "default" in text.lower(), f"{flag}: {text}"
         assert "the task's" not in text, f"{flag}: say 'task default: ...' ({text})"
@@ -483,6 +478,22 @@ def test_train_help_shows_every_default() -> None:
         and "digits every epoch" in evals
     )
     assert "agnews: relay chain" in " ".join(str(actions["--topology"].help).split())
+
+
+def test_every_task_takes_its_defaults_from_the_torch_free_table() -> None:
+    """--help reads relaympi.tasks.defaults, never a task's class (which imports torch): each
+    registered task has its line there, in the registry's order, and its class uses that line."""
+    from relaympi.algorithms import ALGORITHM_NAMES
+    from relaympi.tasks import TASK_NAMES, get_task_class
+    from relaympi.tasks.defaults import DEFAULT_TOPOLOGY_BY_ALGO, TASK_DEFAULTS
+    from relaympi.topology import TOPOLOGY_NAMES
+
+    assert tuple(TASK_DEFAULTS) == TASK_NAMES
+    for task in TASK_NAMES:
+        assert get_task_class(task).defaults is TASK_DEFAULTS[task], task
+    for task, own in DEFAULT_TOPOLOGY_BY_ALGO.items():
+        assert task in TASK_NAMES and set(own) <= set(ALGORITHM_NAMES), task
+        assert set(own.values()) <= set(TOPOLOGY_NAMES), task
 
 
 @pytest.mark.parametrize("module", ["benchmarks.comm", "benchmarks.bench_report"])

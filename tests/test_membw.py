@@ -106,9 +106,8 @@ def test_raw_model_counts_the_benchmarks_messages(topo_name, n, numel):
 
     sent = np.array(run_local(n, body), dtype=float)
     model = membw.traffic("raw", build(topo_name, n), numel)
-    np.testing.assert_allclose(
-        model.per_rank, 4 * sent
-    )  # each rank receives what it sends, by symmetry
+    # each rank receives what it sends, by symmetry
+    np.testing.assert_allclose(model.per_rank, 4 * sent)
     assert model.total == pytest.approx(4 * sent.sum())
 
 
@@ -190,9 +189,8 @@ def test_model_table_from_a_comm_result(tmp_path):
     result = json.loads(out.stdout)
     assert result["world_size"] == 2
     cases = {c["op"]: c for c in result["cases"]}
-    assert set(cases) == set(
-        membw.COMM_CASES
-    )  # gossip/SGP are not modelled (and gossip needs n >= 3)
+    # gossip/SGP are not modelled (and gossip needs n >= 3)
+    assert set(cases) == set(membw.COMM_CASES)
     raw = cases["raw isend/irecv chain"]
     m = 1001  # the chain's one message, both ways, two copies: 4 x 2 messages x 4 bytes
     assert raw["model_gb"] == pytest.approx(4 * 2 * m * 4 / 1e9)

@@ -75,14 +75,12 @@ def test_the_two_world_size_checks_have_two_names() -> None:
     from relaympi.topology import TopologyError
     from relaympi.topology.core import as_world_size
 
-    assert (
-        as_world_size(np.int64(5)) == 5 and type(as_world_size(np.int64(5))) is int
-    )  # a count, as an int
+    # a count, as an int
+    assert as_world_size(np.int64(5)) == 5 and type(as_world_size(np.int64(5))) is int
     with pytest.raises(TopologyError, match="ring world_size must be >= 2, got 1"):
         as_world_size(1, what="ring world_size", minimum=2)
-    algorithms.check_topology_fits_world(
-        topology.build("ring", 4), 4
-    )  # a topology against the world
+    # a topology against the world
+    algorithms.check_topology_fits_world(topology.build("ring", 4), 4)
     with pytest.raises(AlgorithmError, match="topology 'ring' is for 4 workers, the world has 3"):
         algorithms.check_topology_fits_world(topology.build("ring", 4), 3)
     for module in (

@@ -208,9 +208,8 @@ def test_graphs_cross_between_nodes_as_little_as_placement_allows(n, layout_name
         ring = build("ring", n, placement="nodes", nodes=nodes)
         assert nx.is_isomorphic(ring.layers[0], nx.cycle_graph(n))
         assert ring.inter_node_edges(nodes) == [m if m >= 2 else 0]
-        assert (
-            ring.gossip_extremes() == build("ring", n).gossip_extremes()
-        )  # the same spectrum: a relabelled ring
+        # the same spectrum: a relabelled ring
+        assert ring.gossip_extremes() == build("ring", n).gossip_extremes()
     star = build("star", n, placement="nodes", nodes=nodes)
     hub = max(range(n), key=lambda r: star.degree(r))
     largest = max(len(ranks) for ranks in groups.values())
@@ -234,18 +233,11 @@ def test_lr_correction_of_node_aware_trees_is_the_simulation(spec, n, where):
 
 def test_inter_node_edges_counts_edges_between_hosts():
     ring = build("ring", 6)
-    hosts = [
-        "a",
-        "a",
-        "b",
-        "b",
-        "a",
-        "c",
-    ]  # between hosts: 1-2 (a-b), 3-4 (b-a), 4-5 (a-c), 5-0 (c-a)
+    # between hosts: 1-2 (a-b), 3-4 (b-a), 4-5 (a-c), 5-0 (c-a)
+    hosts = ["a", "a", "b", "b", "a", "c"]
     assert ring.inter_node_edges(hosts) == [4]
-    assert ring.inter_node_degrees(hosts).tolist() == [
-        [4, 2, 2]
-    ]  # ends on a, b, c (in order of lowest rank)
+    # ends on a, b, c (in order of lowest rank)
+    assert ring.inter_node_degrees(hosts).tolist() == [[4, 2, 2]]
 
 
 # -- at cluster scale -------------------------------------------------------------------
@@ -358,16 +350,14 @@ def test_cli_rank_order_counts_every_edge_between_single_rank_nodes():
         and summary["ranks_per_node"] == 1
         and summary["inter_node_edges"] == [8]
     )
-    assert (
-        summary["inter_node_bytes_per_node_per_step"] == 2 * DEFAULT_MODEL_SIZE * 4
-    )  # a model to each neighbour
+    # a model to each neighbour
+    assert summary["inter_node_bytes_per_node_per_step"] == 2 * DEFAULT_MODEL_SIZE * 4
     status, out, _ = _run(
         ["ring", "-n", "8", "--ranks-per-node", "2", "--placement", "nodes", "--json"]
     )
     assert json.loads(out)["inter_node_edges"] == [4]
-    assert (
-        json.loads(out)["inter_node_bytes_per_node_per_step"] == 2 * DEFAULT_MODEL_SIZE * 4
-    )  # one edge out each way
+    # one edge out each way
+    assert json.loads(out)["inter_node_bytes_per_node_per_step"] == 2 * DEFAULT_MODEL_SIZE * 4
 
 
 def test_cli_counts_sgp_sends_between_nodes_per_round():

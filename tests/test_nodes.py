@@ -90,9 +90,8 @@ def test_mpirun_with_ranks_per_node_emulates_nodes(tmp_path):
     run = read_run(out)
     assert run.topology is not None
     assert run.topology.rank_node.tolist() == [0, 1] and run.topology.nodes_emulated
-    assert run.topology.placement == "nodes" and run.topology.inter_node_edges == (
-        1,
-    )  # auto: the ranks span two nodes
+    # auto: the ranks span two nodes
+    assert run.topology.placement == "nodes" and run.topology.inter_node_edges == (1,)
     assert run.provenance["nodes"] == 1  # the hardware: one host
 
 
@@ -143,16 +142,17 @@ def test_placement_and_ranks_per_node_are_part_of_the_experiment():
         experiment_settings({**base, "placement": "nodes", "ranks_per_node": 2})["ranks_per_node"]
         == 2
     )
+    # no part of the trees
     assert "ranks_per_node" not in experiment_settings(
         {**base, "placement": "ranks", "ranks_per_node": 2}
-    )  # no part of the trees
-    assert (
-        experiment_settings(base)["placement"] == "ranks"
-    )  # a file from before --placement ran in rank order
+    )
+    # a file from before --placement ran in rank order
+    assert experiment_settings(base)["placement"] == "ranks"
     allreduce = {"task": "digits", "algo": "allreduce", "placement": "nodes", "ranks_per_node": 2}
+    # a collective
     assert experiment_settings(allreduce) == experiment_settings(
         {**allreduce, "placement": "ranks", "ranks_per_node": None}
-    )  # a collective
+    )
 
 
 # -- the run file ---------------------------------------------------------------------------------
@@ -192,9 +192,8 @@ def test_run_file_records_nodes_edges_and_placement(tmp_path, capsys):
     assert len(topology.edges) == expected.num_layers == 2
     for layer, edges in enumerate(topology.edges):
         np.testing.assert_array_equal(edges, expected.edge_array(layer))
-        crossing = sum(
-            int(i) // 2 != int(j) // 2 for i, j in edges
-        )  # counted here, not by the topology
+        # counted here, not by the topology
+        crossing = sum(int(i) // 2 != int(j) // 2 for i, j in edges)
         assert topology.inter_node_edges[layer] == crossing
     assert "placement nodes (2 emulated nodes)" in summary
     shown = run_module("relaympi.results", "show", out, timeout=60).stdout
@@ -237,15 +236,13 @@ def test_default_run_file_name_says_nodes_placement():
     from relaympi.training.plan import default_out
 
     cfg = RunConfig(task="quadratics", steps=2, algo="relay", topology="chain")
-    assert (
-        default_out(resolve(cfg, 4).cfg, 4).name == "quadratics-relay-chain-n4-a1-s0.h5"
-    )  # one node: the name as before
+    # one node: the name as before
+    assert default_out(resolve(cfg, 4).cfg, 4).name == "quadratics-relay-chain-n4-a1-s0.h5"
     placed = resolve(
         RunConfig(task="quadratics", steps=2, algo="relay", topology="chain", ranks_per_node=2), 4
     )
-    assert (
-        default_out(placed.cfg, 4).name == "quadratics-relay-chain-nodes-n4-a1-s0.h5"
-    )  # never the rank-order run's file
+    # never the rank-order run's file
+    assert default_out(placed.cfg, 4).name == "quadratics-relay-chain-nodes-n4-a1-s0.h5"
 
 
 def test_one_node_runs_in_rank_order_and_says_so(tmp_path, capsys):
@@ -284,9 +281,8 @@ def test_resume_refuses_a_changed_placement(tmp_path, monkeypatch, capsys):
     assert _main([*args, "--placement", "ranks"]) == train.EXIT_USAGE
     assert "placement 'nodes' vs 'ranks'" in capsys.readouterr().err
     assert read_run(tmp_path / "r.h5").status == "failed"  # untouched
-    assert (
-        _main([*args, "--placement", "nodes"]) == 0
-    )  # auto's resolution, given explicitly, is the same run
+    # auto's resolution, given explicitly, is the same run
+    assert _main([*args, "--placement", "nodes"]) == 0
 
 
 def test_resume_refuses_ranks_found_on_other_nodes(tmp_path):
@@ -306,9 +302,8 @@ def test_resume_refuses_ranks_found_on_other_nodes(tmp_path):
         task="quadratics", steps=4, placement="ranks", checkpoint_dir=tmp_path / "ranks"
     )
     Checkpoints(ranks, tmp_path / "r.h5", 0, 4, nodes=(0, 0, 1, 1)).save(2, {"x": torch.zeros(1)})
-    assert (
-        Checkpoints(ranks, tmp_path / "r.h5", 0, 4, nodes=(0, 1, 2, 3)).load()[0] == 2
-    )  # rank order: nodes change nothing
+    # rank order: nodes change nothing
+    assert Checkpoints(ranks, tmp_path / "r.h5", 0, 4, nodes=(0, 1, 2, 3)).load()[0] == 2
     # all-reduce's tree sums in an order set by the nodes
     # (relaympi.comm.tree_allreduce.stage_order): the same nodes, or refused
     summed = RunConfig(
@@ -333,10 +328,11 @@ def test_resume_refuses_ranks_found_on_other_nodes(tmp_path):
             ["--ranks-per-node", "0"],
             r"error: --ranks-per-node must be >= 1 \(ranks on each emulated node\), got 0",
         ),
+        # quotes: Python 3.12+
         (
             ["--placement", "bogus"],
             r"--placement: invalid choice: 'bogus' \(choose from '?auto'?, '?ranks'?, '?nodes'?\)",
-        ),  # quotes: Python 3.12+
+        ),
         (
             ["--algo", "dpsgd", "--topology", "edge-list:{chain}", "--placement", "nodes"],
             r"topology 'edge-list:.*chain.txt' with 4 workers and --placement nodes: "

@@ -50,9 +50,8 @@ class _Tied(torch.nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.hidden(self.embed(tokens)))
-        return (
-            self.last(h) @ self.embed.weight.T
-        )  # the embedding again: its gradient accumulates twice
+        # the embedding again: its gradient accumulates twice
+        return self.last(h) @ self.embed.weight.T
 
 
 def _deliveries(
@@ -88,9 +87,8 @@ def test_buckets_cover_the_model_once_in_the_same_order_with_final_gradients(buc
                 f"grad[{lo}:{hi}] changed after its delivery"
             )
         assert (covered == 1).all()  # every element exactly once
-        assert [hi for _, hi, _, _ in got] == sorted(
-            (hi for _, hi, _, _ in got), reverse=True
-        )  # last layers first
+        # last layers first
+        assert [hi for _, hi, _, _ in got] == sorted((hi for _, hi, _, _ in got), reverse=True)
         orders.append([(lo, hi) for lo, hi, _, _ in got])
         unused = range(*_flat_range(model.unused, grad))
         # the bucket holding the unused layer waits for the end (its gradient never comes); the tied
@@ -178,14 +176,12 @@ def test_hooks_on_another_thread_leave_the_delivery_to_the_stepping_thread(any_t
                 model(batch).reshape(-1, 11), batch.reshape(-1)
             ).backward()
         )
-    assert [(lo, hi) for lo, hi, _ in got] == [
-        (lo, hi) for lo, hi, _, _ in here
-    ]  # the same buckets in the same order
+    # the same buckets in the same order
+    assert [(lo, hi) for lo, hi, _ in got] == [(lo, hi) for lo, hi, _, _ in here]
     for (_, _, at_delivery), (_, _, want, _) in zip(got, here, strict=True):
         assert torch.equal(at_delivery, want)
-    assert (
-        threads != {threading.get_ident()}
-    ) == any_thread  # any_thread: the hooks' thread delivers too (the path that hung)
+    # any_thread: the hooks' thread delivers too (the path that hung)
+    assert (threads != {threading.get_ident()}) == any_thread
 
 
 # ---------------------------------------------------------------- the same numbers, run files
@@ -204,10 +200,8 @@ DIGITS = [
     "--alpha",
     "0.5",
 ]
-SMALL_BUCKETS = [
-    "--bucket-size",
-    "0.002",
-]  # 524 float32: the digits MLP's 4,810 parameters in 4 buckets
+# 524 float32: the digits MLP's 4,810 parameters in 4 buckets
+SMALL_BUCKETS = ["--bucket-size", "0.002"]
 
 CASES = {
     "allreduce": ["--algo", "allreduce"],
@@ -326,25 +320,16 @@ def test_quadratics_overlap_in_float64(tmp_path):
     [
         ([], (0, 0, 1, 1), (True, False)),  # MPI across two nodes
         ([], (0, 0, 0, 0), (False, False)),  # one node: the transfers are the ranks' own copies
-        (
-            ["--ranks-per-node", "2"],
-            None,
-            (True, False),
-        ),  # emulated nodes count as nodes (as for --placement)
+        # emulated nodes count as nodes (as for --placement)
+        (["--ranks-per-node", "2"], None, (True, False)),
         (["--device", "cuda"], (0, 0, 1, 1), (False, False)),  # refused on GPUs for now
         (["--progress-thread"], (0, 0, 1, 1), (True, True)),
-        (
-            ["--progress-thread"],
-            (0, 0, 0, 0),
-            (False, False),
-        ),  # nothing to progress on one node (auto: no overlap)
+        # nothing to progress on one node (auto: no overlap)
+        (["--progress-thread"], (0, 0, 0, 0), (False, False)),
         (["--no-overlap"], (0, 0, 1, 1), (False, False)),
         (["--overlap", "--progress-thread"], (0, 0, 0, 0), (True, True)),
-        (
-            ["--backend", "local", "--workers", "4", "--ranks-per-node", "2"],
-            None,
-            (False, False),
-        ),  # no wire between threads
+        # no wire between threads
+        (["--backend", "local", "--workers", "4", "--ranks-per-node", "2"], None, (False, False)),
         (["--backend", "local", "--workers", "4", "--overlap"], None, (True, False)),
         (["--backend", "batched", "--workers", "4", "--ranks-per-node", "2"], None, (False, False)),
     ],
@@ -371,11 +356,8 @@ def test_overlap_and_the_progress_thread_resolve_per_run(flags, nodes, want):
             "--progress-thread, --bucket-size, --progress-interval do nothing",
         ),
         (["--progress-thread", "--device", "cuda"], (0, 0, 1, 1), "--progress-thread does nothing"),
-        (
-            ["--progress-thread"],
-            (0, 0, 1, 1),
-            None,
-        ),  # overlapping by default across nodes: the thread runs
+        # overlapping by default across nodes: the thread runs
+        (["--progress-thread"], (0, 0, 1, 1), None),
         (["--overlap", "--bucket-size", "8"], (0, 0, 0, 0), None),
         ([], (0, 0, 0, 0), None),
     ],
@@ -575,6 +557,7 @@ def test_batched_accepts_no_overlap(tmp_path):
 
 # ------------------------------------------------- message passing on MPI ranks (mpirun -n 4)
 
+# chain: any world size >= 2
 ALGOS = [
     ("relay", "double-binary-trees", "counts"),
     ("relay", "chain", "previous"),
@@ -582,7 +565,7 @@ ALGOS = [
     ("allreduce", "fully-connected", "counts"),
     ("dpsgd", "chain", "counts"),
     ("gt", "chain", "counts"),
-]  # chain: any world size >= 2
+]
 
 
 def _model_steps(
@@ -606,9 +589,8 @@ def _model_steps(
         torch.nn.Tanh(),
         torch.nn.Linear(8, 3),
     ).double()
-    init = torch.Generator().manual_seed(
-        0
-    )  # the same x(0) everywhere (not the global RNG: in-process ranks are threads)
+    # the same x(0) everywhere (not the global RNG: in-process ranks are threads)
+    init = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(generator=init)
@@ -763,9 +745,8 @@ def test_with_backward_on_another_thread_every_call_into_the_transport_stays_on_
         results = spmd(_steps_with_backward_elsewhere, algo, topology, any_thread)
         for (got, on_rank_thread), want in zip(results, plain, strict=True):
             np.testing.assert_array_equal(got, want)
-            assert (
-                on_rank_thread != any_thread
-            )  # any_thread: the hooks' thread called the transport
+            # any_thread: the hooks' thread called the transport
+            assert on_rank_thread != any_thread
 
 
 @pytest.mark.spmd
@@ -800,9 +781,8 @@ def _moved_while_computing(comm) -> tuple[bool, int, bool]:
         deadline = time.monotonic() + 0.4
         while time.monotonic() < deadline:
             torch.ones(256, 256) @ torch.ones(256, 256)  # compute, no MPI call
-    moved = bool(
-        comm.rank != 1 or np.array_equal(buf, np.arange(n, dtype=np.float32))
-    )  # read before any MPI call
+    # read before any MPI call
+    moved = bool(comm.rank != 1 or np.array_equal(buf, np.arange(n, dtype=np.float32)))
     if request is not None:
         request.wait()
     comm.barrier()
@@ -812,10 +792,8 @@ def _moved_while_computing(comm) -> tuple[bool, int, bool]:
 def test_the_in_process_transport_starts_no_progress_thread():
     from relaympi.comm import run_local
 
-    assert run_local(2, lambda comm: comm.start_progress_thread()) == [
-        False,
-        False,
-    ]  # its copies move inside its own calls
+    # its copies move inside its own calls
+    assert run_local(2, lambda comm: comm.start_progress_thread()) == [False, False]
 
 
 @pytest.mark.mpi

@@ -73,11 +73,8 @@ def test_a_local_run_records_its_ranks_and_says_where_it_ran(tmp_path, capsys):
     [
         ({"MPI_LOCALRANKID": "1"}, 2, "cuda:1"),  # MPICH, second rank of its node
         ({"OMPI_COMM_WORLD_LOCAL_RANK": "3"}, 2, "cuda:1"),  # Open MPI: local rank modulo the GPUs
-        (
-            {"SLURM_LOCALID": "0", "SLURM_PROCID": "5"},
-            4,
-            "cuda:0",
-        ),  # srun: node-local, not the world rank
+        # srun: node-local, not the world rank
+        ({"SLURM_LOCALID": "0", "SLURM_PROCID": "5"}, 4, "cuda:0"),
     ],
 )
 def test_device_cuda_picks_the_gpu_of_the_node_local_rank(monkeypatch, env, count, device):

@@ -271,9 +271,8 @@ def test_a_rate_that_rises_above_the_target_is_refused(algo, topology):
 
 
 def test_d2_switches_to_exact_diffusion_only_below_minus_one_third():
-    assert not d2_method(
-        "D2", build("ring", 8)
-    ).d2_exact_diffusion  # smallest eigenvalue exactly -1/3
+    # smallest eigenvalue exactly -1/3
+    assert not d2_method("D2", build("ring", 8)).d2_exact_diffusion
     assert not d2_method("D2", build("star", 32)).d2_exact_diffusion  # smallest eigenvalue 0
     assert d2_method("D2", build("binary-tree", 64)).d2_exact_diffusion  # -0.363
     assert d2_method("D2", build("social-network", 32)).d2_exact_diffusion  # -0.434

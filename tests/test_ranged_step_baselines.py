@@ -22,11 +22,8 @@ from tests.algorithm_cases import ADAM, HEAVY_BALL, MOMENTUM, SGD, Case
 
 DIM = 203  # odd: ranges of every alignment
 STEPS = 4
-BUCKETS = (
-    2,
-    25,
-    DIM,
-)  # typical range lengths of a cut (each cut's lengths vary around one of them)
+# typical range lengths of a cut (each cut's lengths vary around one of them)
+BUCKETS = (2, 25, DIM)
 
 CASES = [
     Case("allreduce", "fully-connected", 5, MOMENTUM),
@@ -210,9 +207,8 @@ def _fixed_tree_sum(values: list[np.ndarray], order: tuple[int, ...] | None = No
     leaves = [values[q] + values[q + p] if q < n - p else values[q].copy() for q in range(p)]
     for d in order or [p >> i for i in range(1, p.bit_length())]:
         for q in range(p):
-            if (
-                not q & d
-            ):  # q and q | d hold the two partial sums this stage adds (a + b == b + a in IEEE)
+            # q and q | d hold the two partial sums this stage adds (a + b == b + a in IEEE)
+            if not q & d:
                 leaves[q] = leaves[q] + leaves[q | d]
     return leaves[0]
 
@@ -226,9 +222,8 @@ def _rank_order_sum(values: list[np.ndarray]) -> np.ndarray:
 
 def _iallreduce_pieces(comm, numel: int, dtype: str):
     rng = np.random.default_rng(7 * comm.rank + numel)
-    a = (rng.standard_normal(numel) * rng.exponential(1.0, numel)).astype(
-        dtype
-    )  # float32 sums that depend on their order
+    # float32 sums that depend on their order
+    a = (rng.standard_normal(numel) * rng.exponential(1.0, numel)).astype(dtype)
     whole = torch.from_numpy(a.copy())
     comm.iallreduce_sum(whole).wait()
     pieces = torch.from_numpy(a.copy())
@@ -250,16 +245,12 @@ def _iallreduce_pieces(comm, numel: int, dtype: str):
     "nodes, order",
     [
         ((0, 0, 0, 0), (2, 1)),  # one node: the order before node-awareness (the same bits)
-        (
-            (0, 0, 1, 1),
-            (1, 2),
-        ),  # 2 nodes x 2: the intra-node pairs first, a quarter of the buffer crosses each way
+        # 2 nodes x 2: the intra-node pairs first, a quarter of the buffer crosses each way
+        ((0, 0, 1, 1), (1, 2)),
         ((0, 1, 0, 1), (2, 1)),  # round-robin nodes: r ^ 2 is the same node
         ((0, 0, 0, 0, 1, 1, 1, 1), (2, 1, 4)),  # both intra-node bits before the one across
-        (
-            (0, 0, 1, 1, 2, 2, 3, 3),
-            (1, 4, 2),
-        ),  # ties (every pair across nodes) keep the larger bit first
+        # ties (every pair across nodes) keep the larger bit first
+        ((0, 0, 1, 1, 2, 2, 3, 3), (1, 4, 2)),
         ((0, 0, 0, 1, 1, 1), (2, 1)),  # p = 4: both bits pair 2 of 4 ranks across nodes
         ((0,), ()),
         ((0, 1), (1,)),
@@ -292,10 +283,8 @@ def _node_aware_sum(comm, numel: int) -> bool:
         values = placed.gather(a)
         if values is not None:
             p = 1 << (len(values).bit_length() - 1)
-            order = (
-                1,
-                *(p >> i for i in range(1, p.bit_length() - 1)),
-            )  # nodes of 2 ranks: d = 1, then p/2, ..., 2
+            # nodes of 2 ranks: d = 1, then p/2, ..., 2
+            order = (1, *(p >> i for i in range(1, p.bit_length() - 1)))
             np.testing.assert_array_equal(whole.numpy(), _fixed_tree_sum(values, order))
         np.testing.assert_array_equal(pieces.numpy(), whole.numpy())
     finally:
@@ -369,9 +358,8 @@ def _iallreduce_bfloat16(comm):
         request.wait()
     assert torch.equal(whole, pieces)
     expected = torch.arange(64, dtype=torch.float32) * sum(range(1, comm.world_size + 1)) / 7
-    torch.testing.assert_close(
-        whole.float(), expected, rtol=2e-2, atol=0
-    )  # summed as numbers, not bytes
+    # summed as numbers, not bytes
+    torch.testing.assert_close(whole.float(), expected, rtol=2e-2, atol=0)
     return True
 
 

@@ -109,9 +109,8 @@ def trajectory(comm, case, bucket: int | None = None, resume_at: int | None = No
             for lo, hi in _cuts(rng, D, bucket):
                 grad[lo:hi] = full[lo:hi]
                 algorithm.ready(lo, hi)
-                grad[lo:hi] = float(
-                    "nan"
-                )  # the range's update ran in ready(): its gradient is no longer read
+                # the range's update ran in ready(): its gradient is no longer read
+                grad[lo:hi] = float("nan")
             algorithm.finish_step()
         out.append(x.numpy().copy())
     return np.array(out)
@@ -208,9 +207,8 @@ def test_chunks_go_out_from_ready_counter_first(algo):
             chunks = [(chunk, message) for t, chunk, message, _ in sent if t == tag]
             first_chunk, first_message = chunks[0]
             assert first_chunk == max(chunk for chunk, _ in chunks)
-            assert (
-                first_message[-1].item() == 1.0
-            )  # step 0: every message carries the sender's parcel alone
+            # step 0: every message carries the sender's parcel alone
+            assert first_message[-1].item() == 1.0
             order = [chunk for chunk, _ in chunks]
             assert order == sorted(order, reverse=True)
 

@@ -107,14 +107,12 @@ def _record(table, **match) -> dict:
 def test_worker_means_window() -> None:
     epoch = np.array([0.0, 1, 2, 3, 4, 5, 6, 7])
     acc = np.arange(16, dtype=float).reshape(8, 2)
-    np.testing.assert_allclose(
-        worker_means(epoch, acc, 5), acc[3:].mean(axis=0)
-    )  # epochs 3..7 (> 7 - 5)
+    # epochs 3..7 (> 7 - 5)
+    np.testing.assert_allclose(worker_means(epoch, acc, 5), acc[3:].mean(axis=0))
     short = np.array([0.0, 0.5, 1.0])  # shorter than the window: everything after epoch 0
     np.testing.assert_allclose(worker_means(short, acc[:3], 5), acc[1:3].mean(axis=0))
-    np.testing.assert_allclose(
-        worker_means(np.array([0.0]), acc[:1], 5), acc[0]
-    )  # only the initial eval
+    # only the initial eval
+    np.testing.assert_allclose(worker_means(np.array([0.0]), acc[:1], 5), acc[0])
 
 
 def test_accuracy_table_numbers(tables: dict) -> None:

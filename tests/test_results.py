@@ -118,9 +118,8 @@ def test_missing_key_is_nan_and_new_key_is_an_error(tmp_path: Path) -> None:
 def test_extend_appends_columns(tmp_path: Path) -> None:
     path = tmp_path / "run.h5"
     with RunWriter.create(path, config={}, provenance={}, world_size=2) as writer:
-        writer.extend(
-            {"step": np.array([], dtype=np.int64), "loss": np.zeros((0, 2))}
-        )  # nothing yet
+        # nothing yet
+        writer.extend({"step": np.array([], dtype=np.int64), "loss": np.zeros((0, 2))})
         writer.extend({"step": np.array([0, 5]), "loss": np.array([[1.0, 2.0], [3.0, 4.0]])})
         writer.append({"step": 9, "loss": np.array([5.0, 6.0])})
         with pytest.raises(ValueError, match="same number of rows"):
@@ -187,9 +186,8 @@ def test_refuses_to_overwrite_finished_runs(tmp_path: Path) -> None:
             writer.set_status(status)
         RunWriter.create(path, config={"new": 1}, provenance={}, world_size=2).close()
         assert run_status(path) == "running"
-    rf.write_empty_file(
-        tmp_path / "corrupt.h5"
-    )  # a broken file only with overwrite (it may not be a run file)
+    # a broken file only with overwrite (it may not be a run file)
+    rf.write_empty_file(tmp_path / "corrupt.h5")
     with pytest.raises(NotARunFileError):
         RunWriter.create(tmp_path / "corrupt.h5", config={}, provenance={}, world_size=1)
     RunWriter.create(

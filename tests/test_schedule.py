@@ -168,11 +168,8 @@ def test_digits_workload_epoch_accounting_with_shards_that_do_not_divide_the_bat
     [
         (2, 3, 6),  # 2 * 3 = 6 steps
         (0.5, 3, 2),  # 0.5 * 3 = 1.5 -> 2: the last, partial epoch is run
-        (
-            1.1,
-            90,
-            99,
-        ),  # 1.1 * 90 = 99 exactly (float: 99.00000000000001, which must not become 100)
+        # 1.1 * 90 = 99 exactly (float: 99.00000000000001, which must not become 100)
+        (1.1, 90, 99),
         (0.07, 100, 7),  # 0.07 * 100 = 7 (float: 7.000000000000001)
         (0.001, 90, 1),  # 0.09 -> at least one step
     ],
@@ -319,15 +316,11 @@ QUAD = [
 @pytest.mark.parametrize(
     "extra, steps",
     [
-        (
-            ["--steps", "10", "--eval-every", "4"],
-            [0, 4, 8, 10],
-        ),  # multiples of 4, then the last step
+        # multiples of 4, then the last step
+        (["--steps", "10", "--eval-every", "4"], [0, 4, 8, 10]),
         (["--steps", "8", "--eval-every", "4"], [0, 4, 8]),  # the last step is a multiple: once
-        (
-            ["--steps", "3", "--eval-every", "5"],
-            [0, 3],
-        ),  # eval-every beyond the run: first and last
+        # eval-every beyond the run: first and last
+        (["--steps", "3", "--eval-every", "5"], [0, 3]),
         # quadratics evaluate 200 times per run by default: every 401 // 200 = 2 steps, and step 401
         (["--steps", "401"], [*range(0, 401, 2), 401]),
     ],
@@ -379,15 +372,11 @@ def saved_steps(monkeypatch):
 @pytest.mark.parametrize(
     "extra, steps",
     [
-        (
-            ["--eval-every", "4", "--checkpoint-every", "3"],
-            [3, 6, 9],
-        ),  # never step 0 nor the finished step 10
+        # never step 0 nor the finished step 10
+        (["--eval-every", "4", "--checkpoint-every", "3"], [3, 6, 9]),
         (["--eval-every", "4"], [4, 8]),  # default: at the evaluations (not 0, not the end)
-        (
-            ["--eval-every", "5", "--checkpoint-every", "5"],
-            [5],
-        ),  # step 10 is the end: nothing to resume
+        # step 10 is the end: nothing to resume
+        (["--eval-every", "5", "--checkpoint-every", "5"], [5]),
     ],
 )
 def test_checkpointed_steps(tmp_path, saved_steps, extra, steps):
@@ -412,16 +401,10 @@ def test_checkpointed_steps(tmp_path, saved_steps, extra, steps):
 @pytest.mark.parametrize(
     "checkpoint_every, fail_at, resume_at",
     [
-        (
-            3,
-            7,
-            6,
-        ),  # checkpoints at 3, 6; rows 0, 4 written; resumes at 6, which is no evaluation step
-        (
-            4,
-            5,
-            4,
-        ),  # checkpoint at 4, an evaluation: its row is dropped and written again after the resume
+        # checkpoints at 3, 6; rows 0, 4 written; resumes at 6, which is no evaluation step
+        (3, 7, 6),
+        # checkpoint at 4, an evaluation: its row is dropped and written again after the resume
+        (4, 5, 4),
     ],
 )
 def test_resumed_run_evaluates_where_an_uninterrupted_one_does(

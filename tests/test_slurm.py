@@ -220,9 +220,8 @@ def test_dry_run_lists_exact_commands(tmp_path: Path) -> None:
         assert len(commands) == 3
         for command in commands:
             config = Path(command[command.index("--config") + 1])  # beside the run file
-            assert (
-                config.parent == results / "sweep_alpha" / "quadratics"
-            )  # the space survived quoting
+            # the space survived quoting
+            assert config.parent == results / "sweep_alpha" / "quadratics"
             assert command[1:4] == ["-m", "relaympi.train", "--config"]
         assert "3 missing" in proc.stdout
     assert not results.exists()  # a dry run writes nothing
@@ -281,9 +280,8 @@ def test_local_run_is_idempotent(tmp_path: Path) -> None:
     assert first.returncode == 0, first.stdout + first.stderr
     (out,) = (tmp_path / "results dir" / "sweep_alpha" / "quadratics").glob("relay_*.h5")
     assert run_status(out) == "completed"
-    config_file = out.with_suffix(
-        ".json"
-    )  # the trainer's --config, beside the run file: the recorded command reruns it
+    # the trainer's --config, beside the run file: the recorded command reruns it
+    config_file = out.with_suffix(".json")
     assert shlex.split(read_run(out, datasets=()).provenance["command"])[-2:] == [
         "--config",
         str(config_file),
@@ -307,12 +305,12 @@ def test_batched_backend_runs_each_configuration_as_one_process(tmp_path: Path) 
         "RELAYMPI_RESULTS_DIR": str(tmp_path / "batched"),
     }
     plan = grid("plan", "sweep_alpha", **batched).stdout
-    assert (
-        "group\t1\t0-2\t3" in plan and "sbatch\t--gpus-per-node=1" in plan
-    )  # one GPU per configuration
+    # one GPU per configuration
+    assert "group\t1\t0-2\t3" in plan and "sbatch\t--gpus-per-node=1" in plan
+    # the site's own
     assert (
         "sbatch\t" not in grid("plan", "sweep_alpha", **batched, RELAYMPI_GPUS_PER_NODE="2").stdout
-    )  # the site's own
+    )
     runs = {}
     for name, settings in (
         ("batched", {**batched, "RELAYMPI_DEVICE": "cpu"}),
@@ -450,9 +448,8 @@ def test_resubmission_reruns_only_what_is_missing(alpha_sweep: tuple[Path, dict[
     kept = files["allreduce"]
     kept_mtime = kept.stat().st_mtime_ns
     files["relay"].unlink()
-    with h5py.File(
-        files["sgp"], "r+"
-    ) as file:  # as left by a preempted job whose checkpoint is gone
+    # as left by a preempted job whose checkpoint is gone
+    with h5py.File(files["sgp"], "r+") as file:
         file.attrs["status"] = "preempted"
     plan = grid("plan", "sweep_alpha", **settings).stdout
     assert "finished\t1" in plan
@@ -526,9 +523,8 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes(cluster: None, tmp_
         )
     ]
     deadline = time.monotonic() + 60
-    while (
-        time.monotonic() < deadline
-    ):  # wait for the first rows, then warn as SLURM does before the limit
+    # wait for the first rows, then warn as SLURM does before the limit
+    while time.monotonic() < deadline:
         if run_status(out) == "running" and read_run(out, datasets=["step"]).num_rows >= 2:
             break
         time.sleep(0.5)
@@ -574,9 +570,8 @@ def test_sweep_lr_on_digits(cluster: None, tmp_path: Path) -> None:
     files = sorted((results / "sweep_lr" / "digits").glob("*.h5"))
     assert len(files) == 3
     metric = {}
-    for (
-        path
-    ) in files:  # the paper's metric by hand: runs are < 1 epoch, so all evaluations after epoch 0
+    # the paper's metric by hand: runs are < 1 epoch, so all evaluations after epoch 0
+    for path in files:
         run = read_run(path)
         keep = run.metric("epoch") > 0
         metric[run.config["lr"]] = run.metric("test_accuracy")[keep].mean(axis=0).min()

@@ -73,16 +73,10 @@ def test_default_reads_the_process_environment(monkeypatch):
     "mine, node, expected",
     [
         ({0, 1, 2, 3}, [{0, 1, 2, 3}] * 4, 4),  # unbound: 4 ranks share the job's CPUs
-        (
-            {0, 1},
-            [{0, 1}, {2, 3}, {4, 5}, {6, 7}],
-            1,
-        ),  # bound (--cpu-bind=cores): each its own share
-        (
-            {0, 1, 2, 3},
-            [{0, 1, 2, 3}, {0, 1, 2, 3}, {4, 5, 6, 7}, {4, 5, 6, 7}],
-            2,
-        ),  # bound to sockets, 2 per socket
+        # bound (--cpu-bind=cores): each its own share
+        ({0, 1}, [{0, 1}, {2, 3}, {4, 5}, {6, 7}], 1),
+        # bound to sockets, 2 per socket
+        ({0, 1, 2, 3}, [{0, 1, 2, 3}, {0, 1, 2, 3}, {4, 5, 6, 7}, {4, 5, 6, 7}], 2),
         ({0, 1}, [{0, 1}, {1, 2}], 2),  # overlapping sets compete for CPU 1
     ],
 )
@@ -119,9 +113,8 @@ def test_threads_flag_above_the_share_warns_once(monkeypatch, caplog):
         "may run on, shared by 1 worker(s)): "
         "the threads will compete for cores; leave --threads out for the default, 1"
     ]
-    assert (
-        _chosen(["--threads", "2"], {0, 1, 2, 3}, 4, caplog) == 2 and len(caplog.records) == 1
-    )  # 4 workers on 4 CPUs
+    # 4 workers on 4 CPUs
+    assert _chosen(["--threads", "2"], {0, 1, 2, 3}, 4, caplog) == 2 and len(caplog.records) == 1
 
 
 # -- a real run ---------------------------------------------------------------------------------
@@ -180,9 +173,10 @@ def test_node_allgather_collects_every_rank_of_the_node():
     from relaympi.comm.mpi import node_allgather
 
     rank, size = mpi.COMM_WORLD.Get_rank(), mpi.COMM_WORLD.Get_size()
+    # one host
     assert node_allgather((rank, threads.allowed_cpus())) == [
         (r, threads.allowed_cpus()) for r in range(size)
-    ]  # one host
+    ]
 
 
 @pytest.mark.slow

@@ -284,9 +284,8 @@ def test_spanning_tree_follows_the_protocol(seed):
 
 def test_edge_arrays_and_graphs_build_equal_topologies():
     graph = nx.cycle_graph(7)
-    edges = np.array(
-        [[1, 0], [1, 2], [3, 2], [3, 4], [5, 4], [5, 6], [0, 6], [0, 1]]
-    )  # unsorted, repeated
+    # unsorted, repeated
+    edges = np.array([[1, 0], [1, 2], [3, 2], [3, 4], [5, 4], [5, 6], [0, 6], [0, 1]])
     from_array = Topology("ring", 7, (edges,))
     assert from_array == Topology("ring", 7, (graph,)) == build("ring", 7)
     assert from_array.edges() == sorted(tuple(sorted(e)) for e in graph.edges())

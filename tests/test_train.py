@@ -572,10 +572,8 @@ def test_config_file_round_trip(tmp_path):
     "extra, message",
     [
         ([], "--overwrite"),  # the finished run file is only opened by rank 0
-        (
-            ["--save-problem", "/nonexistent-dir/p.h5", "--overwrite"],
-            "does not exist",
-        ),  # checked by rank 0 alone
+        # checked by rank 0 alone
+        (["--save-problem", "/nonexistent-dir/p.h5", "--overwrite"], "does not exist"),
     ],
     ids=["finished-run", "save-problem"],
 )

@@ -35,9 +35,8 @@ def _accuracy(evals: int) -> np.ndarray:
 
 def _run(path: Path, means: list[float], **config) -> Path:
     loss = _losses(means)
-    epochs = np.arange(
-        len(loss), dtype=float
-    )  # the first evaluation at epoch 0, as the trainer records it
+    # the first evaluation at epoch 0, as the trainer records it
+    epochs = np.arange(len(loss), dtype=float)
     return rf.write_classification_run(
         path, _accuracy(len(loss)), epochs, train_loss=loss, task="digits", **config
     )
@@ -65,12 +64,10 @@ def test_the_rule_uses_the_mean_over_workers_and_skips_what_cannot_be_judged() -
     assert unstable_loss(np.array([[NAN, NAN], [1.0, 3.0], [0.5, 8.0]])) == pytest.approx(
         (2.0, 4.25)
     )
-    assert (
-        unstable_loss(np.array([[1.0, 3.0], [0.5, NAN]])) is None
-    )  # ends non-finite: status diverged says it
-    assert (
-        unstable_loss(np.array([[NAN, NAN], [2.0, 2.0]])) is None
-    )  # one recorded value: nothing to compare
+    # ends non-finite: status diverged says it
+    assert unstable_loss(np.array([[1.0, 3.0], [0.5, NAN]])) is None
+    # one recorded value: nothing to compare
+    assert unstable_loss(np.array([[NAN, NAN], [2.0, 2.0]])) is None
     assert UNSTABLE_FACTOR == 2.0
 
 

@@ -208,13 +208,13 @@ def test_misuse_is_refused_before_torch_loads():
     assert said.split("\n--\n")[:-1] == [line for _, line in MISUSE]
 
 
-def _said_under_mpirun(*args: str) -> str:
-    """``train ARGS`` under ``mpirun -n 2``: it must exit 2 with no rank importing torch; what it
-    printed besides the import times. The ranks' stderr reach mpirun's as one stream, so a rank's
-    import-time line can land inside another's error line: each import-time record is cut out
-    wherever it falls."""
+def _said_under_mpirun(*args: str, ranks: int = 2) -> str:
+    """``train ARGS`` under ``mpirun -n RANKS``: it must exit 2 with no rank importing torch; what
+    it printed besides the import times. The ranks' stderr reach mpirun's as one stream, so a
+    rank's import-time line can land inside another's error line: each import-time record is cut
+    out wherever it falls."""
     proc = subprocess.run(
-        [mpirun(), "-n", "2", sys.executable, "-X", "importtime", "-m", "relaympi.train"]
+        [mpirun(), "-n", str(ranks), sys.executable, "-X", "importtime", "-m", "relaympi.train"]
         + ["--task", "digits", *args],
         cwd=ROOT,
         env=env_for_subprocess(),
@@ -240,4 +240,76 @@ def test_under_mpirun_a_finished_run_is_refused_before_any_rank_loads_torch(tmp_
     finished = rf.write_classification_run(tmp_path / "done.h5", np.full((3, 2), 0.5))
     assert _said_under_mpirun("--out", str(finished)) == (
         f"error: {finished} already holds a finished run; pass --overwrite to replace it\n"
+    )
+
+
+@requires_mpirun
+def test_under_mpirun_a_topology_the_rank_count_cannot_build_is_refused_before_torch():
+    """SGP's exponential schedule on 3 ranks: every rank finds it before torch, rank 0 says it."""
+    assert _said_under_mpirun("--algo", "sgp", ranks=3) == (
+        "error: topology 'exponential' with 3 workers: the exponential schedule needs a power of "
+        "two world_size (2, 4, 8, 16, ...), got 3\n"
+    )
+
+
+# -- --help, and a topology the worker count cannot build, need no torch either -------------------
+_TORCH_FREE = """
+import json, sys
+from relaympi import train
+try:
+    code = train.main(sys.argv[1:])
+except SystemExit as exc:  # --help exits from inside the parser
+    code = exc.code
+print(json.dumps({"code": code, "torch": "torch" in sys.modules}), file=sys.stderr)
+"""
+
+
+def _torch_free(*args: str) -> tuple[dict, str, str]:
+    """``train.main(ARGS)`` in a fresh process: its exit status and whether it imported torch, what
+    it printed to stdout, and its stderr without that last line."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _TORCH_FREE, *args],
+        cwd=ROOT,
+        env=env_for_subprocess(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    *said, last = proc.stderr.splitlines()
+    return json.loads(last), proc.stdout, "\n".join(said)
+
+
+def test_help_imports_no_torch():
+    """--help shows every task's and algorithm's defaults (the tasks' defaults, the default
+    topologies, the algorithms that need momentum) from their torch-free declarations."""
+    status, out, err = _torch_free("--help")
+    assert status == {"code": 0, "torch": False}, err
+    text = re.sub(r"(\w)- (\w)", r"\1-\2", " ".join(out.split()))  # lines wrap after a hyphen
+    assert (
+        "Default per algorithm: allreduce/isolated fully-connected, relay/relay-grad "
+        "double-binary-trees, dpsgd/qgm/d2/gt ring, sgp exponential; task agnews: relay chain"
+    ) in text
+    assert (
+        "samples per worker per step; task default: quadratics 1, digits 8, cifar10 32, "
+        "imagenet 32, agnews 32"
+    ) in text
+    assert "agnews 0 (--algo qgm: 0.9 where that is 0)" in text
+
+
+def test_a_topology_the_worker_count_cannot_build_is_refused_before_torch():
+    """SGP's exponential schedule on 6 workers, and RelaySGD's trees on one: one line, exit 2, no
+    torch; a run that may resume the survivors of a larger run (--checkpoint-dir) is left to the
+    plan, which refuses the same count with the same line."""
+    base = ["--task", "quadratics", "--steps", "2", "--backend", "local"]
+    status, _, err = _torch_free(*base, "--workers", "6", "--algo", "sgp")
+    assert status == {"code": 2, "torch": False}
+    assert err == (
+        "error: topology 'exponential' with 6 workers: the exponential schedule needs a power of "
+        "two world_size (2, 4, 8, 16, ...), got 6"
+    )
+    status, _, err = _torch_free(*base, "--workers", "1")
+    assert status == {"code": 2, "torch": False}
+    assert err == (
+        "error: topology 'double-binary-trees' with 1 workers: double-binary-trees world_size "
+        "must be >= 2, got 1; one worker is the centralized baseline: --algo allreduce"
     )

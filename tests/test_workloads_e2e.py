@@ -62,9 +62,8 @@ def _check_rows(run, num_train: int, num_test: int) -> None:
     metrics."""
     assert run.status == "completed"
     assert run.data["step"].tolist() == list(range(STEPS + 1))
-    steps_per_epoch = math.ceil(
-        num_train / (WORKERS * BATCH)
-    )  # all workers together see the training set once
+    # all workers together see the training set once
+    steps_per_epoch = math.ceil(num_train / (WORKERS * BATCH))
     np.testing.assert_allclose(
         run.data["epoch"], np.arange(STEPS + 1) / steps_per_epoch, rtol=0, atol=1e-12
     )
@@ -101,9 +100,8 @@ def _report_row(out: str, label: str, topology: str, run) -> None:
     """The report's row for this run: the label, the topology and the mean-over-workers metric (by
     hand)."""
     epoch, accuracy = run.data["epoch"], run.data["test_accuracy"]
-    window = (epoch > epoch.max() - 5) & (
-        epoch > 0
-    )  # shorter than 5 epochs: every evaluation after the first
+    # shorter than 5 epochs: every evaluation after the first
+    window = (epoch > epoch.max() - 5) & (epoch > 0)
     value = f"{100 * accuracy[window].mean(axis=0).mean():.1f}%"
     rows = [line.split() for line in out.splitlines()]
     wanted = [*label.split(), topology, value]

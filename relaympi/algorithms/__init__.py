@@ -18,6 +18,7 @@ _HOME = {
     "check_combination": "registry",
     "check_topology_fits_world": "registry",
     "default_topology": "registry",
+    "needs_momentum": "registry",
     "get_algorithm_class": "registry",
     "make_algorithm": "registry",
     "ALGORITHM_OPTIONS": "registry",
@@ -60,5 +61,6 @@ __all__ = [
     "get_algorithm_class",
     "lr_correction",
     "make_algorithm",
+    "needs_momentum",
     "round_id",
 ]

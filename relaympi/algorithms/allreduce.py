@@ -31,7 +31,6 @@ class AllReduce(RangedAlgorithm):
     name = "allreduce"
     summary = "centralized baseline: averaged gradients"
     heal_rule = "the fixed-tree sum over the survivors (no other state)"
-    default_topology = "fully-connected"
     topologies = FULLY_CONNECTED
     matrix_form = AllReduceMatrix
 

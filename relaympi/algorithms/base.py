@@ -172,11 +172,12 @@ class Algorithm(ABC):
     The local optimizer turns the gradient into the local update u(t) (x(t+1/2) = x(t) + u(t));
     the algorithm decides what is communicated and how models are combined.
 
-    A class declares what it accepts (``default_topology``, ``topologies``, ``needs_momentum``) and
-    ``check`` refuses anything else; ``matrix_form`` is its vectorized form (and its behaviour
-    under lost messages), ``heal_rule`` what it does over the survivors of a lost worker. The rest
-    of its declaration is its line in relaympi.algorithms.registry (``Declared``: its label, its
-    options and how it communicates); tests/test_algorithm_declarations.py checks both. Its options
+    A class declares what it accepts (``topologies``) and ``check`` refuses anything else;
+    ``matrix_form`` is its vectorized form (and its behaviour under lost messages), ``heal_rule``
+    what it does over the survivors of a lost worker. The rest of its declaration is its line in
+    relaympi.algorithms.registry (``Declared``, torch-free: its label, its options, how it
+    communicates, its default topology and whether it needs momentum);
+    tests/test_algorithm_declarations.py checks both. Its options
     class is also the type of its ``options``. Every algorithm is built by this constructor; a
     subclass builds its own state in ``_setup``.
 
@@ -199,13 +200,13 @@ class Algorithm(ABC):
         AlgorithmError: ``check`` refuses the topology, optimizer or options.
 
     Example:
-        A new algorithm: declare what it accepts, then its step (and add it to the registry).
+        A new algorithm: declare what it accepts, then its step (and add its line to the registry,
+        with ``default_topology="fully-connected"``).
 
         ```python
         class Average(Algorithm):
             name = "average"
             summary = "the workers' mean, every step"
-            default_topology = "fully-connected"
             topologies = FULLY_CONNECTED
             matrix_form = AllReduceMatrix
             heal_rule = "the mean over the survivors"
@@ -218,10 +219,7 @@ class Algorithm(ABC):
 
     name: ClassVar[str]
     summary: ClassVar[str]  # what it is, in one line (the docs' algorithm table)
-    # the paper's topology for it (Table "Motivation of topology choices")
-    default_topology: ClassVar[str]
     topologies: ClassVar[Topologies]  # the topologies it takes (SPANNING_TREES, ... or its own)
-    needs_momentum: ClassVar[bool] = False  # only SGD with momentum > 0 as the local optimizer
     matrix_form: ClassVar[type[MatrixForm]]
     # --on-failure continue: what this algorithm does over the survivors of a lost worker. Every
     # algorithm is built again by its constructor from each survivor's model (its state starts
@@ -235,7 +233,8 @@ class Algorithm(ABC):
     @classmethod
     def check(cls, topology: Topology, optimizer: OptimizerConfig, options: Options) -> None:
         """Raise AlgorithmError unless this algorithm runs on ``topology`` with this optimizer and
-        options.
+        options (what its registry line declares, such as ``needs_momentum``, is checked by
+        ``relaympi.algorithms.check_combination``).
 
         Args:
             topology: the topology to run on.
@@ -246,11 +245,6 @@ class Algorithm(ABC):
             AlgorithmError: the combination is refused; the message names the allowed choices.
         """
         cls.topologies.check(cls.name, topology)
-        if cls.needs_momentum and (optimizer.name != "sgd" or not optimizer.momentum):
-            raise AlgorithmError(
-                f"{cls.name} needs --optimizer sgd with --momentum > 0 (got "
-                f"{optimizer.name}, momentum {optimizer.momentum})"
-            )
 
     def __init__(
         self,

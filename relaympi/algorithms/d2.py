@@ -84,7 +84,6 @@ class D2(RangedAlgorithm):
         "D² weights rebuilt for the survivors' graph; the correction restarts at zero, so the "
         "first step after the heal is D²'s first step"
     )
-    default_topology = "ring"
     topologies = ONE_GRAPH
     matrix_form = D2Matrix
     options: D2Options

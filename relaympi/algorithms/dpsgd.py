@@ -33,7 +33,6 @@ class DPSGD(RangedAlgorithm):
     name = "dpsgd"
     summary = "D-PSGD, Metropolis–Hastings gossip (1/3 on a ring)"
     heal_rule = "gossip weights rebuilt for the survivors' graph (it has no other state)"
-    default_topology = "ring"
     topologies = GOSSIP_GRAPHS
     matrix_form = DPSGDMatrix
 

@@ -50,7 +50,6 @@ class GradientTracking(RangedAlgorithm):
         "gossip weights rebuilt for the survivors' graph; the correction restarts at zero, so the "
         "corrections sum to zero over the survivors (the tracker's invariant)"
     )
-    default_topology = "ring"
     topologies = GOSSIP_GRAPHS
     matrix_form = GradientTrackingMatrix
 

@@ -39,7 +39,6 @@ class Isolated(RangedAlgorithm):
     name = "isolated"
     summary = "every worker trains alone on its own shard, no communication: the floor"
     heal_rule = "nothing to rebuild: each survivor goes on alone (it has no other state)"
-    default_topology = NOMINAL_TOPOLOGY
     topologies = Topologies(f"none (it runs on the nominal `{NOMINAL_TOPOLOGY}`)", _not_nominal)
     matrix_form = IsolatedMatrix
 

@@ -51,9 +51,7 @@ class QuasiGlobalMomentum(RangedAlgorithm):
         "gossip weights rebuilt for the survivors' graph; the quasi-global momentum restarts at "
         "zero (it followed the averaged model of the old neighbourhood)"
     )
-    default_topology = "ring"
     topologies = GOSSIP_GRAPHS
-    needs_momentum = True  # quasi-global *momentum*: meaningless without it
     matrix_form = QuasiGlobalMomentumMatrix
 
     def _setup(self, x0: torch.Tensor) -> None:

@@ -9,7 +9,7 @@ communicates. A new algorithm is its module and one line here.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, make_dataclass
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import TYPE_CHECKING, Any
 
 from relaympi.algorithms.options import (
@@ -69,9 +69,10 @@ NO_COMMUNICATION = Communication("sends no messages", lossy=False, placed=False)
 @dataclass(frozen=True)
 class Declared:
     """An algorithm's line in the registry: what the rest of the code knows of it without
-    importing it (torch-free). Its class declares the rest (``Algorithm``: the topologies it
-    takes, its default topology, its matrix form and behaviour under loss, its heal rule);
-    tests/test_algorithm_declarations.py checks that every algorithm declares everything.
+    importing it (torch-free: the configuration, `--help` and the refusals before torch read it).
+    Its class declares the rest (``Algorithm``: the topologies it takes, its matrix form and
+    behaviour under loss, its heal rule); tests/test_algorithm_declarations.py checks that every
+    algorithm declares everything.
 
     Attributes:
         cls: its ``Algorithm`` subclass as ``"package.module:Class"`` (imported on first use).
@@ -79,33 +80,58 @@ class Declared:
         options: its options class (relaympi.algorithms.options); ``NoOptions`` without any.
         communication: how it communicates (``MESSAGES``, ``COLLECTIVE``, ``NO_COMMUNICATION``
             or a ``Communication`` of its own).
+        default_topology: the topology it runs on without ``--topology`` (the paper's, table
+            "Motivation of topology choices"); one its class's ``topologies`` take.
+        needs_momentum: it takes only SGD with momentum > 0 as the local optimizer.
     """
 
     cls: str
     label: str
     options: type[Options] = NoOptions
     communication: Communication = MESSAGES
+    default_topology: str = field(kw_only=True)
+    needs_momentum: bool = field(default=False, kw_only=True)
 
 
 # name -> its declaration, in the command line's and the report's order. A new algorithm is its
 # module and one line here
 _DECLARED: dict[str, Declared] = {
     "allreduce": Declared(
-        "relaympi.algorithms.allreduce:AllReduce", "All-reduce", communication=COLLECTIVE
+        "relaympi.algorithms.allreduce:AllReduce",
+        "All-reduce",
+        communication=COLLECTIVE,
+        default_topology="fully-connected",
     ),
-    "relay": Declared("relaympi.algorithms.relay:RelaySGD", "RelaySGD", RelaySGDOptions),
+    "relay": Declared(
+        "relaympi.algorithms.relay:RelaySGD",
+        "RelaySGD",
+        RelaySGDOptions,
+        default_topology="double-binary-trees",
+    ),
     "relay-grad": Declared(
-        "relaympi.algorithms.relay:RelaySGDGrad", "RelaySGD/Grad", RelaySumOptions
+        "relaympi.algorithms.relay:RelaySGDGrad",
+        "RelaySGD/Grad",
+        RelaySumOptions,
+        default_topology="double-binary-trees",
     ),
-    "dpsgd": Declared("relaympi.algorithms.dpsgd:DPSGD", "D-PSGD"),
+    "dpsgd": Declared("relaympi.algorithms.dpsgd:DPSGD", "D-PSGD", default_topology="ring"),
     "qgm": Declared(
-        "relaympi.algorithms.qgm:QuasiGlobalMomentum", "D-PSGD + quasi-global momentum"
+        "relaympi.algorithms.qgm:QuasiGlobalMomentum",
+        "D-PSGD + quasi-global momentum",
+        default_topology="ring",
+        needs_momentum=True,  # quasi-global *momentum*: meaningless without it
     ),
-    "d2": Declared("relaympi.algorithms.d2:D2", "D2", D2Options),
-    "gt": Declared("relaympi.algorithms.gt:GradientTracking", "Gradient tracking"),
-    "sgp": Declared("relaympi.algorithms.sgp:SGP", "SGP"),
+    "d2": Declared("relaympi.algorithms.d2:D2", "D2", D2Options, default_topology="ring"),
+    "gt": Declared(
+        "relaympi.algorithms.gt:GradientTracking", "Gradient tracking", default_topology="ring"
+    ),
+    "sgp": Declared("relaympi.algorithms.sgp:SGP", "SGP", default_topology="exponential"),
+    # its nominal topology: it sends nothing, so no other one would mean anything
     "isolated": Declared(
-        "relaympi.algorithms.isolated:Isolated", "Isolated", communication=NO_COMMUNICATION
+        "relaympi.algorithms.isolated:Isolated",
+        "Isolated",
+        communication=NO_COMMUNICATION,
+        default_topology="fully-connected",
     ),
 }
 
@@ -180,7 +206,7 @@ def algorithm_options(algo: str, options: Options | Mapping[str, Any] | None = N
 
 
 def default_topology(algo: str) -> str:
-    """The paper's topology for ``algo`` (e.g. "double-binary-trees" for relay).
+    """The paper's topology for ``algo`` (e.g. "double-binary-trees" for relay), torch-free.
 
     Args:
         algo: one of ALGORITHM_NAMES.
@@ -191,7 +217,22 @@ def default_topology(algo: str) -> str:
     Raises:
         AlgorithmError: an unknown algorithm.
     """
-    return get_algorithm_class(algo).default_topology
+    return DECLARED[algo].default_topology
+
+
+def needs_momentum(algo: str) -> bool:
+    """Whether ``algo`` takes only SGD with momentum > 0 as its local optimizer (torch-free).
+
+    Args:
+        algo: one of ALGORITHM_NAMES.
+
+    Returns:
+        True for an algorithm declared ``needs_momentum``.
+
+    Raises:
+        AlgorithmError: an unknown algorithm.
+    """
+    return DECLARED[algo].needs_momentum
 
 
 def get_algorithm_class(algo: str) -> type[Algorithm]:
@@ -227,6 +268,11 @@ def check_combination(
         AlgorithmError: the combination is refused; the message names the allowed choices.
     """
     get_algorithm_class(algo).check(topology, optimizer, algorithm_options(algo, options))
+    if needs_momentum(algo) and (optimizer.name != "sgd" or not optimizer.momentum):
+        raise AlgorithmError(
+            f"{algo} needs --optimizer sgd with --momentum > 0 (got "
+            f"{optimizer.name}, momentum {optimizer.momentum})"
+        )
 
 
 def algorithm_table() -> str:
@@ -243,12 +289,12 @@ def algorithm_table() -> str:
     ]
     for name, declared in DECLARED.items():
         cls = get_algorithm_class(name)
-        what = cls.summary + (" (needs `--momentum`)" if cls.needs_momentum else "")
+        what = cls.summary + (" (needs `--momentum`)" if declared.needs_momentum else "")
         options = ", ".join(
             f"`--{option.replace('_', '-')}`" for option in option_names(declared.options)
         )
         rows.append(
-            f"| `{name}` | {what} | {cls.topologies.what} | `{cls.default_topology}` | "
+            f"| `{name}` | {what} | {cls.topologies.what} | `{declared.default_topology}` | "
             f"{declared.communication.what} | {options or 'none'} | {declared.label} |"
         )
     return "\n".join(rows) + "\n"
@@ -309,6 +355,8 @@ def make_algorithm(
         run_local(4, worker)
         ```
     """
-    cls = get_algorithm_class(algo)
     check_topology_fits_world(topology, comm.world_size)
-    return cls(comm, topology, optimizer, x0, algorithm_options(algo, options))
+    check_combination(algo, topology, optimizer.config, options)
+    return get_algorithm_class(algo)(
+        comm, topology, optimizer, x0, algorithm_options(algo, options)
+    )

@@ -225,7 +225,6 @@ class RelaySGD(_RelayedSteps):
         "relay buffers and counters restart at zero over the survivors' trees: each worker relays "
         "only what the survivors sent since, and the counters keep the average normalized"
     )
-    default_topology = "double-binary-trees"
     topologies = SPANNING_TREES
     matrix_form = RelaySGDMatrix
     options: RelaySGDOptions
@@ -312,7 +311,6 @@ class RelaySGDGrad(_RelayedSteps):
     heal_rule = (
         "relay buffers and counters restart at zero over the survivors' trees, as RelaySGD's"
     )
-    default_topology = "double-binary-trees"
     topologies = SPANNING_TREES
     matrix_form = RelaySGDGradMatrix
 

@@ -191,9 +191,8 @@ class RelaySum:
         c, coords = layer.chunks[j], layer.coords(j)
         if c.stop <= layer.size:  # payload only
             return self._parcel[coords]
-        if (
-            self._storage is not None and layer.block.stop == self.numel
-        ):  # storage index = flat index + 1
+        # storage index = flat index + 1
+        if self._storage is not None and layer.block.stop == self.numel:
             return self._storage[coords.start + 1 : self.numel + 2]
         if layer.tail is None:  # the last layer's, for a parcel without spare slots
             layer.tail = self._tail(c)
@@ -275,9 +274,8 @@ class RelaySum:
             if self.in_place and len(layer.neighbors) >= 2:  # posted with each chunk's send
                 continue
             into = layer.arrivals
-            for j in reversed(
-                range(len(layer.chunks))
-            ):  # receives first, so every chunk can land as soon as it is sent
+            # receives first, so every chunk can land as soon as it is sent
+            for j in reversed(range(len(layer.chunks))):
                 c = layer.chunks[j]
                 request = self.comm.exchange(
                     {},
@@ -311,9 +309,8 @@ class RelaySum:
                 a, b = max(lo, coords.start), min(hi, coords.stop)
                 if a >= b:
                     continue
-                if (
-                    prepare is not None
-                ):  # (with the transport progressing between blocks, as in _assemble)
+                # (with the transport progressing between blocks, as in _assemble)
+                if prepare is not None:
                     for piece in range(a, b, self._progress_block):
                         if piece > a and self._last_request is not None:
                             self._last_request.test()
@@ -407,9 +404,8 @@ class RelaySum:
                         for r, peer in enumerate(layer.neighbors):
                             if peer not in delivered:
                                 layer.arrivals[r].zero_()
-                    if (
-                        len(layer.neighbors) == 1 and landed is not None
-                    ):  # the chunk is a view of the parcel, which landed() may change
+                    # the chunk is a view of the parcel, which landed() may change
+                    if len(layer.neighbors) == 1 and landed is not None:
                         layer.sends[j].wait()
                 if j == len(layer.chunks) - 1:
                     nbar = self._nbar(layer, layer.arrivals)
@@ -496,9 +492,8 @@ class RelaySum:
                 part.div_(divisor)
             if after is not None:
                 after(coords)
-        if (
-            total is not None and c.stop > layer.size
-        ):  # the counter too, so that total is the whole sum of the rows
+        # the counter too, so that total is the whole sum of the rows
+        if total is not None and c.stop > layer.size:
             _sum_rows(rows, slice(layer.size, layer.size + 1), total[layer.size : layer.size + 1])
 
     @staticmethod

@@ -76,7 +76,6 @@ class SGP(RangedAlgorithm):
         "the exponential schedule over the survivors' count: hops 1, 2, 4, ... below it (mixing "
         "is exact after log2 n rounds only for a power of two); the push-sum weights stay 1"
     )
-    default_topology = "exponential"
     topologies = EXPONENTIAL
     matrix_form = SGPMatrix
 

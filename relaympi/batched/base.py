@@ -40,9 +40,8 @@ def to_device(
     """A host array or tensor (this step's weights, lost edges, counts, batch indices) on the device
     without waiting for it: a plain copy to a GPU synchronizes the stream, so the host could no
     longer run ahead."""
-    if (
-        isinstance(values, torch.Tensor) and values.device.type != "cpu"
-    ):  # already on a device (a task that batches there)
+    # already on a device (a task that batches there)
+    if isinstance(values, torch.Tensor) and values.device.type != "cpu":
         return values.to(device=device, dtype=dtype)
     host = torch.as_tensor(
         values if isinstance(values, torch.Tensor) else np.ascontiguousarray(values), dtype=dtype

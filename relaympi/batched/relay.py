@@ -26,15 +26,12 @@ class _Parity:
     leaf_rows: slice  # the rows received by leaves (contiguous),
     leaf_nodes: torch.Tensor  # and their receivers, row by row
     relay_rows: slice  # the rows received by workers of degree >= 2 (contiguous)
-    sums: list[
-        tuple[slice, torch.Tensor]
-    ]  # relay_rows in runs with distinct receivers; the receivers' rows of total
-    slots: list[
-        torch.Tensor
-    ]  # slot r: for total's rows 0, 1, ..., the row of the r-th message that worker received
-    received: list[
-        tuple[slice, torch.Tensor]
-    ]  # all rows in runs with distinct receivers; the receivers
+    # relay_rows in runs with distinct receivers; the receivers' rows of total
+    sums: list[tuple[slice, torch.Tensor]]
+    # slot r: for total's rows 0, 1, ..., the row of the r-th message that worker received
+    slots: list[torch.Tensor]
+    # all rows in runs with distinct receivers; the receivers
+    received: list[tuple[slice, torch.Tensor]]
 
 
 @dataclass
@@ -156,10 +153,8 @@ def _parity(
     row_of = np.empty_like(edges)
     row_of[edges] = np.arange(len(edges))
     leaf_rows, relay_rows = _block(degree[receivers] == 1), _block(degree[receivers] > 1)
-    from_leaves = [
-        range(relay_rows.start, inner.start),
-        range(inner.stop, relay_rows.stop),
-    ]  # one of them empty
+    # one of them empty
+    from_leaves = [range(relay_rows.start, inner.start), range(inner.stop, relay_rows.stop)]
     relay_order = [inner, *from_leaves]
     position = np.empty(len(degree), dtype=np.int64)
     position[relays] = np.arange(len(relays))

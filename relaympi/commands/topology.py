@@ -151,10 +151,11 @@ def _cluster_plan(
         schedule = ExponentialSchedule(n)
         crossing = [nodes[schedule.send_peers(k)] != nodes for k in range(schedule.period)]
         per_node = np.stack([np.bincount(nodes[c], minlength=plan["nodes"]) for c in crossing])
+        # step t runs rounds 2t and 2t + 1
         steps = [
             per_node[(2 * t) % schedule.period] + per_node[(2 * t + 1) % schedule.period]
             for t in range(schedule.period)
-        ]  # step t runs rounds 2t and 2t + 1
+        ]
         plan["_inter_node_sends"] = [int(c.sum()) for c in crossing]
         most = int(max(s.max() for s in steps)) * model_size * dtype_bytes
     else:

@@ -1,5 +1,7 @@
 """The parts of the flags' texts and choices that come from elsewhere: each task's and algorithm's
-defaults and names, read when --help or the flag table is shown (so config imports no task)."""
+defaults and names, read when --help or the flag table is shown (so config imports no task). All of
+it is torch-free: the tasks' defaults (relaympi.tasks.defaults) and the algorithms' registry lines,
+never their classes, so `--help` starts without torch."""
 
 from __future__ import annotations
 
@@ -25,11 +27,11 @@ def per_task(
     attribute: str, show: Callable[[Any], str] = _number, skip: tuple[str, ...] = ()
 ) -> str:
     """'digits 8, cifar10 32, ...': a TaskDefaults value per task."""
-    from relaympi.tasks import TASKS
+    from relaympi.tasks.defaults import TASK_DEFAULTS
 
     return ", ".join(
-        f"{task} {show(getattr(cls.defaults, attribute))}"
-        for task, cls in TASKS.items()
+        f"{task} {show(getattr(defaults, attribute))}"
+        for task, defaults in TASK_DEFAULTS.items()
         if task not in skip
     )
 
@@ -43,16 +45,15 @@ def _eval_default(defaults: Any) -> str:
 
 def topology() -> str:
     from relaympi.algorithms import ALGORITHM_NAMES, default_topology
-    from relaympi.tasks import TASKS
+    from relaympi.tasks.defaults import DEFAULT_TOPOLOGY_BY_ALGO
 
     by_topology: dict[str, list[str]] = {}
     for algo in ALGORITHM_NAMES:
         by_topology.setdefault(default_topology(algo), []).append(algo)
     defaults = ", ".join(f"{'/'.join(algos)} {name}" for name, algos in by_topology.items())
     tasks = ""
-    for task, cls in TASKS.items():  # a task's own topology for an algorithm
-        if own := cls.default_topology_by_algo:
-            tasks += f"; task {task}: " + ", ".join(f"{a} {t}" for a, t in own.items())
+    for task, own in DEFAULT_TOPOLOGY_BY_ALGO.items():  # a task's own topology for an algorithm
+        tasks += f"; task {task}: " + ", ".join(f"{a} {t}" for a, t in own.items())
     return (
         f"communication graph: {', '.join(TOPOLOGY_NAMES)} (exponential and "
         "one-peer-exponential for n a power of two, alternating-ring for n even, "
@@ -63,9 +64,9 @@ def topology() -> str:
 
 
 def momentum() -> str:
-    from relaympi.algorithms import ALGORITHMS
+    from relaympi.algorithms import DECLARED
 
-    needing = "/".join(name for name, cls in ALGORITHMS.items() if cls.needs_momentum)
+    needing = "/".join(name for name, declared in DECLARED.items() if declared.needs_momentum)
     return (
         "local momentum, the paper's Nesterov form unless `--no-nesterov`; "
         f"{task_default('momentum')} (`--algo {needing}`: 0.9 where that is 0)"
@@ -73,13 +74,13 @@ def momentum() -> str:
 
 
 def eval_every() -> str:
-    from relaympi.tasks import TASKS
+    from relaympi.tasks.defaults import TASK_DEFAULTS
 
     return (
         "steps K between evaluations, at steps 0, K, 2K, ... and always at the last step (a "
         "resumed run too), and between checkpoints (with `--checkpoint-dir`: at K, 2K, ... "
         "before the last step); task default: "
-        + ", ".join(f"{task} {_eval_default(cls.defaults)}" for task, cls in TASKS.items())
+        + ", ".join(f"{task} {_eval_default(d)}" for task, d in TASK_DEFAULTS.items())
     )
 
 

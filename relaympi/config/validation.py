@@ -13,15 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from relaympi.algorithms.options import option_names
-from relaympi.algorithms.registry import ALGORITHM_NAMES, AlgorithmOptions
+from relaympi.algorithms.registry import ALGORITHM_NAMES, AlgorithmOptions, default_topology
 from relaympi.config.applies import not_applicable
 from relaympi.config.flags import ConfigError
 from relaympi.config.run_config import AUTOCAST_DTYPES, BACKENDS, MAX_SEED, PLACEMENTS, RunConfig
 from relaympi.drops import DropPolicy
 from relaympi.optim_config import OptimizerConfig
 from relaympi.tasks import TASK_NAMES
+from relaympi.tasks.defaults import default_topology_for
 from relaympi.tasks.quadratics import QuadraticsSpec
-from relaympi.topology import TOPOLOGY_NAMES
+from relaympi.topology import TOPOLOGY_NAMES, TopologyError, build
 
 
 def _positive(name: str, value: float | None, allow_zero: bool = False) -> None:
@@ -208,9 +209,8 @@ def _check_writable_dir(flag: str, path: Path) -> None:
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{flag} {path} exists and is not a directory")
     existing = path.absolute()
-    while (
-        not existing.exists()
-    ):  # the nearest existing ancestor is where mkdir would create the rest
+    # the nearest existing ancestor is where mkdir would create the rest
+    while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
         raise ConfigError(f"{flag} {path}: {existing} is not a directory")
@@ -263,3 +263,54 @@ def _check_inputs_not_outputs(cfg: RunConfig) -> None:
                     f"{_flag(a)} and {_flag(b)} are the same file {getattr(cfg, a)}: "
                     f"{what}; choose another {_flag(b)}"
                 )
+
+
+def run_topology(cfg: RunConfig) -> str:
+    """The topology a run uses: --topology, else its task's for its algorithm, else its
+    algorithm's default (torch-free).
+
+    Args:
+        cfg: the run's configuration (its task and algorithm known).
+
+    Returns:
+        A topology name, as ``relaympi.topology.build`` takes it.
+    """
+    return cfg.topology or default_topology_for(cfg.task, cfg.algo) or default_topology(cfg.algo)
+
+
+def topology_refusal(name: str, world_size: int, where: str, exc: TopologyError) -> ConfigError:
+    """The usage error of a topology that cannot be built for the run's worker count.
+
+    Args:
+        name: the run's topology.
+        world_size: its worker count.
+        where: what else shaped it, as words after the count (" and --placement nodes"), or "".
+        exc: why the topology refused.
+
+    Returns:
+        The one-line error to raise.
+    """
+    hint = "; one worker is the centralized baseline: --algo allreduce" if world_size == 1 else ""
+    return ConfigError(f"topology {name!r} with {world_size} workers{where}: {exc}{hint}")
+
+
+def check_world_size(cfg: RunConfig, world_size: int) -> None:
+    """Refuse (ConfigError) a run whose topology cannot be built for ``world_size`` workers (SGP's
+    exponential schedule on 6, say) before torch loads: under mpirun every rank would import it
+    first, and the plan would only then find the count wrong. A run with --checkpoint-dir is left
+    to the plan: it may resume the survivors of a larger run on their first count's topology.
+
+    Args:
+        cfg: the run's configuration.
+        world_size: its worker count (--workers, or the ranks the launcher started).
+
+    Raises:
+        ConfigError: the topology refuses the count; the same line the plan would give.
+    """
+    if cfg.checkpoint_dir is not None:
+        return
+    name = run_topology(cfg)
+    try:
+        build(name, world_size)
+    except TopologyError as exc:
+        raise topology_refusal(name, world_size, "", exc) from None

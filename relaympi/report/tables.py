@@ -95,9 +95,8 @@ class Dimension:
     """A RunSummary field that tables are grouped by or spread across in columns."""
 
     name: str  # the RunSummary attribute
-    part: Callable[
-        [Any], tuple[str, Any]
-    ]  # its piece of a table's title, (key, value); value None: left out
+    # its piece of a table's title, (key, value); value None: left out
+    part: Callable[[Any], tuple[str, Any]]
     slug: Callable[[Any], str]  # its piece of a table's file name ("": left out)
     label: Callable[[Any], str]  # its column header
 

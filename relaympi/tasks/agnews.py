@@ -15,18 +15,10 @@ import torch
 from torch import nn
 
 from relaympi.data.paths import fetch_hint
-from relaympi.tasks.base import ClassificationTask, TaskDefaults, TaskError, TaskOptions, lr_column
+from relaympi.tasks.base import ClassificationTask, TaskDefaults, TaskError, TaskOptions
+from relaympi.tasks.defaults import AGNEWS
 
 NUM_CLASSES = 4  # World, Sports, Business, Sci/Tech
-# The paper's tuned Adam learning rates at alpha 0.1, 16 workers: appendix table "Tuned learning
-# rates used for AG News / DistilBERT" (tab:apx:bert-lr); (algo, with momentum) -> {alpha: lr}.
-# The paper has no SGP row: sgp runs with the task's lr.
-TUNED_LR: dict[tuple[str, bool], dict[float, float]] = {
-    ("allreduce", False): {0.1: 3e-5},
-    ("relay", False): {0.1: 9e-4},
-    ("dpsgd", False): {0.1: 1e-6},
-    ("qgm", False): {0.1: 1e-6},
-}
 WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
@@ -195,22 +187,7 @@ class AgNewsTask(ClassificationTask):
     """
 
     name: ClassVar[str] = "agnews"
-    # Paper: Adam (0.9, 0.999, 1e-8), constant lr, no warm-up, no weight decay, 5 epochs, 32
-    # per worker; learning rates tuned per algorithm (appendix table "Tuned learning rates ...
-    # AG News").
-    defaults: ClassVar[TaskDefaults] = TaskDefaults(
-        epochs=5,
-        batch_size=32,
-        lr=3e-5,
-        lr_by_algo=lr_column(TUNED_LR, alpha=0.1),
-        tuned_lr=TUNED_LR,
-        optimizer="adam",
-        momentum=0.0,
-        weight_decay=0.0,
-        metric="mean",
-    )
-    # Paper: "restricted to a ring (chain for RelaySGD)".
-    default_topology_by_algo: ClassVar[dict[str, str]] = {"relay": "chain"}
+    defaults: ClassVar[TaskDefaults] = AGNEWS
     max_length: ClassVar[int] = 128  # tokens per text, including [CLS] and [SEP]
 
     @classmethod

@@ -95,10 +95,9 @@ class Task(ABC):
     """
 
     name: ClassVar[str]
+    # its defaults, from relaympi.tasks.defaults (torch-free; so is the topology an algorithm
+    # runs on for it where that differs from the algorithm's own default)
     defaults: ClassVar[TaskDefaults]
-    # the topology an algorithm runs on for this task when it differs from the algorithm's
-    # own default
-    default_topology_by_algo: ClassVar[dict[str, str]] = {}
     # the run settings (flag names, as attributes of the run's config) that are this task's
     # own options
     option_names: ClassVar[tuple[str, ...]] = ()

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from relaympi.data.paths import fetch_hint
-from relaympi.tasks.base import ClassificationTask, TaskDefaults, TaskError, TaskOptions, lr_column
+from relaympi.tasks.base import ClassificationTask, TaskError, TaskOptions
+from relaympi.tasks.defaults import CIFAR10
 from relaympi.tasks.models import VGG11, parameter_bytes, seeded
 
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
@@ -33,24 +34,6 @@ PYTHON_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 PYTHON_TEST = "test_batch"
 _RECORD_BYTES = 1 + PIXELS_PER_IMAGE  # binary version: label byte, then the pixels
 
-# The paper's tuned learning rates for VGG-11, 16 workers: appendix table "Learning rates used
-# for Cifar-10 / VGG-11" (tab:apx:cifar-lr), (algo, with momentum) -> {alpha: lr}. The rows are
-# the table's lines ("+momentum", "+local momentum"; qgm is D-PSGD's "+quasi-global mom." line).
-# The paper tunes on a grid of powers of two and prints three decimals: its "0.013" for D² with
-# momentum at alpha .01 is 0.1 / 8 = 0.0125 (0.013 is on no power-of-two grid from 0.1 or 0.2).
-TUNED_LR: dict[tuple[str, bool], dict[float, float]] = {
-    ("allreduce", False): {1.0: 0.1, 0.1: 0.1, 0.01: 0.1},
-    ("allreduce", True): {1.0: 0.1, 0.1: 0.1, 0.01: 0.1},
-    ("relay", False): {1.0: 1.2, 0.1: 0.6, 0.01: 0.3},
-    ("relay", True): {1.0: 0.6, 0.1: 0.3, 0.01: 0.15},
-    ("dpsgd", False): {1.0: 0.4, 0.1: 0.1, 0.01: 0.2},
-    ("qgm", True): {1.0: 0.1, 0.1: 0.025, 0.01: 0.05},
-    ("d2", False): {1.0: 0.2, 0.1: 0.2, 0.01: 0.1},
-    ("d2", True): {1.0: 0.05, 0.1: 0.05, 0.01: 0.0125},
-    ("sgp", False): {1.0: 0.4, 0.1: 0.2, 0.01: 0.2},
-    ("sgp", True): {1.0: 0.1, 0.1: 0.1, 0.01: 0.025},
-}
-
 
 class Cifar10Task(ClassificationTask):
     """CIFAR-10 classification with VGG-11, the paper's main deep-learning benchmark.
@@ -61,27 +44,7 @@ class Cifar10Task(ClassificationTask):
     """
 
     name = "cifar10"
-    # Appendix "Detailed experimental setup", Cifar-10/VGG-11 table: 200 epochs, 32
-    # samples per worker, Nesterov momentum 0.9, weight decay 1e-4, lr /10 at epochs 150
-    # and 180, linear warm-up over 5 epochs from 0; metric: worst worker.
-    # The trainer's default lr (lr_by_algo) is the alpha = 0.01 column of the paper's table with
-    # momentum; the table has no momentum row for plain D-PSGD, so dpsgd takes its SGD row (0.2).
-    # gt and relay-grad are not in the table and fall back to lr.
-    defaults = TaskDefaults(
-        epochs=200,
-        batch_size=32,
-        lr=0.1,
-        lr_by_algo=lr_column(TUNED_LR, alpha=0.01),
-        tuned_lr=TUNED_LR,
-        optimizer="sgd",
-        momentum=0.9,
-        weight_decay=1e-4,
-        milestones=(150, 180),
-        warmup_epochs=5,
-        warmup_from=0.0,
-        eval_every_epochs=1.0,
-        metric="worst",
-    )
+    defaults = CIFAR10
 
     def __init__(self, options: TaskOptions):
         super().__init__(options)

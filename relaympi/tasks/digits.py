@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from relaympi.tasks.base import ClassificationTask, TaskDefaults, TaskOptions
+from relaympi.tasks.base import ClassificationTask, TaskOptions
+from relaympi.tasks.defaults import DIGITS
 from relaympi.tasks.models import digits_mlp, parameter_bytes, seeded
 
 # The train/test split is part of the task, not of a run: a constant seed gives every
@@ -39,34 +40,7 @@ class DigitsTask(ClassificationTask):
 
     name = "digits"
     train_size = 1438  # of sklearn's 1797 images (the constant split above)
-    # 1438 training images: with 16 workers and 8 samples each, one epoch is 12 steps, so 20 epochs
-    # are 240 steps; 16 workers take ~2 s of one CPU core (torch with one thread). lr 0.1 is a
-    # placeholder until tuned per algorithm (centralized, i.e. all-reduce over 16 x 8 samples: 0.1
-    # reaches ~92% test accuracy, 0.3 ~97%). Learning rates: the best of lr in {0.05, 0.1, ..., 3.2}
-    # (x2 grid) for 16 workers, alpha = 0.01, 20 epochs, seed 0, plain SGD (qgm: momentum 0.9), by
-    # the paper's worst-worker metric (`python -m relaympi.report`): allreduce 96.5%, relay-grad
-    # 97.2%, qgm 96.0%, relay 94.1%, gt 92.4%, d2 91.9%, sgp 85.6%, dpsgd 73.5%. The grid loop is in
-    # docs/benchmarks.md ("Learning-rate grid on digits").
-    defaults = TaskDefaults(
-        epochs=20,
-        batch_size=8,
-        lr=0.1,
-        lr_by_algo={
-            "allreduce": 0.4,
-            "relay": 1.6,
-            "relay-grad": 1.6,
-            "dpsgd": 0.4,
-            "qgm": 0.4,
-            "d2": 0.1,
-            "gt": 0.8,
-            "sgp": 0.1,
-        },
-        optimizer="sgd",
-        momentum=0.0,
-        weight_decay=0.0,
-        eval_every_epochs=1.0,
-        metric="worst",
-    )
+    defaults = DIGITS
 
     def __init__(self, options: TaskOptions):
         super().__init__(options)

@@ -16,6 +16,7 @@ from torch import nn
 
 from relaympi.data.paths import fetch_hint
 from relaympi.tasks.base import ClassificationTask, TaskDefaults, TaskError, TaskOptions
+from relaympi.tasks.defaults import IMAGENET
 from relaympi.tasks.evonorm import resnet20_evonorm
 
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png")
@@ -213,21 +214,7 @@ class ImageNetTask(ClassificationTask):
     """
 
     name: ClassVar[str] = "imagenet"
-    # Paper appendix "ImageNet": 90 epochs, 32 per worker, Nesterov momentum 0.9, wd 1e-4,
-    # /10 at 30, 60, 80. lr = 0.1 * (32 * 16) / 256 = 0.2 (per worker, for 16 workers); warm-up
-    # "step-wise linearly within 5 epochs, starting from 0.1": 0.1 / 0.2 = 0.5 of the target lr.
-    defaults: ClassVar[TaskDefaults] = TaskDefaults(
-        epochs=90,
-        batch_size=32,
-        lr=0.2,
-        optimizer="sgd",
-        momentum=0.9,
-        weight_decay=1e-4,
-        milestones=(30, 60, 80),
-        warmup_epochs=5,
-        warmup_from=0.5,
-        metric="mean",
-    )
+    defaults: ClassVar[TaskDefaults] = IMAGENET
     image_size: ClassVar[int] = 224  # training crop and evaluation crop, pixels
     resize_size: ClassVar[int] = 256  # evaluation: shorter side before the centre crop
 

@@ -26,7 +26,8 @@ from typing import Any, ClassVar
 import h5py
 import numpy as np
 
-from relaympi.tasks.base import Task, TaskDefaults
+from relaympi.tasks.base import Task
+from relaympi.tasks.defaults import QUADRATICS
 
 # What run files (root attribute relaympi.results.schema.QUADRATICS_CONVENTION_ATTR) and problem
 # files (attribute "objective") record: the loss, gradient and heterogeneity every number is in.
@@ -362,15 +363,7 @@ class QuadraticsTask(Task):
     """
 
     name = "quadratics"
-    defaults = TaskDefaults(
-        epochs=1,
-        batch_size=1,
-        lr=0.1,
-        momentum=0.0,
-        eval_every_epochs=1,
-        lr_tuned_workers=None,
-        evals_per_run=200,
-    )
+    defaults = QUADRATICS
 
     option_names: ClassVar[tuple[str, ...]] = (
         "problem_file",

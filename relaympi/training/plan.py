@@ -25,12 +25,13 @@ from relaympi.algorithms import (
     Options,
     check_combination,
     communication,
-    default_topology,
     get_algorithm_class,
     lr_correction,
+    needs_momentum,
 )
 from relaympi.comm import DropPolicy
 from relaympi.config import ConfigError, RunConfig
+from relaympi.config.validation import run_topology, topology_refusal
 from relaympi.data import task_dirs
 from relaympi.optim import OptimizerConfig
 from relaympi.tasks import Task, TaskOptions, get_task_class
@@ -280,24 +281,17 @@ def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None)
     nodes = run_nodes(cfg, world_size, nodes)
     task = get_task_class(cfg.task)
     try:
-        algorithm = get_algorithm_class(cfg.algo)
+        get_algorithm_class(cfg.algo)
     except AlgorithmError as exc:
         raise ConfigError(str(exc)) from exc
     defaults = task.defaults
     cfg = _with_data_dirs(cfg)
-    topo_name = (
-        cfg.topology or task.default_topology_by_algo.get(cfg.algo) or default_topology(cfg.algo)
-    )
+    topo_name = run_topology(cfg)
     try:
         placement, topology = placed_topology(topo_name, world_size, cfg.placement, nodes)
     except TopologyError as exc:
-        hint = (
-            "; one worker is the centralized baseline: --algo allreduce" if world_size == 1 else ""
-        )
         where = " and --placement nodes" if cfg.placement == "nodes" else ""
-        raise ConfigError(
-            f"topology {topo_name!r} with {world_size} workers{where}: {exc}{hint}"
-        ) from exc
+        raise topology_refusal(topo_name, world_size, where, exc) from exc
     asked = cfg
     cfg = replace(cfg, placement=placement)
     lr_warning = None
@@ -318,7 +312,7 @@ def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None)
         # is 0
         momentum=cfg.momentum
         if cfg.momentum is not None
-        else (0.9 if algorithm.needs_momentum and not defaults.momentum else defaults.momentum),
+        else (0.9 if needs_momentum(cfg.algo) and not defaults.momentum else defaults.momentum),
         optimizer=cfg.optimizer or defaults.optimizer,
         weight_decay=cfg.weight_decay if cfg.weight_decay is not None else defaults.weight_decay,
         batch_size=cfg.batch_size or defaults.batch_size,
