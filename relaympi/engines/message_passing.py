@@ -301,8 +301,10 @@ class RankMembership(PeerMembership):
         elif during == "exchange":  # once the next exchange's messages are posted
             post = comm._post
 
-            def post_then_vanish(sends: Any, recvs: Any, tag: int, chunk: int = 0) -> Any:
-                post(sends, recvs, tag, chunk)
+            def post_then_vanish(
+                sends: Any, recvs: Any, tag: int, chunk: int = 0, round: int = 0
+            ) -> Any:
+                post(sends, recvs, tag, chunk, round)
                 comm.vanish()
 
             comm._post = post_then_vanish  # type: ignore[method-assign]
