@@ -326,12 +326,12 @@ NEIGHBOURS_OF_1 = {
 @requires_mpirun
 @pytest.mark.parametrize("algo", ALGORITHMS)
 def test_a_late_rank_is_dropped_recorded_and_replayed_bit_for_bit(tmp_path: Path, algo) -> None:
-    """Rank 1 sleeps 0.6 s before its exchange at two steps, past a 0.15 s deadline: its
+    """Rank 1 sleeps 1 s before its exchange at two steps, past a 0.15 s deadline: its
     neighbours drop its messages of those steps (and whatever else the busy machine made late),
     and --replay-drops on --backend local gives every dataset of the MPI run but the timers, bit
     for bit (quadratics: float64)."""
     args = [*QUAD, "--algo", algo, *ALGORITHMS[algo], "--record-params", "--dim", "6"]
-    slow = f"1:{','.join(map(str, SLOW_STEPS))}:0.6"
+    slow = f"1:{','.join(map(str, SLOW_STEPS))}:1.0"
     mpi = run_train(
         [*args, "--message-deadline", "0.15", "--out", tmp_path / "mpi.h5"],
         mpi=4,
