@@ -262,6 +262,7 @@ class RunConfig:
                     f"--backend {c.get('backend')} has no wire to be late on; replay an MPI "
                     "run's late drops with --replay-drops RUN.h5"
                 ),
+                identity=False,  # where it runs is not the experiment
             ),
             Applies(
                 lambda c: c.get("overlap") is not True,
@@ -269,6 +270,7 @@ class RunConfig:
                     "--overlap sends a message in pieces, and a message must be late or on "
                     "time as a whole (use --no-overlap)"
                 ),
+                identity=False,
             ),
         ),
     )
@@ -288,6 +290,7 @@ class RunConfig:
                     "it replays an MPI run's late drops on --backend local or batched; on MPI, "
                     "--message-deadline makes them"
                 ),
+                identity=False,
             ),
         ),
     )
