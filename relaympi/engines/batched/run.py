@@ -233,7 +233,8 @@ class BatchedRun(TrainingLoop):
         self.nodes0 = tuple(plan.nodes or (0,) * self.n0)  # each original worker's node
         self.members = list(range(self.n0))  # the original id of each row of X, in order
         self.workers = range(self.n)
-        self._late_since: int | None = None  # --replay-drops: the step its late drops are written to
+        # --replay-drops: the step its late drops are written up to
+        self._late_since: int | None = None
         self.device = torch.device(device_for(cfg, 0))
         self.engine = make_engine(plan, self.device)
         if isinstance(self.engine, ModelEngine):  # for the chance-accuracy check
