@@ -20,7 +20,7 @@ from relaympi.config import ConfigError, RunConfig, parse_args
 from relaympi.results import RunFileError, RunWriter, read_run
 from relaympi.training.plan import replayed_late_drops
 from tests.algorithm_cases import cases
-from tests.conftest import matched, requires_mpirun, run_train
+from tests.conftest import PY, matched, requires_mpirun, requires_ulfm, run_train, run_ulfm
 from tests.test_algorithms_with_drops import STEPS, _message_passing, _oracle
 
 # the algorithms that take the deadline (d2 and the collective ones are refused), one case each,
@@ -365,3 +365,27 @@ def test_a_late_rank_is_dropped_recorded_and_replayed_bit_for_bit(tmp_path: Path
     clean = read_run(tmp_path / "clean.h5")
     assert not np.array_equal(clean.data["params"], recorded.data["params"])
     np.testing.assert_array_equal(clean.data["bytes_sent"], recorded.data["bytes_sent"])
+
+
+@pytest.mark.slow
+@requires_ulfm
+def test_a_heal_keeps_the_late_drops_of_the_steps_before_it(tmp_path: Path) -> None:
+    """Rank 3 is lost at the start of step 4, before the evaluation that would gather the late
+    drops of step 2: the survivors carry them over the heal, and those of step 6 follow."""
+    args = [*QUAD, "--eval-every", "2", "--algo", "dpsgd", "--topology", "ring"]
+    proc = run_ulfm(
+        [PY, "-m", "relaympi.train", *args, "--message-deadline", "0.15"]
+        + ["--on-failure", "continue", "--out", tmp_path / "run.h5"],
+        4,
+        env={"RELAYMPI_INJECT_FAILURE": "3:4", "RELAYMPI_INJECT_DELAY": "1:2,6:1.0"},
+    )
+    matched(r"completed: .*rank 3 \(\S+\) lost at step 4", proc.stdout + proc.stderr)
+    run = read_run(tmp_path / "run.h5")
+    assert run.late_drops is not None
+    assert {(step, s, d) for step, _, _, s, d in run.late_drops.tolist()} >= {
+        (2, 1, 0),
+        (2, 1, 2),
+        (6, 1, 0),
+        (6, 1, 2),
+    }
+    assert len(run.late_drops) == len({tuple(row) for row in run.late_drops.tolist()})

@@ -261,21 +261,22 @@ class MessagePassingRank(TrainingLoop):
         return bool(flags[0] > 0), bool(flags[1] > 0)
 
     def late_drops_since(self, before: int | None = None) -> list[tuple[int, ...]]:
-        """This rank's late drops since last asked, as run-file rows (step, round, tag, sender,
+        """This rank's late drops not yet in the run file, as its rows (step, round, tag, sender,
         receiver: original worker ids); ``before``: only those of steps before it."""
         rows = self.pending_late + [
             (round // ROUNDS_PER_STEP, round, tag, self.members[src], self.members[dst])
             for round, tag, src, dst in self.comm.late_drops
         ]
-        self.pending_late, self.comm.late_drops = [], []
         return [row for row in rows if before is None or row[0] < before]
 
     def record_late_drops(self) -> None:
         """Rank 0 appends every rank's late drops since the last evaluation to the run file
-        (collective), sorted, so that a replay writes the same rows in the same order."""
+        (collective), sorted, so that a replay writes the same rows in the same order. They are
+        forgotten only once gathered: a loss inside the gather leaves them to the heal."""
         if self.plan.cfg.message_deadline is None and self.plan.cfg.replay_drops is None:
             return
         everyone = self.comm.gather(self.late_drops_since())
+        self.pending_late, self.comm.late_drops = [], []
         if self.writer is not None and everyone is not None:
             rows = sorted(row for rows in everyone for row in rows)
             self.writer.add_late_drops(np.asarray(rows, dtype=np.int64).reshape(-1, 5))
@@ -372,7 +373,7 @@ class RankMembership(PeerMembership):
         old, self._shrunk = rank.comm, None
         rank.evaluator.carried_bytes += (float(old.bytes_sent.sum()), float(old.inter_node_bytes()))
         # the old world's late drops, but those of the step the survivors redo
-        rank.pending_late = rank.late_drops_since(before=step)
+        rank.pending_late, old.late_drops = rank.late_drops_since(before=step), []
         rank.members = [m for m in rank.members if m not in lost]  # lost: every shrink's since
         rank.comm, rank.rank, rank.n = new, new.rank, new.world_size
         rank.is_root = rank.rank == 0
