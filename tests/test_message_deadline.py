@@ -211,6 +211,10 @@ LOCAL = ["--backend", "local", "--workers", "3", "--task", "quadratics", "--step
         (["--message-deadline", "0.1", "--algo", "allreduce", "--backend", "mpi"], "collective"),
         (["--message-deadline", "0.1", "--algo", "d2", "--backend", "mpi"], "d2 has no sound"),
         (["--message-deadline", "0.1", "--overlap", "--backend", "mpi"], "use --no-overlap"),
+        (
+            ["--message-deadline", "0.1", "--relay-chunk", "64", "--backend", "mpi"],
+            "leave out --relay-chunk",
+        ),
         (["--message-deadline", "0", "--backend", "mpi"], "positive number of seconds, got 0"),
         (["--message-deadline", "nan", "--backend", "mpi"], "positive number of seconds, got nan"),
         (["--replay-drops", "run.h5", "--backend", "mpi"], "--message-deadline makes them"),

@@ -272,6 +272,14 @@ class RunConfig:
                 ),
                 identity=False,
             ),
+            Applies(
+                lambda c: c.get("relay_chunk") is None,
+                lambda c: (
+                    "--relay-chunk sends RelaySum's messages in pieces, and a message must be "
+                    "late or on time as a whole (leave out --relay-chunk)"
+                ),
+                identity=False,
+            ),
         ),
     )
     replay_drops: Path | None = flag_field(
