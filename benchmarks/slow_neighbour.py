@@ -29,24 +29,23 @@ from pathlib import Path
 
 import numpy as np
 
+from relaympi.launcher import launch
 from relaympi.results import read_run
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench-results" / "slow_neighbour"
-RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")  # MPICH (Hydra), Open MPI
 
 
 def _rank_of(pid: int) -> int | None:
-    """The MPI rank a process was launched as (from its environment), or None."""
+    """The rank a process was launched as (its launcher's variables, read as the trainer reads
+    them), or None for a process no launcher started."""
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return None
-    for entry in environ:
-        name, _, value = entry.decode(errors="replace").partition("=")
-        if name in RANK_VARIABLES:
-            return int(value)
-    return None
+    env = dict(entry.decode(errors="replace").partition("=")[::2] for entry in environ if entry)
+    found = launch(env)
+    return found.rank if found.launched else None
 
 
 def _descendants(root: int) -> list[int]:
