@@ -5,6 +5,8 @@ back past the deadline is dropped from its neighbours' step and the run replays 
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
 from pathlib import Path
 
 import h5py
@@ -20,7 +22,17 @@ from relaympi.config import ConfigError, RunConfig, parse_args
 from relaympi.results import RunFileError, RunWriter, read_run
 from relaympi.training.plan import replayed_late_drops
 from tests.algorithm_cases import cases
-from tests.conftest import PY, matched, requires_mpirun, requires_ulfm, run_train, run_ulfm
+from tests.conftest import (
+    PY,
+    ROOT,
+    env_for_subprocess,
+    matched,
+    mpirun,
+    requires_mpirun,
+    requires_ulfm,
+    run_train,
+    run_ulfm,
+)
 from tests.test_algorithms_with_drops import STEPS, _message_passing, _oracle
 
 # the algorithms that take the deadline (d2 and the collective ones are refused), one case each,
@@ -324,6 +336,56 @@ NEIGHBOURS_OF_1 = {
     "qgm": {0, 2},
     "gt": {0, 2},
 }
+
+
+LATE_SENDER = """
+import json, time
+import numpy as np
+from relaympi.comm import mpi_communicator
+
+comm = mpi_communicator(deadline=0.1)
+peer, rounds = 1 - comm.rank, []
+for round in range(4):
+    if comm.rank == 1 and round == 1:
+        time.sleep(0.6)  # rank 1's message of round 1 misses rank 0's deadline
+    got = np.full(3, -1.0)
+    sent = np.full(3, 10.0 * round + comm.rank)
+    arrived = comm.exchange({peer: sent}, {peer: got}, round=round).wait()
+    rounds.append([sorted(arrived), got.tolist()])
+    comm.barrier()  # the next round starts together (rank 0 would be early for every one)
+print(json.dumps({"rank": comm.rank, "rounds": rounds, "late": comm.late_drops}))
+"""
+
+
+@pytest.mark.slow
+@requires_mpirun
+def test_a_late_message_is_dropped_and_never_lands_in_a_later_round(tmp_path: Path) -> None:
+    program = tmp_path / "late.py"
+    program.write_text(LATE_SENDER)
+    proc = run_module_file(program)
+    found = {r["rank"]: r for r in map(json.loads, proc.stdout.split("\n")[:-1])}
+    assert found[0]["late"] == [[1, 0, 1, 0]], proc.stdout + proc.stderr[-2000:]
+    assert found[0]["rounds"] == [
+        [[1], [1.0] * 3],
+        [[], [-1.0] * 3],  # dropped: the buffer keeps its content
+        [[1], [21.0] * 3],  # round 2's own message, not round 1's late one
+        [[1], [31.0] * 3],
+    ]
+    assert found[1]["late"] == []  # rank 0's messages were there before rank 1 waited
+    assert found[1]["rounds"] == [[[0], [10.0 * r] * 3] for r in range(4)]
+
+
+def run_module_file(program: Path) -> subprocess.CompletedProcess:
+    """``mpirun -n 2 python program`` from the repository root, its output captured."""
+    return subprocess.run(
+        [mpirun(), "-n", "2", PY, str(program)],
+        cwd=ROOT,
+        env=env_for_subprocess(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
 
 
 @pytest.mark.slow
