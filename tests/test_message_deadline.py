@@ -317,6 +317,39 @@ def test_a_replay_of_another_run_exits_2_with_one_line(tmp_path: Path, capsys) -
     ]
 
 
+@pytest.mark.slow
+def test_the_batched_engine_replays_the_same_late_drops(tmp_path: Path) -> None:
+    """A recorded run's late drops (written here) replayed on --backend local and batched: the
+    same late_drops rows and bytes, the same numbers to rounding (the batched engine sums in
+    another order), and numbers that differ from a run without them."""
+    with _run_file(tmp_path / "rec.h5", world_size=4) as writer:
+        writer.add_late_drops(np.array([[1, 4, 0, 1, 0], [1, 4, 0, 1, 2], [5, 20, 0, 2, 3]]))
+    args = [*QUAD, "--algo", "relay", "--topology", "chain", "--record-params", "--workers", 4]
+    for backend in ("local", "batched"):
+        run_train(
+            [*args, "--backend", backend, "--replay-drops", tmp_path / "rec.h5"]
+            + ["--out", tmp_path / f"{backend}.h5"],
+            check=0,
+        )
+    run_train([*args, "--backend", "local", "--out", tmp_path / "clean.h5"], check=0)
+    local, batched = read_run(tmp_path / "local.h5"), read_run(tmp_path / "batched.h5")
+    assert local.late_drops is not None and batched.late_drops is not None
+    assert (
+        local.late_drops.tolist()
+        == batched.late_drops.tolist()
+        == [
+            [1, 4, 0, 1, 0],
+            [1, 4, 0, 1, 2],
+            [5, 20, 0, 2, 3],
+        ]
+    )
+    np.testing.assert_array_equal(local.data["bytes_sent"], batched.data["bytes_sent"])
+    np.testing.assert_allclose(local.data["params"], batched.data["params"], rtol=0, atol=1e-12)
+    clean = read_run(tmp_path / "clean.h5")
+    np.testing.assert_array_equal(clean.data["bytes_sent"], local.data["bytes_sent"])
+    assert np.abs(clean.data["params"] - local.data["params"]).max() > 1e-6
+
+
 # -- on MPI: a rank held back past the deadline --------------------------------------------------
 QUAD = ["--task", "quadratics", "--lr", "0.1", "--steps", "8", "--eval-every", "4"]
 SLOW_STEPS = (2, 5)
