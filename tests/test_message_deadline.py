@@ -350,6 +350,30 @@ def test_the_batched_engine_replays_the_same_late_drops(tmp_path: Path) -> None:
     assert np.abs(clean.data["params"] - local.data["params"]).max() > 1e-6
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["local", "batched"])
+def test_a_resumed_replay_keeps_the_late_drops_before_its_checkpoint(
+    tmp_path: Path, backend: str
+) -> None:
+    """Stopped at step 4 (between evaluations at 0 and 8) and resumed from its checkpoint, a
+    replay's run file holds every late drop once, as the uninterrupted replay's does."""
+    rows = [[1, 4, 0, 1, 0], [2, 8, 0, 2, 1], [5, 20, 0, 2, 3]]
+    with _run_file(tmp_path / "rec.h5", world_size=4) as writer:
+        writer.add_late_drops(np.array(rows))
+    args = [*QUAD[:4], "--steps", "8", "--eval-every", "8", "--algo", "relay"]
+    args += ["--topology", "chain", "--backend", backend, "--workers", 4]
+    args += ["--replay-drops", tmp_path / "rec.h5", "--checkpoint-every", "2"]
+    stopped = [*args, "--checkpoint-dir", tmp_path / "ckpt", "--out", tmp_path / "stopped.h5"]
+    proc = run_train(stopped, env={"RELAYMPI_INJECT_SIGNAL": "TERM:4"})
+    assert proc.returncode == 4, proc.stderr[-2000:]
+    run_train(stopped, check=0)
+    whole = [*args, "--checkpoint-dir", tmp_path / "ckpt2", "--out", tmp_path / "whole.h5"]
+    run_train(whole, check=0)
+    resumed, uninterrupted = read_run(tmp_path / "stopped.h5"), read_run(tmp_path / "whole.h5")
+    assert resumed.late_drops is not None and uninterrupted.late_drops is not None
+    assert resumed.late_drops.tolist() == uninterrupted.late_drops.tolist() == rows
+
+
 # -- on MPI: a rank held back past the deadline --------------------------------------------------
 QUAD = ["--task", "quadratics", "--lr", "0.1", "--steps", "8", "--eval-every", "4"]
 SLOW_STEPS = (2, 5)

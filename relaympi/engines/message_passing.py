@@ -269,10 +269,10 @@ class MessagePassingRank(TrainingLoop):
         ]
         return [row for row in rows if before is None or row[0] < before]
 
-    def record_late_drops(self) -> None:
-        """Rank 0 appends every rank's late drops since the last evaluation to the run file
-        (collective), sorted, so that a replay writes the same rows in the same order. They are
-        forgotten only once gathered: a loss inside the gather leaves them to the heal."""
+    def record_late_drops(self, step: int) -> None:
+        """Rank 0 appends every rank's late drops since last written to the run file (collective),
+        sorted, so that a replay writes the same rows in the same order. They are forgotten only
+        once gathered: a loss inside the gather leaves them to the heal."""
         if self.plan.cfg.message_deadline is None and self.plan.cfg.replay_drops is None:
             return
         everyone = self.comm.gather(self.late_drops_since())
@@ -282,7 +282,7 @@ class MessagePassingRank(TrainingLoop):
             self.writer.add_late_drops(np.asarray(rows, dtype=np.int64).reshape(-1, 5))
 
     def evaluate(self, step: int) -> None:
-        self.record_late_drops()
+        self.record_late_drops(step)
         train_loss = self.train_loss(self.workload.current_loss)
         assert isinstance(train_loss, float)  # one worker's: its workload's losses are floats
         row = self.evaluator.evaluate(

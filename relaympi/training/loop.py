@@ -177,6 +177,10 @@ class TrainingLoop(ABC):
     def agree(self, stop: bool, bad: bool) -> tuple[bool, bool]:
         """(stop, diverged) as every rank sees it."""
 
+    def record_late_drops(self, step: int) -> None:  # noqa: B027 - most runs have none
+        """Write the late drops of the steps before ``step`` not yet in the run file (collective):
+        at each evaluation, and before a checkpoint, so that a run resumed from it keeps them."""
+
     @abstractmethod
     def evaluate(self, step: int) -> None:
         """Evaluate every worker and append the run file's row (collective)."""
@@ -393,6 +397,7 @@ class TrainingLoop(ABC):
                 except Stopped as stop:
                     stopped = stop
                     if stop.status == "preempted" and self.checkpoints.enabled:
+                        self.record_late_drops(stop.step)
                         self.checkpoints.save(stop.step, self.state())
                 membership.end()  # nobody leaves before every worker is done
                 membership.step_agreed()  # a change at the last evaluation
@@ -435,6 +440,7 @@ class TrainingLoop(ABC):
             ):
                 self._settle_or_stop(pending)  # never checkpoint past a diverged step
                 membership.at("checkpoint", step)
+                self.record_late_drops(step)
                 self.checkpoints.save(step, self.state())
             failure = None if membership.active else self.injected_failure(step)
             if failure is not None:

@@ -532,14 +532,14 @@ class BatchedRun(TrainingLoop):
             **shared,
             **{name: spread(value) for name, value in self.engine.metrics().items()},
         }
-        self._record_late_drops(step)
+        self.record_late_drops(step)
         self.writer.append(row)
         self.log_evaluation(row, self.n)
 
-    def _record_late_drops(self, step: int) -> None:
-        """--replay-drops: the replayed late drops of the steps since the last evaluation, as the
+    def record_late_drops(self, step: int) -> None:
+        """--replay-drops: the replayed late drops of the steps since last written, as the
         message-passing engine records the ones it meets (sorted rows), so the run files match."""
-        if self.plan.cfg.replay_drops is None:
+        if self.plan.cfg.replay_drops is None or self.writer is None:
             return
         since = self.start_step if self._late_since is None else self._late_since
         self._late_since = step
