@@ -360,7 +360,7 @@ def test_a_resumed_replay_keeps_the_late_drops_before_its_checkpoint(
     rows = [[1, 4, 0, 1, 0], [2, 8, 0, 2, 1], [5, 20, 0, 2, 3]]
     with _run_file(tmp_path / "rec.h5", world_size=4) as writer:
         writer.add_late_drops(np.array(rows))
-    args = [*QUAD[:4], "--steps", "8", "--eval-every", "8", "--algo", "relay"]
+    args: list[object] = [*QUAD[:4], "--steps", "8", "--eval-every", "8", "--algo", "relay"]
     args += ["--topology", "chain", "--backend", backend, "--workers", 4]
     args += ["--replay-drops", tmp_path / "rec.h5", "--checkpoint-every", "2"]
     stopped = [*args, "--checkpoint-dir", tmp_path / "ckpt", "--out", tmp_path / "stopped.h5"]
