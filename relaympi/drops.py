@@ -1,9 +1,16 @@
-"""Simulated message loss (``--drop-prob``): DropPolicy, torch-free, so the run's configuration
-checks its probability before torch loads; relaympi.comm re-exports it beside the Communicator."""
+"""Simulated message loss (``--drop-prob``) and replayed late drops (``--replay-drops``):
+DropPolicy, torch-free, so the run's configuration checks its probability before torch loads;
+relaympi.comm re-exports it beside the Communicator."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
+
+# the columns of a run file's late drops (its ``late_drops`` group): one row per message that
+# missed --message-deadline, as its receiver recorded it
+LATE_DROP_COLUMNS = ("step", "round", "tag", "sender", "receiver")
 
 
 class DropPolicy:
@@ -14,9 +21,15 @@ class DropPolicy:
     decide identically without talking, a resumed run drops the same messages, and the
     decision does not depend on the backend or on the order in which ranks ask.
 
+    A replayed late drop (``late``) is another kind of loss: the message was sent (and its bytes
+    counted) but its receiver treats it as lost, as a message that missed ``--message-deadline``
+    on MPI was; only the receiver asks ``late``.
+
     Args:
         prob: the probability that any one message is lost, in [0, 1).
         seed: the seed of every decision.
+        late: the (round, tag, sender, receiver) of each message its receiver discards
+            (``--replay-drops``: the late drops a run file recorded).
 
     Raises:
         ValueError: ``prob`` is outside [0, 1).
@@ -28,11 +41,16 @@ class DropPolicy:
         ```
     """
 
-    def __init__(self, prob: float = 0.0, seed: int = 0):
+    def __init__(
+        self, prob: float = 0.0, seed: int = 0, late: Iterable[tuple[int, int, int, int]] = ()
+    ) -> None:
         if not 0.0 <= prob < 1.0:
             raise ValueError(f"drop probability must be in [0, 1), got {prob}")
         self.prob = float(prob)
         self.seed = int(seed)
+        self.replayed: frozenset[tuple[int, int, int, int]] = frozenset(
+            (int(r), int(t), int(s), int(d)) for r, t, s, d in late
+        )
 
     def dropped(self, round: int, tag: int, src: int, dst: int) -> bool:
         """Whether the message from ``src`` to ``dst`` in ``round`` with ``tag`` is lost.
@@ -50,3 +68,18 @@ class DropPolicy:
             return False
         rng = np.random.default_rng([self.seed, 0x5EED, round, tag, src, dst])
         return bool(rng.random() < self.prob)
+
+    def late(self, round: int, tag: int, src: int, dst: int) -> bool:
+        """Whether the receiver discards the message from ``src`` to ``dst`` in ``round`` with
+        ``tag`` as late (a replayed late drop: the sender still sends it).
+
+        Args:
+            round: the communication round.
+            tag: the message's tag.
+            src: the sending rank.
+            dst: the receiving rank.
+
+        Returns:
+            True if the run being replayed recorded it as a late drop.
+        """
+        return (round, tag, src, dst) in self.replayed

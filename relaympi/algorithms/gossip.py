@@ -120,8 +120,10 @@ class GossipMixer:
         still on the wire: the averaging is elementwise, so the pieces change no bit."""
         part = x[lo:hi]
         requests = []
-        for i, start in enumerate(range(lo, max(hi, lo + 1), PIECE)):
-            end = min(start + PIECE, hi)
+        # under a deadline a message is late or on time as a whole: one piece
+        piece = PIECE if self.comm.deadline is None else max(hi - lo, 1)
+        for i, start in enumerate(range(lo, max(hi, lo + 1), piece)):
+            end = min(start + piece, hi)
             requests.append(
                 self.comm.exchange(
                     {j: x[start:end] for j in self.send_to},
@@ -171,8 +173,9 @@ class _MixingRange:
         """Average each piece in as it lands, in posting order."""
         for i, request in enumerate(self.requests):
             delivered = request.wait()  # every piece of a message is dropped or delivered with it
-            lo = self.lo + i * PIECE
-            hi = min(lo + PIECE, self.hi)
+            piece = PIECE if self.mixer.comm.deadline is None else max(self.hi - self.lo, 1)
+            lo = self.lo + i * piece
+            hi = min(lo + piece, self.hi)
             following = self.requests[i + 1] if i + 1 < len(self.requests) else None
             self.mixer._combine(
                 self.part[lo - self.lo : hi - self.lo], lo, hi, delivered, following
@@ -225,6 +228,8 @@ class CommMixers:
         in_place: bool = False,
         chunk: int | None = None,
     ) -> RelaySum:
+        if self.comm.deadline is not None:  # a message is late or on time as a whole: one chunk
+            chunk = like.numel() + 1
         return RelaySum(
             self.comm, topology, like.numel(), like, in_place=in_place, chunk=chunk or DEFAULT_CHUNK
         )

@@ -16,22 +16,35 @@ from relaympi.comm.base import checked_nodes
 
 def never_drops(drops: DropPolicy) -> bool:
     """Whether ``drops`` loses no message at all (then no decision needs to be asked)."""
-    return type(drops).dropped is DropPolicy.dropped and drops.prob == 0.0
+    return type(drops).dropped is DropPolicy.dropped and drops.prob == 0.0 and not drops.replayed
 
 
 def delivered(
     drops: DropPolicy, round: int, tag: int, src: np.ndarray, dst: np.ndarray
-) -> np.ndarray:
-    """Per message src[e] -> dst[e] of this round and tag: did it arrive? (the same DropPolicy
-    decisions
-    as Communicator.exchange asks, so exactly the messages lost on the other backends are lost
-    here)"""
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per message src[e] -> dst[e] of this round and tag: was it sent, and did it arrive? (the
+    same DropPolicy decisions as Communicator.exchange asks, so exactly the messages lost on the
+    other backends are lost here; a replayed late drop was sent, and its bytes count, but did not
+    arrive)
+
+    Args:
+        drops: the run's simulated and replayed losses.
+        round: the communication round.
+        tag: the messages' tag.
+        src: each message's sender.
+        dst: each message's receiver.
+
+    Returns:
+        (sent, arrived), bool per message.
+    """
     if never_drops(drops):
-        return np.ones(len(src), dtype=bool)
-    return np.array(
-        [not drops.dropped(round, tag, int(s), int(d)) for s, d in zip(src, dst, strict=True)],
-        dtype=bool,
-    )
+        return np.ones(len(src), dtype=bool), np.ones(len(src), dtype=bool)
+    pairs = list(zip(src.tolist(), dst.tolist(), strict=True))
+    sent = np.array([not drops.dropped(round, tag, s, d) for s, d in pairs], dtype=bool)
+    if not drops.replayed:
+        return sent, sent
+    late = np.array([drops.late(round, tag, s, d) for s, d in pairs], dtype=bool)
+    return sent, sent & ~late
 
 
 def to_device(

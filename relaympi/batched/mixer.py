@@ -89,8 +89,8 @@ class BatchedMixer:
             self.bytes_sent[self.src, self.dst] += self.nbytes
             weights = self._fixed
         else:
-            arrived = delivered(self.drops, round, tag, self.src, self.dst)
-            self.bytes_sent[self.src[arrived], self.dst[arrived]] += self.nbytes
+            sent, arrived = delivered(self.drops, round, tag, self.src, self.dst)
+            self.bytes_sent[self.src[sent], self.dst[sent]] += self.nbytes
             weights = self._weights(arrived)
         mix(weights, X, self._mixed)
         X.copy_(self._mixed)

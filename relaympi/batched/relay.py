@@ -266,8 +266,8 @@ class BatchedRelaySum:
             if tree.parities is None:  # one worker: nothing to relay
                 counts.append(np.ones(self.n))
                 continue
-            arrived = delivered(self.drops, round, k, tree.src, tree.dst)
-            self.bytes_sent[tree.src[arrived], tree.dst[arrived]] += (
+            sent, arrived = delivered(self.drops, round, k, tree.src, tree.dst)
+            self.bytes_sent[tree.src[sent], tree.dst[sent]] += (
                 tree.messages.shape[1] + 1
             ) * self.itemsize
             now, after = tree.parities[tree.parity], tree.parities[1 - tree.parity]

@@ -19,6 +19,7 @@ def mpi_communicator(
     drops: DropPolicy | None = None,
     cuda_aware: bool | None = None,
     nodes: Sequence[int] | None = None,
+    deadline: float | None = None,
 ) -> Communicator:
     """The MPI backend over COMM_WORLD (imports mpi4py only when called).
 
@@ -29,6 +30,8 @@ def mpi_communicator(
             buffers.
         nodes: each rank's node to emulate, numbered 0, 1, ... in the order of each node's
             lowest rank; None: the nodes MPI placed the ranks on.
+        deadline: seconds a receive waits once its exchange is waited for before its message
+            counts as dropped (``--message-deadline``); None: receives wait for their message.
 
     Returns:
         This rank's Communicator (an ``MPICommunicator``).
@@ -48,7 +51,9 @@ def mpi_communicator(
     """
     from relaympi.comm.mpi import MPICommunicator
 
-    return MPICommunicator(drops=drops, cuda_aware=cuda_aware, nodes=nodes)
+    comm = MPICommunicator(drops=drops, cuda_aware=cuda_aware, nodes=nodes)
+    comm.deadline = deadline
+    return comm
 
 
 __all__ = [

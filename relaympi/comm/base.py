@@ -99,6 +99,20 @@ class Completed(Request):
         return True
 
 
+class _Discarding(Request):
+    """A request whose messages from ``late`` peers were received into scratch buffers and are
+    reported missing (replayed late drops)."""
+
+    def __init__(self, request: Request, late: frozenset[int]) -> None:
+        self._request, self._late = request, late
+
+    def wait(self) -> frozenset[int]:
+        return self._request.wait() - self._late
+
+    def test(self) -> bool:
+        return self._request.test()
+
+
 class Communicator(ABC):
     """What algorithms may use to talk to other workers.
 
@@ -151,6 +165,13 @@ class Communicator(ABC):
         self._in_flight: list[Request] | None = None
         # the survivors' communicator that replaced this one after a lost rank (shrink)
         self.successor: Communicator | None = None
+        # --message-deadline: seconds a receive waits once its exchange is waited for; a message
+        # not arrived by then is dropped (None: receives wait for their message). Only a backend
+        # with a clock honours it (MPI); exchange refuses chunked messages under it
+        self.deadline: float | None = None
+        # the (round, tag, sender, receiver) of each message this rank received as late (missed
+        # the deadline, or a replayed late drop), in the order decided; the engine drains it
+        self.late_drops: list[tuple[int, int, int, int]] = []
 
     # -- point to point -------------------------------------------------------------------
     def exchange(
@@ -166,7 +187,10 @@ class Communicator(ABC):
 
         ``round`` identifies the communication round for simulated drops (the same number
         on both sides). A dropped message is neither sent nor received: the receive buffer
-        keeps its content and the peer is missing from ``wait()``'s result.
+        keeps its content and the peer is missing from ``wait()``'s result. A late message (one
+        that missed ``deadline``, or a replayed late drop, ``drops.late``) was sent and counted,
+        but is missing from ``wait()``'s result as a dropped one is, and its receive buffer keeps
+        its content; it is appended to ``late_drops``.
 
         A message may travel as several chunks, posted by separate calls, each with its number
         ``chunk`` (0, 1, ...), in the same order on both sides: chunks of one tag match in posting
@@ -203,14 +227,33 @@ class Communicator(ABC):
         live_recvs = {
             p: b for p, b in recvs.items() if not self.drops.dropped(round, tag, p, self.rank)
         }
+        if self.deadline is not None and chunk != 0:
+            # a message is late or on time as a whole; chunks land one by one
+            raise CommError(
+                f"rank {self.rank}: a message in chunks (chunk {chunk}) cannot have a deadline"
+            )
+        # replayed late drops: received into a scratch buffer and discarded, as on MPI
+        late = frozenset(p for p in live_recvs if self.drops.late(round, tag, p, self.rank))
+        if late:
+            live_recvs = {p: (buffers.clone(b) if p in late else b) for p, b in live_recvs.items()}
+            if chunk == 0:
+                self.late_drops.extend((round, tag, p, self.rank) for p in sorted(late))
         for peer, buf in live_sends.items():
             self.bytes_sent[peer] += buffers.nbytes(buf)
-        return self.track(self._post(live_sends, live_recvs, tag, chunk))
+        request = self._post(live_sends, live_recvs, tag, chunk, round)
+        return self.track(_Discarding(request, late) if late else request)
 
     @abstractmethod
     def _post(
-        self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int, chunk: int = 0
-    ) -> Request: ...
+        self,
+        sends: Mapping[int, Any],
+        recvs: Mapping[int, Any],
+        tag: int,
+        chunk: int = 0,
+        round: int = 0,
+    ) -> Request:
+        """Post the transfers ``exchange`` decided on (``round``: for a backend that keeps rounds
+        apart on the wire, as MPI under a deadline)."""
 
     def exchange_replace(
         self, buffers_by_peer: Mapping[int, Any], *, tag: int = 0, round: int = 0
@@ -242,6 +285,8 @@ class Communicator(ABC):
                     f"size {self.world_size}"
                 )
             buffers.check_transferable(buf, f"exchange buffer for peer {peer}")
+        if self.deadline is not None:
+            raise CommError(f"rank {self.rank}: an in-place exchange cannot have a deadline")
         items = []
         for peer, buf in buffers_by_peer.items():
             send = not self.drops.dropped(round, tag, self.rank, peer)

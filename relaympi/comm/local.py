@@ -288,7 +288,12 @@ class LocalCommunicator(Communicator):
         self._sums_started = 0  # every rank starts its nonblocking all-reduces in the same order
 
     def _post(
-        self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int, chunk: int = 0
+        self,
+        sends: Mapping[int, Any],
+        recvs: Mapping[int, Any],
+        tag: int,
+        chunk: int = 0,
+        round: int = 0,
     ) -> Request:
         # chunks of a message arrive in posting order: mailboxes are FIFO per (src, dst, tag)
         for peer, buf in sends.items():

@@ -24,6 +24,7 @@ from mpi4py import MPI
 from relaympi.comm import buffers
 from relaympi.comm.base import (
     PROGRESS_INTERVAL_S,
+    CommError,
     Communicator,
     DropPolicy,
     PeerLost,
@@ -37,6 +38,10 @@ from relaympi.comm.tree_allreduce import SUM_STAGES, tree_sum
 
 _FAILURE_TAG = 0x7E
 _FAILURE_BYTES = 1 << 16
+# under a deadline, each round's messages travel with a tag of their own: tag + TAGS_PER_ROUND x
+# (round mod the rounds the tag space holds), so a late message can only ever match its own
+# round's receive (or the receive that discards it), never a later round's
+TAGS_PER_ROUND = 8
 
 
 def _lost_on_failure(method: Any) -> Any:
@@ -83,6 +88,14 @@ def library_version() -> str:
     return MPI.Get_library_version().strip().rstrip("\x00").splitlines()[0].rstrip("\x00")
 
 
+class _Deadline:
+    """What a receive that missed the deadline needs: the round and tag to record it by, the tag
+    it travels with, and each receive's (peer, index among the request's MPI requests, spec)."""
+
+    def __init__(self, round: int, tag: int, wire_tag: int, receives: list) -> None:
+        self.round, self.tag, self.wire_tag, self.receives = round, tag, wire_tag, receives
+
+
 class _MPIRequest(Request):
     def __init__(
         self,
@@ -91,12 +104,14 @@ class _MPIRequest(Request):
         delivered: frozenset[int],
         on_complete: list,
         staged: list | None = None,
+        deadline: _Deadline | None = None,
     ):
         self._comm = comm
         self._requests = requests
         self._delivered = delivered
         self._on_complete = on_complete
         self._staged = staged or []
+        self._deadline = deadline
         self._done = False
 
     def _all_requests(self, block: bool) -> list | None:
@@ -119,7 +134,10 @@ class _MPIRequest(Request):
         if not self._done:
             requests = self._all_requests(block=True)
             assert requests is not None  # block=True posts every staged send
-            self._comm._wait(requests)
+            if self._deadline is None:
+                self._comm._wait(requests)
+            else:
+                self._delivered -= self._comm._wait_until_deadline(requests, self._deadline)
             for finish in self._on_complete:
                 finish()
             self._done = True
@@ -234,6 +252,10 @@ class MPICommunicator(Communicator):
         self._progress_comm = (comm or MPI.COMM_WORLD).Dup()
         self._progress_thread: ProgressThread | None = None
         self.survives = False  # survive_losses(): an MPI error raises PeerLost (ULFM)
+        # --message-deadline: how many rounds the tag space keeps apart, and the receives that
+        # take late messages off the wire (request, scratch buffer) until they land
+        self._round_tags = max(1, (int(tag_ub) + 1) // TAGS_PER_ROUND)
+        self._discards: list[tuple[Any, Any]] = []
         atexit.register(self.close)
 
     # -- progress while the ranks compute (--overlap) ----------------------------------------
@@ -281,6 +303,13 @@ class MPICommunicator(Communicator):
             except MPI.Exception:  # a revoked communicator (a lost rank): nothing left to cancel
                 pass
             self._failure_req = None
+        for request, _ in self._discards:  # late messages whose senders never sent them
+            try:
+                request.Cancel()
+                request.Wait()
+            except MPI.Exception:
+                pass
+        self._discards = []
 
     # -- waiting ---------------------------------------------------------------------------
     def _check_failures(self) -> None:
@@ -310,6 +339,83 @@ class MPICommunicator(Communicator):
             polls += 1
             if polls > 1000:
                 time.sleep(5e-5)
+
+    def _wait_until_deadline(self, requests: list, deadline: _Deadline) -> frozenset[int]:
+        """Wait for ``requests`` until ``self.deadline`` seconds have passed, then give up on each
+        receive still pending: cancelled, its message is late (recorded in ``late_drops``) and a
+        receive into a scratch buffer takes it off the wire whenever it comes, so that its sender's
+        send completes and nothing of it lands anywhere else. A receive that can no longer be
+        cancelled (its message is landing) is waited for and counts as arrived. The sends are
+        waited for as the transport completes them.
+
+        Returns:
+            The peers whose message was late.
+        """
+        if self._staged_sends:
+            self._post_staged(until=self._staged_sends[-1])
+        assert self.deadline is not None  # a request gets a _Deadline only under one
+        expires = time.monotonic() + self.deadline
+        polls = 0
+        while not MPI.Request.Testall(requests):
+            self._check_failures()
+            if time.monotonic() >= expires:
+                break
+            polls += 1
+            if polls > 1000:
+                time.sleep(5e-5)
+        else:
+            return frozenset()
+        late = []
+        for peer, index, spec in deadline.receives:
+            request = requests[index]
+            if request.Test():
+                continue
+            request.Cancel()
+            status = MPI.Status()
+            request.Wait(status)
+            if status.Is_cancelled():
+                late.append(peer)
+                self._discards.append(self._discarding_receive(peer, deadline.wire_tag, spec))
+                self.late_drops.append((deadline.round, deadline.tag, peer, self.rank))
+        self._wait(requests)  # the sends, and the receives that landed after all
+        return frozenset(late)
+
+    def _discarding_receive(self, peer: int, wire_tag: int, spec: Any) -> tuple[Any, Any]:
+        """A receive of a late message into a buffer of its own, which nothing reads."""
+        if isinstance(spec, list):  # [bytes view, MPI.BYTE]
+            scratch: Any = [np.empty(buffers.nbytes(spec[0]), dtype=np.uint8), MPI.BYTE]
+        elif isinstance(spec, np.ndarray):
+            scratch = np.empty_like(spec)
+        else:  # device memory (CUDA-aware MPI)
+            scratch = buffers.clone(spec)
+        return self.comm.Irecv(scratch, source=peer, tag=wire_tag), scratch
+
+    def _reap_discards(self) -> None:
+        """Forget the discarding receives whose late message has landed."""
+        if self._discards:
+            self._discards = [(r, b) for r, b in self._discards if not r.Test()]
+
+    def wire_tag(self, tag: int, round: int) -> int:
+        """The MPI tag a message of ``tag`` travels with in ``round``: under a deadline, one of
+        its round's own (TAGS_PER_ROUND per round), else ``tag``.
+
+        Args:
+            tag: the message's tag.
+            round: the communication round.
+
+        Returns:
+            The tag on the wire.
+
+        Raises:
+            CommError: under a deadline, a tag outside [0, TAGS_PER_ROUND).
+        """
+        if self.deadline is None:
+            return tag
+        if not 0 <= tag < TAGS_PER_ROUND:
+            raise CommError(
+                f"rank {self.rank}: tag {tag} under a deadline; tags are 0..{TAGS_PER_ROUND - 1}"
+            )
+        return tag + TAGS_PER_ROUND * (round % self._round_tags)
 
     def report_failure(self, message: str) -> None:
         if self.rank == 0:
@@ -378,21 +484,31 @@ class MPICommunicator(Communicator):
 
     @_lost_on_failure
     def _post(
-        self, sends: Mapping[int, Any], recvs: Mapping[int, Any], tag: int, chunk: int = 0
+        self,
+        sends: Mapping[int, Any],
+        recvs: Mapping[int, Any],
+        tag: int,
+        chunk: int = 0,
+        round: int = 0,
     ) -> Request:
         # chunks of one message share the tag: they match in posting order (non-overtaking), which
         # both sides share
-        requests, staged = [], []
+        requests: list[Any] = []
+        staged: list[StagedSend] = []
         on_complete: list[Any] = []  # callables, run once the receives complete
+        logical, tag = tag, self.wire_tag(tag, round)
+        receives: list[tuple[int, int, Any]] = []  # (peer, index, spec) for the deadline
+        self._reap_discards()
         for peer in sorted(recvs):
-            slot = ("recv", peer, tag, chunk)
+            slot = ("recv", peer, logical, chunk)
             if self._async_staging(recvs[peer]):
                 spec = self._staging.stage_recv(recvs[peer], slot, on_complete)
             else:
                 spec = self._recv_spec(recvs[peer], slot, on_complete)
+            receives.append((peer, len(requests), spec))
             requests.append(self.comm.Irecv(spec, source=peer, tag=tag))
         for peer in sorted(sends):
-            slot = ("send", peer, tag, chunk)
+            slot = ("send", peer, logical, chunk)
             if self._async_staging(sends[peer]):
                 buffers.check_transferable(sends[peer], "send buffer")
                 send = self._staging.stage_send(sends[peer], slot, peer, tag)
@@ -403,7 +519,12 @@ class MPICommunicator(Communicator):
             requests.append(self.comm.Isend(spec, dest=peer, tag=tag))
         if self._staged_sends:
             self._post_staged()  # whatever copies are done: their transfers start now
-        return _MPIRequest(self, requests, frozenset(recvs), on_complete, staged)
+        deadline = (
+            _Deadline(round, logical, tag, receives)
+            if self.deadline is not None and receives
+            else None
+        )
+        return _MPIRequest(self, requests, frozenset(recvs), on_complete, staged, deadline)
 
     @_lost_on_failure
     def _post_replace(self, items: list[tuple[int, Any, bool, bool]], tag: int) -> Request:
@@ -592,6 +713,7 @@ class MPICommunicator(Communicator):
         finally:
             survivors_comm.Free()
         healed.survives = True
+        healed.deadline = self.deadline
         self.successor = healed
         return healed, lost
 

@@ -68,6 +68,12 @@ _DROPPABLE = Applies(
     lambda c: f"{c.get('algo')} {_communication(c).what} (nothing would be dropped)",
 )
 _NOT_BATCHED = "message passing, not `--backend batched`"
+# the late drops of --message-deadline take --drop-prob's rule of a lost message, which D² has
+# only on paper: it diverges with undelivered messages (docs/algorithms.md, "Message loss")
+_SOUND_DROP_RULE = Applies(
+    lambda c: c.get("algo") != "d2",
+    lambda c: "d2 has no sound rule for a lost message (it diverges with undelivered messages)",
+)
 _BATCHED_OVERLAP = Applies(  # the batched engine: --overlap refused (--no-overlap is what it does)
     lambda c: c.get("backend") != "batched" or not c.get("overlap"),
     lambda c: (
@@ -237,6 +243,65 @@ class RunConfig:
         type=float,
         metavar="P",
         applies=(_DROPPABLE,),
+    )
+    # a late message counts as dropped (docs/membership.md, "Late messages")
+    message_deadline: float | None = flag_field(
+        None,
+        "`--backend mpi`: seconds a rank waits for a neighbour's message once it is ready for it; "
+        "one not arrived by then is dropped, with `--drop-prob`'s rule for the algorithm, and "
+        "recorded in the run file (its `late_drops`); not for allreduce, d2, `--overlap` or "
+        "`--relay-chunk` "
+        "(default: wait for every message)",
+        type=float,
+        metavar="S",
+        applies=(
+            _DROPPABLE,
+            _SOUND_DROP_RULE,
+            Applies(
+                lambda c: c.get("backend") == "mpi",
+                lambda c: (
+                    f"--backend {c.get('backend')} has no wire to be late on; replay an MPI "
+                    "run's late drops with --replay-drops RUN.h5"
+                ),
+                identity=False,  # where it runs is not the experiment
+            ),
+            Applies(
+                lambda c: c.get("overlap") is not True,
+                lambda c: (
+                    "--overlap sends a message in pieces, and a message must be late or on "
+                    "time as a whole (use --no-overlap)"
+                ),
+                identity=False,
+            ),
+            Applies(
+                lambda c: c.get("relay_chunk") is None,
+                lambda c: (
+                    "--relay-chunk sends RelaySum's messages in pieces, and a message must be "
+                    "late or on time as a whole (leave out --relay-chunk)"
+                ),
+                identity=False,
+            ),
+        ),
+    )
+    replay_drops: Path | None = flag_field(
+        None,
+        "`--backend local` or `batched`: drop exactly the messages that a `--message-deadline` "
+        "run file recorded as late (world size, algorithm and topology must match it): the same "
+        "numbers as that MPI run",
+        type=Path,
+        metavar="RUN.h5",
+        applies=(
+            _DROPPABLE,
+            _SOUND_DROP_RULE,
+            Applies(
+                lambda c: c.get("backend") != "mpi",
+                lambda c: (
+                    "it replays an MPI run's late drops on --backend local or batched; on MPI, "
+                    "--message-deadline makes them"
+                ),
+                identity=False,
+            ),
+        ),
     )
     # what the survivors do when a worker is lost (docs/membership.md): stop (the run fails, a
     # rerun resumes from its checkpoints) or continue (they shrink the membership and go on)

@@ -111,6 +111,13 @@ def validate(cfg: RunConfig) -> None:
     if cfg.task == "quadratics" and cfg.steps is None:
         raise ConfigError("quadratics runs need --steps (there is no data set, so no epochs)")
     _checked(lambda: DropPolicy(cfg.drop_prob, cfg.seed), {"drop probability": "--drop-prob"})
+    # NaN and infinity fail too
+    if cfg.message_deadline is not None and not 0 < cfg.message_deadline < math.inf:
+        raise ConfigError(
+            f"--message-deadline must be a positive number of seconds, got {cfg.message_deadline}"
+        )
+    if cfg.replay_drops is not None and not Path(cfg.replay_drops).is_file():
+        raise ConfigError(f"--replay-drops {cfg.replay_drops} does not exist")
     for milestone in cfg.milestones or ():
         _positive("milestones", milestone, allow_zero=True)
     # every algorithm's options check their values (a value for another algorithm is refused below)
@@ -248,7 +255,7 @@ def _check_inputs_not_outputs(cfg: RunConfig) -> None:
     file."""
     named = [
         (n, Path(v).resolve())
-        for n in ("problem_file", "save_problem", "out")
+        for n in ("problem_file", "replay_drops", "save_problem", "out")
         if (v := getattr(cfg, n)) is not None
     ]
     for i, (a, path_a) in enumerate(named):
@@ -256,7 +263,7 @@ def _check_inputs_not_outputs(cfg: RunConfig) -> None:
             if path_a == path_b:
                 what = (
                     "the run would overwrite its input"
-                    if a == "problem_file"
+                    if a in ("problem_file", "replay_drops")
                     else "two outputs would share one file"
                 )
                 raise ConfigError(

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from relaympi.algorithms import make_algorithm
+from relaympi.algorithms.base import ROUNDS_PER_STEP
 from relaympi.comm import Communicator, PeerLost, run_local
 from relaympi.comm.base import number_nodes
 from relaympi.comm.local import VANISHED
@@ -101,6 +102,9 @@ class MessagePassingRank(TrainingLoop):
         me = self.members[self.rank]
         self.workers = range(me, me + 1)  # this worker's id for life (its first rank)
         self.check_injection(self.n0)
+        # late drops of a communicator that a heal replaced, not yet in the run file
+        self.pending_late: list[tuple[int, ...]] = []
+        comm.deadline = plan.cfg.message_deadline if comm.backend == "mpi" else None
         if plan.cfg.on_failure == "continue":
             check_heals(plan)
         cfg = plan.cfg
@@ -256,7 +260,29 @@ class MessagePassingRank(TrainingLoop):
         flags = self.comm.allreduce_flags(np.array([1.0 if stop else 0.0, 1.0 if bad else 0.0]))
         return bool(flags[0] > 0), bool(flags[1] > 0)
 
+    def late_drops_since(self, before: int | None = None) -> list[tuple[int, ...]]:
+        """This rank's late drops not yet in the run file, as its rows (step, round, tag, sender,
+        receiver: original worker ids); ``before``: only those of steps before it."""
+        rows = self.pending_late + [
+            (round // ROUNDS_PER_STEP, round, tag, self.members[src], self.members[dst])
+            for round, tag, src, dst in self.comm.late_drops
+        ]
+        return [row for row in rows if before is None or row[0] < before]
+
+    def record_late_drops(self, step: int) -> None:
+        """Rank 0 appends every rank's late drops since last written to the run file (collective),
+        sorted, so that a replay writes the same rows in the same order. They are forgotten only
+        once gathered: a loss inside the gather leaves them to the heal."""
+        if self.plan.cfg.message_deadline is None and self.plan.cfg.replay_drops is None:
+            return
+        everyone = self.comm.gather(self.late_drops_since())
+        self.pending_late, self.comm.late_drops = [], []
+        if self.writer is not None and everyone is not None:
+            rows = sorted(row for rows in everyone for row in rows)
+            self.writer.add_late_drops(np.asarray(rows, dtype=np.int64).reshape(-1, 5))
+
     def evaluate(self, step: int) -> None:
+        self.record_late_drops(step)
         train_loss = self.train_loss(self.workload.current_loss)
         assert isinstance(train_loss, float)  # one worker's: its workload's losses are floats
         row = self.evaluator.evaluate(
@@ -301,8 +327,10 @@ class RankMembership(PeerMembership):
         elif during == "exchange":  # once the next exchange's messages are posted
             post = comm._post
 
-            def post_then_vanish(sends: Any, recvs: Any, tag: int, chunk: int = 0) -> Any:
-                post(sends, recvs, tag, chunk)
+            def post_then_vanish(
+                sends: Any, recvs: Any, tag: int, chunk: int = 0, round: int = 0
+            ) -> Any:
+                post(sends, recvs, tag, chunk, round)
                 comm.vanish()
 
             comm._post = post_then_vanish  # type: ignore[method-assign]
@@ -344,6 +372,8 @@ class RankMembership(PeerMembership):
         rank, (new, _) = self.rank, self._shrunk
         old, self._shrunk = rank.comm, None
         rank.evaluator.carried_bytes += (float(old.bytes_sent.sum()), float(old.inter_node_bytes()))
+        # the old world's late drops, but those of the step the survivors redo
+        rank.pending_late, old.late_drops = rank.late_drops_since(before=step), []
         rank.members = [m for m in rank.members if m not in lost]  # lost: every shrink's since
         rank.comm, rank.rank, rank.n = new, new.rank, new.world_size
         rank.is_root = rank.rank == 0

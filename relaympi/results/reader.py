@@ -23,6 +23,8 @@ from relaympi.results.membership import (
 )
 from relaympi.results.schema import (
     HDF5_SIGNATURE,
+    LATE_DROP_COLUMNS,
+    LATE_DROPS_GROUP,
     SCHEMA_VERSION,
     STATUSES,
     TOPOLOGY_GROUP,
@@ -85,6 +87,8 @@ class Run:
         membership: the run's membership changes (``--on-failure continue``), in order: each a
             dict with step, lost, lost_nodes, lost_hosts, world_size and heal_s, and for a rerun's
             re-admission also readmitted; [] without any.
+        late_drops: the messages that missed ``--message-deadline``, [k, 5] int64, columns
+            LATE_DROP_COLUMNS (step, round, tag, sender, receiver); None for a run without one.
     """
 
     path: Path
@@ -96,6 +100,8 @@ class Run:
     data: dict[str, np.ndarray] = field(default_factory=dict)
     topology: RunTopology | None = None  # None: a file from before the topology was recorded
     membership: list[dict[str, Any]] = field(default_factory=list)
+    # --message-deadline's late drops [k, 5] (LATE_DROP_COLUMNS); None: not a deadline run
+    late_drops: np.ndarray | None = None
 
     def metric(self, name: str) -> np.ndarray:
         """The dataset ``name``, one row per evaluation.
@@ -213,8 +219,8 @@ def _read_header(path: Path, file: h5py.File) -> tuple[int, str, dict[str, Any]]
 def _check_storage(path: Path, group: h5py.Group) -> None:
     """Refuse what would make HDF5 read outside the file (external links, datasets with external
     storage, virtual datasets: a crafted run file could name any local file) or a link the writer
-    never makes (a soft link). Checked for the root and the topology group, the reader's only
-    groups."""
+    never makes (a soft link). Checked for the root and the groups the reader reads (topology,
+    late_drops)."""
     for name in group:
         link = group.get(name, getlink=True)
         if not isinstance(link, h5py.HardLink):
@@ -310,6 +316,38 @@ def _read_topology(file: h5py.File) -> RunTopology | None:
     )
 
 
+def _read_late_drops(
+    path: Path, file: h5py.File, world_size: int, budget: int | None
+) -> np.ndarray | None:
+    """The ``late_drops`` group's rows, checked: integers, five columns, workers within the world
+    and, with ``budget``, a size that fits it."""
+    group = file.get(LATE_DROPS_GROUP)
+    if group is None:
+        return None
+    if isinstance(group, h5py.Group):
+        _check_storage(path, group)
+    drops = group.get("drops") if isinstance(group, h5py.Group) else None
+    if not isinstance(drops, h5py.Dataset):
+        raise RunFileError(path, f"group {LATE_DROPS_GROUP!r} has no dataset 'drops'")
+    if drops.dtype.kind not in "iu" or drops.ndim != 2 or drops.shape[1] != len(LATE_DROP_COLUMNS):
+        raise RunFileError(
+            path,
+            f"dataset {drops.name} holds {drops.dtype} {list(drops.shape)}, not rows of "
+            f"{len(LATE_DROP_COLUMNS)} integers ({', '.join(LATE_DROP_COLUMNS)})",
+        )
+    if budget is not None and drops.shape[0] * drops.shape[1] * 8 > budget:
+        raise RunFileError(path, f"dataset {drops.name} is over the limit of {budget} bytes")
+    rows = np.asarray(drops[...], dtype=np.int64)
+    workers = rows[:, 3:5]
+    if rows.size and (workers.min() < 0 or workers.max() >= world_size or rows[:, :3].min() < 0):
+        raise RunFileError(
+            path,
+            f"dataset {drops.name} names a worker outside 0..{world_size - 1} or a negative "
+            "step, round or tag",
+        )
+    return rows
+
+
 def read_run(
     path: str | os.PathLike,
     *,
@@ -372,13 +410,16 @@ def read_run(
         n = complete_rows(available)
         data = {name: ds[:n] for name, ds in wanted.items()}
         topology = _read_topology(file)
+        late_drops = _read_late_drops(path, file, world_size, budget)
     except RunFileError:
         raise
     except (OSError, KeyError, ValueError, TypeError, RuntimeError) as error:
         raise RunFileError(path, f"corrupt run file ({type(error).__name__}: {error})") from None
     finally:
         file.close()
-    return Run(path, version, status, config, provenance, attrs, data, topology, membership)
+    return Run(
+        path, version, status, config, provenance, attrs, data, topology, membership, late_drops
+    )
 
 
 def run_status(path: str | os.PathLike) -> str:

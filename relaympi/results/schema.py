@@ -61,6 +61,11 @@ def complete_rows(datasets: Mapping[str, h5py.Dataset]) -> int:
 
 # where the ranks were and the graph they ran on (not a per-evaluation dataset)
 TOPOLOGY_GROUP = "topology"
+# --message-deadline's record: the group's dataset ``drops`` [k, 5] int64, one row per message that
+# missed the deadline, columns LATE_DROP_COLUMNS (step, round, tag, sender, receiver: original
+# worker ids), in the order the run wrote them
+LATE_DROPS_GROUP = "late_drops"
+LATE_DROP_COLUMNS = ("step", "round", "tag", "sender", "receiver")
 
 
 @dataclass(frozen=True)

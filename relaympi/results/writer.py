@@ -28,6 +28,8 @@ from relaympi.results.membership import MEMBERSHIP_ATTR, check_record, parse_mem
 from relaympi.results.reader import file_kind, read_run, run_status
 from relaympi.results.schema import (
     FINISHED_STATUSES,
+    LATE_DROP_COLUMNS,
+    LATE_DROPS_GROUP,
     RESUMABLE_STATUSES,
     SCHEMA_VERSION,
     STATUSES,
@@ -330,6 +332,7 @@ class RunWriter:
         file = h5py.File(path, "r+", locking="best-effort")
         try:
             _truncate_rows(file, int(resume_step))
+            _truncate_late_drops(file, int(resume_step))
             attrs = file.attrs
             for name in _TERMINAL_ATTRS:
                 if name in attrs:
@@ -383,6 +386,7 @@ class RunWriter:
         file = h5py.File(path, "r+", locking="best-effort")
         try:
             _truncate_rows(file, int(from_step) - 1)
+            _truncate_late_drops(file, int(from_step))
             file.flush()
         except BaseException:
             file.close()
@@ -399,7 +403,12 @@ class RunWriter:
         Raises:
             RunFileWriteError: no space left on the device.
         """
-        self._write(lambda: _truncate_rows(self._file, int(step) - 1), f"a rewind to step {step}")
+
+        def rewind() -> None:
+            _truncate_rows(self._file, int(step) - 1)
+            _truncate_late_drops(self._file, int(step))
+
+        self._write(rewind, f"a rewind to step {step}")
 
     @property
     def membership(self) -> list[dict[str, Any]]:
@@ -575,6 +584,39 @@ class RunWriter:
 
         self._write(write, "the topology")
 
+    def add_late_drops(self, rows: np.ndarray) -> None:
+        """Append messages that missed ``--message-deadline`` to the ``late_drops`` group (made by
+        the first call, even with no rows, so that a deadline run's file says it had none), and
+        flush.
+
+        Args:
+            rows: [k, 5] integers, columns LATE_DROP_COLUMNS (step, round, tag, sender,
+                receiver).
+
+        Raises:
+            ValueError: rows of another shape.
+            RunFileWriteError: no space left on the device.
+        """
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1, len(LATE_DROP_COLUMNS))
+
+        def write() -> None:
+            group = self._file.require_group(LATE_DROPS_GROUP)
+            if "drops" not in group:
+                group.create_dataset(
+                    "drops",
+                    shape=(0, len(LATE_DROP_COLUMNS)),
+                    maxshape=(None, len(LATE_DROP_COLUMNS)),
+                    dtype=np.int64,
+                    chunks=(256, len(LATE_DROP_COLUMNS)),
+                )
+                group.attrs.create("columns", ",".join(LATE_DROP_COLUMNS), dtype=STRING_DTYPE)
+            drops = group["drops"]
+            n = drops.shape[0]
+            drops.resize(n + len(rows), axis=0)
+            drops[n:] = rows
+
+        self._write(write, "late drops")
+
     def set_attrs(self, **attrs: Any) -> None:
         """Set extra root attributes.
 
@@ -686,6 +728,17 @@ def _close_quietly(file: h5py.File) -> None:
         file.close()
     except (OSError, RuntimeError):
         pass
+
+
+def _truncate_late_drops(file: h5py.File, first_redone: int) -> None:
+    """Forget the late drops of the steps from ``first_redone`` on: they are run again."""
+    group = file.get(LATE_DROPS_GROUP)
+    if isinstance(group, h5py.Group) and isinstance(group.get("drops"), h5py.Dataset):
+        drops = group["drops"]
+        kept = drops[...]
+        kept = kept[kept[:, 0] < first_redone]
+        drops.resize(len(kept), axis=0)
+        drops[...] = kept
 
 
 def _truncate_rows(file: h5py.File, resume_step: int) -> None:

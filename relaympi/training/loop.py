@@ -46,6 +46,7 @@ STOP = (
 )  # set by SIGTERM/SIGUSR1/SIGINT: checkpoint at the next step boundary and exit
 
 SIGNAL_ENV = "RELAYMPI_INJECT_SIGNAL"
+DELAY_ENV = "RELAYMPI_INJECT_DELAY"
 
 # rank 0 makes the run file's writer once the ranks agreed where to start:
 # (start_step, hosts, transport, total_steps) -> RunWriter
@@ -65,6 +66,22 @@ def signal_injection() -> tuple[signal.Signals, int] | None:
         return signum, int(step)
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"{SIGNAL_ENV}={value!r}; expected NAME:STEP, e.g. TERM:20") from exc
+
+
+def delay_injection() -> tuple[int, frozenset[int], float] | None:
+    """RELAYMPI_INJECT_DELAY=WORKER:STEP[,STEP...]:SECONDS makes that worker sleep so long between
+    its gradient and its algorithm step at each STEP, as a stalled process would (to test
+    --message-deadline with a known late worker)."""
+    value = os.environ.get(DELAY_ENV, "")
+    if not value:
+        return None
+    try:
+        worker, steps, seconds = value.split(":")
+        return int(worker), frozenset(int(s) for s in steps.split(",")), float(seconds)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{DELAY_ENV}={value!r}; expected WORKER:STEP[,STEP...]:SECONDS, e.g. 1:3,7:0.5"
+        ) from exc
 
 
 class TrainingLoop(ABC):
@@ -118,6 +135,7 @@ class TrainingLoop(ABC):
         self.last_loss = math.nan
         self.clock: HostClock | EventClock = HostClock(None)
         self.inject_signal = signal_injection()
+        self.inject_delay = delay_injection()
 
     def check_injection(self, world_size: int) -> None:
         """Refuse a RELAYMPI_INJECT_FAILURE that names no worker of the run."""
@@ -158,6 +176,10 @@ class TrainingLoop(ABC):
     @abstractmethod
     def agree(self, stop: bool, bad: bool) -> tuple[bool, bool]:
         """(stop, diverged) as every rank sees it."""
+
+    def record_late_drops(self, step: int) -> None:  # noqa: B027 - most runs have none
+        """Write the late drops of the steps before ``step`` not yet in the run file (collective):
+        at each evaluation, and before a checkpoint, so that a run resumed from it keeps them."""
 
     @abstractmethod
     def evaluate(self, step: int) -> None:
@@ -375,6 +397,7 @@ class TrainingLoop(ABC):
                 except Stopped as stop:
                     stopped = stop
                     if stop.status == "preempted" and self.checkpoints.enabled:
+                        self.record_late_drops(stop.step)
                         self.checkpoints.save(stop.step, self.state())
                 membership.end()  # nobody leaves before every worker is done
                 membership.step_agreed()  # a change at the last evaluation
@@ -417,6 +440,7 @@ class TrainingLoop(ABC):
             ):
                 self._settle_or_stop(pending)  # never checkpoint past a diverged step
                 membership.at("checkpoint", step)
+                self.record_late_drops(step)
                 self.checkpoints.save(step, self.state())
             failure = None if membership.active else self.injected_failure(step)
             if failure is not None:
@@ -433,6 +457,9 @@ class TrainingLoop(ABC):
             membership.at("gradient", step)
             t_mid = clock.mark()
             membership.at("exchange", step)
+            delay = self.inject_delay
+            if delay is not None and delay[0] in self.workers and step in delay[1]:
+                time.sleep(delay[2])
             self.algorithm_step(step, schedule.lr_at(step))
             membership.at("exchange", step, now=True)  # where the step posted no message
             pending.append(Pending(step, loss, t, t_mid, clock.mark()))

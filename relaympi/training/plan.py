@@ -34,6 +34,8 @@ from relaympi.config import ConfigError, RunConfig
 from relaympi.config.validation import run_topology, topology_refusal
 from relaympi.data import task_dirs
 from relaympi.optim import OptimizerConfig
+from relaympi.results import RunFileError
+from relaympi.results.bounded import read_run_bounded
 from relaympi.tasks import Task, TaskOptions, get_task_class
 from relaympi.topology import Topology, TopologyError, build, nodes_of
 
@@ -189,14 +191,16 @@ def resolve_overlap(
     one node on the CPU, where the step's transfers cross a wire that backward can hide (measured
     faster, docs/overlap.md), for a model of more than one bucket (``overlap_pays``;
     ``model_bytes`` from the task, None where it cannot tell); off on one node, where the transfers
-    are copies the ranks make themselves (nothing to hide them behind: measured 0.91-1.07x), and on
-    GPUs (refused: it hung in its one check).
+    are copies the ranks make themselves (nothing to hide them behind: measured 0.91-1.07x), on
+    GPUs (refused: it hung in its one check), and under --message-deadline.
     --progress-thread: only where MPI overlaps (given on one node, where auto turns --overlap off,
     it has
     nothing to progress)."""
     overlap = cfg.overlap
     if overlap is None and cfg.on_failure == "continue":
         overlap = False  # a healed step is redone whole (docs/membership.md)
+    if overlap is None and cfg.message_deadline is not None:
+        overlap = False  # a message is late or on time as a whole, not in buckets
     if overlap is None:
         across_nodes = cfg.backend == "mpi" and len(set(nodes)) > 1
         overlap = (
@@ -364,13 +368,57 @@ def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None)
         optimizer=optimizer,
         algorithm_options=options,
         lr=lr,
-        drops=DropPolicy(cfg.drop_prob, cfg.seed),
+        drops=DropPolicy(cfg.drop_prob, cfg.seed, late=replayed_late_drops(cfg, world_size)),
         task_options=task_options(cfg),
         problem=problem,
         lr_warning=lr_warning,
         notices=notices,
         nodes=nodes,
     )
+
+
+def replayed_late_drops(cfg: RunConfig, world_size: int) -> list[tuple[int, int, int, int]]:
+    """The late drops ``--replay-drops`` replays: the (round, tag, sender, receiver) of each
+    message its run file recorded as late, once that file is checked against this run.
+
+    Args:
+        cfg: the run's configuration, its topology resolved.
+        world_size: the run's number of workers.
+
+    Returns:
+        The late drops ([] without --replay-drops).
+
+    Raises:
+        ConfigError: the file cannot be read, is not a --message-deadline run, or ran another
+            world size, algorithm or topology, or lost workers; one line naming what differs.
+    """
+    if cfg.replay_drops is None:
+        return []
+    flag = f"--replay-drops {cfg.replay_drops}"
+    try:
+        # a run file may come from anyone: read in a worker process under a time and memory limit
+        run = read_run_bounded(cfg.replay_drops, datasets=[])
+    except RunFileError as exc:
+        raise ConfigError(f"{flag}: {exc.reason}") from None
+    if run.late_drops is None:
+        raise ConfigError(f"{flag}: it records no late drops (not a --message-deadline run)")
+    theirs = {
+        "world size": run.world_size,
+        "--algo": run.config.get("algo"),
+        "--topology": run.config.get("topology"),
+    }
+    ours = {"world size": world_size, "--algo": cfg.algo, "--topology": cfg.topology}
+    for what, value in theirs.items():
+        if value != ours[what]:
+            raise ConfigError(
+                f"{flag}: it ran {what} {value}, this run has {ours[what]}; replay it with the "
+                "same world size, algorithm and topology"
+            )
+    if run.membership:
+        raise ConfigError(
+            f"{flag}: it lost workers mid-run, and replaying its losses is not supported"
+        )
+    return [(int(r), int(t), int(s), int(d)) for _, r, t, s, d in run.late_drops]
 
 
 def _with_data_dirs(cfg: RunConfig) -> RunConfig:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from relaympi.algorithms.base import ROUNDS_PER_STEP
 from relaympi.batched.algorithms import make_batched_algorithm
 from relaympi.batched.optim import BatchedOptimizer
 from relaympi.comm.base import number_nodes
@@ -232,6 +233,8 @@ class BatchedRun(TrainingLoop):
         self.nodes0 = tuple(plan.nodes or (0,) * self.n0)  # each original worker's node
         self.members = list(range(self.n0))  # the original id of each row of X, in order
         self.workers = range(self.n)
+        # --replay-drops: the step its late drops are written up to
+        self._late_since: int | None = None
         self.device = torch.device(device_for(cfg, 0))
         self.engine = make_engine(plan, self.device)
         if isinstance(self.engine, ModelEngine):  # for the chance-accuracy check
@@ -529,8 +532,23 @@ class BatchedRun(TrainingLoop):
             **shared,
             **{name: spread(value) for name, value in self.engine.metrics().items()},
         }
+        self.record_late_drops(step)
         self.writer.append(row)
         self.log_evaluation(row, self.n)
+
+    def record_late_drops(self, step: int) -> None:
+        """--replay-drops: the replayed late drops of the steps since last written, as the
+        message-passing engine records the ones it meets (sorted rows), so the run files match."""
+        if self.plan.cfg.replay_drops is None or self.writer is None:
+            return
+        since = self.start_step if self._late_since is None else self._late_since
+        self._late_since = step
+        rows = sorted(
+            (r // ROUNDS_PER_STEP, r, t, s, d)
+            for r, t, s, d in self.plan.drops.replayed
+            if since <= r // ROUNDS_PER_STEP < step
+        )
+        self.writer.add_late_drops(np.asarray(rows, dtype=np.int64).reshape(-1, 5))
 
     def _inter_node_bytes_per_worker(self) -> np.ndarray:
         """Bytes each original worker sent so far to workers on other nodes

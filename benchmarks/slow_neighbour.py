@@ -1,0 +1,163 @@
+"""A neighbour held at half speed: rank 0's pace with and without --message-deadline, as ratios to
+the same run with nobody slow.
+
+Rank 1 (a neighbour of rank 0 on a chain or a ring) is held from outside: SIGSTOP for ``--stop-ms``
+of every ``--period-ms`` (50 of 100 by default), from the moment its process is found until the
+run ends. Rank 0's pace is its seconds per step between the first evaluation after ``--skip``
+steps and the last one (``time_s`` of the run file, which rank 0 writes). Four runs per round,
+in this order and alternated over ``--rounds`` rounds, so that a busy machine weighs on all alike:
+clean, clean with the deadline, slow, slow with the deadline. The machine's load average is printed
+before each run.
+
+    python -m benchmarks.slow_neighbour --ranks 4 --deadline 0.02 -- \\
+        --task digits --algo relay --topology chain --steps 300 --eval-every 50
+
+Everything after ``--`` goes to ``python -m relaympi.train``; run files go under
+bench-results/slow_neighbour/ (each with the job's log beside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from relaympi.launcher import launch
+from relaympi.results import read_run
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench-results" / "slow_neighbour"
+
+
+def _rank_of(pid: int) -> int | None:
+    """The rank a process was launched as (its launcher's variables, read as the trainer reads
+    them), or None for a process no launcher started."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    env = dict(entry.decode(errors="replace").partition("=")[::2] for entry in environ if entry)
+    found = launch(env)
+    return found.rank if found.launched else None
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` (from /proc's parent links)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _hold(job: subprocess.Popen, rank: int, stop_s: float, period_s: float) -> None:
+    """SIGSTOP/SIGCONT ``rank``'s process: stopped ``stop_s`` of every ``period_s``."""
+    pid = None
+    while pid is None and job.poll() is None:
+        pid = next((p for p in _descendants(job.pid) if _rank_of(p) == rank), None)
+        time.sleep(0.05)
+    while pid is not None and job.poll() is None:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(stop_s)
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            return
+        time.sleep(period_s - stop_s)
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def _pace(path: Path, skip: int) -> float:
+    """Rank 0's seconds per step from the first evaluation at or after ``skip`` to the last."""
+    run = read_run(path, datasets=["step", "time_s"])
+    steps, seconds = run.data["step"], run.data["time_s"]
+    seconds = seconds if seconds.ndim == 1 else seconds[:, 0]
+    first = int(np.argmax(steps >= skip))
+    return float((seconds[-1] - seconds[first]) / (steps[-1] - steps[first]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ours, train = (
+        (argv[: argv.index("--")], argv[argv.index("--") + 1 :])
+        if "--" in argv
+        else (
+            argv,
+            [],
+        )
+    )
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--deadline", type=float, required=True, help="--message-deadline, s")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--skip", type=int, default=50, help="steps left out at the start")
+    parser.add_argument("--slow-rank", type=int, default=1)
+    parser.add_argument("--stop-ms", type=float, default=50.0)
+    parser.add_argument("--period-ms", type=float, default=100.0)
+    parser.add_argument("--mpirun", default=str(Path(sys.executable).parent / "mpirun"))
+    args = parser.parse_args(ours)
+    OUT.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    kinds = [("clean", False, False), ("clean+deadline", False, True)]
+    kinds += [("slow", True, False), ("slow+deadline", True, True)]
+    paces: dict[str, list[float]] = {name: [] for name, _, _ in kinds}
+    for round_ in range(args.rounds):
+        for name, slow, deadline in kinds:
+            out = OUT / f"{name}-{round_}.h5"
+            command = [args.mpirun, "-n", str(args.ranks), sys.executable, "-m", "relaympi.train"]
+            command += [*train, "--out", str(out), "--overwrite"]
+            command += ["--message-deadline", str(args.deadline)] if deadline else []
+            load = os.getloadavg()[0]
+            with open(out.with_suffix(".log"), "w") as log:  # the job's own lines
+                job = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
+            holder = None
+            if slow:
+                holder = threading.Thread(
+                    target=_hold,
+                    args=(job, args.slow_rank, args.stop_ms / 1e3, args.period_ms / 1e3),
+                    daemon=True,
+                )
+                holder.start()
+            if job.wait() != 0:
+                print(f"{name}: exit {job.returncode}", file=sys.stderr)
+                return 1
+            if holder is not None:
+                holder.join()
+            pace = _pace(out, args.skip)
+            paces[name].append(pace)
+            late = read_run(out, datasets=[]).late_drops
+            dropped = "" if late is None else f", {len(late)} late drops"
+            print(f"round {round_} {name}: {1e3 * pace:.2f} ms/step (load {load:.1f}{dropped})")
+    clean = np.array(paces["clean"])
+    for name, _, _ in kinds:
+        ratios = np.array(paces[name]) / clean
+        print(
+            f"{name}: {1e3 * np.mean(paces[name]):.2f} ms/step, "
+            f"{np.mean(ratios):.2f}x clean (rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
