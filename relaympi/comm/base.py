@@ -151,6 +151,9 @@ class Communicator(ABC):
         self._in_flight: list[Request] | None = None
         # the survivors' communicator that replaced this one after a lost rank (shrink)
         self.successor: Communicator | None = None
+        # seconds the call that a lost rank interrupted had waited (0: none yet): a stalled rank's
+        # silence as this rank saw it (--peer-timeout)
+        self.interrupted_s = 0.0
 
     # -- point to point -------------------------------------------------------------------
     def exchange(
