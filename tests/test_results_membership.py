@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +181,40 @@ def test_take_over_after_the_writer_was_killed(tmp_path: Path) -> None:
     assert done.returncode == -9
     with RunWriter.take_over(path, from_step=20) as writer:
         writer.append({"step": 20, "train_loss": np.full(2, 4.0)})
+    run = read_run(path)
+    assert run.status == "running" and run.data["step"].tolist() == [0, 10, 20]
+    assert run.data["train_loss"][:, 1].tolist() == [1.0, 1.0, 4.0]
+
+
+def test_take_over_from_a_stopped_writer_that_holds_the_lock(tmp_path: Path) -> None:
+    """--peer-timeout evicted rank 0: its process is stopped, not gone, and keeps HDF5's lock."""
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "run.h5"
+    script = (
+        "import os, signal, numpy as np\n"
+        "from relaympi.results import RunWriter\n"
+        f"w = RunWriter.create({str(path)!r}, config={{}}, provenance={{}}, world_size=2)\n"
+        "for k in range(3):\n"
+        "    w.append({'step': 10 * k, 'train_loss': np.ones(2)})\n"
+        "os.kill(os.getpid(), signal.SIGSTOP)\n"
+    )
+    stopped = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        for _ in range(600):  # until it stops, holding the file
+            with open(f"/proc/{stopped.pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[-1].split()[0] == "T":
+                    break
+            time.sleep(0.05)
+        with pytest.raises(BlockingIOError):  # as a taker that does not know finds it
+            RunWriter.take_over(path, from_step=20)
+        with RunWriter.take_over(path, from_step=20, writer_stalled=True) as writer:
+            writer.append({"step": 20, "train_loss": np.full(2, 4.0)})
+    finally:
+        stopped.send_signal(signal.SIGKILL)
+        stopped.wait()
     run = read_run(path)
     assert run.status == "running" and run.data["step"].tolist() == [0, 10, 20]
     assert run.data["train_loss"][:, 1].tolist() == [1.0, 1.0, 4.0]

@@ -404,7 +404,7 @@ class MembershipProtocol:
         those of ``lost_ids`` evicted for silence and the seconds it lasted (--peer-timeout)."""
         loop = self.loop
         if loop.is_root:
-            self._claim_writer(step)
+            self._claim_writer(step, bool(evicted[0]))
             logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
         heal_s = time.perf_counter() - t0
         stop, bad, heal_s = self.engine.all_max(
@@ -443,9 +443,10 @@ class MembershipProtocol:
             raise Stopped("preempted", step)
         return step
 
-    def _claim_writer(self, step: int) -> None:
+    def _claim_writer(self, step: int, stalled: bool = False) -> None:
         """The root after a change: its writer drops the rows from ``step`` on (they are redone);
-        a new root (the old one was lost) takes the run file over."""
+        a new root (the old one was lost) takes the run file over (``stalled``: a rank was evicted
+        for silence, perhaps the old root, whose stopped process still holds the file's lock)."""
         loop = self.loop
         if loop.writer is not None:
             loop.writer.rewind(step)
@@ -453,7 +454,7 @@ class MembershipProtocol:
         from relaympi.results import RunWriter
 
         assert loop.plan.cfg.out is not None
-        loop.writer = RunWriter.take_over(loop.plan.cfg.out, from_step=step)
+        loop.writer = RunWriter.take_over(loop.plan.cfg.out, from_step=step, writer_stalled=stalled)
         if loop.checkpoints.enabled and loop.writer.run_id is not None:
             loop.checkpoints.claim(loop.writer.run_id)
 
