@@ -282,10 +282,10 @@ class RankMembership(PeerMembership):
         # a shrink not rebuilt on yet: the survivors' communicator and their ids (a loss while the
         # survivors agree on the step shrinks what the last shrink gave)
         self._shrunk: tuple[Communicator, list[int]] | None = None
-        # --peer-timeout: every original worker's host and process id, to tell a stalled process
-        # (still there) from a killed one
-        self.hosts: list[str] = []
-        self.pids: list[int] = []
+        # --peer-timeout: each current worker's host and process id by original id, to tell a
+        # stalled process (still there) from a killed one
+        self.hosts: dict[int, str] = {}
+        self.pids: dict[int, int] = {}
 
     def survive_losses(self) -> None:
         self.rank.comm.survive_losses()
@@ -294,7 +294,9 @@ class RankMembership(PeerMembership):
         comm = self.rank.comm
         shared: list[str] = comm.bcast(hosts)
         if self.rank.plan.cfg.peer_timeout is not None:  # the same flag on every rank
-            self.hosts, self.pids = shared, comm.bcast(comm.gather(os.getpid()))
+            members = self.rank.members  # by rank (a rerun on survivors: not 0..n-1)
+            self.hosts = dict(zip(members, shared, strict=True))
+            self.pids = dict(zip(members, comm.bcast(comm.gather(os.getpid())), strict=True))
         return shared
 
     def evicted(self, lost: list[int]) -> tuple[list[int], float]:
@@ -310,7 +312,7 @@ class RankMembership(PeerMembership):
         # per original worker: seen present, seen at all (a survivor on its host); the wait
         seen = np.zeros(2 * n0 + 1)
         for worker in lost:
-            if self.hosts[worker] == here:
+            if self.hosts.get(worker) == here:
                 seen[n0 + worker] = 1.0
                 seen[worker] = 1.0 if process_present(self.pids[worker]) else 0.0
         seen[-1] = self.rank.comm.interrupted_s
