@@ -223,6 +223,10 @@ def _main_in_process(cfg: RunConfig, argv: list[str]) -> int:
 
 
 def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
+    if cfg.peer_timeout is not None:  # Open MPI's failure detector: read by MPI_Init, set first
+        from relaympi.comm.stalls import enable_detector
+
+        enable_detector(cfg.peer_timeout)
     from relaympi.comm import DropPolicy, mpi_communicator
 
     # lazy: the only mpi4py importer; --backend local runs never load MPI

@@ -37,6 +37,14 @@ TRAIN_CASES = [
     (["--drop-prob", "0.1", "--algo", "allreduce"], "--drop-prob", "allreduce"),
     (["--drop-prob", "0.5", "--algo", "isolated"], "--drop-prob", "isolated sends no messages"),
     (["--topology", "chain", "--algo", "isolated"], "--topology", "isolated sends no messages"),
+    (["--peer-timeout", "2", "--backend", "mpi"], "--peer-timeout", "needs --on-failure continue"),
+    (
+        ["--peer-timeout", "2", "--on-failure", "continue", *LOCAL],
+        "--peer-timeout",
+        "--backend mpi",
+    ),
+    (["--peer-timeout", "0", "--on-failure", "continue"], "--peer-timeout", "> 0, got 0"),
+    (["--peer-timeout", "-1", "--on-failure", "continue"], "--peer-timeout", "> 0, got -1"),
 ]
 
 

@@ -68,6 +68,7 @@ def test_resume_free_keys_are_metadata_and_cannot_change_the_numbers() -> None:
         "progress_interval",
         "bucket_size",
         "on_failure",
+        "peer_timeout",
     }
     # what a resumed run may change never changes its numbers
     assert set(RESUME_FREE_KEYS) <= NON_SEMANTIC_KEYS

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +181,40 @@ def test_take_over_after_the_writer_was_killed(tmp_path: Path) -> None:
     assert done.returncode == -9
     with RunWriter.take_over(path, from_step=20) as writer:
         writer.append({"step": 20, "train_loss": np.full(2, 4.0)})
+    run = read_run(path)
+    assert run.status == "running" and run.data["step"].tolist() == [0, 10, 20]
+    assert run.data["train_loss"][:, 1].tolist() == [1.0, 1.0, 4.0]
+
+
+def test_take_over_from_a_stopped_writer_that_holds_the_lock(tmp_path: Path) -> None:
+    """--peer-timeout evicted rank 0: its process is stopped, not gone, and keeps HDF5's lock."""
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "run.h5"
+    script = (
+        "import os, signal, numpy as np\n"
+        "from relaympi.results import RunWriter\n"
+        f"w = RunWriter.create({str(path)!r}, config={{}}, provenance={{}}, world_size=2)\n"
+        "for k in range(3):\n"
+        "    w.append({'step': 10 * k, 'train_loss': np.ones(2)})\n"
+        "os.kill(os.getpid(), signal.SIGSTOP)\n"
+    )
+    stopped = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        for _ in range(600):  # until it stops, holding the file
+            with open(f"/proc/{stopped.pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[-1].split()[0] == "T":
+                    break
+            time.sleep(0.05)
+        with pytest.raises(BlockingIOError):  # as a taker that does not know finds it
+            RunWriter.take_over(path, from_step=20)
+        with RunWriter.take_over(path, from_step=20, writer_stalled=True) as writer:
+            writer.append({"step": 20, "train_loss": np.full(2, 4.0)})
+    finally:
+        stopped.send_signal(signal.SIGKILL)
+        stopped.wait()
     run = read_run(path)
     assert run.status == "running" and run.data["step"].tolist() == [0, 10, 20]
     assert run.data["train_loss"][:, 1].tolist() == [1.0, 1.0, 4.0]
@@ -671,3 +706,47 @@ def test_summary_line_with_a_worker_still_out_after_a_readmission(tmp_path: Path
         "| 3 of 4 workers finished; rank 3 (node2) and rank 0 (node1) lost at step 10, healed in "
         "0.04 s; rank 0 re-admitted at step 30" in capsys.readouterr().out
     )
+
+
+# ------------------------------------------------------------------- a stalled worker evicted
+
+
+def test_a_stalled_worker_is_recorded_and_said_as_stalled(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "run.h5"
+    with new_run(path, rows=3) as writer:
+        writer.add_membership(record(10, [3], 3, heal_s=2.13, stalled=[3], silent_s=2.11))
+        writer.add_membership(record(20, [0, 1], 1, heal_s=0.04))
+        writer.set_status("completed")
+    changes = read_run(path).membership
+    assert changes[0]["stalled"] == [3] and changes[0]["silent_s"] == 2.11
+    assert "stalled" not in changes[1]  # a kill keeps the record it always had
+    print_summary(path, "completed")
+    line = capsys.readouterr().out
+    assert (
+        "| 1 of 4 workers finished; rank 3 (node2, stalled: silent 2.1 s) lost at step 10, "
+        "healed in 2.1 s; rank 0 (node1) and rank 1 (node1) lost at step 20" in line
+    )
+    assert main(["show", str(path)]) == 0
+    assert (
+        "membership: step 10: lost rank 3 (node 1, host node2, stalled: silent 2.1 s); "
+        "3 workers after; healed in 2.13 s" in capsys.readouterr().out
+    )
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"stalled": [2], "silent_s": 2.0}, r"'stalled' must be .* among 'lost' \[1\]"),
+        ({"stalled": [], "silent_s": 2.0}, "'stalled' must be a non-empty list"),
+        ({"stalled": [1, 1], "silent_s": 2.0}, "'stalled' must be"),
+        ({"stalled": [1]}, "'silent_s' must be seconds >= 0, got None"),
+        ({"silent_s": 2.0}, "'stalled' must be"),
+        ({"stalled": [1], "silent_s": -1.0}, "'silent_s' must be seconds >= 0"),
+        ({"stalled": [1], "silent_s": math.inf}, "'silent_s' must be seconds >= 0"),
+    ],
+)
+def test_a_bad_stalled_record_names_the_problem(tmp_path: Path, bad: dict, match: str) -> None:
+    with new_run(tmp_path / "run.h5", rows=1) as writer:
+        with pytest.raises(ValueError, match=match):
+            writer.add_membership({**record(10, [1], 3), **bad})
+        assert writer.membership == []

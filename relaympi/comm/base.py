@@ -172,6 +172,9 @@ class Communicator(ABC):
         # the (round, tag, sender, receiver) of each message this rank received as late (missed
         # the deadline, or a replayed late drop), in the order decided; the engine drains it
         self.late_drops: list[tuple[int, int, int, int]] = []
+        # seconds the call that a lost rank interrupted had waited (0: none yet): a stalled rank's
+        # silence as this rank saw it (--peer-timeout)
+        self.interrupted_s = 0.0
 
     # -- point to point -------------------------------------------------------------------
     def exchange(

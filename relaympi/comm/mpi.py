@@ -54,13 +54,21 @@ def _lost_on_failure(method: Any) -> Any:
         comm = getattr(self, "_comm", self)
         if not comm.survives:
             return method(self, *args, **kwargs)
+        outermost = comm._call_since is None  # a guarded call inside another: the outer's start
+        if outermost:
+            comm._call_since = time.perf_counter()
         try:
             return method(self, *args, **kwargs)
         except MPI.Exception as exc:
+            # the longest: a heal's own calls fail at once afterwards
+            comm.interrupted_s = max(comm.interrupted_s, time.perf_counter() - comm._call_since)
             comm._revoke()
             raise PeerLost(
                 f"rank {comm.rank}: a rank is gone ({exc.Get_error_string().strip()})"
             ) from None
+        finally:
+            if outermost:
+                comm._call_since = None
 
     return guarded
 
@@ -256,6 +264,7 @@ class MPICommunicator(Communicator):
         # take late messages off the wire (request, scratch buffer) until they land
         self._round_tags = max(1, (int(tag_ub) + 1) // TAGS_PER_ROUND)
         self._discards: list[tuple[Any, Any]] = []
+        self._call_since: float | None = None  # when the guarded call in progress began
         atexit.register(self.close)
 
     # -- progress while the ranks compute (--overlap) ----------------------------------------
@@ -678,9 +687,11 @@ class MPICommunicator(Communicator):
                 pass
 
     def agree(self, flag: bool) -> bool:
+        since = time.perf_counter()
         try:
             return bool(self.comm.Agree(1 if flag else 0))
         except MPI.Exception as exc:
+            self.interrupted_s = max(self.interrupted_s, time.perf_counter() - since)
             raise PeerLost(
                 f"rank {self.rank}: a rank is gone ({exc.Get_error_string().strip()})"
             ) from None

@@ -330,6 +330,27 @@ class RunConfig:
             ),
         ),
     )
+    # --on-failure continue on MPI: a process frozen this long is evicted as if lost (Open MPI's
+    # heartbeat failure detector declares it failed; docs/membership.md#a-stalled-worker)
+    peer_timeout: float | None = flag_field(
+        None,
+        "with `--on-failure continue` on MPI: a rank whose process gives no sign of life for S "
+        "seconds (stopped, a paused machine) is evicted, and the others heal without it as "
+        "after a loss (default: never)",
+        type=float,
+        metavar="S",
+        numbers=False,
+        resume_free=True,
+        applies=(
+            Applies(
+                lambda c: c.get("on_failure") == "continue" and c.get("backend", "mpi") == "mpi",
+                lambda c: (
+                    "it evicts a stalled rank as a lost one, so it needs --on-failure continue "
+                    "and --backend mpi"
+                ),
+            ),
+        ),
+    )
     # algorithms' options: each applies to the algorithms whose options have it
     # (relaympi.algorithms.options), and its text starts with them
     relay_mode: str | None = flag_field(  # "counts" (Algorithm 1) unless given

@@ -94,6 +94,7 @@ def validate(cfg: RunConfig) -> None:
     _positive("lr", cfg.lr)
     _positive("bucket_size", cfg.bucket_size)
     _positive("progress_interval", cfg.progress_interval)
+    _positive("peer_timeout", cfg.peer_timeout)
     given: dict[str, Any] = {"name": cfg.optimizer, "momentum": cfg.momentum}
     _checked(
         lambda: OptimizerConfig(**{k: v for k, v in given.items() if v is not None}),

@@ -9,6 +9,7 @@ local``).
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 from pathlib import Path
@@ -22,6 +23,7 @@ from relaympi.algorithms.base import ROUNDS_PER_STEP
 from relaympi.comm import Communicator, PeerLost, run_local
 from relaympi.comm.base import number_nodes
 from relaympi.comm.local import VANISHED
+from relaympi.comm.stalls import PERIODS_PER_TIMEOUT, process_present
 from relaympi.config import ConfigError
 from relaympi.launcher import cuda_overlap_mode
 from relaympi.optim import make_optimizer
@@ -306,13 +308,45 @@ class RankMembership(PeerMembership):
         # a shrink not rebuilt on yet: the survivors' communicator and their ids (a loss while the
         # survivors agree on the step shrinks what the last shrink gave)
         self._shrunk: tuple[Communicator, list[int]] | None = None
+        # --peer-timeout: each current worker's host and process id by original id, to tell a
+        # stalled process (still there) from a killed one
+        self.hosts: dict[int, str] = {}
+        self.pids: dict[int, int] = {}
 
     def survive_losses(self) -> None:
         self.rank.comm.survive_losses()
 
     def share_hosts(self, hosts: list[str] | None) -> list[str]:
-        shared: list[str] = self.rank.comm.bcast(hosts)
+        comm = self.rank.comm
+        shared: list[str] = comm.bcast(hosts)
+        if self.rank.plan.cfg.peer_timeout is not None:  # the same flag on every rank
+            members = self.rank.members  # by rank (a rerun on survivors: not 0..n-1)
+            self.hosts = dict(zip(members, shared, strict=True))
+            self.pids = dict(zip(members, comm.bcast(comm.gather(os.getpid())), strict=True))
         return shared
+
+    def evicted(self, lost: list[int]) -> tuple[list[int], float]:
+        """A lost worker whose process is still on its host (seen by a survivor there) was
+        evicted for silence; where no survivor shares its host, one is taken for evicted when the
+        survivors' longest wait reached 3/4 of the timeout (a killed process is noticed at once, a
+        stalled one once the detector's timeout ran out after its last heartbeat)."""
+        timeout = self.rank.plan.cfg.peer_timeout
+        if timeout is None or not self.pids:
+            return [], 0.0
+        assert self._shrunk is not None  # after a shrink
+        n0, here = self.rank.n0, socket.gethostname()
+        # per original worker: seen present, seen at all (a survivor on its host); the wait
+        seen = np.zeros(2 * n0 + 1)
+        for worker in lost:
+            if self.hosts.get(worker) == here:
+                seen[n0 + worker] = 1.0
+                seen[worker] = 1.0 if process_present(self.pids[worker]) else 0.0
+        seen[-1] = self.rank.comm.interrupted_s
+        seen = self._shrunk[0].allreduce_flags(seen)
+        waited = float(seen[-1])
+        long_wait = waited >= (1 - 1 / PERIODS_PER_TIMEOUT) * timeout
+        stalled = [w for w in lost if seen[w] > 0 or (seen[n0 + w] == 0 and long_wait)]
+        return stalled, waited if stalled else 0.0
 
     def lose(self, step: int, workers: list[int]) -> list[int]:
         if any(worker in self.rank.workers for worker in workers):

@@ -21,7 +21,11 @@ RECORD_KEYS = ("step", "lost", "lost_nodes", "lost_hosts", "world_size", "heal_s
 # since), empty lost/lost_nodes/lost_hosts, and world_size grown by them. Records without the key
 # (every record of a file written before re-admission existed) are losses.
 READMITTED_KEY = "readmitted"
-OPTIONAL_KEYS = (READMITTED_KEY,)
+# --peer-timeout: those of the lost workers that were evicted for silence (their process was still
+# there, stalled), and the longest any survivor waited for them in seconds; heal_s then counts from
+# the start of that wait. Both keys or neither, only in a loss record that evicts.
+STALLED_KEY, SILENT_KEY = "stalled", "silent_s"
+OPTIONAL_KEYS = (READMITTED_KEY, STALLED_KEY, SILENT_KEY)
 
 
 def _is_int(value: Any) -> bool:
@@ -133,7 +137,40 @@ def check_record(
     }
     if readmitted:  # a loss keeps the record it always had (an empty list says nothing)
         checked[READMITTED_KEY] = [int(w) for w in readmitted]
+    if STALLED_KEY in record or SILENT_KEY in record:
+        checked.update(_checked_stall(record, checked["lost"]))
     return checked
+
+
+def _checked_stall(record: Mapping[str, Any], lost: list[int]) -> dict[str, Any]:
+    """An eviction's keys, checked: ``stalled`` a non-empty list of distinct lost ids,
+    ``silent_s`` seconds >= 0."""
+    stalled, silent = record.get(STALLED_KEY), record.get(SILENT_KEY)
+    if (
+        not isinstance(stalled, (list, tuple))
+        or not stalled
+        or not all(_is_int(w) and w in lost for w in stalled)
+        or len(set(stalled)) != len(stalled)
+    ):
+        raise ValueError(
+            f"membership record: {STALLED_KEY!r} must be a non-empty list of distinct ids among "
+            f"'lost' {lost}, got {stalled!r}"
+        )
+    if (
+        isinstance(silent, (bool, np.bool_))
+        or not isinstance(silent, (int, float, np.integer, np.floating))
+        or not math.isfinite(silent)
+        or silent < 0
+    ):
+        raise ValueError(f"membership record: {SILENT_KEY!r} must be seconds >= 0, got {silent!r}")
+    return {STALLED_KEY: [int(w) for w in stalled], SILENT_KEY: float(silent)}
+
+
+def _stalled_text(change: Mapping[str, Any], worker: int) -> str:
+    """', stalled: silent 2.1 s' for a worker evicted for silence, else ''."""
+    if worker not in change.get(STALLED_KEY, ()):
+        return ""
+    return f", stalled: silent {_seconds(float(change[SILENT_KEY]))} s"
 
 
 def _worker_list(workers: Any, world_size: int) -> bool:
@@ -254,7 +291,7 @@ def change_text(change: Mapping[str, Any]) -> str:
             f"{workers} after; in {float(change['heal_s']):.2f} s"
         )
     ranks = [
-        f"rank {w} ({_node_host(n, h)})"
+        f"rank {w} ({_node_host(n, h)}{_stalled_text(change, w)})"
         for w, n, h in zip(change["lost"], change["lost_nodes"], change["lost_hosts"], strict=False)
     ]
     return (
@@ -281,7 +318,7 @@ def summary_text(world_size: int, membership: Sequence[Mapping[str, Any]]) -> st
             parts.append(f"{back} re-admitted at step {change['step']}")
             continue
         ranks = [
-            f"rank {w} ({h if h is not None else f'node {n}'})"
+            f"rank {w} ({h if h is not None else f'node {n}'}{_stalled_text(change, w)})"
             for w, n, h in zip(
                 change["lost"], change["lost_nodes"], change["lost_hosts"], strict=False
             )

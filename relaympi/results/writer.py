@@ -353,7 +353,9 @@ class RunWriter:
         return cls(file, path)
 
     @classmethod
-    def take_over(cls, path: str | os.PathLike, *, from_step: int) -> RunWriter:
+    def take_over(
+        cls, path: str | os.PathLike, *, from_step: int, writer_stalled: bool = False
+    ) -> RunWriter:
         """The writer of a running run whose writing process died (a lost rank 0, with
         ``--on-failure continue``): the file reopened as it is, its rows with step >= from_step
         dropped (the survivors redo them).
@@ -364,6 +366,9 @@ class RunWriter:
         Args:
             path: the run file.
             from_step: the first step the survivors write again.
+            writer_stalled: the writer was evicted for silence (--peer-timeout): its process is
+                still there, stopped, holding the file's lock, and will never write again (it
+                aborts at its next MPI call), so the file is opened without locking.
 
         Returns:
             The writer of the file.
@@ -383,7 +388,7 @@ class RunWriter:
             raise RunExistsError(
                 f"{path} holds a {status} run; only a running run's file is taken over"
             )
-        file = h5py.File(path, "r+", locking="best-effort")
+        file = h5py.File(path, "r+", locking=False if writer_stalled else "best-effort")
         try:
             _truncate_rows(file, int(from_step) - 1)
             _truncate_late_drops(file, int(from_step))

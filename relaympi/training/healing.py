@@ -117,6 +117,12 @@ class PeerMembership(Membership):
     def min_over(self, value: int) -> int:
         """The minimum of ``value`` over the survivors of the last shrink (collective)."""
 
+    def evicted(self, lost: list[int]) -> tuple[list[int], float]:
+        """Which of the ``lost`` (original ids) were evicted for silence (--peer-timeout), not
+        killed, and the longest any survivor waited for them (collective over the last shrink's
+        survivors where the engine evicts; default: none, 0)."""
+        return [], 0.0
+
     @abstractmethod
     def rebuild(self, lost: list[int], step: int) -> None:
         """Carry on over the last shrink's survivors: the algorithm built again over them (its heal
@@ -363,12 +369,16 @@ class MembershipProtocol:
                         engine.vanish()
             step = engine.min_over(position)
             lost_ids, self._lost_in_heal = self._lost_in_heal, []
+            stalled, silent_s = engine.evicted(lost_ids)
             snapshot = self.snapshots.at(step)
             self._go_back(snapshot.state)
             engine.rebuild(lost_ids, step)
             self.snapshots = Snapshots()
             self.snapshots.take(step, self.live_state(), snapshot.flags)
-            return self.after_change(step, lost_ids, t0, snapshot.flags, bar)
+            # an eviction's heal counts from the silence that led to it: detection included
+            return self.after_change(
+                step, lost_ids, t0 - silent_s, snapshot.flags, bar, (stalled, silent_s)
+            )
 
     def _go_back(self, state: dict[str, Any]) -> None:
         loop = self.loop
@@ -380,14 +390,21 @@ class MembershipProtocol:
         loop.last_train_loss = copy.copy(last)
 
     def after_change(
-        self, step: int, lost_ids: list[int], t0: float, flags: tuple[bool, bool], bar: Any
+        self,
+        step: int,
+        lost_ids: list[int],
+        t0: float,
+        flags: tuple[bool, bool],
+        bar: Any,
+        evicted: tuple[list[int], float] = ([], 0.0),
     ) -> int:
         """The run file after a change at ``step``: rows from it on are redone; the change itself
         is written once the first step on the new membership completed (changes at one step are
-        merged). Then the stop flags of the step before, agreed among the survivors."""
+        merged). Then the stop flags of the step before, agreed among the survivors. ``evicted``:
+        those of ``lost_ids`` evicted for silence and the seconds it lasted (--peer-timeout)."""
         loop = self.loop
         if loop.is_root:
-            self._claim_writer(step)
+            self._claim_writer(step, bool(evicted[0]))
             logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
         heal_s = time.perf_counter() - t0
         stop, bad, heal_s = self.engine.all_max(
@@ -395,16 +412,22 @@ class MembershipProtocol:
         )
         nodes = [loop.nodes0[i] for i in lost_ids]
         hosts = [self.hosts0[i] if len(self.hosts0) == loop.n0 else None for i in lost_ids]
+        stalled, silent_s = evicted
         change = self.pending
         if change is not None and change["step"] == step:
             lost_ids, nodes = change["lost"] + lost_ids, change["lost_nodes"] + nodes
             hosts, heal_s = change["lost_hosts"] + hosts, change["heal_s"] + heal_s
-        self.pending = change_record(step, lost_ids, nodes, hosts, len(loop.members), heal_s)
+            stalled = change.get("stalled", []) + stalled
+            silent_s = max(change.get("silent_s", 0.0), silent_s)
+        self.pending = change_record(
+            step, lost_ids, nodes, hosts, len(loop.members), heal_s, (stalled, silent_s)
+        )
         if loop.is_root:
             log.warning(
                 "lost %s at step %d; %d workers carry on (healed in %.2f s)",
                 ", ".join(
-                    f"{loop.worker_noun} {i} (node {n})"
+                    f"{loop.worker_noun} {i} (node {n}"
+                    + (f", stalled: silent for {silent_s:.2f} s)" if i in stalled else ")")
                     for i, n in zip(lost_ids, nodes, strict=True)
                 ),
                 step,
@@ -420,9 +443,10 @@ class MembershipProtocol:
             raise Stopped("preempted", step)
         return step
 
-    def _claim_writer(self, step: int) -> None:
+    def _claim_writer(self, step: int, stalled: bool = False) -> None:
         """The root after a change: its writer drops the rows from ``step`` on (they are redone);
-        a new root (the old one was lost) takes the run file over."""
+        a new root (the old one was lost) takes the run file over (``stalled``: a rank was evicted
+        for silence, perhaps the old root, whose stopped process still holds the file's lock)."""
         loop = self.loop
         if loop.writer is not None:
             loop.writer.rewind(step)
@@ -430,7 +454,7 @@ class MembershipProtocol:
         from relaympi.results import RunWriter
 
         assert loop.plan.cfg.out is not None
-        loop.writer = RunWriter.take_over(loop.plan.cfg.out, from_step=step)
+        loop.writer = RunWriter.take_over(loop.plan.cfg.out, from_step=step, writer_stalled=stalled)
         if loop.checkpoints.enabled and loop.writer.run_id is not None:
             loop.checkpoints.claim(loop.writer.run_id)
 

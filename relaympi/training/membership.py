@@ -216,9 +216,25 @@ def change_record(
     lost_hosts: Sequence[str | None],
     world_size: int,
     heal_s: float,
+    evicted: tuple[Sequence[int], float] = ((), 0.0),
 ) -> dict[str, Any]:
-    """One membership change as the run file's ``membership`` attribute lists it."""
-    return {
+    """One membership change as the run file's ``membership`` attribute lists it.
+
+    Args:
+        step: the step from which the lost workers take no part.
+        lost: their original ids.
+        lost_nodes: their nodes, one each.
+        lost_hosts: their hosts (None: unknown), one each.
+        world_size: the workers after the change.
+        heal_s: seconds from the failure being noticed (an eviction: from the silence that led to
+            it) to the first step on the new membership.
+        evicted: those of ``lost`` evicted for silence (--peer-timeout) and the longest any
+            survivor waited for them; recorded as ``stalled`` and ``silent_s`` where any.
+
+    Returns:
+        The record.
+    """
+    record: dict[str, Any] = {
         "step": int(step),
         "lost": [int(r) for r in lost],
         "lost_nodes": [int(n) for n in lost_nodes],
@@ -226,6 +242,11 @@ def change_record(
         "world_size": int(world_size),
         "heal_s": float(heal_s),
     }
+    stalled, silent_s = evicted
+    if stalled:
+        record["stalled"] = sorted(int(r) for r in stalled)
+        record["silent_s"] = float(silent_s)
+    return record
 
 
 def heal_table() -> str:
