@@ -312,8 +312,11 @@ class TrainingLoop(ABC):
         except BaseException as exc:
             if self.writer is not None:
                 record_failure(self.writer, exc)
-            elif not self.is_root and not isinstance(exc, USAGE_ERRORS):
-                self.report_failure(f"{type(exc).__name__}: {exc}")
+            else:
+                if not self.is_root and not isinstance(exc, USAGE_ERRORS):
+                    self.report_failure(f"{type(exc).__name__}: {exc}")
+                if getattr(self, "membership", None) is not None:  # the writer may be lost
+                    self.membership.failed_without_writer(exc)
             raise
         finally:
             if self.writer is not None:
