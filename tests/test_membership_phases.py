@@ -160,6 +160,41 @@ def test_a_stuck_heal_after_the_writer_was_killed_leaves_the_file_failed(tmp_pat
 
 
 @pytest.mark.slow
+@requires_ulfm
+def test_a_rank_that_fails_at_start_up_ends_the_job(tmp_path):
+    """A rank whose start-up fails (as a failed MPI_Comm_dup would) ends the whole job with exit
+    status 1 instead of leaving the others waiting for it in a start-up collective (and itself in
+    MPI_Finalize); no run file is left running."""
+    out = tmp_path / "r.h5"
+    env = {"RELAYMPI_INJECT_FAILURE": "1:0:startup"}
+    args = ["-x", "RELAYMPI_INJECT_FAILURE", "-x", "PYTHONPATH", PY, "-m", "relaympi.train"]
+    started = time.monotonic()
+    proc = run_ulfm([*args, *QUAD, "--out", out], 3, env=env, timeout=120)
+    output = proc.stdout + proc.stderr[-3000:]
+    assert proc.returncode == 1, output  # 124: the job hung
+    assert time.monotonic() - started < 60, output
+    line = "failed: rank 1: RuntimeError: injected failure on rank 1 at start-up"
+    assert proc.stderr.count(line) == 1, output
+    assert not out.exists() or read_run(out).status != "running"
+
+
+def test_a_start_up_failure_is_refused_off_mpi_and_past_step_0(tmp_path, capsys):
+    from relaympi import train
+
+    args = [*map(str, QUAD), "--backend", "local", "--workers", "4"]
+    cases = {
+        "1:3:startup": "phase startup takes STEP 0 (it fails before any step)",
+        "1:0:startup": "only MPI ranks (--backend mpi) fail at start-up",
+    }
+    for index, (inject, message) in enumerate(cases.items()):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("RELAYMPI_INJECT_FAILURE", inject)
+            status = train.main([*args, "--out", str(tmp_path / f"r{index}.h5")])
+        assert status == train.EXIT_USAGE
+        assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_survivors_that_cannot_go_on_record_the_failure_where_the_writer_was_lost(tmp_path):
     """Ranks 0, 1 and 2 (each the run file's writer in turn) lost: the last survivor cannot
     rebuild the topology, and records that in the file the lost writer left running."""
