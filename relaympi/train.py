@@ -349,7 +349,8 @@ def _failure_ends_the_job() -> Iterator[None]:
         from mpi4py import MPI
 
         MPI.COMM_WORLD.Abort(EXIT_FAILED)
-        raise  # Abort does not return
+        sys.stderr.flush()
+        os._exit(EXIT_FAILED)  # MPICH's Abort may return once it has told the launcher
 
 
 def _rerun_command(argv: list[str], mpi_ranks: int | None = None) -> str:

@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks.kill_loop import differences
 from relaympi.results import read_run
-from tests.conftest import PY, requires_ulfm, run_train, run_ulfm
+from tests.conftest import PY, requires_mpirun, requires_ulfm, run_train, run_ulfm
 
 STEPS = 12
 QUAD = [
@@ -176,6 +176,19 @@ def test_a_rank_that_fails_at_start_up_ends_the_job(tmp_path):
     line = "failed: rank 1: RuntimeError: injected failure on rank 1 at start-up"
     assert proc.stderr.count(line) == 1, output
     assert not out.exists() or read_run(out).status != "running"
+
+
+@pytest.mark.slow
+@requires_mpirun
+def test_a_rank_that_fails_at_start_up_ends_the_job_under_the_default_mpi(tmp_path):
+    """The same under the default MPI (MPICH), without --on-failure continue."""
+    out = tmp_path / "r.h5"
+    env = {"RELAYMPI_INJECT_FAILURE": "1:0:startup"}
+    proc = run_train([*QUAD[:-2], "--out", out], mpi=2, env=env, timeout=120, check=1)
+    line = "failed: rank 1: RuntimeError: injected failure on rank 1 at start-up"
+    assert proc.stderr.count(line) == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr  # one line, and no second report of it
+    assert not out.exists()
 
 
 def test_a_start_up_failure_is_refused_off_mpi_and_past_step_0(tmp_path, capsys):
