@@ -17,6 +17,7 @@ without a checkpoint (no --checkpoint-dir: a rerun starts over).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shlex
@@ -24,6 +25,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -232,7 +234,7 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
     # lazy: the only mpi4py importer; --backend local runs never load MPI
     from relaympi.comm.mpi import node_allgather, world_size
     from relaympi.training.loop import USAGE_ERRORS
-    from relaympi.training.membership import HealError
+    from relaympi.training.membership import HealError, startup_failure
     from relaympi.training.plan import default_out, run_nodes
 
     size = world_size()
@@ -248,34 +250,38 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
         )
     # --ranks-per-node emulates nodes (recorded as emulated); else the nodes MPI placed the ranks on
     emulated = run_nodes(cfg, size) if cfg.ranks_per_node is not None else None
-    comm = mpi_communicator(drops=DropPolicy(cfg.drop_prob, cfg.seed), nodes=emulated)
-    # bound ranks (srun --cpu-bind, mpirun -bind-to) each keep their own CPUs; unbound ones
-    # share theirs
-    cpus = threads.allowed_cpus()
-    _configure(cfg, comm.rank, cpus, threads.sharers(cpus, node_allgather(cpus)))
-    error = None
-    try:
-        if cfg.on_failure == "continue":  # the same library on every rank: all refuse alike
-            from relaympi.comm.mpi import fault_tolerance_missing
+    with _failure_ends_the_job():
+        comm = mpi_communicator(drops=DropPolicy(cfg.drop_prob, cfg.seed), nodes=emulated)
+        failure = startup_failure(comm.rank)  # RELAYMPI_INJECT_FAILURE=RANK:0:startup
+        if failure is not None:
+            raise RuntimeError(failure)
+        # bound ranks (srun --cpu-bind, mpirun -bind-to) each keep their own CPUs; unbound ones
+        # share theirs
+        cpus = threads.allowed_cpus()
+        _configure(cfg, comm.rank, cpus, threads.sharers(cpus, node_allgather(cpus)))
+        error = None
+        try:
+            if cfg.on_failure == "continue":  # the same library on every rank: all refuse alike
+                from relaympi.comm.mpi import fault_tolerance_missing
 
-            missing = fault_tolerance_missing()
-            if missing is not None:
-                raise ConfigError(f"--on-failure continue: {missing}")
-        plan = _resolve(cfg, size, comm.nodes)
-        engine_for(cfg.backend).check(plan)
-        plan.task.check_data(plan.task_options)  # every rank: each node needs the data
-        out = Path(cfg.out) if cfg.out else default_out(plan.cfg, size)
-        if comm.rank == 0:
-            check_out(out, cfg.overwrite, plan)
-        plan = plan.with_out(out)
-        if comm.rank == 0:
-            _save_problem(plan)
-    except (ConfigError, TaskError) as exc:
-        error = exc
-    # every rank must agree to stop: one that went on would wait for the others forever
-    flags = comm.allreduce_flags(
-        np.array([1.0 if error else 0.0, 1.0 if error and comm.rank == 0 else 0.0])
-    )
+                missing = fault_tolerance_missing()
+                if missing is not None:
+                    raise ConfigError(f"--on-failure continue: {missing}")
+            plan = _resolve(cfg, size, comm.nodes)
+            engine_for(cfg.backend).check(plan)
+            plan.task.check_data(plan.task_options)  # every rank: each node needs the data
+            out = Path(cfg.out) if cfg.out else default_out(plan.cfg, size)
+            if comm.rank == 0:
+                check_out(out, cfg.overwrite, plan)
+            plan = plan.with_out(out)
+            if comm.rank == 0:
+                _save_problem(plan)
+        except (ConfigError, TaskError) as exc:
+            error = exc
+        # every rank must agree to stop: one that went on would wait for the others forever
+        flags = comm.allreduce_flags(
+            np.array([1.0 if error else 0.0, 1.0 if error and comm.rank == 0 else 0.0])
+        )
     if flags[0] > 0:
         # one copy of the message where possible
         if error is not None and (comm.rank == 0 or flags[1] == 0):
@@ -322,6 +328,29 @@ def _main_mpi(cfg: RunConfig, argv: list[str]) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+@contextlib.contextmanager
+def _failure_ends_the_job() -> Iterator[None]:
+    """A failure of this rank while the job starts (not a misuse, which every rank finds and
+    refuses alike) ends the whole job with MPI_Abort: the other ranks wait for this one in the
+    start-up's collectives, and a return would leave this one waiting in MPI_Finalize for them."""
+    try:
+        yield
+    except (ConfigError, TaskError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - no rank may wait forever for this one
+        print(
+            f"failed: rank {launch().rank}: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.stdout.flush()
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Abort(EXIT_FAILED)
+        sys.stderr.flush()
+        os._exit(EXIT_FAILED)  # MPICH's Abort may return once it has told the launcher
 
 
 def _rerun_command(argv: list[str], mpi_ranks: int | None = None) -> str:

@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks.kill_loop import differences
 from relaympi.results import read_run
-from tests.conftest import PY, requires_ulfm, run_train, run_ulfm
+from tests.conftest import PY, requires_mpirun, requires_ulfm, run_train, run_ulfm
 
 STEPS = 12
 QUAD = [
@@ -103,14 +103,18 @@ def test_a_rank_named_at_a_phase_the_run_never_reaches_is_refused(tmp_path, caps
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("lost", [1, 0], ids=["rank1", "writer"])
 @pytest.mark.parametrize("checkpoint", [False, True], ids=["failed", "preempted"])
-def test_a_heal_stuck_for_good_ends_the_process_and_the_run_file_says_so(tmp_path, checkpoint):
+def test_a_heal_stuck_for_good_ends_the_process_and_the_run_file_says_so(
+    tmp_path, checkpoint, lost
+):
     """A heal that never finishes (stalled on purpose) ends the process after
     RELAYMPI_HEAL_TIMEOUT with one line naming the phase; the run file says failed, or preempted
-    where a checkpoint was saved (a rerun resumes it), never running."""
+    where a checkpoint was saved (a rerun resumes it), never running: also where the lost worker
+    was the run file's writer (rank 0), so that no survivor writes it."""
     out = tmp_path / "r.h5"
     env = {
-        "RELAYMPI_INJECT_FAILURE": "1:6",
+        "RELAYMPI_INJECT_FAILURE": f"{lost}:6",
         "RELAYMPI_INJECT_STALL": "heal",
         "RELAYMPI_HEAL_TIMEOUT": "2",
     }
@@ -127,6 +131,95 @@ def test_a_heal_stuck_for_good_ends_the_process_and_the_run_file_says_so(tmp_pat
     assert run.status == ("preempted" if checkpoint else "failed")
     if checkpoint:
         assert run.attrs["stopped_step"] == 4 and run.attrs["checkpoint_saved"]
+
+
+@pytest.mark.slow
+@requires_ulfm
+def test_a_stuck_heal_after_the_writer_was_killed_leaves_the_file_failed(tmp_path):
+    """MPI: rank 0, the run file's writer, SIGKILLs itself and the survivors' heal stalls for good:
+    each survivor ends after RELAYMPI_HEAL_TIMEOUT, and one of them, taking over the file nobody
+    writes any more, marks it failed."""
+    out = tmp_path / "r.h5"
+    env = {
+        "RELAYMPI_INJECT_FAILURE": "0:6",
+        "RELAYMPI_INJECT_STALL": "heal",
+        "RELAYMPI_HEAL_TIMEOUT": "2",
+    }
+    passed = [arg for name in env for arg in ("-x", name)] + ["-x", "PYTHONPATH"]
+    args = [*passed, PY, "-m", "relaympi.train", *QUAD, "--out", out]
+    proc = run_ulfm(args, 3, env=env, timeout=120)
+    output = proc.stdout + proc.stderr[-3000:]
+    assert proc.returncode == 1, output
+    assert proc.stderr.count("the heal did not finish within 2 s") == 2, output
+    run = read_run(out)
+    assert run.status == "failed", output
+    assert run.attrs["error"] == "RuntimeError: the heal did not finish within 2 s " + (
+        "(RELAYMPI_HEAL_TIMEOUT)"
+    )
+    assert run.data["step"].tolist() == [0, 2, 4]  # as the writer left it (lost at step 6)
+
+
+@pytest.mark.slow
+@requires_ulfm
+def test_a_rank_that_fails_at_start_up_ends_the_job(tmp_path):
+    """A rank whose start-up fails (as a failed MPI_Comm_dup would) ends the whole job with exit
+    status 1 instead of leaving the others waiting for it in a start-up collective (and itself in
+    MPI_Finalize); no run file is left running."""
+    out = tmp_path / "r.h5"
+    env = {"RELAYMPI_INJECT_FAILURE": "1:0:startup"}
+    args = ["-x", "RELAYMPI_INJECT_FAILURE", "-x", "PYTHONPATH", PY, "-m", "relaympi.train"]
+    started = time.monotonic()
+    proc = run_ulfm([*args, *QUAD, "--out", out], 3, env=env, timeout=120)
+    output = proc.stdout + proc.stderr[-3000:]
+    assert proc.returncode == 1, output  # 124: the job hung
+    assert time.monotonic() - started < 60, output
+    line = "failed: rank 1: RuntimeError: injected failure on rank 1 at start-up"
+    assert proc.stderr.count(line) == 1, output
+    assert not out.exists() or read_run(out).status != "running"
+
+
+@pytest.mark.slow
+@requires_mpirun
+def test_a_rank_that_fails_at_start_up_ends_the_job_under_the_default_mpi(tmp_path):
+    """The same under the default MPI (MPICH), without --on-failure continue."""
+    out = tmp_path / "r.h5"
+    env = {"RELAYMPI_INJECT_FAILURE": "1:0:startup"}
+    proc = run_train([*QUAD[:-2], "--out", out], mpi=2, env=env, timeout=120, check=1)
+    line = "failed: rank 1: RuntimeError: injected failure on rank 1 at start-up"
+    assert proc.stderr.count(line) == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr  # one line, and no second report of it
+    assert not out.exists()
+
+
+def test_a_start_up_failure_is_refused_off_mpi_and_past_step_0(tmp_path, capsys):
+    from relaympi import train
+
+    args = [*map(str, QUAD), "--backend", "local", "--workers", "4"]
+    cases = {
+        "1:3:startup": "phase startup takes STEP 0 (it fails before any step)",
+        "1:0:startup": "only MPI ranks (--backend mpi) fail at start-up",
+    }
+    for index, (inject, message) in enumerate(cases.items()):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("RELAYMPI_INJECT_FAILURE", inject)
+            status = train.main([*args, "--out", str(tmp_path / f"r{index}.h5")])
+        assert status == train.EXIT_USAGE
+        assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_survivors_that_cannot_go_on_record_the_failure_where_the_writer_was_lost(tmp_path):
+    """Ranks 0, 1 and 2 (each the run file's writer in turn) lost: the last survivor cannot
+    rebuild the topology, and records that in the file the lost writer left running."""
+    out = tmp_path / "r.h5"
+    env = {"RELAYMPI_INJECT_FAILURE": "0:3,1:4,2:5"}
+    args = [*QUAD, "--backend", "local", "--workers", 4, "--out", out]
+    proc = run_train(args, env=env, check=1, timeout=120)
+    run = read_run(out)
+    assert run.status == "failed", proc.stderr[-3000:]
+    assert "cannot be built again over the 1 surviving workers" in run.attrs["error"]
+    assert run.data["step"].tolist() == [0, 2, 4]  # the rows of the steps before the failure
+    assert [r for change in run.membership for r in change["lost"]] == [0, 1]
 
 
 def test_a_bad_heal_timeout_is_refused_in_one_line(tmp_path):

@@ -750,3 +750,76 @@ def test_a_bad_stalled_record_names_the_problem(tmp_path: Path, bad: dict, match
         with pytest.raises(ValueError, match=match):
             writer.add_membership({**record(10, [1], 3), **bad})
         assert writer.membership == []
+
+
+def test_take_over_abandoned_gets_a_running_file_nobody_writes(tmp_path: Path) -> None:
+    path = tmp_path / "run.h5"
+    new_run(path, rows=3).close()  # its writer's process is gone
+    writer = RunWriter.take_over_abandoned(path)
+    assert writer is not None and writer.is_open and writer.num_rows == 3  # rows untouched
+    writer.set_status("failed", error="RuntimeError: the heal did not finish")
+    writer.close()
+    assert not writer.is_open
+    run = read_run(path)
+    assert run.status == "failed" and run.data["step"].tolist() == [0, 10, 20]
+    assert RunWriter.take_over_abandoned(path) is None  # ended: nothing left to record
+
+
+def test_take_over_abandoned_leaves_a_live_writer_and_an_ended_run_alone(tmp_path: Path) -> None:
+    path = tmp_path / "run.h5"
+    with new_run(path, rows=2):  # a live writer holds the lock
+        assert RunWriter.take_over_abandoned(path) is None
+    for status in ("completed", "diverged", "failed", "preempted"):
+        ended = tmp_path / f"{status}.h5"
+        with new_run(ended, rows=1) as writer:
+            writer.set_status(status)
+        assert RunWriter.take_over_abandoned(ended) is None, status
+        assert read_run(ended).status == status
+    assert RunWriter.take_over_abandoned(tmp_path / "none.h5") is None
+    (tmp_path / "bad.h5").write_bytes(b"")
+    assert RunWriter.take_over_abandoned(tmp_path / "bad.h5") is None
+
+
+@pytest.mark.slow
+def test_take_over_abandoned_goes_to_one_process_of_several(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process took the file over: this one is refused while it holds the lock (even past
+    the first check), and finds the run ended once it released it."""
+    import subprocess
+    import sys
+
+    from relaympi.results import writer as writer_module
+
+    path = tmp_path / "run.h5"
+    new_run(path, rows=2).close()
+    script = (
+        "import sys\n"
+        "from relaympi.results import RunWriter\n"
+        f"w = RunWriter.take_over_abandoned({str(path)!r})\n"
+        "print('got' if w is not None else 'none', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "w.set_status('failed', error='RuntimeError: ended')\n"
+        "w.close()\n"
+    )
+    other = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout is not None and other.stdin is not None
+        assert other.stdout.readline().strip() == "got"
+        assert RunWriter.take_over_abandoned(path) is None
+        with monkeypatch.context() as patch:  # as if this one had checked before the other opened
+            patch.setattr(writer_module, "_locked_by_a_writer", lambda path: False)
+            assert RunWriter.take_over_abandoned(path) is None
+        other.stdin.write("\n")
+        other.stdin.close()
+        assert other.wait(timeout=60) == 0
+    finally:
+        other.kill()
+    assert RunWriter.take_over_abandoned(path) is None
+    run = read_run(path)
+    assert run.status == "failed" and run.attrs["error"] == "RuntimeError: ended"

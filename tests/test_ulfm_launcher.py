@@ -112,3 +112,49 @@ def test_sigterm_to_the_launcher_preempts_and_the_same_command_resumes(tmp_path:
     resumed = read_run(out)
     assert resumed.status == "completed" and len(resumed.attrs["resumed_at_steps"]) == 1
     assert list(resumed.data["step"][-1:]) == [300]
+
+
+def _mpirun_arguments(tmp_path: Path, args: list[str], env: dict[str, str] | None = None) -> str:
+    """The arguments scripts/mpirun-ulfm gives mpirun (a stand-in that prints them) for ``args``."""
+    prefix = tmp_path / "openmpi"
+    (prefix / "bin").mkdir(parents=True, exist_ok=True)
+    (prefix / "lib").mkdir(exist_ok=True)
+    (prefix / "lib" / "libmpi.so.40").touch()
+    stand_in = prefix / "bin" / "mpirun"
+    stand_in.write_text('#!/bin/sh\necho "$*"\n')
+    stand_in.chmod(0o755)
+    scheduler = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES", "PBS_NODEFILE", "PE_HOSTFILE", "LSB_HOSTS")
+    clean = {k: v for k, v in env_for_subprocess().items() if k not in scheduler}
+    proc = subprocess.run(
+        [str(ULFM_MPIRUN), *args],
+        env={**clean, "RELAYMPI_OPENMPI": str(prefix), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_on_one_node_mpis_tcp_is_pinned_to_loopback_and_a_host_list_is_left_alone(
+    tmp_path: Path,
+) -> None:
+    loopback = "--mca btl_tcp_if_include lo "
+    assert loopback in _mpirun_arguments(tmp_path, ["-n", "4", "true"])
+    assert loopback in _mpirun_arguments(
+        tmp_path, ["-n", "4", "true"], {"SLURM_JOB_NUM_NODES": "1"}
+    )
+    several = [
+        (["--hostfile", "hosts", "-n", "4", "true"], None),
+        (["--host=a,b", "-n", "4", "true"], None),
+        (["-H", "a:2,b:2", "-n", "4", "true"], None),
+        (["--machinefile", "hosts", "-n", "4", "true"], None),
+        (["--mca", "btl_tcp_if_exclude", "docker0", "-n", "4", "true"], None),
+        (["-n", "4", "true"], {"SLURM_JOB_NUM_NODES": "4"}),
+        (["-n", "4", "true"], {"PBS_NODEFILE": "/var/spool/nodes"}),
+    ]
+    for args, env in several:
+        assert "btl_tcp_if_include" not in _mpirun_arguments(tmp_path, args, env), (args, env)
+    pinned = _mpirun_arguments(tmp_path, ["--iface", "rmpi7", "-n", "4", "true"])
+    assert "--mca btl_tcp_if_include rmpi7 --mca oob_tcp_if_include rmpi7 " in pinned
+    assert "btl_tcp_if_include lo" not in pinned

@@ -398,6 +398,43 @@ class RunWriter:
             raise
         return cls(file, path)
 
+    @classmethod
+    def take_over_abandoned(cls, path: str | os.PathLike) -> RunWriter | None:
+        """The writer of a run file left "running" by a process that is gone, for a process that
+        ends without one to record how the run ended; None where a live process writes the file,
+        or where the run ended already (or there is no readable file).
+
+        The status is read once this process holds the writer's lock (HDF5's exclusive flock,
+        taken on opening): of several processes that ask at once, one gets the file and the
+        others, refused the lock or finding the status it wrote, get None.
+
+        Args:
+            path: the run file.
+
+        Returns:
+            The writer (the file opened as it is, rows untouched), or None.
+        """
+        path = Path(path)
+        if not path.exists() or _locked_by_a_writer(path):
+            return None
+        try:
+            file = h5py.File(path, "r+", locking="best-effort")
+        except OSError:  # another process took the lock first, or not a readable HDF5 file
+            return None
+        try:
+            if "world_size" not in file.attrs or decode_attr(file.attrs.get("status")) != "running":
+                file.close()
+                return None
+            return cls(file, path)
+        except BaseException:
+            _close_quietly(file)
+            raise
+
+    @property
+    def is_open(self) -> bool:
+        """Whether this writer still has its file open (``close`` not called yet)."""
+        return bool(self._file.id.valid)
+
     def rewind(self, step: int) -> None:
         """Drop every row whose step is >= ``step`` (after a heal the survivors redo that step),
         and flush.

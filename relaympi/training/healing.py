@@ -47,6 +47,8 @@ PID_DIR_ENV = "RELAYMPI_PID_DIR"
 # seconds a heal, the end agreement or the close may take
 HEAL_TIMEOUT_ENV = "RELAYMPI_HEAL_TIMEOUT"
 DEFAULT_HEAL_TIMEOUT_S = 60.0
+# seconds a failing rank without the run file waits for its writer to end before taking it over
+WRITER_GRACE_S = 3.0
 # tests only: a phase of the protocol ("heal", "end") in which every process stalls for good
 STALL_ENV = "RELAYMPI_INJECT_STALL"
 
@@ -242,6 +244,7 @@ class MembershipProtocol:
         # the end agreement failed: this rank has cast the vote the healing ranks cast, so its heal
         # goes straight to the shrink
         self._voted = False
+        self._began = False  # the steps began (the run file was opened)
         self.watchdog = Watchdog(
             heal_timeout(), self._ended, f"{loop.worker_noun} {loop.workers[0]}"
         )
@@ -307,7 +310,8 @@ class MembershipProtocol:
             self.snapshots.take(step, self.live_state(), flags)
 
     def first_snapshot(self, step: int) -> None:
-        """Where the steps start (or resume)."""
+        """Where the steps start (or resume): every rank passed the opening of the run file."""
+        self._began = True
         self.step_done(step, (False, False))
 
     def step_agreed(self) -> None:
@@ -459,35 +463,72 @@ class MembershipProtocol:
             loop.checkpoints.claim(loop.writer.run_id)
 
     def _ended(self, phase: str) -> int:
-        """The watchdog ends this process in ``phase``: the run file (where this process writes it)
-        says preempted where a checkpoint was saved (a rerun resumes it), else failed; the exit
-        status (4 or 1) says the same."""
+        """The watchdog ends this process in ``phase``: the run file says preempted where a
+        checkpoint was saved (a rerun resumes it), else failed; the exit status (4 or 1) says the
+        same."""
         from relaympi.training import checkpoint_files
         from relaympi.training.run_file import close_quietly, record_failure
 
         folder = self.loop.plan.cfg.checkpoint_dir
         meta = checkpoint_files.read_meta(folder) if folder is not None else None
         saved = int(meta["step"]) if meta and meta.get("step") is not None else None
-        writing = [p.loop for p in list(_HERE) if p.loop.writer is not None]
-        if not writing:
-            return 1 if saved is None else 4
-        loop = writing[0]
         why = f"the {phase} did not finish within {self.watchdog.limit_s:g} s ({HEAL_TIMEOUT_ENV})"
         try:
-            if saved is not None:
-                loop.writer.set_status(
+            writer = self._writer_at_end()
+            if writer is not None and saved is not None:
+                writer.set_status(
                     "preempted",
                     stopped_step=saved,
-                    stopped_epoch=loop.schedule.epoch_at(saved),
+                    stopped_epoch=self.loop.schedule.epoch_at(saved),
                     checkpoint_saved=True,
                     error=why,
                 )
-            else:
-                record_failure(loop.writer, RuntimeError(why))
-            close_quietly(loop.writer)
+            elif writer is not None:
+                record_failure(writer, RuntimeError(why))
+            if writer is not None:
+                close_quietly(writer)
         except Exception as exc:  # noqa: BLE001 - the process ends either way
             log.error("could not record the end in the run file: %s", exc)
         return 1 if saved is None else 4
+
+    def failed_without_writer(self, exc: BaseException) -> None:
+        """This rank fails and holds no run file: where the file's writer was lost (the file says
+        running and nobody writes it) it records the failure, as the writer would have."""
+        from relaympi.results.writer import in_use
+        from relaympi.training.run_file import close_quietly, record_failure
+
+        out = self.loop.plan.cfg.out
+        if not self.active or not self._began or out is None:
+            return
+        try:
+            # a live writer records the run's end itself (told by report_failure, or failing too);
+            # in one process, a vanished worker's thread may still be closing its file
+            deadline = time.monotonic() + WRITER_GRACE_S
+            while in_use(out) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            writer = self._writer_at_end(this_process=False)  # the others' writer goes on
+            if writer is not None:
+                record_failure(writer, exc)
+                close_quietly(writer)
+        except Exception as again:  # noqa: BLE001 - the run's own error is the one to raise
+            log.error("could not record the failure in the run file: %s", again)
+
+    def _writer_at_end(self, this_process: bool = True) -> Any:
+        """The writer through which this rank records its end: with ``this_process``, one of this
+        process's workers' (still open; the process ends); else, once the steps began, the run
+        file taken over where its writer's process is gone and it still says running
+        (RunWriter.take_over_abandoned: of several ranks, one gets it); None otherwise."""
+        if this_process:
+            for protocol in list(_HERE):
+                writer = protocol.loop.writer
+                if writer is not None and writer.is_open:
+                    return writer
+        out = self.loop.plan.cfg.out
+        if not self._began or out is None:
+            return None
+        from relaympi.results import RunWriter
+
+        return RunWriter.take_over_abandoned(out)
 
     def _stall(self, phase: str) -> None:
         """RELAYMPI_INJECT_STALL=PHASE (tests): every process stalls here for good, as a heal stuck

@@ -140,6 +140,11 @@ class TrainingLoop(ABC):
     def check_injection(self, world_size: int) -> None:
         """Refuse a RELAYMPI_INJECT_FAILURE that names no worker of the run."""
         for loss in self.inject:
+            if loss.phase == "startup" and self.plan.cfg.backend != "mpi":
+                raise ConfigError(
+                    f"{FAULT_ENV} {loss.rank}:{loss.step}:startup: only MPI ranks (--backend mpi) "
+                    "fail at start-up"
+                )
             if not 0 <= loss.rank < world_size:
                 raise ConfigError(
                     f"{FAULT_ENV} names {self.worker_noun} {loss.rank}, but the run has "
@@ -284,7 +289,8 @@ class TrainingLoop(ABC):
     def injected_failure(self, step: int) -> str | None:
         """The message of a failure RELAYMPI_INJECT_FAILURE asks for at this step, else None."""
         for loss in self.inject:
-            if loss.step == step and loss.rank in self.workers:
+            # a start-up failure fails before the loop (relaympi.train)
+            if loss.step == step and loss.rank in self.workers and loss.phase != "startup":
                 return (
                     f"injected failure on {self.worker_noun} {loss.rank} at step {step} "
                     f"({FAULT_ENV})"
@@ -334,8 +340,11 @@ class TrainingLoop(ABC):
         except BaseException as exc:
             if self.writer is not None:
                 record_failure(self.writer, exc)
-            elif not self.is_root and not isinstance(exc, USAGE_ERRORS):
-                self.report_failure(f"{type(exc).__name__}: {exc}")
+            else:
+                if not self.is_root and not isinstance(exc, USAGE_ERRORS):
+                    self.report_failure(f"{type(exc).__name__}: {exc}")
+                if getattr(self, "membership", None) is not None:  # the writer may be lost
+                    self.membership.failed_without_writer(exc)
             raise
         finally:
             if self.writer is not None:

@@ -43,6 +43,7 @@ PHASES: dict[str, str] = {
     "flush": "right after the run file's row of step STEP is flushed (the writer)",
     "end": "after the last step (STEP: the run's last), before the run's end agreement",
     "heal": "inside the first heal at step STEP or later, after the survivors shrank",
+    "startup": "while the job starts (STEP 0), before any step: the rank fails (MPI ranks)",
 }
 # phases the batched engine (one process, rows of one tensor) can stage: a worker leaves only at a
 # step's start there
@@ -90,6 +91,10 @@ def injected_losses() -> list[Injection]:
             )
         if rank < 0 or step < 0:
             raise ConfigError(f"{FAULT_ENV}={value!r}: ranks and steps are >= 0")
+        if phase == "startup" and step != 0:
+            raise ConfigError(
+                f"{FAULT_ENV}={value!r}: phase startup takes STEP 0 (it fails before any step)"
+            )
         twice = [loss for loss in losses if loss.rank == rank]
         if twice:
             first = twice[0]
@@ -99,6 +104,19 @@ def injected_losses() -> list[Injection]:
             )
         losses.append(Injection(rank, step, phase))
     return losses
+
+
+def startup_failure(rank: int) -> str | None:
+    """The failure RELAYMPI_INJECT_FAILURE names for MPI rank ``rank`` while the job starts (phase
+    startup), as a failed start-up collective would raise it; None where it names none.
+
+    Raises:
+        ConfigError: a malformed RELAYMPI_INJECT_FAILURE (one line).
+    """
+    for loss in injected_losses():
+        if loss.phase == "startup" and loss.rank == rank:
+            return f"injected failure on rank {rank} at start-up ({FAULT_ENV})"
+    return None
 
 
 class HealError(RuntimeError):
