@@ -318,6 +318,20 @@ class Communicator(ABC):
             The maximum of each flag over all ranks.
         """
 
+    def iallreduce_max(self, buf: np.ndarray) -> Request:
+        """Start buf <- element-wise max over ranks of buf (in place), like allreduce_flags but
+        without waiting: the maximum is in buf once ``wait()`` returns. Every rank starts them in
+        the same order, among its other collectives. This default reduces at once (blocking).
+
+        Args:
+            buf: a small contiguous host float64 array, the same shape on every rank.
+
+        Returns:
+            The Request whose ``wait()`` completes the maximum.
+        """
+        buf[...] = self.allreduce_flags(buf)
+        return Completed()
+
     @abstractmethod
     def gather(self, obj: Any) -> list[Any] | None:
         """Small picklable objects to rank 0.

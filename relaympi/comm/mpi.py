@@ -510,6 +510,12 @@ class MPICommunicator(Communicator):
         return values
 
     @_lost_on_failure
+    def iallreduce_max(self, buf: np.ndarray) -> Request:
+        """MPI_Iallreduce (MAX) in place; a lost rank surfaces as PeerLost when it is waited for."""
+        request = self.comm.Iallreduce(MPI.IN_PLACE, buffers.host_view(buf), op=MPI.MAX)
+        return _MPIRequest(self, [request], frozenset(), [])
+
+    @_lost_on_failure
     def gather_rows(self, row: np.ndarray) -> np.ndarray | None:
         row = np.ascontiguousarray(row, dtype=np.float64)
         out = np.empty((self.world_size, row.shape[0])) if self.rank == 0 else None

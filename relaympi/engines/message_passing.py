@@ -19,7 +19,7 @@ import torch
 
 from relaympi.algorithms import make_algorithm
 from relaympi.comm import Communicator, PeerLost, run_local
-from relaympi.comm.base import number_nodes
+from relaympi.comm.base import Request, number_nodes
 from relaympi.comm.local import VANISHED
 from relaympi.config import ConfigError
 from relaympi.launcher import cuda_overlap_mode
@@ -252,9 +252,8 @@ class MessagePassingRank(TrainingLoop):
         else:
             self.algorithm.finish_step()
 
-    def agree(self, stop: bool, bad: bool) -> tuple[bool, bool]:
-        flags = self.comm.allreduce_flags(np.array([1.0 if stop else 0.0, 1.0 if bad else 0.0]))
-        return bool(flags[0] > 0), bool(flags[1] > 0)
+    def start_agreement(self, flags: np.ndarray) -> Request:
+        return self.comm.iallreduce_max(flags)
 
     def evaluate(self, step: int) -> None:
         train_loss = self.train_loss(self.workload.current_loss)

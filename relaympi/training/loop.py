@@ -11,7 +11,6 @@ import math
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -20,16 +19,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from relaympi.comm.base import PeerLost, Vanished
 from relaympi.config import ConfigError
 from relaympi.tasks import TaskError
+from relaympi.training.agreement import Agreed, FlagsRequest, LaggedAgreement, agreement_lag
 from relaympi.training.checkpoint_files import CheckpointError
 from relaympi.training.checkpoint_state import checkpoint_state, restore_common, restore_state
 from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.clocks import EventClock, HostClock, Pending, settle
-from relaympi.training.evaluation import Timers, log_line
+from relaympi.training.evaluation import Timers, log_line, progress_bar
 from relaympi.training.healing import Membership, MembershipProtocol, Stopped
 from relaympi.training.membership import FAULT_ENV, change_record, injected_losses
 from relaympi.training.plan import Plan, Schedule
@@ -118,6 +117,7 @@ class TrainingLoop(ABC):
         self.last_loss = math.nan
         self.clock: HostClock | EventClock = HostClock(None)
         self.inject_signal = signal_injection()
+        self.agreement_lag = agreement_lag()  # RELAYMPI_AGREEMENT_LAG, refused here if bad
 
     def check_injection(self, world_size: int) -> None:
         """Refuse a RELAYMPI_INJECT_FAILURE that names no worker of the run."""
@@ -155,9 +155,10 @@ class TrainingLoop(ABC):
     def algorithm_step(self, step: int, lr: float) -> None:
         """The algorithm's step with the gradient just computed."""
 
-    @abstractmethod
-    def agree(self, stop: bool, bad: bool) -> tuple[bool, bool]:
-        """(stop, diverged) as every rank sees it."""
+    def start_agreement(self, flags: np.ndarray) -> FlagsRequest:
+        """Start the element-wise maximum over ranks of ``flags`` (stop, diverged), in place; its
+        ``wait()`` completes it (one process: nothing to agree with)."""
+        return Agreed()
 
     @abstractmethod
     def evaluate(self, step: int) -> None:
@@ -326,7 +327,7 @@ class TrainingLoop(ABC):
     def _run(self) -> str:
         self.start()
         schedule = self.schedule
-        bar = _progress_bar(schedule.total_steps, self.start_step) if self.is_root else None
+        bar = progress_bar(schedule.total_steps, self.start_step) if self.is_root else None
         try:
             self._steps(bar)
         except Stopped as stop:
@@ -397,6 +398,11 @@ class TrainingLoop(ABC):
         clock = self.clock = EventClock() if x.is_cuda and self.check_lag > 1 else HostClock(x)
         pending: list[Pending] = []
         self.model_finite = True
+        # a heal redoes from the step each survivor's snapshot says: lagging would let survivors
+        # be interrupted steps apart, at moments that depend on timing (docs/design.md)
+        agreement = LaggedAgreement(
+            self.start_agreement, 0 if membership.active else self.agreement_lag
+        )
         while True:
             membership.at("start", step)
             x = self.x  # the batched engine's rows of the survivors
@@ -447,14 +453,13 @@ class TrainingLoop(ABC):
             membership.step_done(step, (stop, bad_step is not None))  # what step is redone from
             membership.at("agreement", step - 1)
             t_sync = time.perf_counter()
-            stopping, diverged = self.agree(stop, bad_step is not None)
+            agreement.post(step, stop, bad_step)
+            verdict = agreement.due(step, drain=self._reads_model(step))
             timers.sync += time.perf_counter() - t_sync
             membership.step_agreed()  # the first step on a new membership is done
-            if diverged:
-                raise Stopped(
-                    "diverged", step if bad_step is None else bad_step, "non-finite loss or model"
-                )
-            if stopping and step < schedule.total_steps:
+            if verdict.diverged_step is not None:
+                raise Stopped("diverged", verdict.diverged_step, "non-finite loss or model")
+            if verdict.stop and step < schedule.total_steps:
                 raise Stopped("preempted", step)
             if logs:
                 log.info(
@@ -466,6 +471,17 @@ class TrainingLoop(ABC):
                 )
         if not bool(torch.isfinite(x).all()):
             raise Stopped("diverged", step, "non-finite model")
+
+    def _reads_model(self, step: int) -> bool:
+        """Whether the model is read at boundary ``step`` (evaluated, checkpointed, the end): every
+        agreement in flight is completed there, so no row and no checkpoint is of a diverged or
+        stopped run."""
+        schedule = self.schedule
+        return (
+            step % schedule.eval_every == 0
+            or step >= schedule.total_steps
+            or (self.checkpoints.enabled and step % schedule.checkpoint_every == 0)
+        )
 
     def readmit(self, state: dict[str, Any] | None, lost: list[int]) -> None:
         """A rerun of a run that had lost ``lost``: survivors restore ``state`` (their own), the
@@ -480,10 +496,3 @@ class TrainingLoop(ABC):
             bad_step = settle(self, pending)
             if bad_step is not None:
                 raise Stopped("diverged", bad_step, "non-finite loss or model")
-
-
-def _progress_bar(total: int, initial: int) -> tqdm | None:
-    """A tqdm bar on rank 0 when stderr is a terminal (log lines alone otherwise)."""
-    if not sys.stderr.isatty():
-        return None
-    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, leave=False)
