@@ -13,6 +13,7 @@ import numpy as np
 
 from relaympi.comm import buffers
 from relaympi.comm.tree_allreduce import stage_order, tree_sends
+from relaympi.comm.waiting import DEFAULT_WAIT
 from relaympi.drops import DropPolicy as DropPolicy  # torch-free: the configuration checks it
 
 # the progress thread's poll period (--progress-interval): 0.5, 1, 2 and 4 ms measured on VGG-11
@@ -151,6 +152,9 @@ class Communicator(ABC):
         self._in_flight: list[Request] | None = None
         # the survivors' communicator that replaced this one after a lost rank (shrink)
         self.successor: Communicator | None = None
+        # how an MPI rank waits for its transfers (RELAYMPI_WAIT, relaympi.comm.waiting; in-process
+        # ranks wait on a condition variable)
+        self.wait_mode = DEFAULT_WAIT
 
     # -- point to point -------------------------------------------------------------------
     def exchange(

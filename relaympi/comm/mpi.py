@@ -34,6 +34,7 @@ from relaympi.comm.base import (
 from relaympi.comm.progress import ProgressThread
 from relaympi.comm.staging import DeviceStaging, StagedSend
 from relaympi.comm.tree_allreduce import SUM_STAGES, tree_sum
+from relaympi.comm.waiting import poll
 
 _FAILURE_TAG = 0x7E
 _FAILURE_BYTES = 1 << 16
@@ -170,13 +171,17 @@ class _TreeSumRequest(Request):
     def wait(self) -> frozenset[int]:
         if self._comm._staged_sends:  # as _wait: no blocking with this rank's sends held back
             self._comm._post_staged(until=self._comm._staged_sends[-1])
+        comm = self._comm
+        if comm.wait_mode != "spin":
+            poll(self.test, comm._check_failures, comm.wait_mode)
+            return frozenset()
         polls = 0
         while not self.test():
-            if self._comm._failure_req is None and self._pending is not None:
+            if comm._failure_req is None and self._pending is not None:
                 # no failure channel to watch: block on this stage
                 MPI.Request.Waitall(self._pending)
                 continue
-            self._comm._check_failures()
+            comm._check_failures()
             polls += 1
             if polls > 1000:
                 time.sleep(5e-5)
@@ -301,15 +306,18 @@ class MPICommunicator(Communicator):
         while the copies are still behind backward's kernels)."""
         if self._staged_sends:
             self._post_staged(until=self._staged_sends[-1])
-        if self._failure_req is None:
-            MPI.Request.Waitall(requests)
+        if self.wait_mode == "spin":
+            if self._failure_req is None:
+                MPI.Request.Waitall(requests)
+                return
+            polls = 0  # rank 0 watches the failure channel: polls, sleeping once it waited long
+            while not MPI.Request.Testall(requests):
+                self._check_failures()
+                polls += 1
+                if polls > 1000:
+                    time.sleep(5e-5)
             return
-        polls = 0
-        while not MPI.Request.Testall(requests):
-            self._check_failures()
-            polls += 1
-            if polls > 1000:
-                time.sleep(5e-5)
+        poll(lambda: MPI.Request.Testall(requests), self._check_failures, self.wait_mode)
 
     def report_failure(self, message: str) -> None:
         if self.rank == 0:
@@ -598,6 +606,7 @@ class MPICommunicator(Communicator):
         finally:
             survivors_comm.Free()
         healed.survives = True
+        healed.wait_mode = self.wait_mode
         self.successor = healed
         return healed, lost
 

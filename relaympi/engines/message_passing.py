@@ -21,6 +21,7 @@ from relaympi.algorithms import make_algorithm
 from relaympi.comm import Communicator, PeerLost, run_local
 from relaympi.comm.base import Request, number_nodes
 from relaympi.comm.local import VANISHED
+from relaympi.comm.waiting import wait_mode
 from relaympi.config import ConfigError
 from relaympi.launcher import cuda_overlap_mode
 from relaympi.optim import make_optimizer
@@ -91,6 +92,10 @@ class MessagePassingRank(TrainingLoop):
         stop: threading.Event = STOP,
     ):
         super().__init__(writer_factory, stop)
+        try:
+            comm.wait_mode = wait_mode()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self.comm, self.plan = comm, plan
         self.rank, self.n = comm.rank, comm.world_size
         self.is_root = self.rank == 0
