@@ -54,7 +54,7 @@ WriterFactory = Callable[[int, list, dict, int], Any]
 def signal_injection() -> tuple[signal.Signals, int] | None:
     """RELAYMPI_INJECT_SIGNAL=NAME:STEP makes the run file's process send itself that signal (TERM,
     INT, USR1) during the step before STEP, as a user or scheduler would: the run stops at STEP
-    (to test stopping at a known step)."""
+    plus the agreement's lag, or sooner at an evaluation or checkpoint (training.agreement)."""
     value = os.environ.get(SIGNAL_ENV, "")
     if not value:
         return None
