@@ -16,9 +16,13 @@ alternately, A B A B, and the report gives per system the median [min-max] of
 - final test accuracy, the mean over workers of each worker's own model,
 
 and per pair the ratio relaympi / peer of ms/step and CPU/step, rep by rep (median [min-max]).
+``--variant NAME:VAR=VALUE[,VAR=VALUE...]`` adds a relaympi run with those environment variables to
+each rep (after relaympi's own, before the peer's), with its ratios to the peer and to relaympi:
+before and after a change of how relaympi waits, in the same alternation.
 
     python -m benchmarks.peers --workers 4 --reps 3                    # every pair
     python -m benchmarks.peers --workers 2 --pair allreduce:ddp --reps 5
+    python -m benchmarks.peers --variant spin:RELAYMPI_WAIT=spin,RELAYMPI_AGREEMENT_LAG=0
 
 Peers are optional (``pip install -e .[peers]``): a pair whose peer is missing is refused in one
 line saying what to install. ``--worker`` is internal: one peer rank, started by this harness
@@ -117,16 +121,24 @@ def mpirun() -> str:
 
 
 def run_relaympi(
-    algo: str, topology: str | None, workers: int, steps: int, folder: Path
+    algo: str,
+    topology: str | None,
+    workers: int,
+    steps: int,
+    folder: Path,
+    env: dict[str, str] | None = None,
 ) -> tuple[float, dict[str, float]]:
-    """One relaympi run under mpirun: (its CPU seconds, all processes; the run file's figures)."""
+    """One relaympi run under mpirun: (its CPU seconds, all processes; the run file's figures);
+    ``env``: environment variables of a variant."""
     from relaympi.results import read_run
 
     out = folder / f"relaympi-{time.monotonic_ns()}.h5"
     command = [mpirun(), "-n", str(workers), sys.executable, "-m", "relaympi.train"]
     command += [*train_args(algo, topology, steps), "--out", str(out)]
     before = _children_cpu()
-    proc = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True)
+    proc = subprocess.run(
+        command, cwd=ROOT, env=_env() | (env or {}), capture_output=True, text=True
+    )
     cpu = _children_cpu() - before
     if proc.returncode != 0:
         raise SystemExit(f"benchmarks.peers: relaympi failed: {proc.stderr.strip()[-2000:]}")
@@ -181,30 +193,57 @@ def run_peer(
     return cpu, figures
 
 
-def measure_pair(pair: str, workers: int, steps: int, folder: Path) -> tuple[Measure, Measure]:
-    """relaympi, then the peer, each at ``steps`` and ``steps // 10`` steps (the CPU difference)."""
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    """``NAME:VAR=VALUE[,VAR=VALUE...]`` as (NAME, {VAR: VALUE}).
+
+    Args:
+        text: the --variant value.
+
+    Returns:
+        The variant's name and environment.
+
+    Raises:
+        ValueError: not of that form (one line).
+    """
+    name, _, assignments = text.partition(":")
+    pairs = [item.partition("=") for item in assignments.split(",") if item]
+    if not name or not pairs or any(not var or not sep for var, sep, _ in pairs):
+        raise ValueError(f"--variant {text!r}; expected NAME:VAR=VALUE[,VAR=VALUE...]")
+    return name, {var: value for var, _, value in pairs}
+
+
+def measure_pair(
+    pair: str,
+    workers: int,
+    steps: int,
+    folder: Path,
+    variants: dict[str, dict[str, str]] | None = None,
+) -> tuple[Measure, ...]:
+    """relaympi, each variant (relaympi with its environment), then the peer, each at ``steps`` and
+    ``steps // 10`` steps (the CPU difference)."""
     algo, topology, peer = PAIRS[pair]
     short = max(1, steps // 10)
     results = []
-    for system in ("relaympi", peer):
+    systems: dict[str, dict[str, str] | None] = {"relaympi": {}, **(variants or {}), peer: None}
+    for system, env in systems.items():
         runs = {}
         for count in (steps, short):
-            if system == "relaympi":
-                runs[count] = run_relaympi(algo, topology, workers, count, folder)
+            if env is not None:
+                runs[count] = run_relaympi(algo, topology, workers, count, folder, env)
             else:
                 runs[count] = run_peer(peer, algo, topology, workers, count, folder)
         cpu, figures = runs[steps]
         results.append(
             Measure(
-                system=system if system == "relaympi" else peer,
+                system=system,
                 ms_per_step=figures["ms_per_step"],
                 cpu_s_per_step=(cpu - runs[short][0]) / (steps - short),
                 bytes_per_step=figures["bytes_per_step"],
-                bytes_estimated=system != "relaympi",
+                bytes_estimated=env is None,
                 accuracy=figures["accuracy"],
             )
         )
-    return results[0], results[1]
+    return tuple(results)
 
 
 # -- one peer rank -------------------------------------------------------------------------------
@@ -280,13 +319,14 @@ def _spread(values: list[float], digits: str = ".3g") -> str:
     return f"{statistics.median(values):{digits}} [{min(values):{digits}}-{max(values):{digits}}]"
 
 
-def report(pair: str, reps: list[tuple[Measure, Measure]]) -> str:
-    """The pair's table: per system median [min-max], then the ratios rep by rep."""
+def report(pair: str, reps: list[tuple[Measure, ...]]) -> str:
+    """The pair's table: per system median [min-max], then the ratios rep by rep: each relaympi
+    system to the peer (the last), and each variant to relaympi (the first)."""
     lines = [f"{pair}: {len(reps)} alternating rep(s), median [min-max]"]
     lines.append(
         f"  {'system':<10} {'ms/step':<22} {'CPU ms/step (all ranks)':<26} bytes/step    accuracy"
     )
-    for side in (0, 1):
+    for side in range(len(reps[0])):
         runs = [rep[side] for rep in reps]
         est = " est" if runs[0].bytes_estimated else ""
         accuracy = ", ".join(f"{m.accuracy:.4f}" for m in runs)
@@ -295,11 +335,15 @@ def report(pair: str, reps: list[tuple[Measure, Measure]]) -> str:
             f"{_spread([1e3 * m.cpu_s_per_step for m in runs]):<26} "
             f"{runs[0].bytes_per_step:<9.4g}{est:<4} {accuracy}"
         )
-    ratio = [a.ms_per_step / b.ms_per_step for a, b in reps]
-    cpu = [a.cpu_s_per_step / b.cpu_s_per_step for a, b in reps]
-    lines.append(
-        f"  ratio relaympi/peer: ms/step {_spread(ratio, '.2f')}x, CPU {_spread(cpu, '.2f')}x"
-    )
+    last = len(reps[0]) - 1
+    ratios = [(side, last) for side in range(last)] + [(side, 0) for side in range(1, last)]
+    for side, base in ratios:
+        ratio = [rep[side].ms_per_step / rep[base].ms_per_step for rep in reps]
+        cpu = [rep[side].cpu_s_per_step / rep[base].cpu_s_per_step for rep in reps]
+        names = f"{reps[0][side].system}/{'peer' if base == last else reps[0][base].system}"
+        lines.append(
+            f"  ratio {names}: ms/step {_spread(ratio, '.2f')}x, CPU {_spread(cpu, '.2f')}x"
+        )
     return "\n".join(lines)
 
 
@@ -324,6 +368,12 @@ def main(argv: list[str] | None = None) -> int:
         "--pair", action="append", choices=sorted(PAIRS), help="a pair to run (default: every pair)"
     )
     parser.add_argument("--json", type=Path, help="also write every measure to this file")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME:VAR=VALUE[,VAR=VALUE...]: also run relaympi with these environment variables",
+    )
     parser.add_argument("--worker", choices=sorted(PEER_NEEDS), help=argparse.SUPPRESS)
     parser.add_argument("--algo", help=argparse.SUPPRESS)
     parser.add_argument("--topology", help=argparse.SUPPRESS)
@@ -337,16 +387,21 @@ def main(argv: list[str] | None = None) -> int:
             f"--workers >= 2, --reps >= 1 and --steps >= 10 are allowed, got {args.workers}, "
             f"{args.reps} and {args.steps}"
         )
+    try:
+        variants = dict(parse_variant(text) for text in args.variant)
+    except ValueError as exc:
+        parser.error(str(exc))
     pairs = args.pair or sorted(PAIRS)
     for pair in pairs:
         if (missing := missing_peer(PAIRS[pair][2])) is not None:
             print(f"benchmarks.peers: {missing}", file=sys.stderr)
             return 2
-    measures: dict[str, list[tuple[Measure, Measure]]] = {}
+    measures: dict[str, list[tuple[Measure, ...]]] = {}
     with tempfile.TemporaryDirectory(prefix="relaympi-peers-") as tmp:
         for pair in pairs:
             measures[pair] = [
-                measure_pair(pair, args.workers, args.steps, Path(tmp)) for _ in range(args.reps)
+                measure_pair(pair, args.workers, args.steps, Path(tmp), variants)
+                for _ in range(args.reps)
             ]
             print(report(pair, measures[pair]), flush=True)
     if args.json:

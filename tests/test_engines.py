@@ -123,7 +123,7 @@ def test_an_injected_failure_of_no_worker_is_refused_by_both_engines(
     passing
     used to run to completion without failing)."""
     from relaympi import train
-    from relaympi.training.loop import FAULT_ENV
+    from relaympi.training.membership import FAULT_ENV
 
     monkeypatch.setenv(FAULT_ENV, "5:1")
     out = tmp_path / "r.h5"

@@ -51,3 +51,22 @@ def test_the_report_gives_medians_extremes_and_ratios_per_rep():
     # ratios 0.5, 1.0, 2.0 rep by rep
     assert "ms/step 1.00 [0.50-2.00]x, CPU 1.00 [0.50-2.00]x" in text
     assert "100       est" in text
+
+
+def test_a_variant_is_relaympi_with_its_environment_and_gets_ratios_to_both():
+    assert peers.parse_variant("spin:RELAYMPI_WAIT=spin,RELAYMPI_AGREEMENT_LAG=0") == (
+        "spin",
+        {"RELAYMPI_WAIT": "spin", "RELAYMPI_AGREEMENT_LAG": "0"},
+    )
+    for bad in ("spin", "spin:", ":A=1", "spin:A"):
+        with pytest.raises(ValueError, match="expected NAME:VAR=VALUE"):
+            peers.parse_variant(bad)
+    rep = (
+        peers.Measure("relaympi", 2.0, 2e-3, 100.0, False, 0.9),
+        peers.Measure("spin", 3.0, 6e-3, 100.0, False, 0.9),
+        peers.Measure("ddp", 4.0, 4e-3, 100.0, True, 0.9),
+    )
+    text = peers.report("allreduce:ddp", [rep])
+    assert "ratio relaympi/peer: ms/step 0.50 [0.50-0.50]x, CPU 0.50 [0.50-0.50]x" in text
+    assert "ratio spin/peer: ms/step 0.75 [0.75-0.75]x, CPU 1.50 [1.50-1.50]x" in text
+    assert "ratio spin/relaympi: ms/step 1.50 [1.50-1.50]x, CPU 3.00 [3.00-3.00]x" in text

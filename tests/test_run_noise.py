@@ -141,7 +141,10 @@ def test_the_chance_flag_judges_only_runs_that_trained_an_epoch(tmp_path, capsys
 
 def test_a_run_stopped_at_step_1_does_not_flag_its_step_0_evaluation(tmp_path):
     args = [*DIGITS, "--workers", "16", "--algo", "relay", "--alpha", "0.01", "--out", "s.h5"]
-    proc = train(args, tmp_path, {"RELAYMPI_INJECT_SIGNAL": "TERM:1"})
+    # stopped at step 1 itself: the stop acted on at once (no agreement lag)
+    proc = train(
+        args, tmp_path, {"RELAYMPI_INJECT_SIGNAL": "TERM:1", "RELAYMPI_AGREEMENT_LAG": "0"}
+    )
     assert proc.returncode == 5, proc.stderr
     assert "stopped at step 1" in proc.stdout and "at chance" not in proc.stdout
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from relaympi.comm import buffers
 from relaympi.comm.tree_allreduce import stage_order, tree_sends
+from relaympi.comm.waiting import DEFAULT_WAIT
 from relaympi.drops import DropPolicy as DropPolicy  # torch-free: the configuration checks it
 
 # the progress thread's poll period (--progress-interval): 0.5, 1, 2 and 4 ms measured on VGG-11
@@ -175,6 +176,9 @@ class Communicator(ABC):
         # seconds the call that a lost rank interrupted had waited (0: none yet): a stalled rank's
         # silence as this rank saw it (--peer-timeout)
         self.interrupted_s = 0.0
+        # how an MPI rank waits for its transfers (RELAYMPI_WAIT, relaympi.comm.waiting; in-process
+        # ranks wait on a condition variable)
+        self.wait_mode = DEFAULT_WAIT
 
     # -- point to point -------------------------------------------------------------------
     def exchange(
@@ -365,6 +369,20 @@ class Communicator(ABC):
         Returns:
             The maximum of each flag over all ranks.
         """
+
+    def iallreduce_max(self, buf: np.ndarray) -> Request:
+        """Start buf <- element-wise max over ranks of buf (in place), like allreduce_flags but
+        without waiting: the maximum is in buf once ``wait()`` returns. Every rank starts them in
+        the same order, among its other collectives. This default reduces at once (blocking).
+
+        Args:
+            buf: a small contiguous host float64 array, the same shape on every rank.
+
+        Returns:
+            The Request whose ``wait()`` completes the maximum.
+        """
+        buf[...] = self.allreduce_flags(buf)
+        return Completed()
 
     @abstractmethod
     def gather(self, obj: Any) -> list[Any] | None:

@@ -195,9 +195,11 @@ class LocalWorld:
                     self._cond.wait(timeout=1.0)
             return self._result
 
-    def _start_sum(self, rank: int, seq: int, value: Any) -> None:
+    def _start_sum(
+        self, rank: int, seq: int, value: Any, combine: Callable[[Any, Any], Any] | None = None
+    ) -> None:
         """Rank ``rank``'s contribution to the ``seq``-th nonblocking all-reduce; the last one sums
-        in rank order."""
+        in rank order (or folds them with ``combine``: the maximum of iallreduce_max)."""
         with self._cond:
             self._check(arrived=-1)  # revoked or aborted
             pending = self._sums.setdefault(seq, _PendingSum(self.world_size))
@@ -206,7 +208,10 @@ class LocalWorld:
             if pending.arrived == self.world_size:
                 total = buffers.clone(pending.values[0])
                 for v in pending.values[1:]:
-                    total += v
+                    if combine is None:
+                        total += v
+                    else:
+                        total = combine(total, v)
                 pending.total, pending.values = total, []
                 self._cond.notify_all()
 
@@ -321,6 +326,13 @@ class LocalCommunicator(Communicator):
         self.count_tree_sum(buf)
         seq, self._sums_started = self._sums_started, self._sums_started + 1
         self.world._start_sum(self.rank, seq, buffers.clone(buf))
+        return _LocalSum(self, seq, buf)
+
+    def iallreduce_max(self, buf: np.ndarray) -> Request:
+        """Nonblocking, in the same sequence as iallreduce_sum's (every rank starts them in the
+        same order)."""
+        seq, self._sums_started = self._sums_started, self._sums_started + 1
+        self.world._start_sum(self.rank, seq, np.array(buf, dtype=np.float64), np.maximum)
         return _LocalSum(self, seq, buf)
 
     def allreduce_flags(self, values: np.ndarray) -> np.ndarray:

@@ -35,6 +35,7 @@ from relaympi.comm.base import (
 from relaympi.comm.progress import ProgressThread
 from relaympi.comm.staging import DeviceStaging, StagedSend
 from relaympi.comm.tree_allreduce import SUM_STAGES, tree_sum
+from relaympi.comm.waiting import poll
 
 _FAILURE_TAG = 0x7E
 _FAILURE_BYTES = 1 << 16
@@ -196,13 +197,17 @@ class _TreeSumRequest(Request):
     def wait(self) -> frozenset[int]:
         if self._comm._staged_sends:  # as _wait: no blocking with this rank's sends held back
             self._comm._post_staged(until=self._comm._staged_sends[-1])
+        comm = self._comm
+        if comm.wait_mode != "spin":
+            poll(self.test, comm._check_failures, comm.wait_mode)
+            return frozenset()
         polls = 0
         while not self.test():
-            if self._comm._failure_req is None and self._pending is not None:
+            if comm._failure_req is None and self._pending is not None:
                 # no failure channel to watch: block on this stage
                 MPI.Request.Waitall(self._pending)
                 continue
-            self._comm._check_failures()
+            comm._check_failures()
             polls += 1
             if polls > 1000:
                 time.sleep(5e-5)
@@ -339,15 +344,18 @@ class MPICommunicator(Communicator):
         while the copies are still behind backward's kernels)."""
         if self._staged_sends:
             self._post_staged(until=self._staged_sends[-1])
-        if self._failure_req is None:
-            MPI.Request.Waitall(requests)
+        if self.wait_mode == "spin":
+            if self._failure_req is None:
+                MPI.Request.Waitall(requests)
+                return
+            polls = 0  # rank 0 watches the failure channel: polls, sleeping once it waited long
+            while not MPI.Request.Testall(requests):
+                self._check_failures()
+                polls += 1
+                if polls > 1000:
+                    time.sleep(5e-5)
             return
-        polls = 0
-        while not MPI.Request.Testall(requests):
-            self._check_failures()
-            polls += 1
-            if polls > 1000:
-                time.sleep(5e-5)
+        poll(lambda: MPI.Request.Testall(requests), self._check_failures, self.wait_mode)
 
     def _wait_until_deadline(self, requests: list, deadline: _Deadline) -> frozenset[int]:
         """Wait for ``requests`` until ``self.deadline`` seconds have passed, then give up on each
@@ -640,6 +648,12 @@ class MPICommunicator(Communicator):
         return values
 
     @_lost_on_failure
+    def iallreduce_max(self, buf: np.ndarray) -> Request:
+        """MPI_Iallreduce (MAX) in place; a lost rank surfaces as PeerLost when it is waited for."""
+        request = self.comm.Iallreduce(MPI.IN_PLACE, buffers.host_view(buf), op=MPI.MAX)
+        return _MPIRequest(self, [request], frozenset(), [])
+
+    @_lost_on_failure
     def gather_rows(self, row: np.ndarray) -> np.ndarray | None:
         row = np.ascontiguousarray(row, dtype=np.float64)
         out = np.empty((self.world_size, row.shape[0])) if self.rank == 0 else None
@@ -725,6 +739,7 @@ class MPICommunicator(Communicator):
             survivors_comm.Free()
         healed.survives = True
         healed.deadline = self.deadline
+        healed.wait_mode = self.wait_mode
         self.successor = healed
         return healed, lost
 

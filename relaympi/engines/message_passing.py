@@ -21,9 +21,10 @@ import torch
 from relaympi.algorithms import make_algorithm
 from relaympi.algorithms.base import ROUNDS_PER_STEP
 from relaympi.comm import Communicator, PeerLost, run_local
-from relaympi.comm.base import number_nodes
+from relaympi.comm.base import Request, number_nodes
 from relaympi.comm.local import VANISHED
 from relaympi.comm.stalls import PERIODS_PER_TIMEOUT, process_present
+from relaympi.comm.waiting import wait_mode
 from relaympi.config import ConfigError
 from relaympi.launcher import cuda_overlap_mode
 from relaympi.optim import make_optimizer
@@ -94,6 +95,10 @@ class MessagePassingRank(TrainingLoop):
         stop: threading.Event = STOP,
     ):
         super().__init__(writer_factory, stop)
+        try:
+            comm.wait_mode = wait_mode()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self.comm, self.plan = comm, plan
         self.rank, self.n = comm.rank, comm.world_size
         self.is_root = self.rank == 0
@@ -258,9 +263,8 @@ class MessagePassingRank(TrainingLoop):
         else:
             self.algorithm.finish_step()
 
-    def agree(self, stop: bool, bad: bool) -> tuple[bool, bool]:
-        flags = self.comm.allreduce_flags(np.array([1.0 if stop else 0.0, 1.0 if bad else 0.0]))
-        return bool(flags[0] > 0), bool(flags[1] > 0)
+    def start_agreement(self, flags: np.ndarray) -> Request:
+        return self.comm.iallreduce_max(flags)
 
     def late_drops_since(self, before: int | None = None) -> list[tuple[int, ...]]:
         """This rank's late drops not yet in the run file, as its rows (step, round, tag, sender,

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from relaympi.comm import Communicator
 from relaympi.training.plan import Plan, Schedule
@@ -176,3 +178,18 @@ def log_line(
 def _nanmean(values: np.ndarray) -> float:
     finite = values[~np.isnan(values)]
     return float(finite.mean()) if finite.size else math.nan
+
+
+def progress_bar(total: int, initial: int) -> tqdm | None:
+    """A tqdm bar on rank 0 when stderr is a terminal (log lines alone otherwise).
+
+    Args:
+        total: the run's steps.
+        initial: the step it starts (or resumes) at.
+
+    Returns:
+        The bar, or None where stderr is not a terminal.
+    """
+    if not sys.stderr.isatty():
+        return None
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, leave=False)

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import signal
 import socket
-import sys
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -20,18 +17,26 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from relaympi.comm.base import PeerLost, Vanished
 from relaympi.config import ConfigError
 from relaympi.tasks import TaskError
+from relaympi.training.agreement import Agreed, FlagsRequest, LaggedAgreement, agreement_lag
 from relaympi.training.checkpoint_files import CheckpointError
 from relaympi.training.checkpoint_state import checkpoint_state, restore_common, restore_state
 from relaympi.training.checkpointing import Checkpoints
 from relaympi.training.clocks import EventClock, HostClock, Pending, settle
-from relaympi.training.evaluation import Timers, log_line
+from relaympi.training.evaluation import Timers, log_line, progress_bar
 from relaympi.training.healing import Membership, MembershipProtocol, Stopped
-from relaympi.training.membership import FAULT_ENV, change_record, injected_losses
+from relaympi.training.injection import (
+    check_failures,
+    delay_injection,
+    failure_at,
+    hold_back,
+    send_signal,
+    signal_injection,
+)
+from relaympi.training.membership import change_record, injected_losses
 from relaympi.training.plan import Plan, Schedule
 from relaympi.training.run_file import close_quietly, record_failure
 from relaympi.training.workloads import device_for  # noqa: F401 - the engines' import
@@ -45,43 +50,9 @@ STOP = (
     threading.Event()
 )  # set by SIGTERM/SIGUSR1/SIGINT: checkpoint at the next step boundary and exit
 
-SIGNAL_ENV = "RELAYMPI_INJECT_SIGNAL"
-DELAY_ENV = "RELAYMPI_INJECT_DELAY"
-
 # rank 0 makes the run file's writer once the ranks agreed where to start:
 # (start_step, hosts, transport, total_steps) -> RunWriter
 WriterFactory = Callable[[int, list, dict, int], Any]
-
-
-def signal_injection() -> tuple[signal.Signals, int] | None:
-    """RELAYMPI_INJECT_SIGNAL=NAME:STEP makes the run file's process send itself that signal (TERM,
-    INT, USR1) during the step before STEP, as a user or scheduler would: the run stops at STEP
-    (to test stopping at a known step)."""
-    value = os.environ.get(SIGNAL_ENV, "")
-    if not value:
-        return None
-    name, _, step = value.partition(":")
-    try:
-        signum = signal.Signals["SIG" + name.upper().removeprefix("SIG")]
-        return signum, int(step)
-    except (KeyError, ValueError) as exc:
-        raise ConfigError(f"{SIGNAL_ENV}={value!r}; expected NAME:STEP, e.g. TERM:20") from exc
-
-
-def delay_injection() -> tuple[int, frozenset[int], float] | None:
-    """RELAYMPI_INJECT_DELAY=WORKER:STEP[,STEP...]:SECONDS makes that worker sleep so long between
-    its gradient and its algorithm step at each STEP, as a stalled process would (to test
-    --message-deadline with a known late worker)."""
-    value = os.environ.get(DELAY_ENV, "")
-    if not value:
-        return None
-    try:
-        worker, steps, seconds = value.split(":")
-        return int(worker), frozenset(int(s) for s in steps.split(",")), float(seconds)
-    except ValueError as exc:
-        raise ConfigError(
-            f"{DELAY_ENV}={value!r}; expected WORKER:STEP[,STEP...]:SECONDS, e.g. 1:3,7:0.5"
-        ) from exc
 
 
 class TrainingLoop(ABC):
@@ -136,20 +107,11 @@ class TrainingLoop(ABC):
         self.clock: HostClock | EventClock = HostClock(None)
         self.inject_signal = signal_injection()
         self.inject_delay = delay_injection()
+        self.agreement_lag = agreement_lag()  # RELAYMPI_AGREEMENT_LAG, refused here if bad
 
     def check_injection(self, world_size: int) -> None:
         """Refuse a RELAYMPI_INJECT_FAILURE that names no worker of the run."""
-        for loss in self.inject:
-            if loss.phase == "startup" and self.plan.cfg.backend != "mpi":
-                raise ConfigError(
-                    f"{FAULT_ENV} {loss.rank}:{loss.step}:startup: only MPI ranks (--backend mpi) "
-                    "fail at start-up"
-                )
-            if not 0 <= loss.rank < world_size:
-                raise ConfigError(
-                    f"{FAULT_ENV} names {self.worker_noun} {loss.rank}, but the run has "
-                    f"{self.worker_noun}s 0..{world_size - 1}"
-                )
+        check_failures(self.inject, world_size, self.plan.cfg.backend, self.worker_noun)
 
     @property
     @abstractmethod
@@ -178,9 +140,10 @@ class TrainingLoop(ABC):
     def algorithm_step(self, step: int, lr: float) -> None:
         """The algorithm's step with the gradient just computed."""
 
-    @abstractmethod
-    def agree(self, stop: bool, bad: bool) -> tuple[bool, bool]:
-        """(stop, diverged) as every rank sees it."""
+    def start_agreement(self, flags: np.ndarray) -> FlagsRequest:
+        """Start the element-wise maximum over ranks of ``flags`` (stop, diverged), in place; its
+        ``wait()`` completes it (one process: nothing to agree with)."""
+        return Agreed()
 
     def record_late_drops(self, step: int) -> None:  # noqa: B027 - most runs have none
         """Write the late drops of the steps before ``step`` not yet in the run file (collective):
@@ -288,14 +251,7 @@ class TrainingLoop(ABC):
 
     def injected_failure(self, step: int) -> str | None:
         """The message of a failure RELAYMPI_INJECT_FAILURE asks for at this step, else None."""
-        for loss in self.inject:
-            # a start-up failure fails before the loop (relaympi.train)
-            if loss.step == step and loss.rank in self.workers and loss.phase != "startup":
-                return (
-                    f"injected failure on {self.worker_noun} {loss.rank} at step {step} "
-                    f"({FAULT_ENV})"
-                )
-        return None
+        return failure_at(self.inject, step, self.workers, self.worker_noun)
 
     def elapsed(self) -> float:
         return self.wall_offset + (time.perf_counter() - self.t0)
@@ -357,7 +313,7 @@ class TrainingLoop(ABC):
     def _run(self) -> str:
         self.start()
         schedule = self.schedule
-        bar = _progress_bar(schedule.total_steps, self.start_step) if self.is_root else None
+        bar = progress_bar(schedule.total_steps, self.start_step) if self.is_root else None
         try:
             self._steps(bar)
         except Stopped as stop:
@@ -429,6 +385,11 @@ class TrainingLoop(ABC):
         clock = self.clock = EventClock() if x.is_cuda and self.check_lag > 1 else HostClock(x)
         pending: list[Pending] = []
         self.model_finite = True
+        # a heal redoes from the step each survivor's snapshot says: lagging would let survivors
+        # be interrupted steps apart, at moments that depend on timing (docs/design.md)
+        agreement = LaggedAgreement(
+            self.start_agreement, 0 if membership.active else self.agreement_lag
+        )
         while True:
             membership.at("start", step)
             x = self.x  # the batched engine's rows of the survivors
@@ -454,21 +415,13 @@ class TrainingLoop(ABC):
             failure = None if membership.active else self.injected_failure(step)
             if failure is not None:
                 raise RuntimeError(failure)
-            if (
-                self.inject_signal is not None
-                and self.is_root
-                and step + 1 == self.inject_signal[1]
-            ):
-                os.kill(os.getpid(), self.inject_signal[0])
-                self.stop.wait(10.0)  # the handler runs in the main thread: stop at this very step
+            send_signal(self.inject_signal, step, self.is_root, self.stop)
             t = clock.mark()
             loss = self.gradient(step)
             membership.at("gradient", step)
             t_mid = clock.mark()
             membership.at("exchange", step)
-            delay = self.inject_delay
-            if delay is not None and delay[0] in self.workers and step in delay[1]:
-                time.sleep(delay[2])
+            hold_back(self.inject_delay, step, self.workers)
             self.algorithm_step(step, schedule.lr_at(step))
             membership.at("exchange", step, now=True)  # where the step posted no message
             pending.append(Pending(step, loss, t, t_mid, clock.mark()))
@@ -483,14 +436,13 @@ class TrainingLoop(ABC):
             membership.step_done(step, (stop, bad_step is not None))  # what step is redone from
             membership.at("agreement", step - 1)
             t_sync = time.perf_counter()
-            stopping, diverged = self.agree(stop, bad_step is not None)
+            agreement.post(step, stop, bad_step)
+            verdict = agreement.due(step, drain=self._reads_model(step))
             timers.sync += time.perf_counter() - t_sync
             membership.step_agreed()  # the first step on a new membership is done
-            if diverged:
-                raise Stopped(
-                    "diverged", step if bad_step is None else bad_step, "non-finite loss or model"
-                )
-            if stopping and step < schedule.total_steps:
+            if verdict.diverged_step is not None:
+                raise Stopped("diverged", verdict.diverged_step, "non-finite loss or model")
+            if verdict.stop and step < schedule.total_steps:
                 raise Stopped("preempted", step)
             if logs:
                 log.info(
@@ -502,6 +454,17 @@ class TrainingLoop(ABC):
                 )
         if not bool(torch.isfinite(x).all()):
             raise Stopped("diverged", step, "non-finite model")
+
+    def _reads_model(self, step: int) -> bool:
+        """Whether the model is read at boundary ``step`` (evaluated, checkpointed, the end): every
+        agreement in flight is completed there, so no row and no checkpoint is of a diverged or
+        stopped run."""
+        schedule = self.schedule
+        return (
+            step % schedule.eval_every == 0
+            or step >= schedule.total_steps
+            or (self.checkpoints.enabled and step % schedule.checkpoint_every == 0)
+        )
 
     def readmit(self, state: dict[str, Any] | None, lost: list[int]) -> None:
         """A rerun of a run that had lost ``lost``: survivors restore ``state`` (their own), the
@@ -516,10 +479,3 @@ class TrainingLoop(ABC):
             bad_step = settle(self, pending)
             if bad_step is not None:
                 raise Stopped("diverged", bad_step, "non-finite loss or model")
-
-
-def _progress_bar(total: int, initial: int) -> tqdm | None:
-    """A tqdm bar on rank 0 when stderr is a terminal (log lines alone otherwise)."""
-    if not sys.stderr.isatty():
-        return None
-    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, leave=False)

@@ -493,9 +493,6 @@ class BatchedRun(TrainingLoop):
     def algorithm_step(self, step: int, lr: float) -> None:
         self.algorithm.step(self.engine.X, self._G, lr, step)
 
-    def agree(self, stop: bool, bad: bool) -> tuple[bool, bool]:
-        return stop, bad  # one process: nothing to agree with
-
     def evaluate(self, step: int) -> None:
         sums = np.array(self.loss_sum, dtype=np.float64)  # before train_loss resets them
 
