@@ -8,6 +8,8 @@ runs ahead; here the same bookkeeping runs on CPU tensors with the lag forced.
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -41,14 +43,16 @@ def _poisoning(step_to_poison: int | None, rows: tuple[int, ...] = (2,)):
 
     def make(algo, topology, optimizer, X0, options, drops, nodes=None):
         algorithm = make_batched_algorithm(algo, topology, optimizer, X0, options, drops, nodes)
-        inner = algorithm.step
+        inner = type(algorithm).step
 
-        def step(X, G, lr, t):
-            inner(X, G, lr, t)
+        def step(self, X, G, lr, t):
+            inner(self, X, G, lr, t)
             if t == step_to_poison:
                 X[list(rows)] = float("nan")
 
-        algorithm.step = step  # type: ignore[method-assign]
+        # bound as a method, so that a deep copy (the engine's thread-count trial steps one)
+        # steps the copy, not this algorithm and its byte counters
+        algorithm.step = types.MethodType(step, algorithm)  # type: ignore[method-assign]
         return algorithm
 
     return make
