@@ -107,15 +107,29 @@ def main(argv: list[str] | None = None) -> int:
             [],
         )
     )
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks", type=int, default=4)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.slow_neighbour", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--ranks", type=int, default=4, help="MPI ranks (default 4)")
     parser.add_argument("--deadline", type=float, required=True, help="--message-deadline, s")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--skip", type=int, default=50, help="steps left out at the start")
-    parser.add_argument("--slow-rank", type=int, default=1)
-    parser.add_argument("--stop-ms", type=float, default=50.0)
-    parser.add_argument("--period-ms", type=float, default=100.0)
-    parser.add_argument("--mpirun", default=str(Path(sys.executable).parent / "mpirun"))
+    parser.add_argument("--rounds", type=int, default=2, help="alternated rounds (default 2)")
+    parser.add_argument(
+        "--skip", type=int, default=50, help="steps left out at the start (default 50)"
+    )
+    parser.add_argument(
+        "--slow-rank", type=int, default=1, help="the rank held at part speed (default 1)"
+    )
+    parser.add_argument(
+        "--stop-ms", type=float, default=50.0, help="ms it is stopped each period (default 50)"
+    )
+    parser.add_argument(
+        "--period-ms", type=float, default=100.0, help="the stop/continue period, ms (default 100)"
+    )
+    parser.add_argument(
+        "--mpirun",
+        default=str(Path(sys.executable).parent / "mpirun"),
+        help="the mpirun to launch with (default: the venv's, MPICH)",
+    )
     args = parser.parse_args(ours)
     OUT.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

@@ -287,7 +287,7 @@ class RunConfig:
         None,
         "`--backend local` or `batched`: drop exactly the messages that a `--message-deadline` "
         "run file recorded as late (world size, algorithm and topology must match it): the same "
-        "numbers as that MPI run",
+        "numbers as that MPI run (default: none)",
         type=Path,
         metavar="RUN.h5",
         applies=(
