@@ -2,6 +2,8 @@
 replayed with --drop-prob's rule for every algorithm that can lose a message; on MPI, a worker held
 back past the deadline is dropped from its neighbours' step and the run replays bit for bit."""
 
+# Long module: the deadline's refusals, bookkeeping, replay on each engine and its MPI runs
+
 from __future__ import annotations
 
 import itertools
@@ -400,11 +402,13 @@ import json, time
 import numpy as np
 from relaympi.comm import mpi_communicator
 
-comm = mpi_communicator(deadline=0.1)
+# a deadline far above an on-time round's milliseconds, even on a loaded machine, and a hold far
+# above the deadline: only round 1's message is late
+comm = mpi_communicator(deadline=1.0)
 peer, rounds = 1 - comm.rank, []
 for round in range(4):
     if comm.rank == 1 and round == 1:
-        time.sleep(0.6)  # rank 1's message of round 1 misses rank 0's deadline
+        time.sleep(4.0)  # rank 1's message of round 1 misses rank 0's deadline
     got = np.full(3, -1.0)
     sent = np.full(3, 10.0 * round + comm.rank)
     arrived = comm.exchange({peer: sent}, {peer: got}, round=round).wait()
