@@ -398,7 +398,7 @@ NEIGHBOURS_OF_1 = {
 
 
 LATE_SENDER = """
-import json, time
+import json, pathlib, sys, time
 import numpy as np
 from relaympi.comm import mpi_communicator
 
@@ -414,7 +414,9 @@ for round in range(4):
     arrived = comm.exchange({peer: sent}, {peer: got}, round=round).wait()
     rounds.append([sorted(arrived), got.tolist()])
     comm.barrier()  # the next round starts together (rank 0 would be early for every one)
-print(json.dumps({"rank": comm.rank, "rounds": rounds, "late": comm.late_drops}))
+# a file per rank: the two ranks' lines can interleave in mpirun's one stdout
+record = {"rank": comm.rank, "rounds": rounds, "late": comm.late_drops}
+pathlib.Path(sys.argv[1], f"rank{comm.rank}.json").write_text(json.dumps(record))
 """
 
 
@@ -423,8 +425,8 @@ print(json.dumps({"rank": comm.rank, "rounds": rounds, "late": comm.late_drops})
 def test_a_late_message_is_dropped_and_never_lands_in_a_later_round(tmp_path: Path) -> None:
     program = tmp_path / "late.py"
     program.write_text(LATE_SENDER)
-    proc = run_module_file(program)
-    found = {r["rank"]: r for r in map(json.loads, proc.stdout.split("\n")[:-1])}
+    proc = run_module_file(program, tmp_path)
+    found = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)}
     assert found[0]["late"] == [[1, 0, 1, 0]], proc.stdout + proc.stderr[-2000:]
     assert found[0]["rounds"] == [
         [[1], [1.0] * 3],
@@ -436,10 +438,10 @@ def test_a_late_message_is_dropped_and_never_lands_in_a_later_round(tmp_path: Pa
     assert found[1]["rounds"] == [[[0], [10.0 * r] * 3] for r in range(4)]
 
 
-def run_module_file(program: Path) -> subprocess.CompletedProcess:
-    """``mpirun -n 2 python program`` from the repository root, its output captured."""
+def run_module_file(program: Path, *args: Path) -> subprocess.CompletedProcess:
+    """``mpirun -n 2 python program ARGS`` from the repository root, its output captured."""
     return subprocess.run(
-        [mpirun(), "-n", "2", PY, str(program)],
+        [mpirun(), "-n", "2", PY, str(program), *map(str, args)],
         cwd=ROOT,
         env=env_for_subprocess(),
         capture_output=True,
