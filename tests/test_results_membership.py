@@ -163,20 +163,26 @@ def test_take_over_a_running_file_whose_writer_died(tmp_path: Path) -> None:
     assert "resumed_at_steps" not in run.attrs and "resumed_at_times" not in run.attrs
 
 
+def _writer_then(path: Path, signal_name: str) -> str:
+    """A program that writes three rows of a 2-worker run file at ``path``, then sends itself
+    that signal (the writer's process killed or stopped mid-run)."""
+    return (
+        "import os, signal, numpy as np\n"
+        "from relaympi.results import RunWriter\n"
+        f"w = RunWriter.create({str(path)!r}, config={{}}, provenance={{}}, world_size=2)\n"
+        "for k in range(3):\n"
+        "    w.append({'step': 10 * k, 'train_loss': np.ones(2)})\n"
+        f"os.kill(os.getpid(), signal.{signal_name})\n"
+    )
+
+
 def test_take_over_after_the_writer_was_killed(tmp_path: Path) -> None:
     """MPI: rank 0's process SIGKILLs itself while it holds the file open (and HDF5's lock)."""
     import subprocess
     import sys
 
     path = tmp_path / "run.h5"
-    script = (
-        "import os, signal, numpy as np\n"
-        "from relaympi.results import RunWriter\n"
-        f"w = RunWriter.create({str(path)!r}, config={{}}, provenance={{}}, world_size=2)\n"
-        "for k in range(3):\n"
-        "    w.append({'step': 10 * k, 'train_loss': np.ones(2)})\n"
-        "os.kill(os.getpid(), signal.SIGKILL)\n"
-    )
+    script = _writer_then(path, "SIGKILL")
     done = subprocess.run([sys.executable, "-c", script], timeout=60)
     assert done.returncode == -9
     with RunWriter.take_over(path, from_step=20) as writer:
@@ -193,14 +199,7 @@ def test_take_over_from_a_stopped_writer_that_holds_the_lock(tmp_path: Path) -> 
     import sys
 
     path = tmp_path / "run.h5"
-    script = (
-        "import os, signal, numpy as np\n"
-        "from relaympi.results import RunWriter\n"
-        f"w = RunWriter.create({str(path)!r}, config={{}}, provenance={{}}, world_size=2)\n"
-        "for k in range(3):\n"
-        "    w.append({'step': 10 * k, 'train_loss': np.ones(2)})\n"
-        "os.kill(os.getpid(), signal.SIGSTOP)\n"
-    )
+    script = _writer_then(path, "SIGSTOP")
     stopped = subprocess.Popen([sys.executable, "-c", script])
     try:
         for _ in range(600):  # until it stops, holding the file
