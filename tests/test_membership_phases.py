@@ -80,6 +80,19 @@ def test_a_loss_at_every_phase_heals_and_equals_the_local_replay(tmp_path, phase
     assert differences(mpi_out, local_out) == []
 
 
+def _refused(cases: dict[str, str], args: list[str], tmp_path, capsys) -> None:
+    """Each RELAYMPI_INJECT_FAILURE value of ``cases`` makes ``train`` with ``args`` exit as misuse
+    with its message."""
+    from relaympi import train
+
+    for index, (inject, message) in enumerate(cases.items()):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("RELAYMPI_INJECT_FAILURE", inject)
+            status = train.main([*args, "--out", str(tmp_path / f"r{index}.h5")])
+        assert status == train.EXIT_USAGE
+        assert message in capsys.readouterr().err
+
+
 def test_a_rank_named_at_a_phase_the_run_never_reaches_is_refused(tmp_path, capsys):
     from relaympi import train
 
@@ -88,12 +101,7 @@ def test_a_rank_named_at_a_phase_the_run_never_reaches_is_refused(tmp_path, caps
         "1:4:checkpoint": "no checkpoint is saved at step 4",
     }
     args = [*map(str, QUAD), "--backend", "local", "--workers", "4"]
-    for index, (inject, message) in enumerate(cases.items()):
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setenv("RELAYMPI_INJECT_FAILURE", inject)
-            status = train.main([*args, "--out", str(tmp_path / f"r{index}.h5")])
-        assert status == train.EXIT_USAGE
-        assert message in capsys.readouterr().err
+    _refused(cases, args, tmp_path, capsys)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RELAYMPI_INJECT_FAILURE", "1:4:exchange")
         batched = [*args[: args.index("--backend")], "--backend", "batched", "--workers", "4"]
@@ -192,19 +200,13 @@ def test_a_rank_that_fails_at_start_up_ends_the_job_under_the_default_mpi(tmp_pa
 
 
 def test_a_start_up_failure_is_refused_off_mpi_and_past_step_0(tmp_path, capsys):
-    from relaympi import train
 
     args = [*map(str, QUAD), "--backend", "local", "--workers", "4"]
     cases = {
         "1:3:startup": "phase startup takes STEP 0 (it fails before any step)",
         "1:0:startup": "only MPI ranks (--backend mpi) fail at start-up",
     }
-    for index, (inject, message) in enumerate(cases.items()):
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setenv("RELAYMPI_INJECT_FAILURE", inject)
-            status = train.main([*args, "--out", str(tmp_path / f"r{index}.h5")])
-        assert status == train.EXIT_USAGE
-        assert message in capsys.readouterr().err
+    _refused(cases, args, tmp_path, capsys)
 
 
 @pytest.mark.slow
