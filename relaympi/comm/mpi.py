@@ -16,7 +16,7 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -103,6 +103,15 @@ class _Deadline:
 
     def __init__(self, round: int, tag: int, wire_tag: int, receives: list) -> None:
         self.round, self.tag, self.wire_tag, self.receives = round, tag, wire_tag, receives
+
+
+class _Discard(NamedTuple):
+    """A receive that takes a late message off the wire: (request, scratch buffer), its sender
+    and the round it was sent in."""
+
+    receive: tuple[Any, Any]
+    peer: int
+    round: int
 
 
 class _MPIRequest(Request):
@@ -268,7 +277,11 @@ class MPICommunicator(Communicator):
         # --message-deadline: how many rounds the tag space keeps apart, and the receives that
         # take late messages off the wire (request, scratch buffer) until they land
         self._round_tags = max(1, (int(tag_ub) + 1) // TAGS_PER_ROUND)
-        self._discards: list[tuple[Any, Any]] = []
+        self._discards: list[_Discard] = []
+        # a neighbour is behind from the round its message was dropped until one of its late
+        # messages lands from a round at most one before the receiver's: no wait for it meanwhile
+        self._behind: set[int] = set()
+        self._landed: dict[int, int] = {}  # peer: the latest round of its late messages landed
         self._call_since: float | None = None  # when the guarded call in progress began
         atexit.register(self.close)
 
@@ -317,7 +330,8 @@ class MPICommunicator(Communicator):
             except MPI.Exception:  # a revoked communicator (a lost rank): nothing left to cancel
                 pass
             self._failure_req = None
-        for request, _ in self._discards:  # late messages whose senders never sent them
+        for discard in self._discards:  # late messages whose senders never sent them
+            request = discard.receive[0]
             try:
                 request.Cancel()
                 request.Wait()
@@ -365,6 +379,11 @@ class MPICommunicator(Communicator):
         cancelled (its message is landing) is waited for and counts as arrived. The sends are
         waited for as the transport completes them.
 
+        A neighbour that is behind (its message was dropped, and none of its late messages has
+        landed from this round or the one before) is not waited for at all: its receive counts
+        only if its message is already here. So a stalled neighbour costs its receivers one
+        deadline, not one per step, and is waited for again as soon as it catches up.
+
         Returns:
             The peers whose message was late.
         """
@@ -372,16 +391,14 @@ class MPICommunicator(Communicator):
             self._post_staged(until=self._staged_sends[-1])
         assert self.deadline is not None  # a request gets a _Deadline only under one
         expires = time.monotonic() + self.deadline
-        polls = 0
-        while not MPI.Request.Testall(requests):
-            self._check_failures()
-            if time.monotonic() >= expires:
-                break
-            polls += 1
-            if polls > 1000:
-                time.sleep(5e-5)
-        else:
-            return frozenset()
+        self._reap_discards()
+        skipped = {
+            index for peer, index, _ in deadline.receives if self._is_behind(peer, deadline.round)
+        }
+        waited = [request for i, request in enumerate(requests) if i not in skipped]
+        if poll(lambda: MPI.Request.Testall(waited), self._check_failures, self.wait_mode, expires):
+            if not skipped or MPI.Request.Testall(requests):
+                return frozenset()
         late = []
         for peer, index, spec in deadline.receives:
             request = requests[index]
@@ -392,10 +409,19 @@ class MPICommunicator(Communicator):
             request.Wait(status)
             if status.Is_cancelled():
                 late.append(peer)
-                self._discards.append(self._discarding_receive(peer, deadline.wire_tag, spec))
+                self._behind.add(peer)
+                receive = self._discarding_receive(peer, deadline.wire_tag, spec)
+                self._discards.append(_Discard(receive, peer, deadline.round))
                 self.late_drops.append((deadline.round, deadline.tag, peer, self.rank))
         self._wait(requests)  # the sends, and the receives that landed after all
         return frozenset(late)
+
+    def _is_behind(self, peer: int, round: int) -> bool:
+        """Whether ``peer`` is behind at ``round`` (not waited for): its message was dropped, and
+        none of its late messages has landed from ``round - 1`` or later."""
+        if peer in self._behind and self._landed.get(peer, -1) >= round - 1:
+            self._behind.discard(peer)
+        return peer in self._behind
 
     def _discarding_receive(self, peer: int, wire_tag: int, spec: Any) -> tuple[Any, Any]:
         """A receive of a late message into a buffer of its own, which nothing reads."""
@@ -408,9 +434,17 @@ class MPICommunicator(Communicator):
         return self.comm.Irecv(scratch, source=peer, tag=wire_tag), scratch
 
     def _reap_discards(self) -> None:
-        """Forget the discarding receives whose late message has landed."""
+        """Forget the discarding receives whose late message has landed, noting the latest round
+        each sender's late messages landed from."""
         if self._discards:
-            self._discards = [(r, b) for r, b in self._discards if not r.Test()]
+            pending = []
+            for discard in self._discards:
+                if discard.receive[0].Test():
+                    landed = self._landed.get(discard.peer, -1)
+                    self._landed[discard.peer] = max(landed, discard.round)
+                else:
+                    pending.append(discard)
+            self._discards = pending
 
     def wire_tag(self, tag: int, round: int) -> int:
         """The MPI tag a message of ``tag`` travels with in ``round``: under a deadline, one of

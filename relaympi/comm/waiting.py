@@ -10,7 +10,9 @@ core is taken from the ranks still computing. ``RELAYMPI_WAIT`` chooses (docs/ru
            waited so far, 2 ms at most): a long wait costs little CPU and is overshot by at most a
            quarter (default)
 
-No MPI import: the communicator hands in its test (``done``) and what to check between polls.
+A wait with a deadline (``--message-deadline``) polls in every mode, spin included, and stops
+polling at the deadline. No MPI import: the communicator hands in its test (``done``) and what to
+check between polls.
 """
 
 from __future__ import annotations
@@ -42,24 +44,39 @@ def wait_mode() -> str:
     return value
 
 
-def poll(done: Callable[[], bool], between: Callable[[], None], mode: str) -> None:
-    """Return once ``done()`` is true, calling ``between()`` after each false poll.
+def poll(
+    done: Callable[[], bool],
+    between: Callable[[], None],
+    mode: str,
+    until: float | None = None,
+) -> bool:
+    """Return once ``done()`` is true, calling ``between()`` after each false poll; or give up at
+    ``until``.
 
     Args:
         done: tests the transfers without blocking (MPI_Testall); true once they completed.
         between: what to check while waiting (a failure another rank reported); may raise.
-        mode: "yield" or "sleep" (WAIT_MODES; "spin" is MPI's own wait, not a poll loop here).
+        mode: one of WAIT_MODES ("spin" polls without giving the core away).
+        until: a ``time.monotonic()`` time to give up at (None: wait as long as it takes). A sleep
+            never runs past it.
+
+    Returns:
+        True once ``done()`` was true, False where ``until`` came first.
     """
     if done():
-        return
-    start = time.perf_counter()
+        return True
+    start = time.monotonic()
     while True:
         between()
+        now = time.monotonic()
+        if until is not None and now >= until:
+            return False
         if mode == "yield":
             os.sched_yield()
-        else:
-            waited = time.perf_counter() - start
+        elif mode == "sleep":
+            waited = now - start
             if waited > SPIN_S:
-                time.sleep(min(MAX_SLEEP_S, waited * SLEEP_FRACTION))
+                pause = min(MAX_SLEEP_S, waited * SLEEP_FRACTION)
+                time.sleep(pause if until is None else max(0.0, min(pause, until - now)))
         if done():
-            return
+            return True
