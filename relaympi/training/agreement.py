@@ -25,6 +25,9 @@ from relaympi.config import ConfigError
 # steps between posting a step's flags and acting on their agreement (docs/design.md); 0 agrees
 # at every step's end (one all-reduce every rank waits for)
 AGREEMENT_LAG = 1
+# under --message-deadline: how far (in steps) a rank may run ahead of the slowest before it waits
+# for it; a stall of up to this many of the others' steps costs them no wait (docs/membership.md)
+DEADLINE_AGREEMENT_LAG = 16
 LAG_ENV = "RELAYMPI_AGREEMENT_LAG"
 
 
@@ -46,8 +49,12 @@ class Agreed:
 StartAgreement = Callable[[np.ndarray], FlagsRequest]
 
 
-def agreement_lag() -> int:
-    """The lag from RELAYMPI_AGREEMENT_LAG (default AGREEMENT_LAG).
+def agreement_lag(default: int | None = AGREEMENT_LAG) -> int | None:
+    """The lag from RELAYMPI_AGREEMENT_LAG.
+
+    Args:
+        default: what to return where it is unset (AGREEMENT_LAG; None lets the caller choose,
+            as the training loop does under --message-deadline: DEADLINE_AGREEMENT_LAG).
 
     Returns:
         Steps between posting a step's flags and acting on them (0: at once).
@@ -57,7 +64,7 @@ def agreement_lag() -> int:
     """
     value = os.environ.get(LAG_ENV, "").strip()
     if not value:
-        return AGREEMENT_LAG
+        return default
     if not value.isdigit():
         raise ConfigError(f"{LAG_ENV}={value!r}; expected a whole number of steps >= 0, e.g. 1")
     return int(value)

@@ -21,7 +21,14 @@ import torch
 from relaympi.comm.base import PeerLost, Vanished
 from relaympi.config import ConfigError
 from relaympi.tasks import TaskError
-from relaympi.training.agreement import Agreed, FlagsRequest, LaggedAgreement, agreement_lag
+from relaympi.training.agreement import (
+    AGREEMENT_LAG,
+    DEADLINE_AGREEMENT_LAG,
+    Agreed,
+    FlagsRequest,
+    LaggedAgreement,
+    agreement_lag,
+)
 from relaympi.training.checkpoint_files import CheckpointError
 from relaympi.training.checkpoint_state import checkpoint_state, restore_common, restore_state
 from relaympi.training.checkpointing import Checkpoints
@@ -107,7 +114,7 @@ class TrainingLoop(ABC):
         self.clock: HostClock | EventClock = HostClock(None)
         self.inject_signal = signal_injection()
         self.inject_delay = delay_injection()
-        self.agreement_lag = agreement_lag()  # RELAYMPI_AGREEMENT_LAG, refused here if bad
+        self.lag_set = agreement_lag(None)  # RELAYMPI_AGREEMENT_LAG, refused here if bad
 
     def check_injection(self, world_size: int) -> None:
         """Refuse a RELAYMPI_INJECT_FAILURE that names no worker of the run."""
@@ -454,6 +461,17 @@ class TrainingLoop(ABC):
                 )
         if not bool(torch.isfinite(x).all()):
             raise Stopped("diverged", step, "non-finite model")
+
+    @property
+    def agreement_lag(self) -> int:
+        """Steps between posting a step's flags and acting on their agreement:
+        RELAYMPI_AGREEMENT_LAG where set, else AGREEMENT_LAG, or DEADLINE_AGREEMENT_LAG under
+        --message-deadline (no rank waits at a step's end for a late one either, until it is that
+        many steps behind)."""
+        if self.lag_set is not None:
+            return self.lag_set
+        late_ok = self.plan.cfg.message_deadline is not None
+        return DEADLINE_AGREEMENT_LAG if late_ok else AGREEMENT_LAG
 
     def _reads_model(self, step: int) -> bool:
         """Whether the model is read at boundary ``step`` (evaluated, checkpointed, the end): every
