@@ -390,7 +390,7 @@ class MPICommunicator(Communicator):
         if self._staged_sends:
             self._post_staged(until=self._staged_sends[-1])
         assert self.deadline is not None  # a request gets a _Deadline only under one
-        expires = time.monotonic() + self.deadline
+        expires = time.perf_counter() + self.deadline  # the poller's clock
         self._reap_discards()
         skipped = {
             index for peer, index, _ in deadline.receives if self._is_behind(peer, deadline.round)

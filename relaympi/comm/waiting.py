@@ -57,18 +57,18 @@ def poll(
         done: tests the transfers without blocking (MPI_Testall); true once they completed.
         between: what to check while waiting (a failure another rank reported); may raise.
         mode: one of WAIT_MODES ("spin" polls without giving the core away).
-        until: a ``time.monotonic()`` time to give up at (None: wait as long as it takes). A sleep
-            never runs past it.
+        until: a ``time.perf_counter()`` time to give up at (None: wait as long as it takes).
+            A sleep never runs past it.
 
     Returns:
         True once ``done()`` was true, False where ``until`` came first.
     """
     if done():
         return True
-    start = time.monotonic()
+    start = time.perf_counter()
     while True:
         between()
-        now = time.monotonic()
+        now = time.perf_counter()
         if until is not None and now >= until:
             return False
         if mode == "yield":
