@@ -1,20 +1,31 @@
 """A neighbour that is behind under --message-deadline costs its receivers one deadline, not one
 per step: once its message was dropped it is not waited for until it has caught up, and no rank
-waits at a step's end for it either until it is DEADLINE_AGREEMENT_LAG steps behind."""
+waits at a step's end for it either until it is DEADLINE_AGREEMENT_LAG steps behind. A rank held
+at half speed from outside is dropped where timing says, and the run still replays bit for bit."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from benchmarks.slow_neighbour import _hold
 from relaympi.results import read_run
 from relaympi.training.agreement import AGREEMENT_LAG, DEADLINE_AGREEMENT_LAG, LAG_ENV
 from relaympi.training.loop import TrainingLoop
-from tests.conftest import matched, requires_mpirun, run_train
+from tests.conftest import (
+    ROOT,
+    env_for_subprocess,
+    matched,
+    module_command,
+    requires_mpirun,
+    run_train,
+)
 from tests.test_message_deadline import run_module_file
 
 DEADLINE_S, HOLD_S, BEHIND = 0.25, 6.0, range(1, 17)
@@ -114,5 +125,37 @@ def test_ranks_run_ahead_of_a_held_rank_and_replay_bit_for_bit(tmp_path: Path) -
     numbers = {name for name in recorded.data if not name.startswith("time_")}
     assert set(replayed.data) == set(recorded.data)
     for name in sorted(numbers):
+        np.testing.assert_array_equal(replayed.data[name], recorded.data[name], err_msg=name)
+    np.testing.assert_array_equal(replayed.late_drops, recorded.late_drops)
+
+
+@pytest.mark.slow
+@requires_mpirun
+def test_a_rank_held_at_half_speed_is_dropped_and_replayed_bit_for_bit(tmp_path: Path) -> None:
+    """Rank 1 of 4 (chain) is stopped from outside 50 ms of every 100 ms for the whole run, as
+    benchmarks.slow_neighbour holds it, under a 10 ms deadline: which of its messages are late
+    depends on timing alone, and the local replay of what the run recorded still gives every
+    dataset but the timers bit for bit."""
+    args = ["--task", "quadratics", "--lr", "0.1", "--steps", "3000", "--eval-every", "1000"]
+    args += ["--algo", "relay", "--topology", "chain", "--record-params", "--dim", "6"]
+    command = module_command("relaympi.train", *args, mpi=4)
+    command += ["--message-deadline", "0.01", "--out", str(tmp_path / "mpi.h5")]
+    with open(tmp_path / "mpi.log", "w") as log:
+        job = subprocess.Popen(command, cwd=ROOT, env=env_for_subprocess(), stdout=log, stderr=log)
+    holder = threading.Thread(target=_hold, args=(job, 1, 0.05, 0.1), daemon=True)
+    holder.start()
+    assert job.wait(timeout=300) == 0, (tmp_path / "mpi.log").read_text()[-3000:]
+    holder.join()
+    recorded = read_run(tmp_path / "mpi.h5")
+    assert recorded.late_drops is not None  # a 50 ms stop outlasts a 10 ms deadline
+    assert {int(row[3]) for row in recorded.late_drops} >= {1}, recorded.late_drops
+    run_train(
+        [*args, "--backend", "local", "--workers", 4]
+        + ["--replay-drops", tmp_path / "mpi.h5", "--out", tmp_path / "local.h5"],
+        check=0,
+    )
+    replayed = read_run(tmp_path / "local.h5")
+    assert set(replayed.data) == set(recorded.data)
+    for name in sorted(name for name in recorded.data if not name.startswith("time_")):
         np.testing.assert_array_equal(replayed.data[name], recorded.data[name], err_msg=name)
     np.testing.assert_array_equal(replayed.late_drops, recorded.late_drops)
