@@ -1,5 +1,5 @@
 """A neighbour that is behind under --message-deadline costs its receivers one deadline, not one
-per step: once its message was dropped it is not waited for until it has caught up, and no rank
+per step: once its message was dropped it is not waited for until it sends again, and no rank
 waits at a step's end for it either until it is DEADLINE_AGREEMENT_LAG steps behind. A rank held
 at half speed from outside is dropped where timing says, and the run still replays bit for bit."""
 
@@ -62,7 +62,7 @@ pathlib.Path(sys.argv[1], f"rank{{comm.rank}}.json").write_text(json.dumps(recor
 def test_a_neighbour_behind_is_not_waited_for_until_it_catches_up(tmp_path: Path) -> None:
     """Rank 1 sleeps through 16 of rank 0's rounds: rank 0 waits for the first one's deadline
     only (16 deadlines would take 4 s), drops all 16, and once rank 1 has caught up its messages
-    count again from the next round."""
+    count again from the next round (its late ones have landed: it is sending again)."""
     program = tmp_path / "behind.py"
     program.write_text(BEHIND_SENDER)
     proc = run_module_file(program, tmp_path)

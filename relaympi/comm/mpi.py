@@ -106,12 +106,11 @@ class _Deadline:
 
 
 class _Discard(NamedTuple):
-    """A receive that takes a late message off the wire: (request, scratch buffer), its sender
-    and the round it was sent in."""
+    """A receive that takes a late message off the wire: (request, scratch buffer) and its
+    sender."""
 
     receive: tuple[Any, Any]
     peer: int
-    round: int
 
 
 class _MPIRequest(Request):
@@ -279,9 +278,8 @@ class MPICommunicator(Communicator):
         self._round_tags = max(1, (int(tag_ub) + 1) // TAGS_PER_ROUND)
         self._discards: list[_Discard] = []
         # a neighbour is behind from the round its message was dropped until one of its late
-        # messages lands from a round at most one before the receiver's: no wait for it meanwhile
+        # messages lands (it is sending again): no wait for it meanwhile
         self._behind: set[int] = set()
-        self._landed: dict[int, int] = {}  # peer: the latest round of its late messages landed
         self._call_since: float | None = None  # when the guarded call in progress began
         atexit.register(self.close)
 
@@ -380,9 +378,9 @@ class MPICommunicator(Communicator):
         waited for as the transport completes them.
 
         A neighbour that is behind (its message was dropped, and none of its late messages has
-        landed from this round or the one before) is not waited for at all: its receive counts
-        only if its message is already here. So a stalled neighbour costs its receivers one
-        deadline, not one per step, and is waited for again as soon as it catches up.
+        landed since) is not waited for at all: its receive counts only if its message is already
+        here. So a stalled neighbour costs its receivers one deadline, not one per step, and is
+        waited for again as soon as it sends again (and so catches up).
 
         Returns:
             The peers whose message was late.
@@ -392,9 +390,7 @@ class MPICommunicator(Communicator):
         assert self.deadline is not None  # a request gets a _Deadline only under one
         expires = time.perf_counter() + self.deadline  # the poller's clock
         self._reap_discards()
-        skipped = {
-            index for peer, index, _ in deadline.receives if self._is_behind(peer, deadline.round)
-        }
+        skipped = {index for peer, index, _ in deadline.receives if peer in self._behind}
         waited = [request for i, request in enumerate(requests) if i not in skipped]
         if poll(lambda: MPI.Request.Testall(waited), self._check_failures, self.wait_mode, expires):
             if not skipped or MPI.Request.Testall(requests):
@@ -411,17 +407,10 @@ class MPICommunicator(Communicator):
                 late.append(peer)
                 self._behind.add(peer)
                 receive = self._discarding_receive(peer, deadline.wire_tag, spec)
-                self._discards.append(_Discard(receive, peer, deadline.round))
+                self._discards.append(_Discard(receive, peer))
                 self.late_drops.append((deadline.round, deadline.tag, peer, self.rank))
         self._wait(requests)  # the sends, and the receives that landed after all
         return frozenset(late)
-
-    def _is_behind(self, peer: int, round: int) -> bool:
-        """Whether ``peer`` is behind at ``round`` (not waited for): its message was dropped, and
-        none of its late messages has landed from ``round - 1`` or later."""
-        if peer in self._behind and self._landed.get(peer, -1) >= round - 1:
-            self._behind.discard(peer)
-        return peer in self._behind
 
     def _discarding_receive(self, peer: int, wire_tag: int, spec: Any) -> tuple[Any, Any]:
         """A receive of a late message into a buffer of its own, which nothing reads."""
@@ -434,14 +423,13 @@ class MPICommunicator(Communicator):
         return self.comm.Irecv(scratch, source=peer, tag=wire_tag), scratch
 
     def _reap_discards(self) -> None:
-        """Forget the discarding receives whose late message has landed, noting the latest round
-        each sender's late messages landed from."""
+        """Forget the discarding receives whose late message has landed; its sender is sending
+        again, so it is waited for again."""
         if self._discards:
             pending = []
             for discard in self._discards:
                 if discard.receive[0].Test():
-                    landed = self._landed.get(discard.peer, -1)
-                    self._landed[discard.peer] = max(landed, discard.round)
+                    self._behind.discard(discard.peer)
                 else:
                     pending.append(discard)
             self._discards = pending
