@@ -438,7 +438,7 @@ def test_a_late_message_is_dropped_and_never_lands_in_a_later_round(tmp_path: Pa
     assert found[1]["rounds"] == [[[0], [10.0 * r] * 3] for r in range(4)]
 
 
-def run_module_file(program: Path, *args: Path) -> subprocess.CompletedProcess:
+def run_module_file(program: Path, *args: object) -> subprocess.CompletedProcess:
     """``mpirun -n 2 python program ARGS`` from the repository root, its output captured."""
     return subprocess.run(
         [mpirun(), "-n", "2", PY, str(program), *map(str, args)],

@@ -43,6 +43,8 @@ _FAILURE_BYTES = 1 << 16
 # (round mod the rounds the tag space holds), so a late message can only ever match its own
 # round's receive (or the receive that discards it), never a later round's
 TAGS_PER_ROUND = 8
+# at close, how long sends from copies (under a deadline) are given to complete
+DETACHED_CLOSE_S = 10.0
 
 
 def _lost_on_failure(method: Any) -> Any:
@@ -277,6 +279,7 @@ class MPICommunicator(Communicator):
         # take late messages off the wire (request, scratch buffer) until they land
         self._round_tags = max(1, (int(tag_ub) + 1) // TAGS_PER_ROUND)
         self._discards: list[_Discard] = []
+        self._detached: list[tuple[Any, Any]] = []  # sends from copies: (request, copy)
         # a neighbour is behind from the round its message was dropped until one of its late
         # messages lands (it is sending again): no wait for it meanwhile
         self._behind: set[int] = set()
@@ -328,6 +331,13 @@ class MPICommunicator(Communicator):
             except MPI.Exception:  # a revoked communicator (a lost rank): nothing left to cancel
                 pass
             self._failure_req = None
+        # sends from copies: every rank posts a receive for each message it is sent (its own or
+        # a discarding one), so they complete; a rank that is gone would leave one pending
+        expires = time.perf_counter() + DETACHED_CLOSE_S
+        while self._detached and time.perf_counter() < expires:
+            self._detached = [(r, b) for r, b in self._detached if not r.Test()]
+            time.sleep(1e-3)
+        self._detached = []
         for discard in self._discards:  # late messages whose senders never sent them
             request = discard.receive[0]
             try:
@@ -423,8 +433,10 @@ class MPICommunicator(Communicator):
         return self.comm.Irecv(scratch, source=peer, tag=wire_tag), scratch
 
     def _reap_discards(self) -> None:
-        """Forget the discarding receives whose late message has landed; its sender is sending
-        again, so it is waited for again."""
+        """Forget the discarding receives whose late message has landed (its sender is sending
+        again, so it is waited for again) and the sends from copies that completed."""
+        if self._detached:
+            self._detached = [(r, b) for r, b in self._detached if not r.Test()]
         if self._discards:
             pending = []
             for discard in self._discards:
@@ -555,6 +567,17 @@ class MPICommunicator(Communicator):
                 staged.append(send)
                 continue
             spec = self._send_spec(sends[peer], slot)
+            if self.deadline is not None:
+                # from a copy of its own, not waited for here: a message too large to leave at
+                # once (MPI's rendezvous) would hold the step until a neighbour that is behind
+                # posts its receive, and the deadline bounds the whole step, sends included
+                own = (
+                    [buffers.clone(spec[0]), spec[1]]
+                    if isinstance(spec, list)
+                    else buffers.clone(spec)
+                )
+                self._detached.append((self.comm.Isend(own, dest=peer, tag=tag), own))
+                continue
             requests.append(self.comm.Isend(spec, dest=peer, tag=tag))
         if self._staged_sends:
             self._post_staged()  # whatever copies are done: their transfers start now
@@ -738,6 +761,7 @@ class MPICommunicator(Communicator):
             self._progress_thread.close()
             self._progress_thread = None
         self._failure_req = None  # its receive died with the revoked communicator
+        self._detached, self._discards = [], []  # so did their transfers
         try:
             survivors_comm = self.comm.Shrink()
         except MPI.Exception as exc:
