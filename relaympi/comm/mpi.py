@@ -100,11 +100,13 @@ def library_version() -> str:
 
 
 class _Deadline:
-    """What a receive that missed the deadline needs: the round and tag to record it by, the tag
-    it travels with, and each receive's (peer, index among the request's MPI requests, spec)."""
+    """What an exchange under a deadline needs: the round and tag to record a late receive by, the
+    tag it travels with, each receive's (peer, index among the request's MPI requests, spec) and
+    each send's (peer, index, the copy it is sent from)."""
 
-    def __init__(self, round: int, tag: int, wire_tag: int, receives: list) -> None:
-        self.round, self.tag, self.wire_tag, self.receives = round, tag, wire_tag, receives
+    def __init__(self, round: int, tag: int, wire_tag: int, receives: list, sends: list) -> None:
+        self.round, self.tag, self.wire_tag = round, tag, wire_tag
+        self.receives, self.sends = receives, sends
 
 
 class _Discard(NamedTuple):
@@ -384,13 +386,15 @@ class MPICommunicator(Communicator):
         receive still pending: cancelled, its message is late (recorded in ``late_drops``) and a
         receive into a scratch buffer takes it off the wire whenever it comes, so that its sender's
         send completes and nothing of it lands anywhere else. A receive that can no longer be
-        cancelled (its message is landing) is waited for and counts as arrived. The sends are
-        waited for as the transport completes them.
+        cancelled (its message is landing) is waited for and counts as arrived. The sends (each
+        from a copy of its own) are waited for up to the deadline too; one still in flight then
+        completes later, so that a large message to a neighbour that is behind holds nobody.
 
         A neighbour that is behind (its message was dropped, and none of its late messages has
-        landed since) is not waited for at all: its receive counts only if its message is already
-        here. So a stalled neighbour costs its receivers one deadline, not one per step, and is
-        waited for again as soon as it sends again (and so catches up).
+        landed since) is not waited for at all, neither its message nor the taking of ours: its
+        receive counts only if its message is already here. So a stalled neighbour costs its
+        receivers one deadline, not one per step, and is waited for again as soon as it sends
+        again (and so catches up).
 
         Returns:
             The peers whose message was late.
@@ -400,7 +404,8 @@ class MPICommunicator(Communicator):
         assert self.deadline is not None  # a request gets a _Deadline only under one
         expires = time.perf_counter() + self.deadline  # the poller's clock
         self._reap_discards()
-        skipped = {index for peer, index, _ in deadline.receives if peer in self._behind}
+        transfers = deadline.receives + deadline.sends
+        skipped = {index for peer, index, _ in transfers if peer in self._behind}
         waited = [request for i, request in enumerate(requests) if i not in skipped]
         if poll(lambda: MPI.Request.Testall(waited), self._check_failures, self.wait_mode, expires):
             if not skipped or MPI.Request.Testall(requests):
@@ -419,7 +424,11 @@ class MPICommunicator(Communicator):
                 receive = self._discarding_receive(peer, deadline.wire_tag, spec)
                 self._discards.append(_Discard(receive, peer))
                 self.late_drops.append((deadline.round, deadline.tag, peer, self.rank))
-        self._wait(requests)  # the sends, and the receives that landed after all
+        # the receives that landed after all; a send still in flight completes later, from its copy
+        self._wait([requests[index] for _, index, _ in deadline.receives])
+        for _, index, own in deadline.sends:
+            if not requests[index].Test():
+                self._detached.append((requests[index], own))
         return frozenset(late)
 
     def _discarding_receive(self, peer: int, wire_tag: int, spec: Any) -> tuple[Any, Any]:
@@ -549,6 +558,7 @@ class MPICommunicator(Communicator):
         on_complete: list[Any] = []  # callables, run once the receives complete
         logical, tag = tag, self.wire_tag(tag, round)
         receives: list[tuple[int, int, Any]] = []  # (peer, index, spec) for the deadline
+        copies: list[tuple[int, int, Any]] = []  # (peer, index, copy) of the sends under one
         self._reap_discards()
         for peer in sorted(recvs):
             slot = ("recv", peer, logical, chunk)
@@ -568,22 +578,21 @@ class MPICommunicator(Communicator):
                 continue
             spec = self._send_spec(sends[peer], slot)
             if self.deadline is not None:
-                # from a copy of its own, not waited for here: a message too large to leave at
-                # once (MPI's rendezvous) would hold the step until a neighbour that is behind
-                # posts its receive, and the deadline bounds the whole step, sends included
-                own = (
+                # from a copy of its own, waited for up to the deadline: a message too large to
+                # leave at once (MPI's rendezvous) to a neighbour that is behind then completes
+                # later, and the sender's buffer is free for the next step meanwhile
+                spec = (
                     [buffers.clone(spec[0]), spec[1]]
                     if isinstance(spec, list)
                     else buffers.clone(spec)
                 )
-                self._detached.append((self.comm.Isend(own, dest=peer, tag=tag), own))
-                continue
+                copies.append((peer, len(requests), spec))
             requests.append(self.comm.Isend(spec, dest=peer, tag=tag))
         if self._staged_sends:
             self._post_staged()  # whatever copies are done: their transfers start now
         deadline = (
-            _Deadline(round, logical, tag, receives)
-            if self.deadline is not None and receives
+            _Deadline(round, logical, tag, receives, copies)
+            if self.deadline is not None and (receives or copies)
             else None
         )
         return _MPIRequest(self, requests, frozenset(recvs), on_complete, staged, deadline)
