@@ -2,10 +2,12 @@
 cost table's target accuracy, in its worst worker's final accuracy, and in dropped messages.
 
 Each algorithm (``--algos``; default RelaySGD on its default topology, D-PSGD on a ring and
-all-reduce) trains ``mpirun -n RANKS python -m relaympi.train --task digits --alpha 0.01`` twice,
-alternated: **clean** (nobody slow, no deadline) and **slow**: one worker (``--slow-rank``) held
-from outside for the whole run, SIGSTOP for ``--stop-ms`` of every ``--period-ms`` (50 of 100: half
-speed), with ``--message-deadline`` for the algorithms that take one (all-reduce cannot: it waits).
+all-reduce) trains ``mpirun -n RANKS python -m relaympi.train --task digits --alpha 0.01``, one
+run after the other: **clean** (nobody slow, no deadline); **clean-deadline** (nobody slow, with
+``--message-deadline``: the messages the machine alone makes late); **slow**: one worker
+(``--slow-rank``) held from outside for the whole run, SIGSTOP for ``--stop-ms`` of every
+``--period-ms`` (50 of 100: half speed), with the deadline. All-reduce cannot take a deadline (it
+waits): it runs clean and slow only.
 
     python -m benchmarks.slow_worker -- --eval-every 12
 
@@ -53,6 +55,8 @@ PER_EDGE = ("relay", "relay-grad", "dpsgd")
 COLLECTIVE = ("allreduce",)
 # flags the benchmark sets itself
 OWN_FLAGS = ("--algo", "--topology", "--message-deadline", "--out", "--backend", "--workers")
+# each algorithm's runs, in order (a collective: the first and the last)
+CONDITIONS = ("clean", "clean-deadline", "slow")
 DEADLINE_FACTOR = 2.0  # the default deadline: this many times the algorithm's clean step time
 
 
@@ -126,7 +130,7 @@ class Figures:
 
     algo: str
     topology: str
-    condition: str  # clean | slow
+    condition: str  # clean | clean-deadline | slow
     round: int
     deadline_s: float | None
     step_ms: float  # rank 0's wall time per step less evaluation: the cost table's median
@@ -167,7 +171,7 @@ def run_figures(
         path: the run file.
         summary: its report summary (``summarize``).
         target: the cost table's target accuracy (None: no target).
-        condition: "clean" or "slow".
+        condition: "clean", "clean-deadline" or "slow".
         round_: the round it ran in.
         slow_rank: the worker held in a slow run (its late messages are counted apart).
         deadline: the --message-deadline it ran with (None: none).
@@ -271,7 +275,7 @@ def _parser() -> UsageParser:
         "--deadline",
         type=float,
         default=None,
-        help="--message-deadline of the slow runs, seconds (default: "
+        help="--message-deadline of the runs with one, seconds (default: "
         f"{DEADLINE_FACTOR:g} times each algorithm's clean ms/step of the first round)",
     )
     parser.add_argument("--rounds", type=int, default=1, help="alternated rounds (default 1)")
@@ -340,8 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     for round_ in range(args.rounds):
         for algo, topology in algos:
-            for condition in ("clean", "slow"):
-                deadline = deadlines[(algo, topology)] if condition == "slow" else None
+            conditions = CONDITIONS[::2] if algo in COLLECTIVE else CONDITIONS
+            for condition in conditions:
+                deadline = None if condition == "clean" else deadlines[(algo, topology)]
                 name = f"{algo}-{topology or 'default'}-{condition}-{round_}"
                 path = out / f"{name}.h5"
                 command = [args.mpirun, "-n", str(args.ranks), sys.executable, "-m"]
