@@ -3,6 +3,8 @@ cost table's figures of one run, from hand-made run files."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -138,3 +140,57 @@ def test_bad_input_is_refused_in_one_line_with_status_2(
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
+
+
+FAKE_MPIRUN = """#!{python}
+# mpirun -n N python -m relaympi.train FLAGS: records its flags, writes a run file of N workers
+# (12 steps of 25 ms each, a ring's edges, one late drop under a deadline)
+import json, sys
+import numpy as np
+from relaympi.results import RunTopology, RunWriter
+
+n, flags = int(sys.argv[2]), sys.argv[6:]
+with open({calls!r}, "a") as calls:
+    calls.write(json.dumps(flags) + "\\n")
+value = dict(zip(flags, flags[1:]))
+config = {{"task": "digits", "algo": value["--algo"], "topology": value.get("--topology", "ring"),
+          "alpha": 0.01, "lr": 0.1, "world_size": n, "seed": 0}}
+ring = np.array(sorted((min(i, (i + 1) % n), max(i, (i + 1) % n)) for i in range(n)))
+with RunWriter.create(value["--out"], config=config, provenance={{}}, world_size=n,
+                      overwrite=True) as writer:
+    writer.extend({{"step": np.array([0, 12]), "epoch": np.array([0.0, 1.0]),
+                   "time_s": np.array([0.0, 0.3]), "test_accuracy": np.full((2, n), 0.5)}})
+    writer.set_topology(RunTopology(config["topology"], "ranks", np.zeros(n, dtype=np.int64),
+                                    False, (ring,), (0,)))
+    if "--message-deadline" in value:
+        writer.add_late_drops(np.array([[3, 12, 0, 1, 0]]))
+    writer.set_status("completed")
+"""
+
+
+@pytest.mark.slow
+def test_each_algorithm_runs_clean_then_with_its_measured_deadline(tmp_path: Path) -> None:
+    calls = tmp_path / "calls.jsonl"
+    mpirun = tmp_path / "mpirun"
+    mpirun.write_text(FAKE_MPIRUN.format(python=sys.executable, calls=str(calls)))
+    mpirun.chmod(0o755)
+    argv = ["--ranks", "4", "--algos", "relay,allreduce", "--out", str(tmp_path / "out")]
+    assert slow_worker.main([*argv, "--mpirun", str(mpirun), "--", "--steps", "12"]) == 0
+    runs = [json.loads(line) for line in calls.read_text().splitlines()]
+    deadlines = [
+        run[run.index("--message-deadline") + 1] if "--message-deadline" in run else None
+        for run in runs
+    ]
+    # 25 ms per step clean: the deadline is twice that, for both relay runs after the clean one
+    assert [run[run.index("--algo") + 1] for run in runs] == ["relay"] * 3 + ["allreduce"] * 2
+    assert deadlines == [None, "0.05", "0.05", None, None]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [(r["algo"], r["condition"]) for r in summary["runs"]] == [
+        ("relay", "clean"),
+        ("relay", "clean-deadline"),
+        ("relay", "slow"),
+        ("allreduce", "clean"),
+        ("allreduce", "slow"),
+    ]
+    # 12 steps x 2 x 4 ring edges due; one late drop in each run under the deadline
+    assert [r["dropped_fraction"] for r in summary["runs"]] == [None, 1 / 96, 1 / 96, None, None]
