@@ -36,9 +36,15 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench-results" / "slow_neighbour"
 
 
-def _rank_of(pid: int) -> int | None:
-    """The rank a process was launched as (its launcher's variables, read as the trainer reads
-    them), or None for a process no launcher started."""
+def rank_of(pid: int) -> int | None:
+    """The rank a process was launched as: its launcher's variables, read as the trainer reads them.
+
+    Args:
+        pid: the process.
+
+    Returns:
+        Its rank, or None for a process no launcher started (or one gone).
+    """
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
@@ -48,8 +54,15 @@ def _rank_of(pid: int) -> int | None:
     return found.rank if found.launched else None
 
 
-def _descendants(root: int) -> list[int]:
-    """Every process below ``root`` (from /proc's parent links)."""
+def descendants(root: int) -> list[int]:
+    """Every process below ``root``, from /proc's parent links.
+
+    Args:
+        root: the process whose children, grandchildren and so on are wanted.
+
+    Returns:
+        Their ids, parents before their children.
+    """
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -67,11 +80,19 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-def _hold(job: subprocess.Popen, rank: int, stop_s: float, period_s: float) -> None:
-    """SIGSTOP/SIGCONT ``rank``'s process: stopped ``stop_s`` of every ``period_s``."""
+def hold(job: subprocess.Popen, rank: int, stop_s: float, period_s: float) -> None:
+    """SIGSTOP/SIGCONT ``rank``'s process: stopped ``stop_s`` of every ``period_s``, from the moment
+    it is found below ``job`` until ``job`` ends (then it is left running).
+
+    Args:
+        job: the launcher (mpirun) whose rank to hold.
+        rank: the rank to hold.
+        stop_s: seconds stopped in each period.
+        period_s: the period, seconds.
+    """
     pid = None
     while pid is None and job.poll() is None:
-        pid = next((p for p in _descendants(job.pid) if _rank_of(p) == rank), None)
+        pid = next((p for p in descendants(job.pid) if rank_of(p) == rank), None)
         time.sleep(0.05)
     while pid is not None and job.poll() is None:
         try:
@@ -148,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             holder = None
             if slow:
                 holder = threading.Thread(
-                    target=_hold,
+                    target=hold,
                     args=(job, args.slow_rank, args.stop_ms / 1e3, args.period_ms / 1e3),
                     daemon=True,
                 )

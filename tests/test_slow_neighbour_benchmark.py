@@ -28,9 +28,9 @@ def test_a_rank_is_found_below_its_launcher_by_its_environment() -> None:
     env = {**os.environ, "PMI_RANK": "3"}
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
     try:
-        assert child.pid in slow_neighbour._descendants(os.getpid())
-        assert slow_neighbour._rank_of(child.pid) == 3
-        assert slow_neighbour._rank_of(os.getpid()) is None or "PMI_RANK" in os.environ
+        assert child.pid in slow_neighbour.descendants(os.getpid())
+        assert slow_neighbour.rank_of(child.pid) == 3
+        assert slow_neighbour.rank_of(os.getpid()) is None or "PMI_RANK" in os.environ
     finally:
         child.kill()
         child.wait()
