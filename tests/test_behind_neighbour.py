@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from benchmarks.slow_neighbour import _hold
+from benchmarks.slow_neighbour import hold
 from relaympi.results import read_run
 from relaympi.training.agreement import AGREEMENT_LAG, DEADLINE_AGREEMENT_LAG, LAG_ENV
 from relaympi.training.loop import TrainingLoop
@@ -148,7 +148,7 @@ def test_a_rank_held_at_half_speed_is_dropped_and_replayed_bit_for_bit(tmp_path:
     command += ["--message-deadline", "0.01", "--out", str(tmp_path / "mpi.h5")]
     with open(tmp_path / "mpi.log", "w") as log:
         job = subprocess.Popen(command, cwd=ROOT, env=env_for_subprocess(), stdout=log, stderr=log)
-    holder = threading.Thread(target=_hold, args=(job, 1, 0.05, 0.1), daemon=True)
+    holder = threading.Thread(target=hold, args=(job, 1, 0.05, 0.1), daemon=True)
     holder.start()
     assert job.wait(timeout=300) == 0, (tmp_path / "mpi.log").read_text()[-3000:]
     holder.join()
