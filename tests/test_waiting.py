@@ -52,6 +52,8 @@ def _fake_clock(monkeypatch) -> tuple[dict, list[float], list[float]]:
     clock = {"now": 0.0}
     slept: list[float] = []
     yielded: list[float] = []
+    # the poller's clock (and its deadline's) is perf_counter; monotonic too, in case it moves
+    monkeypatch.setattr(time, "perf_counter", lambda: clock["now"])
     monkeypatch.setattr(time, "monotonic", lambda: clock["now"])
 
     def sleep(seconds):
