@@ -109,3 +109,19 @@ def test_sgd_on_one_worker_learns_digits(task, one_thread):
         for x, y in task.test_batches(256):
             correct += (model(x).argmax(dim=1) == y).sum().item()
     assert correct / task.num_test > 0.9
+
+
+def test_train_batches_builds_no_generator(task):
+    """Digits draws no augmentation: its batch stream never asks for a step's generator (each
+    costs tens of microseconds), and gives train_batch's batches."""
+    sampler = ShardSampler(np.arange(len(task.train_labels)), batch_size=8, seed=0, rank=1)
+
+    def no_generators():
+        raise AssertionError("a step's generator was built")
+        yield  # pragma: no cover - makes this a generator
+
+    stream = task.train_batches((sampler.batch(s) for s in range(5)), no_generators())
+    for step, (x, y) in enumerate(stream):
+        expected_x, expected_y = task.train_batch(sampler.batch(step), sampler.rng(step))
+        assert torch.equal(x, expected_x) and torch.equal(y, expected_y)
+    assert step == 4

@@ -6,9 +6,17 @@ core is taken from the ranks still computing. ``RELAYMPI_WAIT`` chooses (docs/ru
 
     spin   MPI_Waitall (MPI's own wait, a busy poll)
     yield  MPI_Testall, then sched_yield, in a loop: a rank that is runnable gets the core first
-    sleep  MPI_Testall for a short spin, then sleeps that grow with the wait (a quarter of the time
-           waited so far, 2 ms at most): a long wait costs little CPU and is overshot by at most a
-           quarter (default)
+    sleep  as yield for the first 10 ms of a wait, then sleeps that grow with the wait (a quarter
+           of the time waited so far, 2 ms at most): a wait for a stalled or much slower rank costs
+           little CPU and is overshot by at most a quarter (default)
+
+Why yields for so long: MPI moves a message only inside the MPI calls of both its ends (a sleeping
+sender's next chunk waits for its next poll too), so each sleep delays the ranks waiting on this
+one, and they sleep in turn. With 4 ranks on a quiet 2-core machine, sleeping after 50 us took 2-8x
+longer per step than yielding, and sleeping after 1 or 2 ms still up to 2x; from 10 ms on the steps
+were as fast as yielding (docs/benchmarks.md). A yield returns at once where no other process waits
+for the core, and gives the core away where one does (on an oversubscribed node, the rank this one
+waits for).
 
 A wait with a deadline (``--message-deadline``) polls in every mode, spin included, and stops
 polling at the deadline. No MPI import: the communicator hands in its test (``done``) and what to
@@ -24,7 +32,7 @@ from collections.abc import Callable
 WAIT_ENV = "RELAYMPI_WAIT"
 WAIT_MODES = ("spin", "yield", "sleep")
 DEFAULT_WAIT = "sleep"
-SPIN_S = 50e-6  # polls before the first sleep: a transfer about to land costs no sleep
+YIELD_S = 10e-3  # how long "sleep" polls and yields before its first sleep
 MAX_SLEEP_S = 2e-3  # the longest single sleep (the most a wait overshoots a late transfer by)
 SLEEP_FRACTION = 0.25  # each sleep: this fraction of the time waited so far
 
@@ -71,12 +79,10 @@ def poll(
         now = time.perf_counter()
         if until is not None and now >= until:
             return False
-        if mode == "yield":
+        if mode == "sleep" and now - start > YIELD_S:
+            pause = min(MAX_SLEEP_S, (now - start) * SLEEP_FRACTION)
+            time.sleep(pause if until is None else max(0.0, min(pause, until - now)))
+        elif mode != "spin":
             os.sched_yield()
-        elif mode == "sleep":
-            waited = now - start
-            if waited > SPIN_S:
-                pause = min(MAX_SLEEP_S, waited * SLEEP_FRACTION)
-                time.sleep(pause if until is None else max(0.0, min(pause, until - now)))
         if done():
             return True

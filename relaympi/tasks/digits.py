@@ -79,6 +79,18 @@ class DigitsTask(ClassificationTask):
     def train_batch(
         self, indices: np.ndarray, rng: np.random.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._batch(indices)
+
+    def train_batches(
+        self, batch_indices: Iterator[np.ndarray], rngs: Iterator[np.random.Generator]
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of ``batch_indices``; ``rngs`` is never advanced: digits draws no
+        augmentation, and building a step's generator costs about 40 us, a tenth of this task's
+        step."""
+        for indices in batch_indices:
+            yield self._batch(indices)
+
+    def _batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         index = torch.as_tensor(np.asarray(indices, dtype=np.int64), device=self._train_x.device)
         return self._train_x[index], self._train_y[index]
 
