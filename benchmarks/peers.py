@@ -12,21 +12,28 @@ alternately, A B A B, and the report gives per system the median [min-max] of
 - CPU s/step, all ranks (and the launcher): the CPU time of a run of ``--steps`` steps less that of
   a run of ``--steps // 10``, over the difference in steps, so start-up cancels;
 - bytes/step per worker: relaympi's counted bytes; a peer's from its algorithm (DDP: gloo's ring
-  all-reduce, 2 (n-1)/n of the model; Decent-DP: one model to one peer), marked ``est``;
+  all-reduce, 2 (n-1)/n of the model; Decent-DP: gloo's all-reduce over each step's group),
+  marked ``est``;
 - final test accuracy, the mean over workers of each worker's own model,
 
 and per pair the ratio relaympi / peer of ms/step and CPU/step, rep by rep (median [min-max]).
 ``--variant NAME:VAR=VALUE[,VAR=VALUE...]`` adds a relaympi run with those environment variables to
 each rep (after relaympi's own, before the peer's), with its ratios to the peer and to relaympi:
-before and after a change of how relaympi waits, in the same alternation.
+before and after a change of how relaympi waits, in the same alternation. ``relay:decent-dp``
+runs Decent-DP on every topology of its that applies (``--peer-topology`` picks) and names the
+fastest. ``--comm-floats F`` measures communication alone: one exchange of F float32 per step
+(relaympi's gossip and fixed-tree all-reduce against Decent-DP's exchange and gloo's all_reduce).
 
     python -m benchmarks.peers --workers 4 --reps 3                    # every pair
     python -m benchmarks.peers --workers 2 --pair allreduce:ddp --reps 5
     python -m benchmarks.peers --variant spin:RELAYMPI_WAIT=spin,RELAYMPI_AGREEMENT_LAG=0
+    python -m benchmarks.peers --pair relay:decent-dp --peer-topology complete
+    python -m benchmarks.peers --comm-floats 10000000 --workers 2
 
 Peers are optional (``pip install -e .[peers]``): a pair whose peer is missing is refused in one
-line saying what to install. ``--worker`` is internal: one peer rank, started by this harness
-with torch.distributed's environment (MASTER_ADDR, RANK, WORLD_SIZE, LOCAL_RANK, ...).
+line saying what to install. ``--worker`` and ``--comm-worker`` are internal: one rank, started
+by this harness (a peer's with torch.distributed's environment: MASTER_ADDR, RANK, WORLD_SIZE,
+LOCAL_RANK, ...; relaympi's under mpirun).
 """
 
 from __future__ import annotations
