@@ -65,6 +65,9 @@ PAIRS: dict[str, tuple[str, str | None, str]] = {
 # the peer's module, and what to install for it
 PEER_NEEDS = {"ddp": ("torch.distributed", "torch"), "decent-dp": ("decent_dp", "decent-dp")}
 DECENT_DP_TOPOLOGY = "ring"  # Decent-DP's one-peer ring: the pairs of relaympi's alternating-ring
+# the lr both systems of relay:decent-dp take: the other pairs' (the digits task's for D-PSGD and
+# all-reduce), since Decent-DP diverges on every topology at RelaySGD's own digits lr (1.6)
+RELAY_PAIR_LR = 0.4
 # Decent-DP 0.2.3's topologies (decent_dp.topo), in the order the harness runs them
 DECENT_DP_TOPOLOGIES = ("ring", "complete", "one-peer-exp", "alternating-exp-ring")
 # each pair's Decent-DP topologies when --peer-topology is not given (None: every one that applies)
@@ -212,9 +215,11 @@ def peer_topologies(pair: str, workers: int, chosen: list[str] | None) -> tuple[
 
 def train_args(algo: str, topology: str | None, steps: int) -> list[str]:
     """relaympi.train's flags for the task both systems run; relaympi evaluates every tenth of the
-    run, so that its run file's clock has a row at the end of the warm-up."""
+    run, so that its run file's clock has a row at the end of the warm-up. RelaySGD runs at
+    RELAY_PAIR_LR."""
     every = warm_up(steps)
     args = ["--task", TASK, "--algo", algo, "--steps", str(steps), "--eval-every", str(every)]
+    args += ["--lr", str(RELAY_PAIR_LR)] if algo == "relay" else []
     return args + (["--topology", topology] if topology else [])
 
 

@@ -212,3 +212,17 @@ def test_comm_only_runs_count_one_buffer_per_exchange_at_two_ranks(tmp_path):
             assert figures["estimated"] == (system == "gloo")
             assert len(figures["times"]) == 2 and len(figures["times"][0]) == 4
             assert all(t > 0 for row in figures["times"] for t in row)
+
+
+def test_relay_and_decent_dp_train_at_the_other_pairs_lr():
+    """Both systems of relay:decent-dp read their lr from the same flags; it is the lr the plan
+    gives the other pairs, not RelaySGD's own (at which Decent-DP diverges)."""
+    from relaympi.config import parse_args
+    from relaympi.training.plan import resolve
+
+    def lr(algo: str, topology: str | None) -> float:
+        plan = resolve(parse_args(peers.train_args(algo, topology, 100)), 4)
+        return plan.schedule(100).lr_at(0)
+
+    assert lr("relay", None) == peers.RELAY_PAIR_LR
+    assert lr("dpsgd", "alternating-ring") == lr("allreduce", None) == peers.RELAY_PAIR_LR
