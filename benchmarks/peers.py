@@ -1,3 +1,5 @@
+# Long module: the harness, the peers' worker loops and the report, for every pair
+
 """Side by side with other systems: relaympi against torch DDP (gloo) and Decent-DP, one task.
 
 Each pair runs relaympi (its launcher ``mpirun``, its run file) and a peer on one task, the
