@@ -118,6 +118,29 @@ def _pace(path: Path, skip: int) -> float:
     return float((seconds[-1] - seconds[first]) / (steps[-1] - steps[first]))
 
 
+def add_hold_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of the held rank and the launcher, which slow_worker shares: --slow-rank,
+    --stop-ms, --period-ms and --mpirun.
+
+    Args:
+        parser: the benchmark's parser.
+    """
+    parser.add_argument(
+        "--slow-rank", type=int, default=1, help="the rank held at part speed (default 1)"
+    )
+    parser.add_argument(
+        "--stop-ms", type=float, default=50.0, help="ms it is stopped each period (default 50)"
+    )
+    parser.add_argument(
+        "--period-ms", type=float, default=100.0, help="the stop/continue period, ms (default 100)"
+    )
+    parser.add_argument(
+        "--mpirun",
+        default=str(Path(sys.executable).parent / "mpirun"),
+        help="the mpirun to launch with (default: the venv's, MPICH)",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ours, train = (
@@ -137,20 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip", type=int, default=50, help="steps left out at the start (default 50)"
     )
-    parser.add_argument(
-        "--slow-rank", type=int, default=1, help="the rank held at part speed (default 1)"
-    )
-    parser.add_argument(
-        "--stop-ms", type=float, default=50.0, help="ms it is stopped each period (default 50)"
-    )
-    parser.add_argument(
-        "--period-ms", type=float, default=100.0, help="the stop/continue period, ms (default 100)"
-    )
-    parser.add_argument(
-        "--mpirun",
-        default=str(Path(sys.executable).parent / "mpirun"),
-        help="the mpirun to launch with (default: the venv's, MPICH)",
-    )
+    add_hold_arguments(parser)
     args = parser.parse_args(ours)
     OUT.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.slow_neighbour import hold
+from benchmarks.slow_neighbour import add_hold_arguments, hold
 from relaympi.entrypoint import UsageParser
 from relaympi.report.cost import experiment_record, family_target
 from relaympi.report.summary import ReportSettings, RunSummary, summarize
@@ -269,9 +269,6 @@ def _parser() -> UsageParser:
         f"(default {DEFAULT_ALGOS})",
     )
     parser.add_argument(
-        "--slow-rank", type=int, default=1, help="the rank held at part speed (default 1)"
-    )
-    parser.add_argument(
         "--deadline",
         type=float,
         default=None,
@@ -280,22 +277,12 @@ def _parser() -> UsageParser:
     )
     parser.add_argument("--rounds", type=int, default=1, help="alternated rounds (default 1)")
     parser.add_argument(
-        "--stop-ms", type=float, default=50.0, help="ms it is stopped each period (default 50)"
-    )
-    parser.add_argument(
-        "--period-ms", type=float, default=100.0, help="the stop/continue period, ms (default 100)"
-    )
-    parser.add_argument(
         "--out",
         type=Path,
         default=OUT,
         help="folder of the run files and summary.json (default bench-results/slow_worker)",
     )
-    parser.add_argument(
-        "--mpirun",
-        default=str(Path(sys.executable).parent / "mpirun"),
-        help="the mpirun to launch with (default: the venv's, MPICH)",
-    )
+    add_hold_arguments(parser)
     return parser
 
 
