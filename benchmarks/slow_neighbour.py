@@ -191,8 +191,10 @@ def main(argv: list[str] | None = None) -> int:
                 holder.join()
             pace = _pace(out, args.skip)
             paces[name].append(pace)
-            late = read_run(out, datasets=[]).late_drops
+            run = read_run(out, datasets=[])
+            late, skipped = run.late_drops, run.skipped_steps
             dropped = "" if late is None else f", {len(late)} late drops"
+            dropped += "" if skipped is None else f", {len(skipped)} steps skipped"
             print(f"round {round_} {name}: {1e3 * pace:.2f} ms/step (load {load:.1f}{dropped})")
     clean = np.array(paces["clean"])
     for name, _, _ in kinds:

@@ -14,11 +14,9 @@ import torch
 from relaympi.algorithms.gossip import CommMixers, Mixers
 from relaympi.algorithms.options import AlgorithmError, Options
 from relaympi.comm import Communicator
+from relaympi.drops import ROUNDS_PER_STEP
 from relaympi.optim import LocalOptimizer, OptimizerConfig
 from relaympi.topology import ONE_PEER_NAMES, Topology
-
-# communication rounds reserved per gradient step, so (step, sub-round) -> a unique round id
-ROUNDS_PER_STEP = 4
 
 
 def round_id(step: int, sub: int = 0) -> int:

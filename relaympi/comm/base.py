@@ -197,7 +197,9 @@ class Communicator(ABC):
         keeps its content and the peer is missing from ``wait()``'s result. A late message (one
         that missed ``deadline``, or a replayed late drop, ``drops.late``) was sent and counted,
         but is missing from ``wait()``'s result as a dropped one is, and its receive buffer keeps
-        its content; it is appended to ``late_drops``.
+        its content; it is appended to ``late_drops``. A replayed skipped step of a peer
+        (``drops.skipped``) is late for its receiver the same way, except that it was never sent;
+        a message to that peer is counted but not delivered.
 
         A message may travel as several chunks, posted by separate calls, each with its number
         ``chunk`` (0, 1, ...), in the same order on both sides: chunks of one tag match in posting
@@ -243,10 +245,22 @@ class Communicator(ABC):
         late = frozenset(p for p in live_recvs if self.drops.late(round, tag, p, self.rank))
         if late:
             live_recvs = {p: (buffers.clone(b) if p in late else b) for p, b in live_recvs.items()}
+        # replayed skipped steps: a message from a peer that skipped the round never came (its
+        # receiver recorded it as late); one to it was sent (counted) and discarded there
+        away = (
+            frozenset(p for p in (*sends, *recvs) if self.drops.skipped(round, p))
+            if self.drops.skips
+            else frozenset()
+        )
+        if late or away:
             if chunk == 0:
-                self.late_drops.extend((round, tag, p, self.rank) for p in sorted(late))
+                absent = late | (away & set(live_recvs))
+                self.late_drops.extend((round, tag, p, self.rank) for p in sorted(absent))
+            live_recvs = {p: b for p, b in live_recvs.items() if p not in away}
         for peer, buf in live_sends.items():
             self.bytes_sent[peer] += buffers.nbytes(buf)
+        if away:
+            live_sends = {p: b for p, b in live_sends.items() if p not in away}
         request = self._post(live_sends, live_recvs, tag, chunk, round)
         return self.track(_Discarding(request, late) if late else request)
 
@@ -474,6 +488,34 @@ class Communicator(ABC):
         if self._in_flight is None:
             self._in_flight = []
         self._in_flight = [r for r in self._in_flight if not r.test()]
+
+    # -- a rank behind its neighbours under a deadline (docs/membership.md, "Catching up") ------
+    def steps_ahead(self, step: int, rounds_per_step: int, at_least: int, limit: int) -> int:
+        """How many steps ahead of ``step`` the furthest neighbour is, as far as the messages it
+        already sent this rank show: the largest k <= ``limit`` such that its message of step
+        ``step + k`` is here, where k >= ``at_least``, else 0. Only a backend with a deadline and a
+        wire to look at answers (MPI); this default sees none ahead.
+
+        Args:
+            step: this rank's step.
+            rounds_per_step: the communication rounds each step numbers.
+            at_least: the fewest steps ahead that count.
+            limit: the most steps ahead looked for.
+
+        Returns:
+            The steps ahead (0: none).
+        """
+        return 0
+
+    def skip_rounds(self, first: int, end: int) -> None:  # noqa: B027 - nothing on the wire here
+        """This rank leaves rounds [first, end) out: it sends nothing in them, and discards what
+        its neighbours send it in them (a backend with a wire takes those messages off it; a
+        replay's DropPolicy keeps them from being delivered at all).
+
+        Args:
+            first: the first round skipped.
+            end: the round after the last one skipped.
+        """
 
     # -- membership: the survivors of a lost rank (--on-failure continue, docs/membership.md) ----
     def survive_losses(self) -> None:

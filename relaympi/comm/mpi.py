@@ -43,6 +43,9 @@ _FAILURE_BYTES = 1 << 16
 # (round mod the rounds the tag space holds), so a late message can only ever match its own
 # round's receive (or the receive that discards it), never a later round's
 TAGS_PER_ROUND = 8
+# skipped rounds whose messages are still taken off the wire when they come: a message later
+# than this many rounds stays unreceived (its sender's send from a copy is given up at close)
+DRAIN_HORIZON = 1 << 16
 # at close, how long sends from copies (under a deadline) are given to complete
 DETACHED_CLOSE_S = 10.0
 
@@ -110,11 +113,12 @@ class _Deadline:
 
 
 class _Discard(NamedTuple):
-    """A receive that takes a late message off the wire: (request, scratch buffer) and its
-    sender."""
+    """A receive that takes a late message off the wire: (request, scratch buffer), its sender and
+    its round."""
 
     receive: tuple[Any, Any]
     peer: int
+    round: int
 
 
 class _MPIRequest(Request):
@@ -285,6 +289,16 @@ class MPICommunicator(Communicator):
         # a neighbour is behind from the round its message was dropped until one of its late
         # messages lands (it is sending again): no wait for it meanwhile
         self._behind: set[int] = set()
+        # each neighbour's newest round whose message landed here: a discarding receive of an older
+        # round of it that is still pending never will be (its sender skipped that round)
+        self._landed: dict[int, int] = {}
+        # each neighbour's (tag, round) of this rank's newest receive from it: what steps_ahead
+        # probes for
+        self._expects: dict[int, tuple[int, int]] = {}
+        # the rounds this rank skipped ([first, end) ranges) and the receives that take the
+        # messages sent to it in them off the wire (request, scratch buffer)
+        self._skipped: list[tuple[int, int]] = []
+        self._drained: list[tuple[Any, Any]] = []
         self._call_since: float | None = None  # when the guarded call in progress began
         atexit.register(self.close)
 
@@ -340,14 +354,14 @@ class MPICommunicator(Communicator):
             self._detached = [(r, b) for r, b in self._detached if not r.Test()]
             time.sleep(1e-3)
         self._detached = []
-        for discard in self._discards:  # late messages whose senders never sent them
-            request = discard.receive[0]
+        # late messages whose senders never sent them, and messages of skipped rounds being taken
+        for request in [d.receive[0] for d in self._discards] + [r for r, _ in self._drained]:
             try:
                 request.Cancel()
                 request.Wait()
             except MPI.Exception:
                 pass
-        self._discards = []
+        self._discards, self._drained = [], []
 
     # -- waiting ---------------------------------------------------------------------------
     def _check_failures(self) -> None:
@@ -409,11 +423,14 @@ class MPICommunicator(Communicator):
         waited = [request for i, request in enumerate(requests) if i not in skipped]
         if poll(lambda: MPI.Request.Testall(waited), self._check_failures, self.wait_mode, expires):
             if not skipped or MPI.Request.Testall(requests):
+                for peer, _, _ in deadline.receives:
+                    self._arrived(peer, deadline.round)
                 return frozenset()
         late = []
         for peer, index, spec in deadline.receives:
             request = requests[index]
             if request.Test():
+                self._arrived(peer, deadline.round)
                 continue
             request.Cancel()
             status = MPI.Status()
@@ -422,8 +439,10 @@ class MPICommunicator(Communicator):
                 late.append(peer)
                 self._behind.add(peer)
                 receive = self._discarding_receive(peer, deadline.wire_tag, spec)
-                self._discards.append(_Discard(receive, peer))
+                self._discards.append(_Discard(receive, peer, deadline.round))
                 self.late_drops.append((deadline.round, deadline.tag, peer, self.rank))
+            else:
+                self._arrived(peer, deadline.round)
         # the receives that landed after all; a send still in flight completes later, from its copy
         self._wait([requests[index] for _, index, _ in deadline.receives])
         for _, index, own in deadline.sends:
@@ -441,19 +460,110 @@ class MPICommunicator(Communicator):
             scratch = buffers.clone(spec)
         return self.comm.Irecv(scratch, source=peer, tag=wire_tag), scratch
 
+    def _arrived(self, peer: int, round: int) -> None:
+        """``peer``'s message of ``round`` landed: it is sending again (waited for again), and its
+        messages of older rounds that have not landed never will."""
+        self._behind.discard(peer)
+        if round > self._landed.get(peer, -1):
+            self._landed[peer] = round
+
     def _reap_discards(self) -> None:
         """Forget the discarding receives whose late message has landed (its sender is sending
-        again, so it is waited for again) and the sends from copies that completed."""
+        again, so it is waited for again) and the sends from copies that completed; cancel those
+        whose sender skipped their round (a newer message of it landed: a sender's messages match
+        in the order sent, so the older one was never sent)."""
         if self._detached:
             self._detached = [(r, b) for r, b in self._detached if not r.Test()]
+        if self._drained:
+            self._drained = [(r, b) for r, b in self._drained if not r.Test()]
         if self._discards:
             pending = []
             for discard in self._discards:
-                if discard.receive[0].Test():
-                    self._behind.discard(discard.peer)
+                request = discard.receive[0]
+                if request.Test():
+                    self._arrived(discard.peer, discard.round)
+                elif discard.round < self._landed.get(discard.peer, -1):
+                    request.Cancel()
+                    request.Wait()
                 else:
                     pending.append(discard)
             self._discards = pending
+
+    def steps_ahead(self, step: int, rounds_per_step: int, at_least: int, limit: int) -> int:
+        """How many steps ahead of ``step`` the furthest neighbour is, as far as the messages it
+        already sent this rank show (under a deadline; 0 elsewhere): the largest k <= ``limit``
+        such that its message of step ``step + k`` is here, where k >= ``at_least``, else 0.
+
+        Each neighbour is probed (MPI_Iprobe, nothing received) for the round of the newest
+        receive this rank posted for it, moved on by k steps: a neighbour that sends this rank a
+        message each step (a fixed topology) is seen; one that sends only now and then may not be.
+
+        Args:
+            step: this rank's step.
+            rounds_per_step: the communication rounds each step numbers.
+            at_least: the fewest steps ahead that count.
+            limit: the most steps ahead looked for.
+
+        Returns:
+            The steps ahead (0: no neighbour is ``at_least`` steps ahead).
+        """
+        if self.deadline is None or at_least > limit:
+            return 0
+        furthest = 0
+        for peer, (tag, last) in self._expects.items():
+            sub = last % rounds_per_step
+
+            def here(k: int, peer: int = peer, tag: int = tag, sub: int = sub) -> bool:
+                wire = self.wire_tag(tag, (step + k) * rounds_per_step + sub)
+                return bool(self.comm.Iprobe(source=peer, tag=wire))
+
+            if not here(at_least):
+                continue
+            present, absent = at_least, 2 * at_least
+            while absent <= limit and here(absent):
+                present, absent = absent, 2 * absent
+            absent = min(absent, limit + 1)
+            while absent - present > 1:
+                middle = (present + absent) // 2
+                present, absent = (middle, absent) if here(middle) else (present, middle)
+            furthest = max(furthest, present)
+        return furthest
+
+    def skip_rounds(self, first: int, end: int) -> None:
+        """This rank leaves rounds [first, end) out (a skipped step): it sends nothing in them, and
+        the messages its neighbours send it in them are taken off the wire as they come and
+        discarded (not recorded: the skipped step says it).
+
+        Args:
+            first: the first round skipped.
+            end: the round after the last one skipped.
+        """
+        if self._skipped and self._skipped[-1][1] == first:
+            self._skipped[-1] = (self._skipped[-1][0], end)
+        else:
+            self._skipped.append((first, end))
+        self._drain(end)
+
+    def _drain(self, now: int) -> None:
+        """Take off the wire every message that has come from a neighbour for a round this rank
+        skipped (``now``: the round this rank is at), oldest first; a sender's messages match in
+        the order sent, so the first one of a later round ends the search for that sender. Skipped
+        rounds over DRAIN_HORIZON rounds old are forgotten."""
+        self._skipped = [(a, b) for a, b in self._skipped if b > now - DRAIN_HORIZON]
+        if not self._skipped:
+            return
+        status = MPI.Status()
+        for peer in self._expects:
+            while self.comm.Iprobe(source=peer, tag=MPI.ANY_TAG, status=status):
+                wire = status.Get_tag()
+                # the round nearest ``now`` whose messages travel with this tag
+                base = wire // TAGS_PER_ROUND
+                sent_in = base + self._round_tags * int(np.rint((now - base) / self._round_tags))
+                if not any(a <= sent_in < b for a, b in self._skipped):
+                    break
+                scratch = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
+                request = self.comm.Irecv([scratch, MPI.BYTE], source=peer, tag=wire)
+                self._drained.append((request, scratch))
 
     def wire_tag(self, tag: int, round: int) -> int:
         """The MPI tag a message of ``tag`` travels with in ``round``: under a deadline, one of
@@ -560,6 +670,11 @@ class MPICommunicator(Communicator):
         receives: list[tuple[int, int, Any]] = []  # (peer, index, spec) for the deadline
         copies: list[tuple[int, int, Any]] = []  # (peer, index, copy) of the sends under one
         self._reap_discards()
+        if self.deadline is not None:
+            for peer in recvs:
+                self._expects[peer] = (logical, round)
+            if self._skipped:  # messages of skipped rounds from senders that were behind
+                self._drain(round)
         for peer in sorted(recvs):
             slot = ("recv", peer, logical, chunk)
             if self._async_staging(recvs[peer]):

@@ -250,7 +250,8 @@ class RunConfig:
         "`--backend mpi`: seconds a rank waits for a neighbour's message once it is ready for it; "
         "one not arrived by then is dropped, with `--drop-prob`'s rule for the algorithm, and "
         "recorded in the run file (its `late_drops`); a neighbour that was late is not waited for "
-        "again until it sends again; not for allreduce, d2, `--overlap` or `--relay-chunk` "
+        "again until it sends again, and a rank that sees a neighbour 4 steps ahead skips steps to "
+        "catch up (recorded too); not for allreduce, d2, `--overlap` or `--relay-chunk` "
         "(default: wait for every message)",
         type=float,
         metavar="S",
@@ -286,8 +287,9 @@ class RunConfig:
     replay_drops: Path | None = flag_field(
         None,
         "`--backend local` or `batched`: drop exactly the messages that a `--message-deadline` "
-        "run file recorded as late (world size, algorithm and topology must match it): the same "
-        "numbers as that MPI run (default: none)",
+        "run file recorded as late, and skip the steps it recorded as skipped (`local` only; "
+        "world size, algorithm and topology must match it): the same numbers as that MPI run "
+        "(default: none)",
         type=Path,
         metavar="RUN.h5",
         applies=(

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from relaympi.algorithms import make_algorithm
-from relaympi.algorithms.base import ROUNDS_PER_STEP
+from relaympi.algorithms.base import ROUNDS_PER_STEP, round_id
 from relaympi.comm import Communicator, PeerLost, run_local
 from relaympi.comm.base import Request, number_nodes
 from relaympi.comm.local import VANISHED
@@ -28,6 +28,7 @@ from relaympi.comm.waiting import wait_mode
 from relaympi.config import ConfigError
 from relaympi.launcher import cuda_overlap_mode
 from relaympi.optim import make_optimizer
+from relaympi.training.agreement import CATCH_UP_BEHIND
 from relaympi.training.buckets import GradientBuckets
 from relaympi.training.checkpoint_state import to_device
 from relaympi.training.checkpointing import Checkpoints
@@ -111,6 +112,10 @@ class MessagePassingRank(TrainingLoop):
         self.check_injection(self.n0)
         # late drops of a communicator that a heal replaced, not yet in the run file
         self.pending_late: list[tuple[int, ...]] = []
+        # the steps this worker skipped to catch up (step, worker), not yet in the run file; and
+        # whether it skipped the step before (it then goes on skipping while any neighbour is ahead)
+        self.skipped: list[tuple[int, int]] = []
+        self._catching_up = False
         comm.deadline = plan.cfg.message_deadline if comm.backend == "mpi" else None
         if plan.cfg.on_failure == "continue":
             check_heals(plan)
@@ -263,6 +268,24 @@ class MessagePassingRank(TrainingLoop):
         else:
             self.algorithm.finish_step()
 
+    def skips(self, step: int) -> bool:
+        """Under --message-deadline on MPI, a worker skips a step where a neighbour's message shows
+        it CATCH_UP_BEHIND steps ahead, and goes on skipping while one is ahead at all; a replay
+        skips the steps its run file recorded. Never under --on-failure continue (its steps are
+        agreed one by one: nobody runs ahead)."""
+        if self.plan.drops.skips:
+            skip = self.plan.drops.skipped(round_id(step), self.rank)
+        elif self.comm.deadline is None or self.membership.active:
+            return False
+        else:
+            at_least = 1 if self._catching_up else CATCH_UP_BEHIND
+            skip = self.comm.steps_ahead(step, ROUNDS_PER_STEP, at_least, self.agreement_lag) > 0
+        self._catching_up = skip
+        if skip:
+            self.skipped.append((step, self.members[self.rank]))
+            self.comm.skip_rounds(round_id(step), round_id(step + 1))
+        return skip
+
     def start_agreement(self, flags: np.ndarray) -> Request:
         return self.comm.iallreduce_max(flags)
 
@@ -281,11 +304,13 @@ class MessagePassingRank(TrainingLoop):
         once gathered: a loss inside the gather leaves them to the heal."""
         if self.plan.cfg.message_deadline is None and self.plan.cfg.replay_drops is None:
             return
-        everyone = self.comm.gather(self.late_drops_since())
-        self.pending_late, self.comm.late_drops = [], []
+        everyone = self.comm.gather((self.late_drops_since(), self.skipped))
+        self.pending_late, self.comm.late_drops, self.skipped = [], [], []
         if self.writer is not None and everyone is not None:
-            rows = sorted(row for rows in everyone for row in rows)
+            rows = sorted(row for late, _ in everyone for row in late)
             self.writer.add_late_drops(np.asarray(rows, dtype=np.int64).reshape(-1, 5))
+            skipped = sorted(row for _, steps in everyone for row in steps)
+            self.writer.add_skipped_steps(np.asarray(skipped, dtype=np.int64).reshape(-1, 2))
 
     def evaluate(self, step: int) -> None:
         self.record_late_drops(step)

@@ -26,6 +26,8 @@ from relaympi.results.schema import (
     LATE_DROP_COLUMNS,
     LATE_DROPS_GROUP,
     SCHEMA_VERSION,
+    SKIPPED_COLUMNS,
+    SKIPPED_DATASET,
     STATUSES,
     TOPOLOGY_GROUP,
     RunTopology,
@@ -89,6 +91,8 @@ class Run:
             re-admission also readmitted; [] without any.
         late_drops: the messages that missed ``--message-deadline``, [k, 5] int64, columns
             LATE_DROP_COLUMNS (step, round, tag, sender, receiver); None for a run without one.
+        skipped_steps: the steps workers skipped to catch up under ``--message-deadline``, [k, 2]
+            int64, columns SKIPPED_COLUMNS (step, worker); None where none was skipped.
     """
 
     path: Path
@@ -102,6 +106,8 @@ class Run:
     membership: list[dict[str, Any]] = field(default_factory=list)
     # --message-deadline's late drops [k, 5] (LATE_DROP_COLUMNS); None: not a deadline run
     late_drops: np.ndarray | None = None
+    # the steps workers skipped to catch up [k, 2] (SKIPPED_COLUMNS); None: none skipped
+    skipped_steps: np.ndarray | None = None
 
     def metric(self, name: str) -> np.ndarray:
         """The dataset ``name``, one row per evaluation.
@@ -318,32 +324,53 @@ def _read_topology(file: h5py.File) -> RunTopology | None:
 
 def _read_late_drops(
     path: Path, file: h5py.File, world_size: int, budget: int | None
-) -> np.ndarray | None:
-    """The ``late_drops`` group's rows, checked: integers, five columns, workers within the world
-    and, with ``budget``, a size that fits it."""
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The ``late_drops`` group's rows and its skipped steps (None where absent), checked:
+    integers, their columns, workers within the world and, with ``budget``, a size that fits it."""
     group = file.get(LATE_DROPS_GROUP)
     if group is None:
-        return None
+        return None, None
     if isinstance(group, h5py.Group):
         _check_storage(path, group)
     drops = group.get("drops") if isinstance(group, h5py.Group) else None
     if not isinstance(drops, h5py.Dataset):
         raise RunFileError(path, f"group {LATE_DROPS_GROUP!r} has no dataset 'drops'")
-    if drops.dtype.kind not in "iu" or drops.ndim != 2 or drops.shape[1] != len(LATE_DROP_COLUMNS):
+    rows = _worker_rows(path, drops, LATE_DROP_COLUMNS, 3, world_size, budget)
+    skipped = group.get(SKIPPED_DATASET)
+    if skipped is None:
+        return rows, None
+    if not isinstance(skipped, h5py.Dataset):
+        raise RunFileError(path, f"{group.name}/{SKIPPED_DATASET} is not a dataset")
+    return rows, _worker_rows(path, skipped, SKIPPED_COLUMNS, 1, world_size, budget)
+
+
+def _worker_rows(
+    path: Path,
+    dataset: h5py.Dataset,
+    columns: tuple[str, ...],
+    first_worker: int,
+    world_size: int,
+    budget: int | None,
+) -> np.ndarray:
+    """A dataset of integer rows with ``columns``, the columns from ``first_worker`` on naming
+    workers, checked as _read_late_drops says."""
+    if dataset.dtype.kind not in "iu" or dataset.ndim != 2 or dataset.shape[1] != len(columns):
         raise RunFileError(
             path,
-            f"dataset {drops.name} holds {drops.dtype} {list(drops.shape)}, not rows of "
-            f"{len(LATE_DROP_COLUMNS)} integers ({', '.join(LATE_DROP_COLUMNS)})",
+            f"dataset {dataset.name} holds {dataset.dtype} {list(dataset.shape)}, not rows of "
+            f"{len(columns)} integers ({', '.join(columns)})",
         )
-    if budget is not None and drops.shape[0] * drops.shape[1] * 8 > budget:
-        raise RunFileError(path, f"dataset {drops.name} is over the limit of {budget} bytes")
-    rows = np.asarray(drops[...], dtype=np.int64)
-    workers = rows[:, 3:5]
-    if rows.size and (workers.min() < 0 or workers.max() >= world_size or rows[:, :3].min() < 0):
+    if budget is not None and dataset.shape[0] * dataset.shape[1] * 8 > budget:
+        raise RunFileError(path, f"dataset {dataset.name} is over the limit of {budget} bytes")
+    rows = np.asarray(dataset[...], dtype=np.int64)
+    workers = rows[:, first_worker:]
+    if rows.size and (
+        workers.min() < 0 or workers.max() >= world_size or rows[:, :first_worker].min() < 0
+    ):
         raise RunFileError(
             path,
-            f"dataset {drops.name} names a worker outside 0..{world_size - 1} or a negative "
-            "step, round or tag",
+            f"dataset {dataset.name} names a worker outside 0..{world_size - 1} or a negative "
+            f"{', '.join(columns[:first_worker])}",
         )
     return rows
 
@@ -410,7 +437,7 @@ def read_run(
         n = complete_rows(available)
         data = {name: ds[:n] for name, ds in wanted.items()}
         topology = _read_topology(file)
-        late_drops = _read_late_drops(path, file, world_size, budget)
+        late_drops, skipped_steps = _read_late_drops(path, file, world_size, budget)
     except RunFileError:
         raise
     except (OSError, KeyError, ValueError, TypeError, RuntimeError) as error:
@@ -418,7 +445,17 @@ def read_run(
     finally:
         file.close()
     return Run(
-        path, version, status, config, provenance, attrs, data, topology, membership, late_drops
+        path,
+        version,
+        status,
+        config,
+        provenance,
+        attrs,
+        data,
+        topology,
+        membership,
+        late_drops,
+        skipped_steps,
     )
 
 

@@ -66,6 +66,11 @@ TOPOLOGY_GROUP = "topology"
 # worker ids), in the order the run wrote them
 LATE_DROPS_GROUP = "late_drops"
 LATE_DROP_COLUMNS = ("step", "round", "tag", "sender", "receiver")
+# and its dataset ``skipped`` [k, 2] int64 (only where a worker skipped a step): one row per step a
+# worker behind its neighbours left out to catch up, columns SKIPPED_COLUMNS (step, worker: its
+# original id)
+SKIPPED_DATASET = "skipped"
+SKIPPED_COLUMNS = ("step", "worker")
 
 
 @dataclass(frozen=True)

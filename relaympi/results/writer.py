@@ -32,6 +32,8 @@ from relaympi.results.schema import (
     LATE_DROPS_GROUP,
     RESUMABLE_STATUSES,
     SCHEMA_VERSION,
+    SKIPPED_COLUMNS,
+    SKIPPED_DATASET,
     STATUSES,
     STRING_DTYPE,
     TERMINAL_STATUSES,
@@ -639,25 +641,47 @@ class RunWriter:
             ValueError: rows of another shape.
             RunFileWriteError: no space left on the device.
         """
-        rows = np.asarray(rows, dtype=np.int64).reshape(-1, len(LATE_DROP_COLUMNS))
+        self._append_drops("drops", LATE_DROP_COLUMNS, rows, "late drops")
+
+    def add_skipped_steps(self, rows: np.ndarray) -> None:
+        """Append steps that workers skipped to catch up (``--message-deadline``) to the
+        ``late_drops`` group's ``skipped`` dataset (made by the first call with rows), and flush.
+
+        Args:
+            rows: [k, 2] integers, columns SKIPPED_COLUMNS (step, worker).
+
+        Raises:
+            ValueError: rows of another shape.
+            RunFileWriteError: no space left on the device.
+        """
+        if len(np.asarray(rows).reshape(-1, len(SKIPPED_COLUMNS))):
+            self._append_drops(SKIPPED_DATASET, SKIPPED_COLUMNS, rows, "skipped steps")
+
+    def _append_drops(
+        self, name: str, columns: tuple[str, ...], rows: np.ndarray, what: str
+    ) -> None:
+        """Append ``rows`` to the ``late_drops`` group's dataset ``name`` (made with its columns
+        where missing), and flush."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1, len(columns))
 
         def write() -> None:
             group = self._file.require_group(LATE_DROPS_GROUP)
-            if "drops" not in group:
-                group.create_dataset(
-                    "drops",
-                    shape=(0, len(LATE_DROP_COLUMNS)),
-                    maxshape=(None, len(LATE_DROP_COLUMNS)),
+            if name not in group:
+                dataset = group.create_dataset(
+                    name,
+                    shape=(0, len(columns)),
+                    maxshape=(None, len(columns)),
                     dtype=np.int64,
-                    chunks=(256, len(LATE_DROP_COLUMNS)),
+                    chunks=(256, len(columns)),
                 )
-                group.attrs.create("columns", ",".join(LATE_DROP_COLUMNS), dtype=STRING_DTYPE)
-            drops = group["drops"]
-            n = drops.shape[0]
-            drops.resize(n + len(rows), axis=0)
-            drops[n:] = rows
+                target = group if name == "drops" else dataset
+                target.attrs.create("columns", ",".join(columns), dtype=STRING_DTYPE)
+            dataset = group[name]
+            n = dataset.shape[0]
+            dataset.resize(n + len(rows), axis=0)
+            dataset[n:] = rows
 
-        self._write(write, "late drops")
+        self._write(write, what)
 
     def set_attrs(self, **attrs: Any) -> None:
         """Set extra root attributes.
@@ -773,14 +797,18 @@ def _close_quietly(file: h5py.File) -> None:
 
 
 def _truncate_late_drops(file: h5py.File, first_redone: int) -> None:
-    """Forget the late drops of the steps from ``first_redone`` on: they are run again."""
+    """Forget the late drops and skipped steps of the steps from ``first_redone`` on: they are run
+    again."""
     group = file.get(LATE_DROPS_GROUP)
-    if isinstance(group, h5py.Group) and isinstance(group.get("drops"), h5py.Dataset):
-        drops = group["drops"]
-        kept = drops[...]
-        kept = kept[kept[:, 0] < first_redone]
-        drops.resize(len(kept), axis=0)
-        drops[...] = kept
+    if not isinstance(group, h5py.Group):
+        return
+    for name in ("drops", SKIPPED_DATASET):
+        if isinstance(group.get(name), h5py.Dataset):
+            rows = group[name]
+            kept = rows[...]
+            kept = kept[kept[:, 0] < first_redone]
+            rows.resize(len(kept), axis=0)
+            rows[...] = kept
 
 
 def _truncate_rows(file: h5py.File, resume_step: int) -> None:

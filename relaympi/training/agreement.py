@@ -27,7 +27,10 @@ from relaympi.config import ConfigError
 AGREEMENT_LAG = 1
 # under --message-deadline: how far (in steps) a rank may run ahead of the slowest before it waits
 # for it; a stall of up to this many of the others' steps costs them no wait (docs/membership.md)
-DEADLINE_AGREEMENT_LAG = 16
+DEADLINE_AGREEMENT_LAG = 64
+# under --message-deadline: a rank whose neighbour is this many steps ahead skips steps until it
+# is level again (docs/membership.md, "Catching up")
+CATCH_UP_BEHIND = 4
 LAG_ENV = "RELAYMPI_AGREEMENT_LAG"
 
 

@@ -152,6 +152,12 @@ class TrainingLoop(ABC):
         ``wait()`` completes it (one process: nothing to agree with)."""
         return Agreed()
 
+    def skips(self, step: int) -> bool:
+        """Whether this process's worker leaves step ``step`` out to catch up with neighbours that
+        are ahead of it (--message-deadline; docs/membership.md, "Catching up"): no gradient, no
+        update, no message; its state stays as it is. Default: never."""
+        return False
+
     def record_late_drops(self, step: int) -> None:  # noqa: B027 - most runs have none
         """Write the late drops of the steps before ``step`` not yet in the run file (collective):
         at each evaluation, and before a checkpoint, so that a run resumed from it keeps them."""
@@ -423,15 +429,16 @@ class TrainingLoop(ABC):
             if failure is not None:
                 raise RuntimeError(failure)
             send_signal(self.inject_signal, step, self.is_root, self.stop)
-            t = clock.mark()
-            loss = self.gradient(step)
-            membership.at("gradient", step)
-            t_mid = clock.mark()
-            membership.at("exchange", step)
-            hold_back(self.inject_delay, step, self.workers)
-            self.algorithm_step(step, schedule.lr_at(step))
-            membership.at("exchange", step, now=True)  # where the step posted no message
-            pending.append(Pending(step, loss, t, t_mid, clock.mark()))
+            if not self.skips(step):
+                t = clock.mark()
+                loss = self.gradient(step)
+                membership.at("gradient", step)
+                t_mid = clock.mark()
+                membership.at("exchange", step)
+                hold_back(self.inject_delay, step, self.workers)
+                self.algorithm_step(step, schedule.lr_at(step))
+                membership.at("exchange", step, now=True)  # where the step posted no message
+                pending.append(Pending(step, loss, t, t_mid, clock.mark()))
             step += 1
             if bar is not None:
                 bar.update(1)

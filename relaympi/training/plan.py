@@ -368,7 +368,7 @@ def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None)
         optimizer=optimizer,
         algorithm_options=options,
         lr=lr,
-        drops=DropPolicy(cfg.drop_prob, cfg.seed, late=replayed_late_drops(cfg, world_size)),
+        drops=DropPolicy(cfg.drop_prob, cfg.seed, *replayed(cfg, world_size)),
         task_options=task_options(cfg),
         problem=problem,
         lr_warning=lr_warning,
@@ -389,11 +389,31 @@ def replayed_late_drops(cfg: RunConfig, world_size: int) -> list[tuple[int, int,
         The late drops ([] without --replay-drops).
 
     Raises:
+        ConfigError: as ``replayed``.
+    """
+    return replayed(cfg, world_size)[0]
+
+
+def replayed(
+    cfg: RunConfig, world_size: int
+) -> tuple[list[tuple[int, int, int, int]], list[tuple[int, int]]]:
+    """What ``--replay-drops`` replays, once its run file is checked against this run: the (round,
+    tag, sender, receiver) of each message it recorded as late, and the (step, worker) of each step
+    a worker skipped to catch up.
+
+    Args:
+        cfg: the run's configuration, its topology resolved.
+        world_size: the run's number of workers.
+
+    Returns:
+        The late drops and the skipped steps (both [] without --replay-drops).
+
+    Raises:
         ConfigError: the file cannot be read, is not a --message-deadline run, or ran another
             world size, algorithm or topology, or lost workers; one line naming what differs.
     """
     if cfg.replay_drops is None:
-        return []
+        return [], []
     flag = f"--replay-drops {cfg.replay_drops}"
     try:
         # a run file may come from anyone: read in a worker process under a time and memory limit
@@ -418,7 +438,14 @@ def replayed_late_drops(cfg: RunConfig, world_size: int) -> list[tuple[int, int,
         raise ConfigError(
             f"{flag}: it lost workers mid-run, and replaying its losses is not supported"
         )
-    return [(int(r), int(t), int(s), int(d)) for _, r, t, s, d in run.late_drops]
+    late = [(int(r), int(t), int(s), int(d)) for _, r, t, s, d in run.late_drops]
+    skipped = [] if run.skipped_steps is None else [(int(t), int(w)) for t, w in run.skipped_steps]
+    if skipped and cfg.backend == "batched":
+        raise ConfigError(
+            f"{flag}: its workers skipped {len(skipped)} steps to catch up, which only "
+            "--backend local replays (the batched engine steps every worker at every step)"
+        )
+    return late, skipped
 
 
 def _with_data_dirs(cfg: RunConfig) -> RunConfig:
