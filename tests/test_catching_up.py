@@ -92,7 +92,7 @@ def test_the_batched_engine_refuses_a_run_with_skipped_steps(tmp_path: Path) -> 
     with _run_file(tmp_path / "run.h5") as writer:
         writer.add_late_drops(np.array([[4, 16, 0, 1, 0]]))
         writer.add_skipped_steps(np.array([[4, 1]]))
-    late, skipped = replayed(_cfg(replay_drops=tmp_path / "run.h5"), 3)
+    late, skipped, _ = replayed(_cfg(replay_drops=tmp_path / "run.h5"), 3)
     assert late == [(16, 0, 1, 0)] and skipped == [(4, 1)]
     with pytest.raises(ConfigError, match="skipped 1 steps to catch up, which only --backend"):
         replayed(_cfg(replay_drops=tmp_path / "run.h5", backend="batched"), 3)

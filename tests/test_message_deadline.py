@@ -22,7 +22,7 @@ from relaympi.batched.base import delivered
 from relaympi.comm import CommError, DropPolicy, run_local
 from relaympi.config import ConfigError, RunConfig, parse_args
 from relaympi.results import RunFileError, RunWriter, read_run
-from relaympi.training.plan import replayed_late_drops
+from relaympi.training.plan import replayed, replayed_late_drops
 from tests.algorithm_cases import cases
 from tests.conftest import (
     PY,
@@ -272,7 +272,9 @@ def test_a_replay_file_of_another_run_is_refused(tmp_path: Path, cfg, world_size
         )
 
 
-def test_a_replay_file_without_late_drops_or_with_losses_is_refused(tmp_path: Path) -> None:
+def test_a_replay_file_without_late_drops_or_with_losses_elsewhere_is_refused(
+    tmp_path: Path,
+) -> None:
     with _run_file(tmp_path / "plain.h5"):
         pass
     with pytest.raises(ConfigError, match="records no late drops"):
@@ -289,8 +291,10 @@ def test_a_replay_file_without_late_drops_or_with_losses_is_refused(tmp_path: Pa
                 "heal_s": 0.1,
             }
         )
-    with pytest.raises(ConfigError, match="lost workers mid-run"):
+    with pytest.raises(ConfigError, match="lost 1 workers mid-run; replay its losses with --b"):
         replayed_late_drops(_cfg(replay_drops=tmp_path / "lost.h5"), 3)
+    local = _cfg(replay_drops=tmp_path / "lost.h5", backend="local", on_failure="continue")
+    assert replayed(local, 3)[2] == [(2, 2)]  # worker 2 lost at step 2
     (tmp_path / "junk.h5").write_text("not a run file")
     with pytest.raises(ConfigError, match="--replay-drops .*junk.h5: "):
         replayed_late_drops(_cfg(replay_drops=tmp_path / "junk.h5"), 3)

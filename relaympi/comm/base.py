@@ -176,6 +176,9 @@ class Communicator(ABC):
         # seconds the call that a lost rank interrupted had waited (0: none yet): a stalled rank's
         # silence as this rank saw it (--peer-timeout)
         self.interrupted_s = 0.0
+        # each rank's original worker id, where a heal renumbered the ranks (None: rank = id): a
+        # replay's late drops and skips name workers by it
+        self.worker_ids: tuple[int, ...] | None = None
         # how an MPI rank waits for its transfers (RELAYMPI_WAIT, relaympi.comm.waiting; in-process
         # ranks wait on a condition variable)
         self.wait_mode = DEFAULT_WAIT
@@ -242,13 +245,18 @@ class Communicator(ABC):
                 f"rank {self.rank}: a message in chunks (chunk {chunk}) cannot have a deadline"
             )
         # replayed late drops: received into a scratch buffer and discarded, as on MPI
-        late = frozenset(p for p in live_recvs if self.drops.late(round, tag, p, self.rank))
+        ids = self.worker_ids or range(self.world_size)
+        late = (
+            frozenset(p for p in live_recvs if self.drops.late(round, tag, ids[p], ids[self.rank]))
+            if self.drops.replayed
+            else frozenset()
+        )
         if late:
             live_recvs = {p: (buffers.clone(b) if p in late else b) for p, b in live_recvs.items()}
         # replayed skipped steps: a message from a peer that skipped the round never came (its
         # receiver recorded it as late); one to it was sent (counted) and discarded there
         away = (
-            frozenset(p for p in (*sends, *recvs) if self.drops.skipped(round, p))
+            frozenset(p for p in (*sends, *recvs) if self.drops.skipped(round, ids[p]))
             if self.drops.skips
             else frozenset()
         )

@@ -287,9 +287,9 @@ class RunConfig:
     replay_drops: Path | None = flag_field(
         None,
         "`--backend local` or `batched`: drop exactly the messages that a `--message-deadline` "
-        "run file recorded as late, and skip the steps it recorded as skipped (`local` only; "
-        "world size, algorithm and topology must match it): the same numbers as that MPI run "
-        "(default: none)",
+        "run file recorded as late, skip the steps it skipped and lose the workers it lost "
+        "(both `local` only, losses with `--on-failure continue`; world size, algorithm and "
+        "topology must match it): the same numbers as that MPI run (default: none)",
         type=Path,
         metavar="RUN.h5",
         applies=(

@@ -41,7 +41,12 @@ from relaympi.training.loop import (
     WriterFactory,
     device_for,
 )
-from relaympi.training.membership import check_heals, readmission_weights, survivor_topology
+from relaympi.training.membership import (
+    Injection,
+    check_heals,
+    readmission_weights,
+    survivor_topology,
+)
 from relaympi.training.plan import Plan
 from relaympi.training.run_file import writer_factory
 from relaympi.training.workloads import build_workload
@@ -109,9 +114,14 @@ class MessagePassingRank(TrainingLoop):
         self.nodes0 = (tuple(plan.nodes) or (0,) * self.n0) if plan.members else comm.nodes
         me = self.members[self.rank]
         self.workers = range(me, me + 1)  # this worker's id for life (its first rank)
+        # --replay-drops of a run that lost workers: each vanishes at the start of its step
+        self.inject = self.inject + [Injection(w, step) for step, w in plan.replayed_losses]
         self.check_injection(self.n0)
         # late drops of a communicator that a heal replaced, not yet in the run file
         self.pending_late: list[tuple[int, ...]] = []
+        # under --on-failure continue: every rank's late drops not yet in the run file, shared at
+        # each step's end (after_step), so that a worker lost later takes none of them with it
+        self.shared_late: list[tuple[int, ...]] = []
         # the steps this worker skipped to catch up (step, worker), not yet in the run file; and
         # whether it skipped the step before (it then goes on skipping while any neighbour is ahead)
         self.skipped: list[tuple[int, int]] = []
@@ -298,11 +308,37 @@ class MessagePassingRank(TrainingLoop):
         ]
         return [row for row in rows if before is None or row[0] < before]
 
+    def _shares_late(self) -> bool:
+        """Whether late drops are shared at each step's end: with a deadline or a replay under
+        --on-failure continue, where a worker may be lost with late drops not yet written."""
+        cfg = self.plan.cfg
+        late = cfg.message_deadline is not None or cfg.replay_drops is not None
+        return late and self.membership.active
+
+    def after_step(self, step: int) -> None:
+        """Share every rank's late drops of the steps before ``step`` with every rank (collective),
+        where they are shared (``_shares_late``): the survivors of a later loss keep the lost
+        worker's, as a replay, where it vanishes at a step's start, keeps them."""
+        if not self._shares_late():
+            return
+        everyone = self.comm.bcast(self.comm.gather(self.late_drops_since()))
+        self.pending_late, self.comm.late_drops = [], []
+        self.shared_late += [row for rows in everyone for row in rows]
+
     def record_late_drops(self, step: int) -> None:
         """Rank 0 appends every rank's late drops since last written to the run file (collective),
         sorted, so that a replay writes the same rows in the same order. They are forgotten only
-        once gathered: a loss inside the gather leaves them to the heal."""
+        once gathered: a loss inside the gather leaves them to the heal. Where they are shared at
+        each step's end, every rank has them already: the writer writes its own."""
         if self.plan.cfg.message_deadline is None and self.plan.cfg.replay_drops is None:
+            return
+        if self._shares_late():
+            shared = [row for row in self.shared_late if row[0] < step]
+            self.shared_late = [row for row in self.shared_late if row[0] >= step]
+            if self.writer is not None:
+                self.writer.add_late_drops(
+                    np.asarray(sorted(shared), dtype=np.int64).reshape(-1, 5)
+                )
             return
         everyone = self.comm.gather((self.late_drops_since(), self.skipped))
         self.pending_late, self.comm.late_drops, self.skipped = [], [], []
@@ -437,8 +473,10 @@ class RankMembership(PeerMembership):
         rank.evaluator.carried_bytes += (float(old.bytes_sent.sum()), float(old.inter_node_bytes()))
         # the old world's late drops, but those of the step the survivors redo
         rank.pending_late, old.late_drops = rank.late_drops_since(before=step), []
+        rank.shared_late = [row for row in rank.shared_late if row[0] < step]
         rank.members = [m for m in rank.members if m not in lost]  # lost: every shrink's since
         rank.comm, rank.rank, rank.n = new, new.rank, new.world_size
+        new.worker_ids = tuple(rank.members)  # a replay's drops name original workers
         rank.is_root = rank.rank == 0
         plan, cfg = rank.plan, rank.plan.cfg
         topology = survivor_topology(plan, [rank.nodes0[m] for m in rank.members])

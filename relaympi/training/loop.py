@@ -158,6 +158,10 @@ class TrainingLoop(ABC):
         update, no message; its state stays as it is. Default: never."""
         return False
 
+    def after_step(self, step: int) -> None:  # noqa: B027 - most runs share nothing
+        """At the end of each step, before its agreement (``step``: the next one): what an engine
+        shares then (the message-passing engine: late drops, under --on-failure continue)."""
+
     def record_late_drops(self, step: int) -> None:  # noqa: B027 - most runs have none
         """Write the late drops of the steps before ``step`` not yet in the run file (collective):
         at each evaluation, and before a checkpoint, so that a run resumed from it keeps them."""
@@ -447,6 +451,7 @@ class TrainingLoop(ABC):
             bad_step = None
             if len(pending) >= self.check_lag or stop or logs:
                 bad_step = settle(self, pending)
+            self.after_step(step)
             membership.step_done(step, (stop, bad_step is not None))  # what step is redone from
             membership.at("agreement", step - 1)
             t_sync = time.perf_counter()

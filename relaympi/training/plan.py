@@ -90,6 +90,9 @@ class Plan:
     # each rank's node (0, 1, ... by each node's lowest rank): as MPI placed the ranks, or
     # emulated (--ranks-per-node)
     nodes: tuple[int, ...] = ()
+    # --replay-drops: the (step, worker) of each loss of the run it replays, in order (each worker
+    # vanishes at the start of its step, as the MPI run's survivors redid it)
+    replayed_losses: tuple[tuple[int, int], ...] = ()
     # a rerun on the survivors of a run that lost workers (--on-failure continue): the original ids
     # of the workers it runs, in rank order (world_size stays the run's first count); () otherwise
     members: tuple[int, ...] = ()
@@ -360,6 +363,7 @@ def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None)
     assert cfg.lr is not None  # filled in above
     # validate() refused it for other algorithms
     lr = float(cfg.lr) * (lr_correction(topology) if cfg.relay_lr_correction else 1.0)
+    late, skipped, losses = replayed(cfg, world_size)
     return Plan(
         cfg=cfg,
         world_size=world_size,
@@ -368,7 +372,8 @@ def resolve(cfg: RunConfig, world_size: int, nodes: Sequence[int] | None = None)
         optimizer=optimizer,
         algorithm_options=options,
         lr=lr,
-        drops=DropPolicy(cfg.drop_prob, cfg.seed, *replayed(cfg, world_size)),
+        drops=DropPolicy(cfg.drop_prob, cfg.seed, late, skipped),
+        replayed_losses=tuple(losses),
         task_options=task_options(cfg),
         problem=problem,
         lr_warning=lr_warning,
@@ -396,24 +401,24 @@ def replayed_late_drops(cfg: RunConfig, world_size: int) -> list[tuple[int, int,
 
 def replayed(
     cfg: RunConfig, world_size: int
-) -> tuple[list[tuple[int, int, int, int]], list[tuple[int, int]]]:
+) -> tuple[list[tuple[int, int, int, int]], list[tuple[int, int]], list[tuple[int, int]]]:
     """What ``--replay-drops`` replays, once its run file is checked against this run: the (round,
-    tag, sender, receiver) of each message it recorded as late, and the (step, worker) of each step
-    a worker skipped to catch up.
+    tag, sender, receiver) of each message it recorded as late, the (step, worker) of each step a
+    worker skipped to catch up, and the (step, worker) of each worker it lost (original ids).
 
     Args:
         cfg: the run's configuration, its topology resolved.
         world_size: the run's number of workers.
 
     Returns:
-        The late drops and the skipped steps (both [] without --replay-drops).
+        The late drops, the skipped steps and the losses (all [] without --replay-drops).
 
     Raises:
         ConfigError: the file cannot be read, is not a --message-deadline run, or ran another
             world size, algorithm or topology, or lost workers; one line naming what differs.
     """
     if cfg.replay_drops is None:
-        return [], []
+        return [], [], []
     flag = f"--replay-drops {cfg.replay_drops}"
     try:
         # a run file may come from anyone: read in a worker process under a time and memory limit
@@ -434,9 +439,18 @@ def replayed(
                 f"{flag}: it ran {what} {value}, this run has {ours[what]}; replay it with the "
                 "same world size, algorithm and topology"
             )
-    if run.membership:
+    losses = []
+    for change in run.membership:
+        if change.get("readmitted"):
+            raise ConfigError(
+                f"{flag}: it re-admitted lost workers (a rerun), and replaying a re-admission is "
+                "not supported"
+            )
+        losses += [(int(change["step"]), int(worker)) for worker in change.get("lost", [])]
+    if losses and (cfg.on_failure != "continue" or cfg.backend != "local"):
         raise ConfigError(
-            f"{flag}: it lost workers mid-run, and replaying its losses is not supported"
+            f"{flag}: it lost {len(losses)} workers mid-run; replay its losses with "
+            "--backend local --on-failure continue"
         )
     late = [(int(r), int(t), int(s), int(d)) for _, r, t, s, d in run.late_drops]
     skipped = [] if run.skipped_steps is None else [(int(t), int(w)) for t, w in run.skipped_steps]
@@ -445,7 +459,7 @@ def replayed(
             f"{flag}: its workers skipped {len(skipped)} steps to catch up, which only "
             "--backend local replays (the batched engine steps every worker at every step)"
         )
-    return late, skipped
+    return late, skipped, losses
 
 
 def _with_data_dirs(cfg: RunConfig) -> RunConfig:
