@@ -15,8 +15,8 @@ Everything after ``--`` goes to every run's ``python -m relaympi.train`` (after 
 so it may change them). Per run it prints rank 0's milliseconds per step and the time to the target
 as the report's cost table computes them (``relaympi.report.cost``: the target is 95% of the clean
 all-reduce run's accuracy, the paper's metric), the worst and the mean worker's final test
-accuracy, and the late drops over the messages due. Run files (and each job's log) go under
-bench-results/slow_worker/; ``summary.json`` there holds every figure.
+accuracy, the late drops over the messages due and the steps skipped. Run files (and each job's
+log) go under bench-results/slow_worker/; ``summary.json`` there holds every figure.
 """
 
 from __future__ import annotations
@@ -141,6 +141,8 @@ class Figures:
     late_drops: int | None  # None: no --message-deadline
     late_from_slow: int | None  # of those, the slow worker's messages
     due: int | None  # messages due to be received (None: a collective)
+    skipped: int | None  # steps workers skipped to catch up (None: no --message-deadline)
+    skipped_by_slow: int | None  # of those, the slow worker's
     load_before: float
     load_after: float
     path: str
@@ -184,7 +186,8 @@ def run_figures(
     record = experiment_record([summary], target)
     final = np.asarray(run.data["test_accuracy"], dtype=float)
     final = final.reshape(len(final), -1)[-1]
-    late = run.late_drops
+    late, skips = run.late_drops, run.skipped_steps
+    skips = np.zeros((0, 2), dtype=np.int64) if skips is None else skips
     return Figures(
         algo=summary.algo,
         topology=summary.topology,
@@ -199,6 +202,8 @@ def run_figures(
         late_drops=None if late is None else len(late),
         late_from_slow=None if late is None else int(np.sum(late[:, 3] == slow_rank)),
         due=messages_due(run),
+        skipped=None if late is None else len(skips),
+        skipped_by_slow=None if late is None else int(np.sum(skips[:, 1] == slow_rank)),
         load_before=load[0],
         load_after=load[1],
         path=str(path),
@@ -218,6 +223,12 @@ def _drops(f: Figures) -> str:
     return f"{f.late_drops} / {f.due} ({100 * fraction:.2f}%; {f.late_from_slow} from the slow one)"
 
 
+def _skips(f: Figures) -> str:
+    if f.skipped is None:
+        return "-"
+    return f"{f.skipped} ({f.skipped_by_slow} by the slow one)" if f.skipped else "0"
+
+
 # the table's columns after the algorithm and the run: a header and a run's cell
 COLUMNS: tuple[tuple[str, Callable[[Figures], str]], ...] = (
     (
@@ -232,6 +243,7 @@ COLUMNS: tuple[tuple[str, Callable[[Figures], str]], ...] = (
     ("worst final", lambda f: _text(100 * f.worst_final, ".1f", "%")),
     ("mean final", lambda f: _text(100 * f.mean_final, ".1f", "%")),
     ("late drops / due", _drops),
+    ("steps skipped", _skips),
 )
 
 

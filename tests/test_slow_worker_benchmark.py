@@ -91,7 +91,7 @@ def test_figures_are_the_late_drops_over_the_due_and_the_cost_tables_numbers(
     assert (figures.worst_final, figures.mean_final) == (0.9, pytest.approx(0.9375))
     assert slow_worker.table_lines([figures])[2] == (
         "| relay (double-binary-trees) | slow | 80 ms | 100.0 | 1.0 s | 90.0% | 93.8% "
-        "| 3 / 240 (1.25%; 2 from the slow one) |"
+        "| 3 / 240 (1.25%; 2 from the slow one) | 0 |"
     )
     never = slow_worker.run_figures(
         path, summary, 0.95, condition="slow", round_=0, slow_rank=1, deadline=None, load=(0, 0)
