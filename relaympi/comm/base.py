@@ -176,6 +176,10 @@ class Communicator(ABC):
         # seconds the call that a lost rank interrupted had waited (0: none yet): a stalled rank's
         # silence as this rank saw it (--peer-timeout)
         self.interrupted_s = 0.0
+        # where ranks behind catch up by skipping (the engine sets it, under a deadline): a
+        # neighbour that is behind is waited for again only once a message of it lands from at
+        # most this many rounds before this rank's (None: any late message of it will do)
+        self.catch_up_rounds: int | None = None
         # each rank's original worker id, where a heal renumbered the ranks (None: rank = id): a
         # replay's late drops and skips name workers by it
         self.worker_ids: tuple[int, ...] | None = None

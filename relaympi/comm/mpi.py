@@ -299,6 +299,7 @@ class MPICommunicator(Communicator):
         # messages sent to it in them off the wire (request, scratch buffer)
         self._skipped: list[tuple[int, int]] = []
         self._drained: list[tuple[Any, Any]] = []
+        self._round_now = 0  # the round of the newest exchange (catch_up_rounds counts from it)
         self._call_since: float | None = None  # when the guarded call in progress began
         atexit.register(self.close)
 
@@ -461,9 +462,11 @@ class MPICommunicator(Communicator):
         return self.comm.Irecv(scratch, source=peer, tag=wire_tag), scratch
 
     def _arrived(self, peer: int, round: int) -> None:
-        """``peer``'s message of ``round`` landed: it is sending again (waited for again), and its
-        messages of older rounds that have not landed never will."""
-        self._behind.discard(peer)
+        """``peer``'s message of ``round`` landed: it is sending again (waited for again, where it
+        is that round is recent enough: ``catch_up_rounds``), and its messages of older rounds that
+        have not landed never will."""
+        if self.catch_up_rounds is None or round >= self._round_now - self.catch_up_rounds:
+            self._behind.discard(peer)
         if round > self._landed.get(peer, -1):
             self._landed[peer] = round
 
@@ -669,6 +672,7 @@ class MPICommunicator(Communicator):
         logical, tag = tag, self.wire_tag(tag, round)
         receives: list[tuple[int, int, Any]] = []  # (peer, index, spec) for the deadline
         copies: list[tuple[int, int, Any]] = []  # (peer, index, copy) of the sends under one
+        self._round_now = round
         self._reap_discards()
         if self.deadline is not None:
             for peer in recvs:

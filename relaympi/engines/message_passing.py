@@ -127,6 +127,10 @@ class MessagePassingRank(TrainingLoop):
         self.skipped: list[tuple[int, int]] = []
         self._catching_up = False
         comm.deadline = plan.cfg.message_deadline if comm.backend == "mpi" else None
+        if comm.deadline is not None and plan.cfg.on_failure != "continue":
+            # a rank behind catches up by skipping (skips): it is waited for again once it sends
+            # from a recent step, not while its old messages land
+            comm.catch_up_rounds = CATCH_UP_BEHIND * ROUNDS_PER_STEP
         if plan.cfg.on_failure == "continue":
             check_heals(plan)
         cfg = plan.cfg
