@@ -194,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
             run = read_run(out, datasets=[])
             late, skipped = run.late_drops, run.skipped_steps
             dropped = "" if late is None else f", {len(late)} late drops"
-            dropped += "" if skipped is None else f", {len(skipped)} steps skipped"
+            if skipped is not None:  # rank 0's own skips make its pace look faster: say so
+                by_rank0 = int(np.sum(skipped[:, 1] == 0))
+                dropped += f", {len(skipped)} steps skipped ({by_rank0} by rank 0)"
             print(f"round {round_} {name}: {1e3 * pace:.2f} ms/step (load {load:.1f}{dropped})")
     clean = np.array(paces["clean"])
     for name, _, _ in kinds:

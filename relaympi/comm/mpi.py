@@ -43,6 +43,9 @@ _FAILURE_BYTES = 1 << 16
 # (round mod the rounds the tag space holds), so a late message can only ever match its own
 # round's receive (or the receive that discards it), never a later round's
 TAGS_PER_ROUND = 8
+# how many times steps_ahead runs MPI's progress engine before it decides that a neighbour whose
+# next message is here is not further ahead (MPICH's shared memory brings in a few messages a call)
+PROGRESS_BURST = 8
 # skipped rounds whose messages are still taken off the wire when they come: a message later
 # than this many rounds stays unreceived (its sender's send from a copy is given up at close)
 DRAIN_HORIZON = 1 << 16
@@ -493,13 +496,16 @@ class MPICommunicator(Communicator):
             self._discards = pending
 
     def steps_ahead(self, step: int, rounds_per_step: int, at_least: int, limit: int) -> int:
-        """How many steps ahead of ``step`` the furthest neighbour is, as far as the messages it
-        already sent this rank show (under a deadline; 0 elsewhere): the largest k <= ``limit``
-        such that its message of step ``step + k`` is here, where k >= ``at_least``, else 0.
+        """How many steps ahead of ``step`` all of this rank's neighbours are, as far as the
+        messages they already sent it show (under a deadline; 0 elsewhere): the largest k <=
+        ``limit`` such that every neighbour's message of step ``step + k`` is here, where k >=
+        ``at_least``, else 0.
 
         Each neighbour is probed (MPI_Iprobe, nothing received) for the round of the newest
         receive this rank posted for it, moved on by k steps: a neighbour that sends this rank a
         message each step (a fixed topology) is seen; one that sends only now and then may not be.
+        The first neighbour not ``at_least`` steps ahead ends the search (one probe: the usual
+        case).
 
         Args:
             step: this rank's step.
@@ -508,11 +514,11 @@ class MPICommunicator(Communicator):
             limit: the most steps ahead looked for.
 
         Returns:
-            The steps ahead (0: no neighbour is ``at_least`` steps ahead).
+            The steps ahead (0: some neighbour is not ``at_least`` steps ahead).
         """
-        if self.deadline is None or at_least > limit:
+        if self.deadline is None or at_least > limit or not self._expects:
             return 0
-        furthest = 0
+        nearest = limit
         for peer, (tag, last) in self._expects.items():
             sub = last % rounds_per_step
 
@@ -520,17 +526,29 @@ class MPICommunicator(Communicator):
                 wire = self.wire_tag(tag, (step + k) * rounds_per_step + sub)
                 return bool(self.comm.Iprobe(source=peer, tag=wire))
 
-            if not here(at_least):
-                continue
+            if not here(at_least) and not (
+                here(1) and self._progress_burst(lambda: here(at_least))
+            ):
+                return 0
             present, absent = at_least, 2 * at_least
-            while absent <= limit and here(absent):
+            while absent <= nearest and here(absent):
                 present, absent = absent, 2 * absent
-            absent = min(absent, limit + 1)
+            absent = min(absent, nearest + 1)
             while absent - present > 1:
                 middle = (present + absent) // 2
                 present, absent = (middle, absent) if here(middle) else (present, middle)
-            furthest = max(furthest, present)
-        return furthest
+            nearest = present
+        return nearest
+
+    def _progress_burst(self, ready: Any) -> bool:
+        """Run MPI's progress engine a few times (PROGRESS_BURST) until ``ready()``: a neighbour
+        whose next message is here may have more queued behind it, and a shared-memory transport
+        brings in only a few messages per call."""
+        for _ in range(PROGRESS_BURST):
+            self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
+            if ready():
+                return True
+        return False
 
     def skip_rounds(self, first: int, end: int) -> None:
         """This rank leaves rounds [first, end) out (a skipped step): it sends nothing in them, and
