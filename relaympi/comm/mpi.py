@@ -465,9 +465,9 @@ class MPICommunicator(Communicator):
         return self.comm.Irecv(scratch, source=peer, tag=wire_tag), scratch
 
     def _arrived(self, peer: int, round: int) -> None:
-        """``peer``'s message of ``round`` landed: it is sending again (waited for again, where it
-        is that round is recent enough: ``catch_up_rounds``), and its messages of older rounds that
-        have not landed never will."""
+        """``peer``'s message of ``round`` landed: it is sending again (waited for again, if that
+        round is recent enough: ``catch_up_rounds``), and its messages of older rounds that have
+        not landed never will."""
         if self.catch_up_rounds is None or round >= self._round_now - self.catch_up_rounds:
             self._behind.discard(peer)
         if round > self._landed.get(peer, -1):
