@@ -442,6 +442,53 @@ def test_a_late_message_is_dropped_and_never_lands_in_a_later_round(tmp_path: Pa
     assert found[1]["rounds"] == [[[0], [10.0 * r] * 3] for r in range(4)]
 
 
+REUSED_BUFFER = """
+import json, pathlib, sys, time
+import numpy as np
+from relaympi.comm import mpi_communicator
+
+# 1 MiB messages: too large to leave before their receive is posted (rendezvous), on every
+# transport; rank 1 sleeps through rounds 3 to 7 of rank 0, so those sends of rank 0 are detached
+comm = mpi_communicator(deadline=0.25)
+peer, rounds = 1 - comm.rank, []
+sent = np.empty(1 << 17)  # every round's message, overwritten as soon as its exchange returns
+for round in range(8):
+    if comm.rank == 1 and round == 3:
+        time.sleep(2.0)
+    sent[:] = 10.0 * round + comm.rank
+    got = np.full(sent.size, -1.0)
+    arrived = comm.exchange({peer: sent}, {peer: got}, round=round).wait()
+    sent[:] = -2.0
+    spare = comm._spare_copies.get(("send", peer, 0, 0))
+    rounds.append([sorted(arrived), np.unique(got).tolist(), None if spare is None else id(spare)])
+comm.barrier()
+record = {"rounds": rounds, "late": comm.late_drops}
+pathlib.Path(sys.argv[1], f"rank{comm.rank}.json").write_text(json.dumps(record))
+"""
+
+
+@pytest.mark.slow
+@requires_mpirun
+def test_a_send_reuses_its_copy_once_sent_and_a_detached_one_keeps_it(tmp_path: Path) -> None:
+    """Under a deadline a send goes from a copy, so its caller may overwrite its buffer when the
+    exchange returns: an on-time send's copy is the next round's (no allocation per step), and
+    the copy of a send still in flight to a sleeping neighbour is never reused, so every message
+    lands with its own round's values."""
+    program = tmp_path / "reused.py"
+    program.write_text(REUSED_BUFFER)
+    proc = run_module_file(program, tmp_path)
+    found = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)}
+    assert found[0]["late"] == [[r, 0, 1, 0] for r in range(3, 8)], proc.stdout + proc.stderr
+    # rank 1 got every message of rank 0 with its round's values, those sent while it slept too
+    assert found[1]["late"] == []
+    assert [r[:2] for r in found[1]["rounds"]] == [[[0], [10.0 * r]] for r in range(8)]
+    for rank in (0, 1):  # on time: each round's send went from the same copy
+        copies = [spare for _, _, spare in found[rank]["rounds"][:3]]
+        assert copies[0] is not None and copies == [copies[0]] * 3, (rank, copies)
+    # in flight at the deadline: the copy stays with its send, none is left for the next
+    assert [spare for _, _, spare in found[0]["rounds"][3:]] == [None] * 5
+
+
 def run_module_file(program: Path, *args: object) -> subprocess.CompletedProcess:
     """``mpirun -n 2 python program ARGS`` from the repository root, its output captured."""
     return subprocess.run(

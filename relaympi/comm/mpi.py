@@ -108,7 +108,7 @@ def library_version() -> str:
 class _Deadline:
     """What an exchange under a deadline needs: the round and tag to record a late receive by, the
     tag it travels with, each receive's (peer, index among the request's MPI requests, spec) and
-    each send's (peer, index, the copy it is sent from)."""
+    each send's (peer, index, the copy it is sent from, the slot the copy returns to once sent)."""
 
     def __init__(self, round: int, tag: int, wire_tag: int, receives: list, sends: list) -> None:
         self.round, self.tag, self.wire_tag = round, tag, wire_tag
@@ -289,6 +289,9 @@ class MPICommunicator(Communicator):
         self._round_tags = max(1, (int(tag_ub) + 1) // TAGS_PER_ROUND)
         self._discards: list[_Discard] = []
         self._detached: list[tuple[Any, Any]] = []  # sends from copies: (request, copy)
+        # host copies whose send completed, by slot: the next send of the slot copies into its
+        # buffer instead of a new one (a buffer in flight is never here: taken out when posted)
+        self._spare_copies: dict[tuple, np.ndarray] = {}
         # a neighbour is behind from the round its message was dropped until one of its late
         # messages lands (it is sending again): no wait for it meanwhile
         self._behind: set[int] = set()
@@ -422,13 +425,18 @@ class MPICommunicator(Communicator):
         assert self.deadline is not None  # a request gets a _Deadline only under one
         expires = time.perf_counter() + self.deadline  # the poller's clock
         self._reap_discards()
-        transfers = deadline.receives + deadline.sends
-        skipped = {index for peer, index, _ in transfers if peer in self._behind}
-        waited = [request for i, request in enumerate(requests) if i not in skipped]
+        waited, skipped = requests, False
+        if self._behind:
+            behind = {
+                i for peer, i, *_ in deadline.receives + deadline.sends if peer in self._behind
+            }
+            waited = [request for i, request in enumerate(requests) if i not in behind]
+            skipped = bool(behind)
         if poll(lambda: MPI.Request.Testall(waited), self._check_failures, self.wait_mode, expires):
             if not skipped or MPI.Request.Testall(requests):
                 for peer, _, _ in deadline.receives:
                     self._arrived(peer, deadline.round)
+                self._spare(deadline.sends)
                 return frozenset()
         late = []
         for peer, index, spec in deadline.receives:
@@ -449,10 +457,35 @@ class MPICommunicator(Communicator):
                 self._arrived(peer, deadline.round)
         # the receives that landed after all; a send still in flight completes later, from its copy
         self._wait([requests[index] for _, index, _ in deadline.receives])
-        for _, index, own in deadline.sends:
-            if not requests[index].Test():
-                self._detached.append((requests[index], own))
+        sent = []
+        for send in deadline.sends:
+            request = requests[send[1]]
+            if request.Test():
+                sent.append(send)
+            else:
+                self._detached.append((request, send[2]))
+        self._spare(sent)
         return frozenset(late)
+
+    def _send_copy(self, spec: Any, slot: tuple) -> Any:
+        """The copy of a send's ``spec`` that it is sent from under a deadline: host memory into
+        the slot's spare buffer where one of the same shape and dtype is free (a large message
+        then costs no fresh allocation, and no page faults, each step), else a new one."""
+        if isinstance(spec, list):  # [bytes view, MPI.BYTE] (device bfloat16)
+            return [buffers.clone(spec[0]), spec[1]]
+        if not isinstance(spec, np.ndarray):  # device memory (CUDA-aware MPI)
+            return buffers.clone(spec)
+        own = self._spare_copies.pop(slot, None)
+        if own is None or own.shape != spec.shape or own.dtype != spec.dtype:
+            return spec.copy()
+        np.copyto(own, spec)
+        return own
+
+    def _spare(self, sends: list) -> None:
+        """The copies of ``sends`` (completed) are free for their slots' next sends."""
+        for _, _, own, slot in sends:
+            if isinstance(own, np.ndarray):
+                self._spare_copies[slot] = own
 
     def _discarding_receive(self, peer: int, wire_tag: int, spec: Any) -> tuple[Any, Any]:
         """A receive of a late message into a buffer of its own, which nothing reads."""
@@ -689,7 +722,7 @@ class MPICommunicator(Communicator):
         on_complete: list[Any] = []  # callables, run once the receives complete
         logical, tag = tag, self.wire_tag(tag, round)
         receives: list[tuple[int, int, Any]] = []  # (peer, index, spec) for the deadline
-        copies: list[tuple[int, int, Any]] = []  # (peer, index, copy) of the sends under one
+        copies: list[tuple[int, int, Any, tuple]] = []  # (peer, index, copy, slot) under one
         self._round_now = round
         self._reap_discards()
         if self.deadline is not None:
@@ -718,12 +751,8 @@ class MPICommunicator(Communicator):
                 # from a copy of its own, waited for up to the deadline: a message too large to
                 # leave at once (MPI's rendezvous) to a neighbour that is behind then completes
                 # later, and the sender's buffer is free for the next step meanwhile
-                spec = (
-                    [buffers.clone(spec[0]), spec[1]]
-                    if isinstance(spec, list)
-                    else buffers.clone(spec)
-                )
-                copies.append((peer, len(requests), spec))
+                spec = self._send_copy(spec, slot)
+                copies.append((peer, len(requests), spec, slot))
             requests.append(self.comm.Isend(spec, dest=peer, tag=tag))
         if self._staged_sends:
             self._post_staged()  # whatever copies are done: their transfers start now
