@@ -503,10 +503,10 @@ class Communicator(ABC):
 
     # -- a rank behind its neighbours under a deadline (docs/membership.md, "Catching up") ------
     def steps_ahead(self, step: int, rounds_per_step: int, at_least: int, limit: int) -> int:
-        """How many steps ahead of ``step`` all of this rank's neighbours are, as far as the
-        messages they already sent it show: the largest k <= ``limit`` such that every neighbour's
-        message of step ``step + k`` is here, where k >= ``at_least``, else 0. Only a backend with
-        a deadline and a wire to look at answers (MPI); this default sees none ahead.
+        """How many steps ahead of ``step`` the furthest neighbour is, as far as the messages it
+        already sent this rank show: the largest k <= ``limit`` such that its message of step
+        ``step + k`` is here, where k >= ``at_least``, else 0. Only a backend with a deadline and a
+        wire to look at answers (MPI); this default sees none ahead.
 
         Args:
             step: this rank's step.

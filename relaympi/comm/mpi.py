@@ -529,16 +529,14 @@ class MPICommunicator(Communicator):
             self._discards = pending
 
     def steps_ahead(self, step: int, rounds_per_step: int, at_least: int, limit: int) -> int:
-        """How many steps ahead of ``step`` all of this rank's neighbours are, as far as the
-        messages they already sent it show (under a deadline; 0 elsewhere): the largest k <=
-        ``limit`` such that every neighbour's message of step ``step + k`` is here, where k >=
-        ``at_least``, else 0.
+        """How many steps ahead of ``step`` the furthest neighbour is, as far as the messages it
+        already sent this rank show (under a deadline; 0 elsewhere): the largest k <= ``limit``
+        such that its message of step ``step + k`` is here, where k >= ``at_least``, else 0.
 
         Each neighbour is probed (MPI_Iprobe, nothing received) for the round of the newest
         receive this rank posted for it, moved on by k steps: a neighbour that sends this rank a
         message each step (a fixed topology) is seen; one that sends only now and then may not be.
-        The first neighbour not ``at_least`` steps ahead ends the search (one probe: the usual
-        case).
+        One probe per neighbour when none is ahead (the usual case).
 
         Args:
             step: this rank's step.
@@ -547,11 +545,11 @@ class MPICommunicator(Communicator):
             limit: the most steps ahead looked for.
 
         Returns:
-            The steps ahead (0: some neighbour is not ``at_least`` steps ahead).
+            The steps ahead (0: no neighbour is ``at_least`` steps ahead).
         """
-        if self.deadline is None or at_least > limit or not self._expects:
+        if self.deadline is None or at_least > limit:
             return 0
-        nearest = limit
+        furthest = 0
         for peer, (tag, last) in self._expects.items():
             sub = last % rounds_per_step
 
@@ -562,16 +560,16 @@ class MPICommunicator(Communicator):
             if not here(at_least) and not (
                 here(1) and self._progress_burst(lambda: here(at_least))
             ):
-                return 0
+                continue
             present, absent = at_least, 2 * at_least
-            while absent <= nearest and here(absent):
+            while absent <= limit and here(absent):
                 present, absent = absent, 2 * absent
-            absent = min(absent, nearest + 1)
+            absent = min(absent, limit + 1)
             while absent - present > 1:
                 middle = (present + absent) // 2
                 present, absent = (middle, absent) if here(middle) else (present, middle)
-            nearest = present
-        return nearest
+            furthest = max(furthest, present)
+        return furthest
 
     def _progress_burst(self, ready: Any) -> bool:
         """Run MPI's progress engine a few times (PROGRESS_BURST) until ``ready()``: a neighbour

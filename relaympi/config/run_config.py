@@ -250,8 +250,8 @@ class RunConfig:
         "`--backend mpi`: seconds a rank waits for a neighbour's message once it is ready for it; "
         "one not arrived by then is dropped, with `--drop-prob`'s rule for the algorithm, and "
         "recorded in the run file (its `late_drops`); a neighbour that was late is not waited for "
-        "again until it sends again, and a rank that sees all its neighbours 4 steps ahead skips "
-        "steps to catch up (recorded too); not for allreduce, d2, `--overlap` or `--relay-chunk` "
+        "again until it sends again, and a rank that sees a neighbour 4 steps ahead skips steps to "
+        "catch up (recorded too); not for allreduce, d2, `--overlap` or `--relay-chunk` "
         "(default: wait for every message)",
         type=float,
         metavar="S",

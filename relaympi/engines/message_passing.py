@@ -283,10 +283,9 @@ class MessagePassingRank(TrainingLoop):
             self.algorithm.finish_step()
 
     def skips(self, step: int) -> bool:
-        """Under --message-deadline on MPI, a worker skips a step where its neighbours' messages
-        show every one of them CATCH_UP_BEHIND steps ahead, and goes on skipping while they all
-        are ahead at all (so it catches up with the nearest, never past it); a replay skips the
-        steps its run file recorded. Never under --on-failure continue (its steps are
+        """Under --message-deadline on MPI, a worker skips a step where a neighbour's message shows
+        it CATCH_UP_BEHIND steps ahead, and goes on skipping while one is ahead at all; a replay
+        skips the steps its run file recorded. Never under --on-failure continue (its steps are
         agreed one by one: nobody runs ahead)."""
         if self.plan.drops.skips:
             skip = self.plan.drops.skipped(round_id(step), self.rank)
