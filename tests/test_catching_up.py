@@ -16,7 +16,7 @@ from relaympi.comm import DropPolicy, run_local
 from relaympi.config import ConfigError
 from relaympi.drops import ROUNDS_PER_STEP
 from relaympi.results import RunFileError, RunWriter, read_run
-from relaympi.training.plan import replayed
+from relaympi.training.replay import replayed
 from tests.conftest import requires_mpirun, run_train
 from tests.test_message_deadline import _cfg, run_module_file
 

@@ -22,7 +22,7 @@ from relaympi.batched.base import delivered
 from relaympi.comm import CommError, DropPolicy, run_local
 from relaympi.config import ConfigError, RunConfig, parse_args
 from relaympi.results import RunFileError, RunWriter, read_run
-from relaympi.training.plan import replayed, replayed_late_drops
+from relaympi.training.replay import replayed, replayed_late_drops
 from tests.algorithm_cases import cases
 from tests.conftest import (
     PY,
