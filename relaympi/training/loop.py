@@ -4,6 +4,8 @@ checkpoints (start, state, restore), injected failures and how a run ends or fai
 membership protocol of --on-failure continue is relaympi.training.healing's, called at named
 points of the steps."""
 
+# Long module: the one loop every engine runs, its start, resume, steps and end kept together
+
 from __future__ import annotations
 
 import logging
