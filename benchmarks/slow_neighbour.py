@@ -4,10 +4,13 @@ the same run with nobody slow.
 Rank 1 (a neighbour of rank 0 on a chain or a ring) is held from outside: SIGSTOP for ``--stop-ms``
 of every ``--period-ms`` (50 of 100 by default), from the moment its process is found until the
 run ends. Rank 0's pace is its seconds per step between the first evaluation after ``--skip``
-steps and the last one (``time_s`` of the run file, which rank 0 writes). Four runs per round,
-in this order and alternated over ``--rounds`` rounds, so that a busy machine weighs on all alike:
-clean, clean with the deadline, slow, slow with the deadline. The machine's load average is printed
-before each run.
+steps and the last one (``time_s`` of the run file, which rank 0 writes). Four runs per round
+(``--kinds`` chooses some), in this order and in reverse in odd rounds, over ``--rounds`` rounds, so
+that a busy machine weighs on all alike: clean, clean with the deadline, slow, slow with the
+deadline. ``--variant NAME=TREE`` runs each kind again with relaympi imported from another checkout,
+in the same rounds: a change against the code before it. The machine's load average is printed
+before each run; the summary gives each run's median ratio to the clean run of its round, with a
+bootstrap 90% interval of that median (single rounds on a shared machine spread by 20% and more).
 
     python -m benchmarks.slow_neighbour --ranks 4 --deadline 0.02 -- \\
         --task digits --algo relay --topology chain --steps 300 --eval-every 50
@@ -141,15 +144,50 @@ def add_hold_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+KINDS = ("clean", "clean+deadline", "slow", "slow+deadline")
+
+
+def parse_variant(text: str) -> tuple[str, Path]:
+    """``NAME=TREE`` of --variant: a name for the rows and a checkout of relaympi to import.
+
+    Raises:
+        argparse.ArgumentTypeError: no ``=``, an empty name, or a folder without relaympi/.
+    """
+    name, sep, tree = text.partition("=")
+    if not sep or not name or not (Path(tree) / "relaympi").is_dir():
+        raise argparse.ArgumentTypeError(
+            f"--variant {text!r}: expected NAME=TREE, TREE a checkout with a relaympi/ folder"
+        )
+    return name, Path(tree).resolve()
+
+
+def parse_kinds(text: str) -> list[str]:
+    """--kinds: a comma-separated subset of KINDS, "clean" always first (the ratios' base).
+
+    Raises:
+        argparse.ArgumentTypeError: a kind not in KINDS.
+    """
+    kinds = [kind.strip() for kind in text.split(",") if kind.strip()]
+    bad = [kind for kind in kinds if kind not in KINDS]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"--kinds: {', '.join(bad)} unknown; choose from {', '.join(KINDS)}"
+        )
+    return ["clean"] + [kind for kind in KINDS[1:] if kind in kinds]
+
+
+def interval(ratios: np.ndarray, draws: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A bootstrap 90% interval of the median of ``ratios`` (the rounds resampled with
+    replacement): how far the median could move on a machine this noisy."""
+    rng = np.random.default_rng(seed)
+    medians = np.median(rng.choice(ratios, size=(draws, len(ratios))), axis=1)
+    return float(np.quantile(medians, 0.05)), float(np.quantile(medians, 0.95))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ours, train = (
-        (argv[: argv.index("--")], argv[argv.index("--") + 1 :])
-        if "--" in argv
-        else (
-            argv,
-            [],
-        )
+        (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     )
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.slow_neighbour", description=__doc__.split("\n\n")[0]
@@ -160,22 +198,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip", type=int, default=50, help="steps left out at the start (default 50)"
     )
+    parser.add_argument(
+        "--kinds",
+        type=parse_kinds,
+        default=list(KINDS),
+        help=f"the runs of each round, comma-separated from {', '.join(KINDS)} (default all; "
+        "clean always runs: it is what the ratios are to)",
+    )
+    parser.add_argument(
+        "--variant",
+        type=parse_variant,
+        action="append",
+        default=[],
+        metavar="NAME=TREE",
+        help="run each kind again with relaympi imported from the checkout TREE, its rows named "
+        "NAME (repeatable): a change measured against the code beside it, in the same rounds",
+    )
     add_hold_arguments(parser)
     args = parser.parse_args(ours)
     OUT.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    kinds = [("clean", False, False), ("clean+deadline", False, True)]
-    kinds += [("slow", True, False), ("slow+deadline", True, True)]
-    paces: dict[str, list[float]] = {name: [] for name, _, _ in kinds}
+    trees = [("", ROOT)] + args.variant
+    runs = [
+        (f"{kind}{f' [{name}]' if name else ''}", kind, tree)
+        for name, tree in trees
+        for kind in args.kinds
+    ]
+    paces: dict[str, list[float]] = {label: [] for label, _, _ in runs}
     for round_ in range(args.rounds):
-        for name, slow, deadline in kinds:
-            out = OUT / f"{name}-{round_}.h5"
+        # odd rounds in reverse: a machine growing busier or quieter weighs on every run alike
+        for label, kind, tree in runs if round_ % 2 == 0 else runs[::-1]:
+            slow, deadline = kind.startswith("slow"), kind.endswith("+deadline")
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tree)}
+            out = OUT / f"{label.replace(' [', '@').rstrip(']')}-{round_}.h5"
             command = [args.mpirun, "-n", str(args.ranks), sys.executable, "-m", "relaympi.train"]
             command += [*train, "--out", str(out), "--overwrite"]
             command += ["--message-deadline", str(args.deadline)] if deadline else []
             load = os.getloadavg()[0]
             with open(out.with_suffix(".log"), "w") as log:  # the job's own lines
-                job = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
+                job = subprocess.Popen(command, cwd=tree, env=env, stdout=log, stderr=log)
             holder = None
             if slow:
                 holder = threading.Thread(
@@ -185,25 +245,31 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 holder.start()
             if job.wait() != 0:
-                print(f"{name}: exit {job.returncode}", file=sys.stderr)
+                print(
+                    f"{label}: exit {job.returncode} (its log: {out.with_suffix('.log')})",
+                    file=sys.stderr,
+                )
                 return 1
             if holder is not None:
                 holder.join()
             pace = _pace(out, args.skip)
-            paces[name].append(pace)
+            paces[label].append(pace)
             run = read_run(out, datasets=[])
             late, skipped = run.late_drops, run.skipped_steps
             dropped = "" if late is None else f", {len(late)} late drops"
             if skipped is not None:  # rank 0's own skips make its pace look faster: say so
                 by_rank0 = int(np.sum(skipped[:, 1] == 0))
                 dropped += f", {len(skipped)} steps skipped ({by_rank0} by rank 0)"
-            print(f"round {round_} {name}: {1e3 * pace:.2f} ms/step (load {load:.1f}{dropped})")
+            print(f"round {round_} {label}: {1e3 * pace:.2f} ms/step (load {load:.1f}{dropped})")
     clean = np.array(paces["clean"])
-    for name, _, _ in kinds:
-        ratios = np.array(paces[name]) / clean
+    for label, _, _ in runs:
+        ratios = np.array(paces[label]) / clean
+        low, high = interval(ratios)
         print(
-            f"{name}: {1e3 * np.mean(paces[name]):.2f} ms/step, "
-            f"{np.mean(ratios):.2f}x clean (rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+            f"{label}: {1e3 * np.median(paces[label]):.2f} ms/step, "
+            f"median {np.median(ratios):.3f}x clean (90% interval {low:.3f}-{high:.3f}; "
+            f"mean {np.mean(ratios):.3f}x; rounds: "
+            f"{', '.join(f'{r:.2f}' for r in ratios)})"
         )
     return 0
 

@@ -3,6 +3,7 @@ environment."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -34,3 +35,30 @@ def test_a_rank_is_found_below_its_launcher_by_its_environment() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_kinds_keep_their_order_with_clean_first() -> None:
+    assert slow_neighbour.parse_kinds("slow+deadline,clean+deadline") == [
+        "clean",
+        "clean+deadline",
+        "slow+deadline",
+    ]
+    with pytest.raises(argparse.ArgumentTypeError, match="fast unknown; choose from clean"):
+        slow_neighbour.parse_kinds("clean,fast")
+
+
+def test_a_variant_names_a_checkout(tmp_path: Path) -> None:
+    (tmp_path / "relaympi").mkdir()
+    assert slow_neighbour.parse_variant(f"after={tmp_path}") == ("after", tmp_path.resolve())
+    for bad in (str(tmp_path), f"={tmp_path}", f"after={tmp_path / 'relaympi'}"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected NAME=TREE"):
+            slow_neighbour.parse_variant(bad)
+
+
+def test_the_median_interval_brackets_the_median_and_narrows_with_agreement() -> None:
+    assert slow_neighbour.interval(np.full(6, 1.05)) == (1.05, 1.05)
+    ratios = np.array([0.9, 1.0, 1.02, 1.04, 1.1, 1.3])
+    low, high = slow_neighbour.interval(ratios)
+    assert 0.9 <= low <= np.median(ratios) <= high <= 1.3
+    # every resample's median lies between the second smallest and second largest of six
+    assert low >= 0.95 and high <= 1.2
