@@ -10,9 +10,15 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 import pytest
+
+if TYPE_CHECKING:
+    from relaympi.results import Run
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_WORLD = 4
@@ -139,6 +145,36 @@ def run_module(
 def run_train(args, **kwargs) -> subprocess.CompletedProcess:
     """Run ``python -m relaympi.train args``; keywords as run_module's: mpi, env, timeout, check."""
     return run_module("relaympi.train", *args, **kwargs)
+
+
+def replay_bit_for_bit(recorded: Run, args: Sequence[object], *, workers: int, out: Path) -> Run:
+    """Replay the MPI run ``recorded`` on ``--backend local`` with ``--replay-drops`` and require
+    every dataset of the two run files but the timers (``time_*``), and the late drops, to be
+    equal bit for bit.
+
+    Args:
+        recorded: the MPI run, read (its ``path`` is what ``--replay-drops`` reads).
+        args: ``python -m relaympi.train``'s arguments for the replay, as the MPI run had them
+            (without ``--backend``, ``--workers``, ``--replay-drops`` or ``--out``).
+        workers: the MPI run's world size.
+        out: the replay's run file.
+
+    Returns:
+        The replay's run, for the test's own further checks.
+    """
+    from relaympi.results import read_run
+
+    run_train(
+        [*args, "--backend", "local", "--workers", workers]
+        + ["--replay-drops", recorded.path, "--out", out],
+        check=0,
+    )
+    replayed = read_run(out)
+    assert set(replayed.data) == set(recorded.data), sorted(set(replayed.data) ^ set(recorded.data))
+    for name in sorted(name for name in recorded.data if not name.startswith("time_")):
+        np.testing.assert_array_equal(replayed.data[name], recorded.data[name], err_msg=name)
+    np.testing.assert_array_equal(replayed.late_drops, recorded.late_drops)
+    return replayed
 
 
 # -- Open MPI with ULFM (scripts/mpirun-ulfm) ----------------------------------------------------

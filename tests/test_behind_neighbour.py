@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 from benchmarks.slow_neighbour import hold
@@ -23,6 +22,7 @@ from tests.conftest import (
     env_for_subprocess,
     matched,
     module_command,
+    replay_bit_for_bit,
     requires_mpirun,
     run_train,
 )
@@ -122,17 +122,7 @@ def test_ranks_run_ahead_of_a_held_rank_and_replay_bit_for_bit(tmp_path: Path) -
         steps = {int(row[0]) for row in recorded.late_drops if (row[3], row[4]) == (1, receiver)}
         # it ran on past the held step without waiting at a step's end, up to the lag
         assert set(range(2, 2 + DEADLINE_AGREEMENT_LAG // 2)) <= steps, (receiver, sorted(steps))
-    run_train(
-        [*args, "--backend", "local", "--workers", 3]
-        + ["--replay-drops", tmp_path / "mpi.h5", "--out", tmp_path / "local.h5"],
-        check=0,
-    )
-    replayed = read_run(tmp_path / "local.h5")
-    numbers = {name for name in recorded.data if not name.startswith("time_")}
-    assert set(replayed.data) == set(recorded.data)
-    for name in sorted(numbers):
-        np.testing.assert_array_equal(replayed.data[name], recorded.data[name], err_msg=name)
-    np.testing.assert_array_equal(replayed.late_drops, recorded.late_drops)
+    replay_bit_for_bit(recorded, args, workers=3, out=tmp_path / "local.h5")
 
 
 @pytest.mark.slow
@@ -155,13 +145,4 @@ def test_a_rank_held_at_half_speed_is_dropped_and_replayed_bit_for_bit(tmp_path:
     recorded = read_run(tmp_path / "mpi.h5")
     assert recorded.late_drops is not None  # a 50 ms stop outlasts a 10 ms deadline
     assert {int(row[3]) for row in recorded.late_drops} >= {1}, recorded.late_drops
-    run_train(
-        [*args, "--backend", "local", "--workers", 4]
-        + ["--replay-drops", tmp_path / "mpi.h5", "--out", tmp_path / "local.h5"],
-        check=0,
-    )
-    replayed = read_run(tmp_path / "local.h5")
-    assert set(replayed.data) == set(recorded.data)
-    for name in sorted(name for name in recorded.data if not name.startswith("time_")):
-        np.testing.assert_array_equal(replayed.data[name], recorded.data[name], err_msg=name)
-    np.testing.assert_array_equal(replayed.late_drops, recorded.late_drops)
+    replay_bit_for_bit(recorded, args, workers=4, out=tmp_path / "local.h5")

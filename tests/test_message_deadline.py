@@ -30,6 +30,7 @@ from tests.conftest import (
     env_for_subprocess,
     matched,
     mpirun,
+    replay_bit_for_bit,
     requires_mpirun,
     requires_ulfm,
     run_train,
@@ -526,18 +527,9 @@ def test_a_late_rank_is_dropped_recorded_and_replayed_bit_for_bit(tmp_path: Path
     assert {step for step, s, _ in late if s == 1} >= set(SLOW_STEPS), recorded.late_drops
     if algo in NEIGHBOURS_OF_1:
         assert missed_by == NEIGHBOURS_OF_1[algo]
-    run_train(
-        [*args, "--backend", "local", "--workers", 4]
-        + ["--replay-drops", tmp_path / "mpi.h5", "--out", tmp_path / "local.h5"],
-        check=0,
-    )
-    replayed = read_run(tmp_path / "local.h5")
-    numbers = {name for name in recorded.data if not name.startswith("time_")} - {"epoch"}
-    assert {"params", "bytes_sent", "suboptimality"} <= numbers
-    assert set(replayed.data) == set(recorded.data)
-    for name in sorted(numbers | {"epoch"}):
-        np.testing.assert_array_equal(replayed.data[name], recorded.data[name], err_msg=name)
-    np.testing.assert_array_equal(replayed.late_drops, recorded.late_drops)
+    # what the replay must reproduce includes the parameters, the bytes and the epochs
+    assert {"params", "bytes_sent", "suboptimality", "epoch"} <= set(recorded.data)
+    replay_bit_for_bit(recorded, args, workers=4, out=tmp_path / "local.h5")
     # the same run without them differs (they changed the numbers) but sent the same bytes
     run_train(
         [*args, "--backend", "local", "--workers", 4, "--out", tmp_path / "clean.h5"], check=0

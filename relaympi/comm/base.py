@@ -515,7 +515,7 @@ class Communicator(ABC):
             limit: the most steps ahead looked for.
 
         Returns:
-            The steps ahead (0: none).
+            The steps ahead (0: no neighbour is ``at_least`` steps ahead).
         """
         return 0
 

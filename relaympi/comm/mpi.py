@@ -529,23 +529,12 @@ class MPICommunicator(Communicator):
             self._discards = pending
 
     def steps_ahead(self, step: int, rounds_per_step: int, at_least: int, limit: int) -> int:
-        """How many steps ahead of ``step`` the furthest neighbour is, as far as the messages it
-        already sent this rank show (under a deadline; 0 elsewhere): the largest k <= ``limit``
-        such that its message of step ``step + k`` is here, where k >= ``at_least``, else 0.
-
-        Each neighbour is probed (MPI_Iprobe, nothing received) for the round of the newest
-        receive this rank posted for it, moved on by k steps: a neighbour that sends this rank a
-        message each step (a fixed topology) is seen; one that sends only now and then may not be.
-        One probe per neighbour when none is ahead (the usual case).
-
-        Args:
-            step: this rank's step.
-            rounds_per_step: the communication rounds each step numbers.
-            at_least: the fewest steps ahead that count.
-            limit: the most steps ahead looked for.
-
-        Returns:
-            The steps ahead (0: no neighbour is ``at_least`` steps ahead).
+        """Under a deadline only (0 without one). Each neighbour is probed (MPI_Iprobe, nothing
+        received) for the round of the newest receive this rank posted for it, moved on by k
+        steps: one that sends this rank a message each step (a fixed topology) is seen, one that
+        sends only now and then may not be. Where its next step's message is here but not the
+        ``at_least``-th, a progress burst (PROGRESS_BURST) brings in what is queued behind it;
+        then k doubles and bisects. Two probes per neighbour when none is ahead (the usual case).
         """
         if self.deadline is None or at_least > limit:
             return 0
