@@ -149,6 +149,52 @@ def test_mpi_sees_how_far_ahead_a_neighbour_is_and_drains_the_skipped_rounds(
     assert found[1]["drained"] == 0 and found[1]["late"] == []
 
 
+TAKING_TURNS = """
+import json, pathlib, sys
+import numpy as np
+from relaympi.comm import mpi_communicator
+
+comm = mpi_communicator(deadline=0.05)
+peer, found = 1 - comm.rank, {}
+for round in (0, 3):  # two rounds a step: rank 0 has sent in the first round and then the second
+    got = np.full(4, -1.0)
+    comm.exchange({peer: np.full(4, float(comm.rank))}, {peer: got}, round=round).wait()
+if comm.rank == 0:  # steps 2..10 ahead of rank 1, each in its first round only (rounds 4, 6, ..)
+    for step in range(2, 11):
+        comm.exchange({1: np.full(4, float(step))}, {}, round=2 * step).wait()
+comm.barrier()
+if comm.rank == 1:
+    found["ahead"] = [comm.steps_ahead(2, 2, 4, 64), comm.steps_ahead(2, 2, 9, 64)]
+comm.barrier()
+if comm.rank == 1:
+    comm.skip_rounds(4, 22)  # steps 2..10 left out
+got = np.full(4, -1.0)
+arrived = comm.exchange({peer: np.full(4, 50.0 + comm.rank)}, {peer: got}, round=22).wait()
+comm.barrier()
+comm._reap_discards()
+found.update(arrived=sorted(arrived), got=got.tolist(), detached=len(comm._detached))
+found.update(late=comm.late_drops)
+pathlib.Path(sys.argv[1], f"rank{comm.rank}.json").write_text(json.dumps(found))
+"""
+
+
+@pytest.mark.slow
+@requires_mpirun
+def test_mpi_sees_a_neighbour_ahead_in_any_round_of_a_step_it_sends_in(tmp_path: Path) -> None:
+    """A schedule whose neighbours take turns across a step's rounds (SGP's): rank 0 last sent in
+    the second round of a step, then sends steps 2..10 ahead in their first rounds only. Rank 1's
+    probe looks in both rounds of a step and sees it 8 steps ahead (a probe of the newest round
+    alone saw nothing); skipping those steps takes every message off the wire."""
+    program = tmp_path / "turns.py"
+    program.write_text(TAKING_TURNS)
+    proc = run_module_file(program, tmp_path)
+    found = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)}
+    assert found[1]["ahead"] == [8, 0], proc.stdout + proc.stderr[-2000:]
+    assert found[1]["arrived"] == [0] and found[1]["got"] == [50.0] * 4
+    assert found[0]["arrived"] == [1] and found[0]["got"] == [51.0] * 4
+    assert found[0]["detached"] == 0 and found[1]["late"] == []
+
+
 @pytest.mark.slow
 @requires_mpirun
 def test_a_held_rank_catches_up_by_skipping_and_the_replay_is_bit_for_bit(tmp_path: Path) -> None:

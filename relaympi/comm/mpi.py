@@ -14,6 +14,7 @@ import functools
 import os
 import signal
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NamedTuple
@@ -46,6 +47,9 @@ TAGS_PER_ROUND = 8
 # how many times steps_ahead runs MPI's progress engine before it decides that a neighbour whose
 # next message is here is not further ahead (MPICH's shared memory brings in a few messages a call)
 PROGRESS_BURST = 8
+# under a deadline: how many of a neighbour's newest receives (tag, round) steps_ahead reads to tell
+# in which rounds of a step that neighbour sends (SGP's in-neighbours take turns across the rounds)
+EXPECTS_KEPT = 8
 # skipped rounds whose messages are still taken off the wire when they come: a message later
 # than this many rounds stays unreceived (its sender's send from a copy is given up at close)
 DRAIN_HORIZON = 1 << 16
@@ -298,9 +302,9 @@ class MPICommunicator(Communicator):
         # each neighbour's newest round whose message landed here: a discarding receive of an older
         # round of it that is still pending never will be (its sender skipped that round)
         self._landed: dict[int, int] = {}
-        # each neighbour's (tag, round) of this rank's newest receive from it: what steps_ahead
-        # probes for
-        self._expects: dict[int, tuple[int, int]] = {}
+        # each neighbour's (tag, round) of this rank's newest receives from it (EXPECTS_KEPT): what
+        # steps_ahead probes for
+        self._expects: dict[int, deque[tuple[int, int]]] = {}
         # the rounds this rank skipped ([first, end) ranges) and the receives that take the
         # messages sent to it in them off the wire (request, scratch buffer)
         self._skipped: list[tuple[int, int]] = []
@@ -530,21 +534,28 @@ class MPICommunicator(Communicator):
 
     def steps_ahead(self, step: int, rounds_per_step: int, at_least: int, limit: int) -> int:
         """Under a deadline only (0 without one). Each neighbour is probed (MPI_Iprobe, nothing
-        received) for the round of the newest receive this rank posted for it, moved on by k
-        steps: one that sends this rank a message each step (a fixed topology) is seen, one that
-        sends only now and then may not be. Where its next step's message is here but not the
+        received) for step ``step + k``'s message in each round of a step that this rank's newest
+        receives from it (EXPECTS_KEPT) were posted in: a fixed topology's neighbour is probed once
+        a step, one of a schedule whose neighbours take turns across a step's rounds (SGP's) in
+        each of its rounds, and one that sends only every few steps is seen where it does (the
+        others fill the gaps). Where its next step's message is here but not the
         ``at_least``-th, a progress burst (PROGRESS_BURST) brings in what is queued behind it;
-        then k doubles and bisects. Two probes per neighbour when none is ahead (the usual case).
+        then k doubles and bisects. Two probes per neighbour and round when none is ahead (the usual
+        case).
         """
         if self.deadline is None or at_least > limit:
             return 0
         furthest = 0
-        for peer, (tag, last) in self._expects.items():
-            sub = last % rounds_per_step
+        for peer, kept in self._expects.items():
+            # the rounds of a step this neighbour sent in lately, each with its newest tag
+            subs = {round % rounds_per_step: tag for tag, round in kept}
 
-            def here(k: int, peer: int = peer, tag: int = tag, sub: int = sub) -> bool:
-                wire = self.wire_tag(tag, (step + k) * rounds_per_step + sub)
-                return bool(self.comm.Iprobe(source=peer, tag=wire))
+            def here(k: int, peer: int = peer, subs: dict[int, int] = subs) -> bool:
+                first = (step + k) * rounds_per_step
+                return any(
+                    self.comm.Iprobe(source=peer, tag=self.wire_tag(tag, first + sub))
+                    for sub, tag in subs.items()
+                )
 
             if not here(at_least) and not (
                 here(1) and self._progress_burst(lambda: here(at_least))
@@ -714,7 +725,9 @@ class MPICommunicator(Communicator):
         self._reap_discards()
         if self.deadline is not None:
             for peer in recvs:
-                self._expects[peer] = (logical, round)
+                kept = self._expects.setdefault(peer, deque(maxlen=EXPECTS_KEPT))
+                if not kept or kept[-1] != (logical, round):
+                    kept.append((logical, round))
             if self._skipped:  # messages of skipped rounds from senders that were behind
                 self._drain(round)
         for peer in sorted(recvs):
