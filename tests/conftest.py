@@ -149,8 +149,8 @@ def run_train(args, **kwargs) -> subprocess.CompletedProcess:
 
 def replay_bit_for_bit(recorded: Run, args: Sequence[object], *, workers: int, out: Path) -> Run:
     """Replay the MPI run ``recorded`` on ``--backend local`` with ``--replay-drops`` and require
-    every dataset of the two run files but the timers (``time_*``), and the late drops, to be
-    equal bit for bit.
+    every dataset of the two run files but the timers (``time_*``), the late drops and the skipped
+    steps to be equal bit for bit.
 
     Args:
         recorded: the MPI run, read (its ``path`` is what ``--replay-drops`` reads).
@@ -174,6 +174,7 @@ def replay_bit_for_bit(recorded: Run, args: Sequence[object], *, workers: int, o
     for name in sorted(name for name in recorded.data if not name.startswith("time_")):
         np.testing.assert_array_equal(replayed.data[name], recorded.data[name], err_msg=name)
     np.testing.assert_array_equal(replayed.late_drops, recorded.late_drops)
+    np.testing.assert_array_equal(replayed.skipped_steps, recorded.skipped_steps)
     return replayed
 
 

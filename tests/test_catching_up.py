@@ -216,5 +216,4 @@ def test_a_held_rank_catches_up_by_skipping_and_the_replay_is_bit_for_bit(tmp_pa
     # after the hold; how many, and from when, depends on how fast MPI's progress brings in the
     # neighbours' messages that are queued for it
     assert steps and steps[0] > 2, steps
-    replayed_run = replay_bit_for_bit(recorded, args, workers=3, out=tmp_path / "local.h5")
-    np.testing.assert_array_equal(replayed_run.skipped_steps, recorded.skipped_steps)
+    replay_bit_for_bit(recorded, args, workers=3, out=tmp_path / "local.h5")  # skips included
