@@ -218,18 +218,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(ours)
     OUT.mkdir(parents=True, exist_ok=True)
     trees = [("", ROOT)] + args.variant
+    # (label, file name stem, kind, tree): a variant's runs are "KIND [NAME]", in KIND@NAME-*.h5
     runs = [
-        (f"{kind}{f' [{name}]' if name else ''}", kind, tree)
+        (f"{kind} [{name}]" if name else kind, f"{kind}@{name}" if name else kind, kind, tree)
         for name, tree in trees
         for kind in args.kinds
     ]
-    paces: dict[str, list[float]] = {label: [] for label, _, _ in runs}
+    paces: dict[str, list[float]] = {label: [] for label, *_ in runs}
     for round_ in range(args.rounds):
         # odd rounds in reverse: a machine growing busier or quieter weighs on every run alike
-        for label, kind, tree in runs if round_ % 2 == 0 else runs[::-1]:
+        for label, stem, kind, tree in runs if round_ % 2 == 0 else runs[::-1]:
             slow, deadline = kind.startswith("slow"), kind.endswith("+deadline")
             env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tree)}
-            out = OUT / f"{label.replace(' [', '@').rstrip(']')}-{round_}.h5"
+            out = OUT / f"{stem}-{round_}.h5"
             command = [args.mpirun, "-n", str(args.ranks), sys.executable, "-m", "relaympi.train"]
             command += [*train, "--out", str(out), "--overwrite"]
             command += ["--message-deadline", str(args.deadline)] if deadline else []
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                 dropped += f", {len(skipped)} steps skipped ({by_rank0} by rank 0)"
             print(f"round {round_} {label}: {1e3 * pace:.2f} ms/step (load {load:.1f}{dropped})")
     clean = np.array(paces["clean"])
-    for label, _, _ in runs:
+    for label, *_ in runs:
         ratios = np.array(paces[label]) / clean
         low, high = interval(ratios)
         print(
